@@ -1,0 +1,1 @@
+"""Kernel generation: lowering fused groups to Apache TVM for llvm and cuda targets."""

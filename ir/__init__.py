@@ -1,0 +1,23 @@
+"""Tessel's graph IR: static-shaped tensors, typed ops, ONNX import and export."""
+from .attributes import Attributes
+from .errors import (
+    ModelImportError,
+    ModelLoadError,
+    SerializationError,
+    ShapeBindingError,
+    TesselError,
+    UnsupportedModelError,
+    VerificationError,
+)
+from .graph import Graph, Node, Value
+from .onnx_export import to_onnx
+from .onnx_import import from_onnx, load_model
+from .schema import CANONICAL_OPSET, OpSchema, get_schema
+from .types import TensorType
+from .verify import check, verify
+
+__all__ = [
+    "Attributes", "CANONICAL_OPSET", "Graph", "ModelImportError", "ModelLoadError", "Node", "OpSchema",
+    "SerializationError", "ShapeBindingError", "TensorType", "TesselError", "UnsupportedModelError", "Value",
+    "VerificationError", "check", "from_onnx", "get_schema", "load_model", "to_onnx", "verify",
+]

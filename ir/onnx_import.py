@@ -1,0 +1,509 @@
+"""ONNX import: `from_onnx` turns an ONNX model into a static, verified Tessel graph.
+
+The importer reads nodes in dependency order, brings each to canonical form
+(`onnx_normalize`), infers its static output types, and folds it when all its
+inputs are constants and its outputs are small: this is what turns
+shape-computing subgraphs (Shape → Gather → Concat → Reshape, Range,
+ConstantOfShape, ...) into constants so that every tensor has a static shape.
+An If whose condition is known at compile time is replaced by its branch; one
+with a runtime condition stays an If node holding two subgraphs.
+"""
+from __future__ import annotations
+
+import heapq
+import os
+from collections import ChainMap, Counter
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import defs, external_data_helper, helper, numpy_helper
+
+from .attributes import Attributes
+from .errors import ModelImportError, ModelLoadError, ShapeBindingError, TesselError, UnsupportedModelError
+from .evaluate import evaluate
+from .graph import Graph, Value
+from .onnx_normalize import RENAMED, ImportProblem, RawNode, normalize
+from .schema import CANONICAL_OPSET, TESSEL_DOMAIN, InferenceFailure, get_schema, unsupported_reason
+from .types import TensorType, dtype_from_onnx, numpy_dtype, onnx_type_name
+from .verify import verify
+
+MIN_OPSET = 7
+# A node whose inputs are all constants is folded when its outputs hold at most this many elements.
+FOLD_LIMIT = 1 << 16
+
+InputShapes = Mapping[str, Sequence[int]]
+
+
+def load_model(model_or_path: "onnx.ModelProto | bytes | str | os.PathLike") -> onnx.ModelProto:
+    """Read an ONNX model from a path, bytes or a ModelProto; raise ModelLoadError when it is not one."""
+    if isinstance(model_or_path, onnx.ModelProto):
+        return model_or_path
+    if isinstance(model_or_path, (bytes, bytearray)):
+        return _parse(bytes(model_or_path), "model bytes")
+    path = os.fspath(model_or_path)
+    if not os.path.exists(path):
+        raise ModelLoadError(f"{path}: no such file; give the path of an .onnx model")
+    if os.path.isdir(path):
+        raise ModelLoadError(f"{path}: is a directory, not an .onnx model file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot read: {exc.strerror}") from exc
+    model = _parse(data, path)
+    if any(external_data_helper.uses_external_data(t) for t in _all_initializers(model.graph)):
+        try:
+            onnx.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+        except (OSError, ValueError, onnx.checker.ValidationError) as exc:
+            raise ModelLoadError(f"{path}: cannot load external tensor data: {exc}") from exc
+    return model
+
+
+def _parse(data: bytes, where: str) -> onnx.ModelProto:
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise ModelLoadError(
+            f"{where}: not a valid ONNX model (protobuf decoding failed: {exc}); the file may be truncated or corrupt"
+        ) from exc
+    if not data or not model.HasField("graph") or not model.opset_import:
+        raise ModelLoadError(f"{where}: not an ONNX model (no graph or no opset_import); check the file is an .onnx model")
+    return model
+
+
+def _all_initializers(graph: onnx.GraphProto):
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _all_initializers(attr.g)
+
+
+def _walk_nodes(graph: onnx.GraphProto):
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _walk_nodes(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from _walk_nodes(sub)
+
+
+def default_opset(model: onnx.ModelProto) -> int | None:
+    """The model's version of the default ONNX domain, or None when it imports none."""
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return entry.version
+    return None
+
+
+def find_unsupported(model: onnx.ModelProto) -> list[tuple[str, str, int, str, str]]:
+    """Every unsupported op of the model as (op, domain, node count, first node name, reason), in order of appearance."""
+    opset = default_opset(model)
+    counts: Counter = Counter()
+    first: dict[tuple[str, str], tuple[str, str]] = {}
+    for index, node in enumerate(_walk_nodes(model.graph)):
+        reason = _unsupported_reason(node.op_type, node.domain, opset)
+        if reason is None:
+            continue
+        key = (node.op_type, node.domain)
+        counts[key] += 1
+        first.setdefault(key, (node.name or f"#{index}", reason))
+    return [(op, domain, counts[(op, domain)], name, reason) for (op, domain), (name, reason) in first.items()]
+
+
+def _unsupported_reason(op_type: str, domain: str, opset: int | None) -> str | None:
+    """None when the op is supported at this opset; else why not."""
+    if domain not in ("", "ai.onnx"):
+        return unsupported_reason(op_type, domain)
+    if opset is None:
+        return "the model does not import the default ONNX domain"
+    try:
+        version = defs.get_schema(op_type, opset, "").since_version
+    except defs.SchemaError:
+        return f"not an ONNX op at opset {opset}"
+    if version > CANONICAL_OPSET:
+        return f"op version {version} is newer than opset {CANONICAL_OPSET}"
+    if get_schema(op_type) is None and op_type not in RENAMED:
+        return unsupported_reason(op_type, domain)
+    return None
+
+
+def from_onnx(model_or_path: "onnx.ModelProto | bytes | str | os.PathLike", input_shapes: InputShapes | None = None) -> Graph:
+    """Import an ONNX model as a verified Tessel graph in which every tensor has a static shape.
+
+    `input_shapes` binds symbolic input dimensions, e.g. {"x": (1, 3, 640, 640)}.
+    Raises a TesselError subclass (ModelLoadError, ModelImportError,
+    ShapeBindingError, UnsupportedModelError, VerificationError) on bad input.
+    """
+    model = load_model(model_or_path)
+    opset = default_opset(model)
+    unsupported = find_unsupported(model)
+    if unsupported:
+        raise UnsupportedModelError(unsupported)
+    if opset is not None and opset < MIN_OPSET:
+        raise ModelImportError(f"model imports ONNX opset {opset}; Tessel reads opset {MIN_OPSET} and newer — convert it with onnx.version_converter")
+    importer = _Importer(opset or CANONICAL_OPSET)
+    try:
+        graph = importer.import_model(model, dict(input_shapes or {}))
+    except TesselError:
+        raise
+    except RecursionError as exc:
+        raise ModelImportError(f"{importer.where}: subgraphs nest too deeply") from exc
+    except Exception as exc:  # a malformed model must never surface as a Python error
+        raise ModelImportError(f"{importer.where}: malformed model ({type(exc).__name__}: {exc})") from exc
+    verify(graph)
+    return graph
+
+
+class _Context:
+    """What normalization rewrites may ask of the importer, bound to one graph."""
+
+    def __init__(self, importer: "_Importer", graph: Graph):
+        self.importer = importer
+        self.graph = graph
+
+    def constant(self, array: np.ndarray, name: str) -> Value:
+        return self.graph.add_constant(name, np.asarray(array))
+
+    def emit(self, op_type: str, inputs: list[Value | None], attrs: dict[str, Any], name: str) -> Value:
+        raw = RawNode(name, op_type, attrs, list(inputs), [self.graph.unique_name(f"{name}_out")])
+        return self.importer.emit(self.graph, raw)[0]
+
+
+class _Importer:
+    def __init__(self, opset: int):
+        self.opset = opset
+        self.where = "model"
+
+    # ---- graphs -----------------------------------------------------------
+    def import_model(self, model: onnx.ModelProto, input_shapes: dict[str, Sequence[int]]) -> Graph:
+        proto = model.graph
+        if proto.sparse_initializer:
+            raise ModelImportError(f"graph '{proto.name}': sparse initializers are not supported")
+        graph = Graph(proto.name or "main")
+        initializer_names = {t.name for t in proto.initializer}
+        real_inputs = [vi for vi in proto.input if vi.name not in initializer_names]
+        unknown = sorted(set(input_shapes) - {vi.name for vi in real_inputs})
+        if unknown:
+            names = ", ".join(repr(vi.name) for vi in real_inputs) or "none"
+            raise ShapeBindingError(f"input shape given for {', '.join(map(repr, unknown))}, but the model's inputs are {names}")
+        scope: dict[str, Value] = {}
+        for vi in real_inputs:
+            self.where = f"input '{vi.name}'"
+            scope[vi.name] = graph.add_input(vi.name, _input_type(vi, input_shapes.get(vi.name)))
+        self._add_initializers(proto, graph, scope)
+        self._import_body(proto, graph, scope)
+        self._bind_outputs(proto, graph, scope)
+        _drop_unused_constants(graph)
+        return graph
+
+    def _add_initializers(self, proto: onnx.GraphProto, graph: Graph, scope) -> None:
+        for tensor in proto.initializer:
+            self.where = f"initializer '{tensor.name}'"
+            scope[tensor.name] = graph.add_constant(tensor.name, _tensor_array(tensor, self.where))
+
+    def _import_body(self, proto: onnx.GraphProto, graph: Graph, scope) -> None:
+        read = {name for node in proto.node for name in node.input}
+        for index, node in _sorted_nodes(proto, scope):
+            name = node.name or f"{node.op_type}_{index}"
+            self.where = f"node '{name}' ({node.op_type})"
+            self._import_node(node, name, graph, scope, read)
+
+    def _bind_outputs(self, proto: onnx.GraphProto, graph: Graph, scope) -> None:
+        outputs: list[Value] = []
+        for vi in proto.output:
+            value = scope.get(vi.name)
+            if value is None:
+                raise ModelImportError(f"graph '{graph.name}': output '{vi.name}' is not produced by any node, input or initializer")
+            if value.name != vi.name:
+                value = self._name_output(graph, value, vi.name, outputs)
+            outputs.append(value)
+        graph.outputs = outputs
+
+    @staticmethod
+    def _name_output(graph: Graph, value: Value, name: str, taken: list[Value]) -> Value:
+        """Make the graph return `value` under `name`, renaming it or adding an Identity."""
+        renamable = value.graph is graph and not value.is_graph_input and all(v is not value for v in taken)
+        if renamable and graph.lookup(name) is None:
+            graph.rename_value(value, name)
+            return value
+        node = graph.add_node("Identity", [value], Attributes(), [value.type], output_names=[name])
+        return node.outputs[0]
+
+    # ---- nodes ------------------------------------------------------------
+    def _import_node(self, proto: onnx.NodeProto, name: str, graph: Graph, scope, read_names) -> None:
+        attrs = {a.name: _attribute_value(a, self.where) for a in proto.attribute}
+        if proto.op_type == "Constant":
+            scope[proto.output[0]] = graph.add_constant(proto.output[0], _constant_value(attrs, self.where))
+            return
+        inputs = [scope[n] if n else None for n in proto.input]
+        version = defs.get_schema(proto.op_type, self.opset, "").since_version
+        raw = RawNode(name, proto.op_type, attrs, inputs, list(proto.output), {"used_names": read_names})
+        try:
+            raw = normalize(raw, version, _Context(self, graph))
+        except (ImportProblem, KeyError, ValueError, TypeError, AttributeError) as exc:
+            raise ModelImportError(f"{self.where}: cannot convert op version {version} to opset {CANONICAL_OPSET}: {exc}") from exc
+        if raw.op_type == "If":
+            values = self._import_if(raw, graph, scope)
+        else:
+            values = self.emit(graph, raw)
+        for out_name, value in zip(raw.outputs, values):
+            if out_name:
+                scope[out_name] = value
+
+    def _import_if(self, raw: RawNode, graph: Graph, scope) -> list[Value | None]:
+        condition = raw.inputs[0]
+        if condition is not None and condition.is_constant and condition.const.size == 1:
+            branch = raw.attrs["then_branch" if bool(condition.const.reshape(-1)[0]) else "else_branch"]
+            where = self.where
+            inner = ChainMap({}, scope)
+            self._add_initializers(branch, graph, inner)
+            self._import_body(branch, graph, inner)
+            self.where = where
+            return [inner.get(vi.name) if out else None for out, vi in zip(raw.outputs, branch.output)]
+        branches: dict[str, Graph] = {}
+        failures: dict[str, ModelImportError] = {}
+        for key in ("then_branch", "else_branch"):
+            try:
+                branches[key] = self._import_subgraph(raw.attrs[key], f"{raw.name}_{key}", graph, scope)
+            except ModelImportError as exc:
+                failures[key] = exc
+        if len(failures) == 2:
+            raise failures["then_branch"]
+        for key, exc in failures.items():
+            # Specialising to the bound input shapes made this branch invalid: taking it
+            # would fail in onnxruntime too, so it becomes an explicit run-time failure.
+            other = branches["else_branch" if key == "then_branch" else "then_branch"]
+            branches[key] = _unreachable_branch(f"{raw.name}_{key}", graph, other, f"If '{raw.name}' took its {key}, which cannot run with the bound input shapes: {exc}")
+        raw.attrs.update(branches)
+        return self.emit(graph, raw)
+
+    def _import_subgraph(self, proto: onnx.GraphProto, name: str, parent: Graph, scope) -> Graph:
+        where = self.where
+        sub = Graph(name, parent=parent)
+        inner = ChainMap({}, scope)
+        self._add_initializers(proto, sub, inner)
+        self._import_body(proto, sub, inner)
+        self._bind_outputs(proto, sub, inner)
+        _drop_unused_constants(sub)
+        self.where = where
+        return sub
+
+    def emit(self, graph: Graph, raw: RawNode) -> list[Value | None]:
+        """Add a canonical node to `graph` (or fold it to constants); return its output values."""
+        schema = get_schema(raw.op_type)
+        if schema is None:
+            raise ModelImportError(f"{self.where}: op {raw.op_type} is not supported")
+        try:
+            attrs = schema.make_attributes(raw.attrs, self.where)
+        except (ValueError, TypeError) as exc:
+            raise ModelImportError(str(exc) if str(exc).startswith(self.where) else f"{self.where}: {exc}") from exc
+        types = [v.type if v is not None else None for v in raw.inputs]
+        data = [v.const if v is not None else None for v in raw.inputs]
+        try:
+            out_types = schema.infer(attrs, types, data, len(raw.outputs))
+        except InferenceFailure as exc:
+            raise ModelImportError(
+                f"{self.where}: cannot infer a static output type ({exc}); inputs are "
+                + ", ".join(str(t) if t is not None else "-" for t in types)
+            ) from exc
+        out_types = [t if name else None for t, name in zip(out_types, raw.outputs)]
+        folded = self._fold(schema, attrs, raw, out_types)
+        if folded is not None:
+            return [graph.add_constant(name, array) if name else None for name, array in zip(raw.outputs, folded)]
+        node = graph.add_node(raw.op_type, raw.inputs, attrs, out_types, name=raw.name, output_names=raw.outputs)
+        return list(node.outputs)
+
+    def _fold(self, schema, attrs, raw: RawNode, out_types) -> list[np.ndarray | None] | None:
+        """Output arrays when the node can be computed now, else None."""
+        if raw.op_type == "Shape":
+            shape = np.asarray(raw.inputs[0].type.shape, np.int64)
+            return [shape[slice(attrs.get("start", 0), attrs.get("end"))]]
+        if raw.op_type == "Size":
+            return [np.asarray(raw.inputs[0].type.numel, np.int64)]
+        inputs_constant = all(v is None or v.is_constant for v in raw.inputs)
+        small = sum(t.numel for t in out_types if t is not None) <= FOLD_LIMIT
+        if not (inputs_constant and small and schema.deterministic and not any(isinstance(v, Graph) for v in attrs.values())):
+            return None
+        try:
+            arrays = evaluate(schema, attrs, [v.const if v is not None else None for v in raw.inputs], len(raw.outputs))
+        except Exception:  # the reference evaluator lacks a few cases; the node then runs at run time
+            return None
+        result = []
+        for array, out_type in zip(arrays, out_types):
+            if out_type is None:
+                result.append(None)
+                continue
+            if tuple(array.shape) != out_type.shape:
+                raise ModelImportError(f"{self.where}: folded value has shape {list(array.shape)}, inference said {out_type}")
+            result.append(array.astype(numpy_dtype(out_type.dtype), copy=False))
+        return result
+
+
+def _unreachable_branch(name: str, parent: Graph, model: Graph, message: str) -> Graph:
+    """A branch with the output types of `model` that fails with `message` if it ever runs."""
+    branch = Graph(name, parent=parent)
+    types = [v.type for v in model.outputs]
+    schema = get_schema("Unreachable", TESSEL_DOMAIN)
+    attrs = schema.make_attributes({"message": message, "output_types": [t.spec() for t in types]}, name)
+    node = branch.add_node("Unreachable", [], attrs, types, name=f"{name}_unreachable", domain=TESSEL_DOMAIN)
+    branch.outputs = list(node.outputs)
+    return branch
+
+
+def _drop_unused_constants(graph: Graph) -> None:
+    for value in list(graph.constants):
+        if not value.uses and not value.is_graph_output:
+            graph.remove_constant(value)
+
+
+def _sorted_nodes(proto: onnx.GraphProto, scope) -> list[tuple[int, onnx.NodeProto]]:
+    """The graph's nodes in dependency order (stable), checking every read name is defined."""
+    producer: dict[str, int] = {}
+    for index, node in enumerate(proto.node):
+        for name in node.output:
+            if name:
+                producer[name] = index
+    defined = set(scope) | {t.name for t in proto.initializer} | {vi.name for vi in proto.input}
+    needs: list[set[int]] = []
+    for index, node in enumerate(proto.node):
+        deps = set()
+        node_name = node.name or f"{node.op_type}_{index}"
+        for name in list(node.input) + sorted(_free_names(node)):
+            if not name:
+                continue
+            if name in producer:
+                deps.add(producer[name])
+            elif name not in defined:
+                raise ModelImportError(f"node '{node_name}' ({node.op_type}) reads '{name}', which no node, input or initializer defines")
+        needs.append(deps)
+    readers: dict[int, list[int]] = {}
+    for index, deps in enumerate(needs):
+        for dep in deps:
+            readers.setdefault(dep, []).append(index)
+    pending = [len(d) for d in needs]
+    ready = [i for i, n in enumerate(pending) if n == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        index = heapq.heappop(ready)
+        order.append(index)
+        for reader in readers.get(index, []):
+            pending[reader] -= 1
+            if pending[reader] == 0:
+                heapq.heappush(ready, reader)
+    if len(order) != len(proto.node):
+        stuck = [proto.node[i].name or f"{proto.node[i].op_type}_{i}" for i, n in enumerate(pending) if n > 0]
+        raise ModelImportError(f"graph '{proto.name or 'main'}' has a cycle through nodes {', '.join(map(repr, stuck[:6]))}")
+    return [(i, proto.node[i]) for i in order]
+
+
+def _free_names(node: onnx.NodeProto) -> set[str]:
+    """Names a node's subgraphs read from enclosing scopes."""
+    free: set[str] = set()
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for sub in graphs:
+            local = {t.name for t in sub.initializer} | {vi.name for vi in sub.input}
+            for inner in sub.node:
+                local.update(inner.output)
+            for inner in sub.node:
+                free.update(n for n in inner.input if n and n not in local)
+                free.update(n for n in _free_names(inner) if n not in local)
+            free.update(vi.name for vi in sub.output if vi.name not in local)
+    return free
+
+
+def _input_type(vi: onnx.ValueInfoProto, bound: Sequence[int] | None) -> TensorType:
+    name = vi.name
+    if not vi.type.HasField("tensor_type"):
+        raise ModelImportError(f"input '{name}' is not a tensor (sequence, map or optional inputs are not supported)")
+    tensor = vi.type.tensor_type
+    try:
+        dtype = dtype_from_onnx(tensor.elem_type)
+    except KeyError:
+        raise ModelImportError(f"input '{name}' has element type {onnx_type_name(tensor.elem_type)}, which Tessel does not support") from None
+    declared = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim]
+    has_shape = tensor.HasField("shape")
+    if bound is not None:
+        bound = _check_bound_shape(name, bound)
+        if has_shape and len(bound) != len(declared):
+            raise ShapeBindingError(f"input '{name}' has rank {len(declared)} in the model, but the given shape {_dims(bound)} has rank {len(bound)}")
+        for axis, (want, have) in enumerate(zip(declared, bound)):
+            if isinstance(want, int) and want != have:
+                raise ShapeBindingError(f"input '{name}' axis {axis} is {want} in the model, but the given shape {_dims(bound)} says {have}")
+        return TensorType(dtype, tuple(bound))
+    if not has_shape:
+        raise ShapeBindingError(f"input '{name}' has no shape in the model; give one with --input-shape {name}=DxDx...")
+    for axis, dim in enumerate(declared):
+        if not isinstance(dim, int):
+            hint = "x".join(str(d) if isinstance(d, int) else (d or "N") for d in declared)
+            label = f"symbolic ('{dim}')" if dim else "unknown"
+            raise ShapeBindingError(f"input '{name}' axis {axis} is {label}; give its size, e.g. --input-shape {name}={hint}")
+    return TensorType(dtype, tuple(declared))
+
+
+def _check_bound_shape(name: str, shape: Sequence[int]) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in shape)
+    except (TypeError, ValueError):
+        raise ShapeBindingError(f"input shape for '{name}' must be a sequence of integers, got {shape!r}") from None
+    if any(d < 0 for d in dims):
+        raise ShapeBindingError(f"input shape for '{name}' has a negative dimension: {_dims(dims)}")
+    return dims
+
+
+def _dims(shape: Sequence[int]) -> str:
+    return "x".join(str(d) for d in shape) or "(scalar)"
+
+
+def _tensor_array(tensor: onnx.TensorProto, where: str) -> np.ndarray:
+    try:
+        dtype_from_onnx(tensor.data_type)
+    except KeyError:
+        raise ModelImportError(f"{where}: element type {onnx_type_name(tensor.data_type)} is not supported") from None
+    if external_data_helper.uses_external_data(tensor):
+        raise ModelImportError(f"{where}: tensor data lives in an external file that was not loaded; import from the model's path")
+    try:
+        return numpy_helper.to_array(tensor)
+    except (ValueError, TypeError) as exc:
+        raise ModelImportError(f"{where}: tensor data does not match its shape or type ({exc})") from exc
+
+
+def _attribute_value(attr: onnx.AttributeProto, where: str) -> Any:
+    if attr.ref_attr_name:
+        raise ModelImportError(f"{where}: attribute '{attr.name}' refers to a function attribute; functions are not supported")
+    if attr.type == onnx.AttributeProto.TENSOR:
+        return _tensor_array(attr.t, f"{where}, attribute '{attr.name}'")
+    if attr.type == onnx.AttributeProto.GRAPH:
+        return attr.g
+    if attr.type in (onnx.AttributeProto.GRAPHS, onnx.AttributeProto.TENSORS, onnx.AttributeProto.SPARSE_TENSOR,
+                     onnx.AttributeProto.SPARSE_TENSORS, onnx.AttributeProto.TYPE_PROTO, onnx.AttributeProto.TYPE_PROTOS):
+        raise ModelImportError(f"{where}: attribute '{attr.name}' has a kind Tessel does not support")
+    value = helper.get_attribute_value(attr)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, list) and value and isinstance(value[0], bytes):
+        return [v.decode("utf-8", "replace") for v in value]
+    return value
+
+
+def _constant_value(attrs: dict[str, Any], where: str) -> np.ndarray:
+    if len(attrs) != 1:
+        raise ModelImportError(f"{where}: a Constant needs exactly one value attribute, has {sorted(attrs) or 'none'}")
+    (name, value), = attrs.items()
+    converters = {
+        "value": lambda v: v,
+        "value_float": lambda v: np.asarray(v, np.float32),
+        "value_floats": lambda v: np.asarray(v, np.float32),
+        "value_int": lambda v: np.asarray(v, np.int64),
+        "value_ints": lambda v: np.asarray(v, np.int64),
+    }
+    if name not in converters or (name == "value" and not isinstance(value, np.ndarray)):
+        raise ModelImportError(f"{where}: Constant attribute '{name}' is not supported (strings and sparse tensors are not)")
+    return converters[name](value)

@@ -1,0 +1,251 @@
+"""Op schemas: which ops Tessel accepts, their typed attributes and type inference.
+
+Schemas for the default ONNX domain are built from ONNX's own operator
+definitions at Tessel's canonical opset (`CANONICAL_OPSET`): the importer
+rewrites older op versions into that form, so every IR node of the default
+domain follows one definition. Shape and dtype inference delegates to ONNX's
+reference inference (`onnx.shape_inference.infer_node_outputs`), fed with the
+data of small constant inputs so shape-carrying inputs (Reshape, Expand, Pad,
+Slice, ...) give static shapes; Tessel insists every output shape be static.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import defs, helper
+from onnx.shape_inference import InferenceError, infer_node_outputs
+
+from .attributes import AttrSpec, Attributes, coerce
+from .onnx_proto import ATTR_KIND, attribute_proto, tensor_proto, type_proto
+from .types import TensorType, dtype_from_onnx, onnx_type_name
+
+if TYPE_CHECKING:
+    from .graph import Graph
+
+CANONICAL_OPSET = 21
+# Inputs at most this large are handed to ONNX inference as data (shape tensors, axes, pads).
+INFERENCE_DATA_LIMIT = 1 << 16
+
+# Ops of the default domain Tessel does not take, with the reason shown to users.
+_EXCLUDED = {
+    "Loop": "loops over subgraphs are not supported",
+    "Scan": "loops over subgraphs are not supported",
+    **{op: "quantized ops are not supported" for op in (
+        "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear", "QuantizeLinear", "DequantizeLinear",
+        "QLinearConv", "QLinearMatMul")},
+}
+TESSEL_DOMAIN = "tessel"
+# Ops whose result is not a function of their inputs: never folded.
+NONDETERMINISTIC = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli", "Multinomial"})
+
+
+class InferenceFailure(Exception):
+    """Type inference could not give a static type; the message says why."""
+
+
+@dataclass(frozen=True)
+class OpSchema:
+    """What an op takes and gives: arity, typed attributes, and its type inference."""
+
+    op_type: str
+    domain: str
+    since_version: int
+    min_inputs: int
+    max_inputs: int
+    min_outputs: int
+    max_outputs: int
+    attributes: Mapping[str, AttrSpec]
+    onnx_schema: defs.OpSchema | None = field(default=None, repr=False, compare=False)
+    custom_infer: Callable[..., list[TensorType | None]] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def deterministic(self) -> bool:
+        """True when equal inputs always give equal outputs."""
+        return self.op_type not in NONDETERMINISTIC
+
+    def make_attributes(self, raw: Mapping[str, object], where: str) -> Attributes:
+        """Validate raw attribute values against the schema and fill in defaults."""
+        values = {}
+        for name, value in raw.items():
+            spec = self.attributes.get(name)
+            if spec is None:
+                raise ValueError(f"{where}: {self.op_type} has no attribute '{name}'")
+            values[name] = coerce(spec, value)
+        for spec in self.attributes.values():
+            if spec.name not in values:
+                if spec.required:
+                    raise ValueError(f"{where}: {self.op_type} requires attribute '{spec.name}'")
+                if spec.default is not None:
+                    values[spec.name] = spec.default
+        return Attributes(values)
+
+    def infer(
+        self,
+        attrs: Attributes,
+        input_types: Sequence[TensorType | None],
+        input_data: Sequence[np.ndarray | None],
+        num_outputs: int,
+    ) -> list[TensorType | None]:
+        """Static output types for these inputs; raise InferenceFailure when one is not static."""
+        if not self.min_inputs <= len(input_types) <= self.max_inputs:
+            raise InferenceFailure(
+                f"{self.op_type} takes {self.min_inputs}..{self.max_inputs} inputs, got {len(input_types)}"
+            )
+        if self.custom_infer is not None:
+            return self.custom_infer(attrs, input_types, input_data, num_outputs)
+        return _onnx_infer(self, attrs, input_types, input_data, num_outputs)
+
+
+def _onnx_infer(schema, attrs, input_types, input_data, num_outputs):
+    in_names = [f"i{k}" if t is not None else "" for k, t in enumerate(input_types)]
+    out_names = [f"o{k}" for k in range(num_outputs)]
+    node = helper.make_node(schema.op_type, in_names, out_names, domain=schema.domain)
+    node.attribute.extend(
+        attribute_proto(name, schema.attributes[name].kind, value) for name, value in attrs.items()
+    )
+    types = {name: type_proto(t) for name, t in zip(in_names, input_types) if t is not None}
+    data = {
+        name: tensor_proto(name, array)
+        for name, array in zip(in_names, input_data)
+        if array is not None and array.size <= INFERENCE_DATA_LIMIT
+    }
+    opsets = [helper.make_opsetid("", CANONICAL_OPSET)]
+    try:
+        inferred = infer_node_outputs(schema.onnx_schema, node, types, data, opset_imports=opsets)
+    except (InferenceError, RuntimeError, ValueError, onnx.checker.ValidationError) as exc:
+        raise InferenceFailure(str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__) from exc
+    result: list[TensorType | None] = []
+    for name in out_names:
+        proto = inferred.get(name)
+        if proto is None or not proto.HasField("tensor_type"):
+            raise InferenceFailure(f"output {out_names.index(name)} has no inferable tensor type")
+        tensor = proto.tensor_type
+        try:
+            dtype = dtype_from_onnx(tensor.elem_type)
+        except KeyError:
+            raise InferenceFailure(f"output element type {onnx_type_name(tensor.elem_type)} is not supported") from None
+        if not tensor.HasField("shape") or any(not d.HasField("dim_value") for d in tensor.shape.dim):
+            raise InferenceFailure(f"output {out_names.index(name)} has no static shape (it depends on data known only at run time)")
+        result.append(TensorType(dtype, tuple(d.dim_value for d in tensor.shape.dim)))
+    return result
+
+
+def _infer_if(attrs, input_types, input_data, num_outputs):
+    then_branch: Graph = attrs["then_branch"]
+    else_branch: Graph = attrs["else_branch"]
+    if input_types[0].numel != 1:
+        raise InferenceFailure(f"If condition must hold one element, has shape {list(input_types[0].shape)}")
+    for branch in (then_branch, else_branch):
+        if len(branch.outputs) != num_outputs:
+            raise InferenceFailure(f"If branch '{branch.name}' returns {len(branch.outputs)} values, node has {num_outputs} outputs")
+    result = []
+    for k, (a, b) in enumerate(zip(then_branch.outputs, else_branch.outputs)):
+        if a.type != b.type:
+            raise InferenceFailure(
+                f"If output {k} is {a.type} in then_branch but {b.type} in else_branch; "
+                "a runtime If needs both branches to give the same static type"
+            )
+        result.append(a.type)
+    return result
+
+
+def _infer_unreachable(attrs, input_types, input_data, num_outputs):
+    types = [TensorType.parse(text) for text in attrs["output_types"]]
+    if len(types) != num_outputs:
+        raise InferenceFailure(f"Unreachable declares {len(types)} output types for {num_outputs} outputs")
+    return types
+
+
+_CUSTOM_INFER = {"If": _infer_if}
+
+# Tessel's own ops. Unreachable stands for an If branch that cannot run with the
+# bound input shapes: it has the other branch's output types and fails if run.
+_TESSEL_SCHEMAS = {
+    "Unreachable": OpSchema(
+        "Unreachable", TESSEL_DOMAIN, 1, 0, 0, 1, 2**31 - 1,
+        {"message": AttrSpec("message", "string", True), "output_types": AttrSpec("output_types", "strings", True)},
+        None, _infer_unreachable,
+    ),
+}
+
+
+def _attr_spec(attr: defs.OpSchema.Attribute) -> AttrSpec | None:
+    kind = ATTR_KIND.get(int(attr.type))
+    if kind is None:
+        return None
+    default = None
+    if attr.default_value is not None and attr.default_value.type != 0:
+        raw = helper.get_attribute_value(attr.default_value)
+        if kind in ("int", "float", "string", "ints", "floats", "strings"):
+            default = coerce(AttrSpec(attr.name, kind), raw)
+    return AttrSpec(attr.name, kind, bool(attr.required), default)
+
+
+def _is_tensor_op(schema: defs.OpSchema) -> bool:
+    params = list(schema.inputs) + list(schema.outputs)
+    constraints = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
+    for param in params:
+        allowed = constraints.get(param.type_str, [param.type_str])
+        if not any(t.startswith("tensor(") for t in allowed):
+            return False
+    return True
+
+
+def _arity(params, variadic_max: int = 2**31 - 1) -> tuple[int, int]:
+    low = high = 0
+    for p in params:
+        option = p.option
+        if option == defs.OpSchema.FormalParameterOption.Single:
+            low += 1
+            high += 1
+        elif option == defs.OpSchema.FormalParameterOption.Optional:
+            high += 1
+        else:
+            low += p.min_arity if hasattr(p, "min_arity") else 1
+            high = variadic_max
+    return low, high
+
+
+@functools.lru_cache(maxsize=None)
+def _default_domain_schemas() -> dict[str, OpSchema]:
+    result = {}
+    for op_type in {s.name for s in defs.get_all_schemas() if s.domain == ""}:
+        try:
+            onnx_schema = defs.get_schema(op_type, CANONICAL_OPSET, "")
+        except defs.SchemaError:
+            continue
+        if onnx_schema.deprecated or op_type in _EXCLUDED or not _is_tensor_op(onnx_schema):
+            continue
+        specs = {name: spec for name, a in onnx_schema.attributes.items() if (spec := _attr_spec(a)) is not None}
+        min_in, max_in = _arity(onnx_schema.inputs)
+        min_out, max_out = _arity(onnx_schema.outputs)
+        result[op_type] = OpSchema(
+            op_type, "", onnx_schema.since_version, min_in, max_in, min_out, max_out, specs,
+            onnx_schema, _CUSTOM_INFER.get(op_type),
+        )
+    return result
+
+
+def get_schema(op_type: str, domain: str = "") -> OpSchema | None:
+    """The schema of an op Tessel supports, or None."""
+    if domain in ("", "ai.onnx"):
+        return _default_domain_schemas().get(op_type)
+    if domain == TESSEL_DOMAIN:
+        return _TESSEL_SCHEMAS.get(op_type)
+    return None
+
+
+def unsupported_reason(op_type: str, domain: str) -> str:
+    """Why an op is not supported, in a few words."""
+    if domain not in ("", "ai.onnx"):
+        return f"only the default ONNX domain is supported, not '{domain}'"
+    return _EXCLUDED.get(op_type, f"not an op on tensors in ONNX opset {CANONICAL_OPSET}")
+
+
+def supported_ops() -> list[str]:
+    """Names of all supported op types of the default domain, sorted."""
+    return sorted(_default_domain_schemas())

@@ -1,0 +1,1 @@
+"""Graph passes and planners (Graph -> PassResult; planners return plan dataclasses)."""

@@ -1,0 +1,1 @@
+"""Executing compiled artifacts: per-device executors and the distributed launcher."""
