@@ -53,7 +53,7 @@ def load_model(model_or_path: "onnx.ModelProto | bytes | str | os.PathLike") -> 
     except OSError as exc:
         raise ModelLoadError(f"{path}: cannot read: {exc.strerror}") from exc
     model = _parse(data, path)
-    if any(external_data_helper.uses_external_data(t) for t in _all_initializers(model.graph)):
+    if any(external_data_helper.uses_external_data(t) for t in all_initializers(model.graph)):
         try:
             onnx.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
         except (OSError, ValueError, onnx.checker.ValidationError) as exc:
@@ -74,23 +74,31 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
     return model
 
 
-def _all_initializers(graph: onnx.GraphProto):
-    yield from graph.initializer
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _all_initializers(attr.g)
+def onnx_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs held in a node's attributes."""
+    graphs: list[onnx.GraphProto] = []
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            graphs.append(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            graphs.extend(attr.graphs)
+    return graphs
 
 
-def _walk_nodes(graph: onnx.GraphProto):
+def walk_onnx_nodes(graph: onnx.GraphProto):
+    """Every node of an ONNX graph and, depth first, of its subgraphs."""
     for node in graph.node:
         yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _walk_nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _walk_nodes(sub)
+        for sub in onnx_subgraphs(node):
+            yield from walk_onnx_nodes(sub)
+
+
+def all_initializers(graph: onnx.GraphProto):
+    """Every initializer of an ONNX graph and of its subgraphs."""
+    yield from graph.initializer
+    for node in graph.node:
+        for sub in onnx_subgraphs(node):
+            yield from all_initializers(sub)
 
 
 def default_opset(model: onnx.ModelProto) -> int | None:
@@ -106,7 +114,7 @@ def find_unsupported(model: onnx.ModelProto) -> list[tuple[str, str, int, str, s
     opset = default_opset(model)
     counts: Counter = Counter()
     first: dict[tuple[str, str], tuple[str, str]] = {}
-    for index, node in enumerate(_walk_nodes(model.graph)):
+    for index, node in enumerate(walk_onnx_nodes(model.graph)):
         reason = _unsupported_reason(node.op_type, node.domain, opset)
         if reason is None:
             continue
@@ -406,16 +414,14 @@ def _sorted_nodes(proto: onnx.GraphProto, scope) -> list[tuple[int, onnx.NodePro
 def _free_names(node: onnx.NodeProto) -> set[str]:
     """Names a node's subgraphs read from enclosing scopes."""
     free: set[str] = set()
-    for attr in node.attribute:
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-        for sub in graphs:
-            local = {t.name for t in sub.initializer} | {vi.name for vi in sub.input}
-            for inner in sub.node:
-                local.update(inner.output)
-            for inner in sub.node:
-                free.update(n for n in inner.input if n and n not in local)
-                free.update(n for n in _free_names(inner) if n not in local)
-            free.update(vi.name for vi in sub.output if vi.name not in local)
+    for sub in onnx_subgraphs(node):
+        local = {t.name for t in sub.initializer} | {vi.name for vi in sub.input}
+        for inner in sub.node:
+            local.update(inner.output)
+        for inner in sub.node:
+            free.update(n for n in inner.input if n and n not in local)
+            free.update(n for n in _free_names(inner) if n not in local)
+        free.update(vi.name for vi in sub.output if vi.name not in local)
     return free
 
 
@@ -442,9 +448,11 @@ def _input_type(vi: onnx.ValueInfoProto, bound: Sequence[int] | None) -> TensorT
         raise ShapeBindingError(f"input '{name}' has no shape in the model; give one with --input-shape {name}=DxDx...")
     for axis, dim in enumerate(declared):
         if not isinstance(dim, int):
-            hint = "x".join(str(d) if isinstance(d, int) else (d or "N") for d in declared)
+            hint = "x".join(str(d) if isinstance(d, int) else "N" for d in declared)
             label = f"symbolic ('{dim}')" if dim else "unknown"
-            raise ShapeBindingError(f"input '{name}' axis {axis} is {label}; give its size, e.g. --input-shape {name}={hint}")
+            raise ShapeBindingError(
+                f"input '{name}' axis {axis} is {label}; give its size: --input-shape {name}={hint} with each N a size"
+            )
     return TensorType(dtype, tuple(declared))
 
 
