@@ -149,13 +149,7 @@ def from_onnx(model_or_path: "onnx.ModelProto | bytes | str | os.PathLike", inpu
     ShapeBindingError, UnsupportedModelError, VerificationError) on bad input.
     """
     model = load_model(model_or_path)
-    opset = default_opset(model)
-    unsupported = find_unsupported(model)
-    if unsupported:
-        raise UnsupportedModelError(unsupported)
-    if opset is not None and opset < MIN_OPSET:
-        raise ModelImportError(f"model imports ONNX opset {opset}; Tessel reads opset {MIN_OPSET} and newer — convert it with onnx.version_converter")
-    importer = _Importer(opset or CANONICAL_OPSET)
+    importer = _Importer(CANONICAL_OPSET)
     try:
         graph = importer.import_model(model, dict(input_shapes or {}))
     except TesselError:
@@ -163,7 +157,8 @@ def from_onnx(model_or_path: "onnx.ModelProto | bytes | str | os.PathLike", inpu
     except RecursionError as exc:
         raise ModelImportError(f"{importer.where}: subgraphs nest too deeply") from exc
     except Exception as exc:  # a malformed model must never surface as a Python error
-        raise ModelImportError(f"{importer.where}: malformed model ({type(exc).__name__}: {exc})") from exc
+        detail = (str(exc).strip().splitlines() or [""])[0]
+        raise ModelImportError(f"{importer.where}: malformed model ({type(exc).__name__}: {detail})") from exc
     verify(graph)
     return graph
 
@@ -190,6 +185,15 @@ class _Importer:
 
     # ---- graphs -----------------------------------------------------------
     def import_model(self, model: onnx.ModelProto, input_shapes: dict[str, Sequence[int]]) -> Graph:
+        unsupported = find_unsupported(model)
+        if unsupported:
+            raise UnsupportedModelError(unsupported)
+        opset = default_opset(model)
+        if opset is not None and opset < MIN_OPSET:
+            raise ModelImportError(
+                f"model imports ONNX opset {opset}; Tessel reads opset {MIN_OPSET} and newer — convert it with onnx.version_converter"
+            )
+        self.opset = opset or CANONICAL_OPSET
         proto = model.graph
         if proto.sparse_initializer:
             raise ModelImportError(f"graph '{proto.name}': sparse initializers are not supported")
@@ -265,6 +269,8 @@ class _Importer:
                 scope[out_name] = value
 
     def _import_if(self, raw: RawNode, graph: Graph, scope) -> list[Value | None]:
+        if not {"then_branch", "else_branch"} <= set(raw.attrs) or len(raw.inputs) != 1:
+            raise ModelImportError(f"{self.where}: If needs one condition input and then_branch and else_branch graphs")
         condition = raw.inputs[0]
         if condition is not None and condition.is_constant and condition.const.size == 1:
             branch = raw.attrs["then_branch" if bool(condition.const.reshape(-1)[0]) else "else_branch"]

@@ -130,7 +130,10 @@ def _onnx_infer(schema, attrs, input_types, input_data, num_outputs):
             raise InferenceFailure(f"output element type {onnx_type_name(tensor.elem_type)} is not supported") from None
         if not tensor.HasField("shape") or any(not d.HasField("dim_value") for d in tensor.shape.dim):
             raise InferenceFailure(f"output {out_names.index(name)} has no static shape (it depends on data known only at run time)")
-        result.append(TensorType(dtype, tuple(d.dim_value for d in tensor.shape.dim)))
+        dims = tuple(d.dim_value for d in tensor.shape.dim)
+        if any(d < 0 for d in dims):
+            raise InferenceFailure(f"output {out_names.index(name)} would have negative dimensions {list(dims)}")
+        result.append(TensorType(dtype, dims))
     return result
 
 

@@ -1,6 +1,7 @@
 """Tensor types: an element dtype plus a fully static shape."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,7 +79,7 @@ class TensorType:
     @property
     def numel(self) -> int:
         """Number of elements."""
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        return math.prod(self.shape)
 
     @property
     def itemsize(self) -> int:

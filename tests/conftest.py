@@ -1,0 +1,27 @@
+"""Shared fixtures: the model corpus and onnxruntime as the numerical reference."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from compiler.corpus import CorpusModel, load_corpus
+
+CORPUS = load_corpus()  # raises CorpusMissingError with a clear message when ../shared/models is absent
+POSITIVE = [m for m in CORPUS if not m.negative]
+NEGATIVE = [m for m in CORPUS if m.negative]
+
+
+def run_onnxruntime(model, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Outputs of onnxruntime (one thread, no graph optimisation) on a model path, bytes or proto."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    source = model if isinstance(model, (str, bytes)) else model.SerializeToString()
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def by_name(models: list[CorpusModel]):
+    """pytest.param per model, with the model name as id."""
+    return [pytest.param(m, id=m.name) for m in models]

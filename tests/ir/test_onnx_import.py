@@ -1,0 +1,130 @@
+"""Importer behaviour: opset normalisation, shape binding, folding, If handling, bad graphs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import ir
+from tests.conftest import run_onnxruntime
+from tests.ir.helpers import F, I64, model
+
+X = ("x", F, [2, 3, 4, 5])
+
+# (name, opset, nodes, initializers, output shape): old op versions whose form differs from opset 21.
+OLD_FORMS = [
+    ("split_attr", 11, [helper.make_node("Split", ["x"], ["a", "y"], axis=1, split=[1, 2])], [], [2, 2, 4, 5]),
+    ("split_equal", 13, [helper.make_node("Split", ["x"], ["y", "b"], axis=0)], [], [1, 3, 4, 5]),
+    ("squeeze_attr", 11, [helper.make_node("Unsqueeze", ["x"], ["u"], axes=[0]),
+                          helper.make_node("Squeeze", ["u"], ["y"], axes=[0])], [], [2, 3, 4, 5]),
+    ("reduce_mean_attr", 13, [helper.make_node("ReduceMean", ["x"], ["y"], axes=[1, 3], keepdims=0)], [], [2, 4]),
+    ("reduce_sum_attr", 11, [helper.make_node("ReduceSum", ["x"], ["y"], axes=[2])], [], [2, 3, 1, 5]),
+    ("clip_attr", 10, [helper.make_node("Clip", ["x"], ["y"], min=-0.5, max=0.5)], [], [2, 3, 4, 5]),
+    ("pad_attr", 10, [helper.make_node("Pad", ["x"], ["y"], pads=[0, 0, 1, 1, 0, 0, 1, 1], value=2.0)], [], [2, 3, 6, 7]),
+    ("slice_attr", 9, [helper.make_node("Slice", ["x"], ["y"], starts=[1, 0], ends=[3, -1], axes=[1, 3])], [], [2, 2, 4, 4]),
+    ("softmax_axis1", 11, [helper.make_node("Softmax", ["x"], ["y"], axis=1)], [], [2, 3, 4, 5]),
+    ("logsoftmax_last", 11, [helper.make_node("LogSoftmax", ["x"], ["y"], axis=3)], [], [2, 3, 4, 5]),
+    ("upsample_input", 9, [helper.make_node("Upsample", ["x", "s"], ["y"], mode="nearest")],
+     [("s", np.array([1, 1, 2, 2], np.float32))], [2, 3, 8, 10]),
+    ("dropout_ratio", 7, [helper.make_node("Dropout", ["x"], ["y"], ratio=0.3)], [], [2, 3, 4, 5]),
+    ("batchnorm_spatial", 7, [helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["y"], spatial=1)],
+     [("g", np.full(3, 2, np.float32)), ("b", np.ones(3, np.float32)), ("m", np.zeros(3, np.float32)),
+      ("v", np.ones(3, np.float32))], [2, 3, 4, 5]),
+    ("topk_attr", 9, [helper.make_node("TopK", ["x"], ["y", "i"], k=2, axis=-1)], [], [2, 3, 4, 2]),
+]
+
+
+@pytest.mark.parametrize("name,opset,nodes,inits,out_shape", OLD_FORMS, ids=[c[0] for c in OLD_FORMS])
+def test_old_op_versions_match_onnxruntime(name, opset, nodes, inits, out_shape):
+    outputs = [("y", F, out_shape)] + ([("i", I64, None)] if name == "topk_attr" else [])
+    original = model(nodes, [X], outputs, inits, opset=opset)
+    graph = ir.from_onnx(original)
+    assert not ({n.op_type for n in graph.nodes} & {"Upsample", "Scatter"})
+    feeds = {"x": np.random.default_rng(0).standard_normal([2, 3, 4, 5]).astype(np.float32)}
+    for want, got in zip(run_onnxruntime(original, feeds), run_onnxruntime(ir.to_onnx(graph), feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_shape_subgraph_folds_to_a_constant_reshape():
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Unsqueeze", ["n", "zero1"], ["n1"]),
+        helper.make_node("Concat", ["n1", "minus1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["y"]),
+    ]
+    inits = [("zero", np.array(0, np.int64)), ("zero1", np.array([0], np.int64)), ("minus1", np.array([-1], np.int64))]
+    graph = ir.from_onnx(model(nodes, [("x", F, ["batch", 3, 4, 5])], [("y", F, None)], inits), {"x": (2, 3, 4, 5)})
+    assert [n.op_type for n in graph.nodes] == ["Reshape"]
+    assert graph.outputs[0].type == ir.TensorType("float32", (2, 60))
+    assert graph.nodes[0].inputs[1].const.tolist() == [2, -1]
+
+
+def test_if_with_constant_condition_is_inlined():
+    then_branch = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [], [helper.make_tensor_value_info("t", F, None)])
+    else_branch = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [], [helper.make_tensor_value_info("e", F, None)])
+    nodes = [helper.make_node("If", ["c"], ["y"], then_branch=then_branch, else_branch=else_branch)]
+    graph = ir.from_onnx(model(nodes, [X], [("y", F, None)], [("c", np.array(False))]))
+    assert [n.op_type for n in graph.nodes] == ["Neg"]
+    assert graph.outputs[0].name == "y"
+
+
+def test_if_with_runtime_condition_keeps_both_branches():
+    then_branch = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [], [helper.make_tensor_value_info("t", F, None)])
+    else_branch = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [], [helper.make_tensor_value_info("e", F, None)])
+    nodes = [helper.make_node("If", ["c"], ["y"], then_branch=then_branch, else_branch=else_branch)]
+    original = model(nodes, [X, ("c", 9, [])], [("y", F, None)])
+    graph = ir.from_onnx(original)
+    assert [n.op_type for n in graph.nodes] == ["If"]
+    x = np.random.default_rng(1).standard_normal([2, 3, 4, 5]).astype(np.float32)
+    for flag in (True, False):
+        feeds = {"x": x, "c": np.array(flag)}
+        np.testing.assert_array_equal(run_onnxruntime(ir.to_onnx(graph), feeds)[0], run_onnxruntime(original, feeds)[0])
+
+
+def test_symbolic_dimension_without_binding_names_input_and_axis():
+    with pytest.raises(ir.ShapeBindingError, match=r"input 'x' axis 2 is symbolic \('h'\)"):
+        ir.from_onnx(model([helper.make_node("Relu", ["x"], ["y"])], [("x", F, [1, 3, "h", 5])], [("y", F, None)]))
+
+
+@pytest.mark.parametrize("shapes,match", [
+    ({"nope": (1,)}, "model's inputs are 'x'"),
+    ({"x": (1, 3)}, "rank 4"),
+    ({"x": (2, 3, 4, 5)}, "axis 0 is 1"),
+    ({"x": (1, 3, -4, 5)}, "negative"),
+])
+def test_bad_input_shapes_are_rejected(shapes, match):
+    original = model([helper.make_node("Relu", ["x"], ["y"])], [("x", F, [1, 3, "h", 5])], [("y", F, None)])
+    with pytest.raises(ir.ShapeBindingError, match=match):
+        ir.from_onnx(original, shapes)
+
+
+def test_cycle_is_reported_with_node_names():
+    nodes = [helper.make_node("Add", ["x", "b"], ["a"], name="first"), helper.make_node("Relu", ["a"], ["b"], name="second")]
+    with pytest.raises(ir.ModelImportError, match="cycle through nodes 'first', 'second'"):
+        ir.from_onnx(model(nodes, [X], [("b", F, None)]))
+
+
+def test_undefined_name_is_reported():
+    with pytest.raises(ir.ModelImportError, match="reads 'ghost'"):
+        ir.from_onnx(model([helper.make_node("Add", ["x", "ghost"], ["y"], name="adder")], [X], [("y", F, None)]))
+
+
+def test_nodes_out_of_order_are_sorted():
+    nodes = [helper.make_node("Relu", ["a"], ["y"]), helper.make_node("Neg", ["x"], ["a"])]
+    graph = ir.from_onnx(model(nodes, [X], [("y", F, None)]))
+    assert [n.op_type for n in graph.nodes] == ["Neg", "Relu"]
+
+
+def test_missing_and_corrupt_files_raise_load_errors(tmp_path):
+    with pytest.raises(ir.ModelLoadError, match="no such file"):
+        ir.from_onnx(tmp_path / "absent.onnx")
+    text = tmp_path / "notes.onnx"
+    text.write_text("this is not a model\n")
+    with pytest.raises(ir.ModelLoadError):
+        ir.from_onnx(text)
+    good = model([helper.make_node("Relu", ["x"], ["y"])], [X], [("y", F, None)]).SerializeToString()
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes(good[: len(good) // 2])
+    with pytest.raises(ir.TesselError):
+        ir.from_onnx(truncated)
