@@ -1,0 +1,106 @@
+"""`tessel inspect` and the CLI's handling of bad input."""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import subprocess
+import sys
+
+import onnx
+import pytest
+from onnx import helper
+
+from compiler.cli import main, parse_input_shape
+from compiler.model_summary import summarize
+from ir.errors import ShapeBindingError
+from tests.conftest import CORPUS, by_name
+from tests.ir.helpers import F, model
+
+
+def _initializer_elements(graph: onnx.GraphProto) -> int:
+    total = sum(math.prod(t.dims) for t in graph.initializer)
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                total += _initializer_elements(attr.g)
+    return total
+
+
+@pytest.mark.parametrize("entry", by_name(CORPUS))
+def test_inspect_parameters_equal_initializer_elements(entry):
+    report = summarize(entry.path, entry.input_shapes)
+    proto = onnx.load(str(entry.path), load_external_data=False)
+    assert report["parameters"]["elements"] == _initializer_elements(proto.graph)
+    if entry.negative:
+        assert report["unsupported"]
+    else:
+        assert report["flops"] > 0 and report["activation_memory_lower_bound"]["bytes"] > 0
+        assert [i["name"] for i in report["inputs"]] == list(entry.input_shapes)
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "compiler.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_inspect_json_on_a_corpus_model():
+    entry = next(m for m in CORPUS if m.name == "ppocr_v4_det")
+    result = _run_cli("inspect", str(entry.path), "--input-shape", "x=1x3x64x64", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["inputs"] == [{"name": "x", "dtype": "float32", "shape": [1, 3, 64, 64]}]
+    assert report["ops"]["Conv"] > 0 and report["unsupported"] == []
+
+
+def test_inspect_unsupported_model_lists_ops_and_exits_2():
+    entry = next(m for m in CORPUS if m.name == "unsupported_ml")
+    result = _run_cli("inspect", str(entry.path))
+    assert result.returncode == 2
+    assert "LinearClassifier" in result.stdout and "ZipMap" in result.stdout
+    assert result.stderr.count("\n") == 1 and "ai.onnx.ml" in result.stderr
+
+
+def _bad_inputs(tmp_path):
+    good = model([helper.make_node("Relu", ["x"], ["y"])], [("x", F, [1, "n"])], [("y", F, None)])
+    data = good.SerializeToString()
+    text = tmp_path / "text.onnx"
+    text.write_text("hello, I am not a model\n")
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes(data[: len(data) - 7])
+    valid = tmp_path / "valid.onnx"
+    valid.write_bytes(data)
+    cyclic = tmp_path / "cyclic.onnx"
+    cyclic_model = model([helper.make_node("Add", ["x", "b"], ["a"]), helper.make_node("Relu", ["a"], ["b"])],
+                         [("x", F, [1, 2])], [("b", F, None)])
+    cyclic.write_bytes(cyclic_model.SerializeToString())
+    return {
+        "missing file": ([str(tmp_path / "absent.onnx")], "no such file"),
+        "not onnx": ([str(text)], "not"),
+        "truncated": ([str(truncated)], "truncated.onnx"),
+        "directory": ([str(tmp_path)], "directory"),
+        "bad shape syntax": ([str(valid), "--input-shape", "x=1xQ"], "bad --input-shape"),
+        "bad shape name": ([str(valid), "--input-shape", "z=1x2"], "model's inputs are 'x'"),
+        "missing binding": ([str(valid)], "axis 1 is symbolic"),
+        "cycle": ([str(cyclic)], "cycle"),
+        "unknown flag": ([str(valid), "--frobnicate"], "unrecognized arguments"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing file", "not onnx", "truncated", "directory", "bad shape syntax",
+                                  "bad shape name", "missing binding", "cycle", "unknown flag"])
+def test_bad_input_is_one_line_and_exit_2(case, tmp_path, capsys):
+    args, expected = _bad_inputs(tmp_path)[case]
+    with pytest.raises(SystemExit) if case == "unknown flag" else contextlib.nullcontext():
+        code = main(["inspect", *args])
+        assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "Traceback" not in err and expected in err
+
+
+def test_input_shape_parsing():
+    assert parse_input_shape("x=1x3x224x224") == ("x", (1, 3, 224, 224))
+    assert parse_input_shape("gpu_0/data_0=1x3") == ("gpu_0/data_0", (1, 3))
+    assert parse_input_shape("sr=") == ("sr", ())
+    with pytest.raises(ShapeBindingError):
+        parse_input_shape("1x3")
