@@ -25,7 +25,7 @@ from .errors import ModelImportError, ModelLoadError, ShapeBindingError, TesselE
 from .evaluate import evaluate
 from .graph import Graph, Value
 from .onnx_normalize import RENAMED, ImportProblem, RawNode, normalize
-from .schema import CANONICAL_OPSET, TESSEL_DOMAIN, InferenceFailure, get_schema, unsupported_reason
+from .schema import CANONICAL_OPSET, TESSEL_DOMAIN, InferenceFailure, get_schema, same_form_as_canonical, unsupported_reason
 from .types import TensorType, dtype_from_onnx, numpy_dtype, onnx_type_name
 from .verify import verify
 
@@ -134,8 +134,8 @@ def _unsupported_reason(op_type: str, domain: str, opset: int | None) -> str | N
         version = defs.get_schema(op_type, opset, "").since_version
     except defs.SchemaError:
         return f"not an ONNX op at opset {opset}"
-    if version > CANONICAL_OPSET:
-        return f"op version {version} is newer than opset {CANONICAL_OPSET}"
+    if version > CANONICAL_OPSET and not same_form_as_canonical(op_type, opset):
+        return f"op version {version} changed its inputs or attributes after opset {CANONICAL_OPSET}"
     if get_schema(op_type) is None and op_type not in RENAMED:
         return unsupported_reason(op_type, domain)
     return None

@@ -249,6 +249,32 @@ def unsupported_reason(op_type: str, domain: str) -> str:
     return _EXCLUDED.get(op_type, f"not an op on tensors in ONNX opset {CANONICAL_OPSET}")
 
 
+def _signature(schema: defs.OpSchema) -> tuple:
+    params = lambda ps: tuple((p.name, p.option) for p in ps)  # noqa: E731
+    attrs = tuple(sorted((name, int(a.type), bool(a.required)) for name, a in schema.attributes.items()))
+    return params(schema.inputs), params(schema.outputs), attrs
+
+
+# Newer op versions that keep their form but changed meaning (found by bench/onnx_conformance.py).
+_MEANING_CHANGED = {("Mod", 28)}  # Mod-28 defines fmod=0 on floats, an error before
+
+
+def same_form_as_canonical(op_type: str, opset: int) -> bool:
+    """True when the op's version at `opset` means what its canonical version means, with the same
+    inputs, outputs and attributes.
+
+    Newer versions of many ops only admit more element types; those import as
+    the canonical version (element types Tessel lacks are refused where they appear).
+    """
+    canonical = get_schema(op_type)
+    if canonical is None:
+        return False
+    newer = defs.get_schema(op_type, opset, "")
+    if (op_type, newer.since_version) in _MEANING_CHANGED:
+        return False
+    return _signature(newer) == _signature(canonical.onnx_schema)
+
+
 def supported_ops() -> list[str]:
     """Names of all supported op types of the default domain, sorted."""
     return sorted(_default_domain_schemas())
