@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 import onnx
 
 import ir
-from ir.analysis import constant_stats, max_live_bytes, op_histogram, total_flops
+from ir.analysis import constant_stats, max_live_bytes, op_histogram, total_bytes_moved, total_flops
 from ir.onnx_import import all_initializers, default_opset, find_unsupported, walk_onnx_nodes
 from ir.types import dtype_from_onnx, onnx_type_name
 
@@ -71,6 +71,7 @@ def summarize(path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]]
         "nodes": None,
         "constants": None,
         "flops": None,
+        "bytes_moved": None,
         "activation_memory_lower_bound": None,
     }
     if report["unsupported"]:
@@ -86,6 +87,7 @@ def summarize(path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]]
         nodes=sum(1 for _ in graph.walk_nodes()),
         constants={"tensors": constants.count, "elements": constants.elements, "bytes": constants.bytes},
         flops=total_flops(graph),
+        bytes_moved=total_bytes_moved(graph),
         activation_memory_lower_bound={"bytes": live.peak_bytes, "peak_node": live.peak_node},
     )
     return report
@@ -117,6 +119,7 @@ def format_summary(report: Mapping[str, Any]) -> str:
         live = report["activation_memory_lower_bound"]
         lines.append(f"imported graph: {report['nodes']} nodes, {constants['tensors']} constants ({_bytes(constants['bytes'])})")
         lines.append(f"FLOPs: {report['flops']:,} ({report['flops'] / 1e9:.3f} GFLOP)")
+        lines.append(f"bytes moved: {_bytes(report['bytes_moved'])} (each node reads its inputs and writes its outputs once)")
         lines.append(f"activation memory lower bound: {_bytes(live['bytes'])} (max live bytes in topological order, peak at '{live['peak_node']}')")
     lines.append("ops:")
     width = max((len(op) for op in report["ops"]), default=0)

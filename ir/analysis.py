@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from .costs import flops
+from .costs import bytes_moved, flops
 from .graph import Graph
 
 
@@ -16,6 +16,11 @@ def op_histogram(graph: Graph) -> Counter:
 def total_flops(graph: Graph) -> int:
     """FLOPs of one run of the main graph (each If counts its costlier branch)."""
     return sum(flops(node) for node in graph.nodes)
+
+
+def total_bytes_moved(graph: Graph) -> int:
+    """Bytes read and written by the main graph's nodes, each tensor crossing memory once per node."""
+    return sum(bytes_moved(node) for node in graph.nodes)
 
 
 @dataclass(frozen=True)

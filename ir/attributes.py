@@ -60,11 +60,5 @@ class Attributes(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self._items)
 
-    def replace(self, **changes: Any) -> "Attributes":
-        """A copy with some values changed (no validation: use the schema for that)."""
-        items = dict(self._items)
-        items.update(changes)
-        return Attributes(items)
-
     def __repr__(self) -> str:
         return f"Attributes({self._items!r})"

@@ -273,8 +273,3 @@ def same_form_as_canonical(op_type: str, opset: int) -> bool:
     if (op_type, newer.since_version) in _MEANING_CHANGED:
         return False
     return _signature(newer) == _signature(canonical.onnx_schema)
-
-
-def supported_ops() -> list[str]:
-    """Names of all supported op types of the default domain, sorted."""
-    return sorted(_default_domain_schemas())

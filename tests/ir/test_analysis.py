@@ -1,9 +1,12 @@
 """FLOP counts and the activation-memory lower bound."""
 from __future__ import annotations
 
+import numpy as np
+
 import ir
 from ir import Attributes, Graph, TensorType
-from ir.analysis import max_live_bytes, op_histogram, total_flops
+from ir.analysis import max_live_bytes, op_histogram, total_bytes_moved, total_flops
+from ir.costs import bytes_moved, flops
 from tests.conftest import POSITIVE
 
 
@@ -26,3 +29,14 @@ def test_max_live_bytes_frees_values_after_their_last_use():
     live = max_live_bytes(graph)
     # x stays live to the end; each step holds x, the node's input and its output.
     assert live.peak_bytes == 3 * 4096
+
+
+def test_node_costs_count_flops_and_bytes():
+    x_type, w_type, y_type = TensorType("float32", (1, 8, 10, 10)), TensorType("float32", (16, 8, 3, 3)), TensorType("float32", (1, 16, 8, 8))
+    graph = Graph()
+    x = graph.add_input("x", x_type)
+    w = graph.add_constant("w", np.zeros(w_type.shape, "float32"))
+    conv = graph.add_node("Conv", [x, w], Attributes(), [y_type])
+    graph.outputs = list(conv.outputs)
+    assert flops(conv) == 2 * y_type.numel * 8 * 3 * 3
+    assert bytes_moved(conv) == x_type.nbytes + w_type.nbytes + y_type.nbytes == total_bytes_moved(graph)
