@@ -220,7 +220,7 @@ class _Importer:
             scope[tensor.name] = graph.add_constant(tensor.name, _tensor_array(tensor, self.where))
 
     def _import_body(self, proto: onnx.GraphProto, graph: Graph, scope) -> None:
-        read = {name for node in proto.node for name in node.input}
+        read = {name for node in proto.node for name in node.input} | {vi.name for vi in proto.output}
         for index, node in _sorted_nodes(proto, scope):
             name = node.name or f"{node.op_type}_{index}"
             self.where = f"node '{name}' ({node.op_type})"
