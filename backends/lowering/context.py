@@ -1,0 +1,59 @@
+"""What a lowering rule sees of the node it lowers."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ir.errors import TesselError
+from ir.types import TensorType
+
+
+class LoweringError(TesselError):
+    """An op (or one of its attribute combinations) has no TVM lowering."""
+
+
+@dataclass
+class LowerContext:
+    """One node to lower: attributes, TE inputs (None where omitted), compile-time data, output types."""
+
+    op_type: str
+    attrs: Mapping[str, Any]
+    inputs: Sequence[Any]
+    input_types: Sequence[TensorType | None]
+    const_data: Sequence[np.ndarray | None]
+    output_types: Sequence[TensorType | None]
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        """An attribute value, or `default` when it is absent."""
+        return self.attrs.get(name, default)
+
+    def data(self, index: int) -> np.ndarray | None:
+        """Compile-time data of input `index`, None when the input is omitted."""
+        if index >= len(self.const_data):
+            return None
+        return self.const_data[index]
+
+    def require_data(self, index: int) -> np.ndarray:
+        """Compile-time data of input `index`; raise LoweringError when it is only known at run time."""
+        value = self.data(index)
+        if value is None:
+            raise LoweringError(f"{self.op_type}: input {index} must be a compile-time constant")
+        return value
+
+    def input(self, index: int):
+        """TE tensor of input `index`, or None when omitted."""
+        return self.inputs[index] if index < len(self.inputs) else None
+
+    def out_shape(self, index: int = 0) -> tuple[int, ...]:
+        """Static shape of output `index`."""
+        return self.output_types[index].shape
+
+    def out_dtype(self, index: int = 0) -> str:
+        """Element type of output `index`."""
+        return self.output_types[index].dtype
+
+    def fail(self, why: str) -> LoweringError:
+        """A LoweringError naming this op."""
+        return LoweringError(f"{self.op_type}: {why}")

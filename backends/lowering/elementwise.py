@@ -1,0 +1,190 @@
+"""Elementwise and broadcasting ops."""
+from __future__ import annotations
+
+import math
+from functools import reduce
+
+from ..tvm_env import tvm
+from .context import LowerContext
+
+_tvm = tvm()
+te, topi, tir = _tvm.te, _tvm.topi, _tvm.tirx
+
+
+def _is_float(dtype) -> bool:
+    return str(dtype).startswith("float") or str(dtype) == "bfloat16"
+
+
+def _exp(x):
+    return topi.fast_exp(x) if str(x.dtype) == "float32" else topi.exp(x)
+
+
+def _tanh(x):
+    return topi.fast_tanh(x) if str(x.dtype) == "float32" else topi.tanh(x)
+
+
+def _erf(x):
+    return topi.fast_erf(x) if str(x.dtype) == "float32" else topi.erf(x)
+
+
+def _const(value, dtype: str):
+    return tir.const(value, dtype)
+
+
+def _map(x, fn, name: str):
+    return te.compute(x.shape, lambda *i: fn(x[tuple(i)]), name=name)
+
+
+def _sigmoid(x):
+    one = _const(1.0, x.dtype)
+    return topi.divide(one, topi.add(one, _exp(topi.negative(x))))
+
+
+def _unary(fn):
+    return lambda ctx: [fn(ctx.input(0), ctx)]
+
+
+UNARY = {
+    "Relu": _unary(lambda x, c: topi.nn.relu(x)),
+    "Neg": _unary(lambda x, c: topi.negative(x)),
+    "Abs": _unary(lambda x, c: topi.abs(x)),
+    "Exp": _unary(lambda x, c: _exp(x)),
+    "Log": _unary(lambda x, c: topi.log(x)),
+    "Sqrt": _unary(lambda x, c: topi.sqrt(x)),
+    "Tanh": _unary(lambda x, c: _tanh(x)),
+    "Erf": _unary(lambda x, c: _erf(x)),
+    "Sigmoid": _unary(lambda x, c: _sigmoid(x)),
+    "Floor": _unary(lambda x, c: topi.floor(x)),
+    "Ceil": _unary(lambda x, c: topi.ceil(x)),
+    "Round": _unary(lambda x, c: _map(x, tir.nearbyint, "round")),
+    "Sign": _unary(lambda x, c: topi.sign(x)),
+    "Sin": _unary(lambda x, c: topi.sin(x)),
+    "Cos": _unary(lambda x, c: topi.cos(x)),
+    "Reciprocal": _unary(lambda x, c: topi.divide(_const(1.0, x.dtype), x)),
+    "Not": _unary(lambda x, c: topi.logical_not(x)),
+    "Softplus": _unary(lambda x, c: topi.log(topi.add(_exp(x), _const(1.0, x.dtype)))),
+    "Softsign": _unary(lambda x, c: topi.divide(x, topi.add(topi.abs(x), _const(1.0, x.dtype)))),
+    "LeakyRelu": _unary(lambda x, c: _map(x, lambda v: tir.Select(v < 0, v * _const(c.attr("alpha", 0.01), x.dtype), v), "leaky_relu")),
+    "Elu": _unary(lambda x, c: topi.where(topi.less(x, _const(0, x.dtype)),
+                                          topi.multiply(_const(c.attr("alpha", 1.0), x.dtype), topi.subtract(_exp(x), _const(1.0, x.dtype))), x)),
+    "Selu": _unary(lambda x, c: topi.multiply(_const(c.attr("gamma"), x.dtype), topi.where(
+        topi.less_equal(x, _const(0, x.dtype)),
+        topi.multiply(_const(c.attr("alpha"), x.dtype), topi.subtract(_exp(x), _const(1.0, x.dtype))), x))),
+    "HardSigmoid": _unary(lambda x, c: _hard_sigmoid(x, c.attr("alpha", 0.2), c.attr("beta", 0.5))),
+    "HardSwish": _unary(lambda x, c: topi.multiply(x, _hard_sigmoid(x, 1.0 / 6.0, 0.5))),
+    "Gelu": _unary(lambda x, c: _gelu(x, c.attr("approximate", "none"))),
+    "IsNaN": _unary(lambda x, c: topi.isnan(x)),
+    "Mish": _unary(lambda x, c: topi.multiply(x, _tanh(topi.log(topi.add(_exp(x), _const(1.0, x.dtype)))))),
+}
+
+
+def _hard_sigmoid(x, alpha: float, beta: float):
+    linear = topi.add(topi.multiply(x, _const(alpha, x.dtype)), _const(beta, x.dtype))
+    return topi.maximum(_const(0.0, x.dtype), topi.minimum(_const(1.0, x.dtype), linear))
+
+
+def _gelu(x, approximate: str):
+    half, one = _const(0.5, x.dtype), _const(1.0, x.dtype)
+    if approximate == "tanh":
+        cubic = topi.multiply(_const(0.044715, x.dtype), topi.multiply(x, topi.multiply(x, x)))
+        inner = topi.multiply(_const(math.sqrt(2.0 / math.pi), x.dtype), topi.add(x, cubic))
+        return topi.multiply(topi.multiply(half, x), topi.add(one, _tanh(inner)))
+    scaled = topi.multiply(x, _const(1.0 / math.sqrt(2.0), x.dtype))
+    return topi.multiply(topi.multiply(half, x), topi.add(one, _erf(scaled)))
+
+
+def _div(ctx: LowerContext):
+    a, b = ctx.input(0), ctx.input(1)
+    if _is_float(a.dtype):
+        return [topi.divide(a, b)]
+    return [topi.trunc_divide(a, b)]
+
+
+def _mod(ctx: LowerContext):
+    a, b = ctx.input(0), ctx.input(1)
+    if _is_float(a.dtype):
+        return [_fmod(a, b)]
+    return [topi.trunc_mod(a, b) if ctx.attr("fmod", 0) else topi.floor_mod(a, b)]
+
+
+def _fmod(a, b):
+    return topi.subtract(a, topi.multiply(b, topi.trunc(topi.divide(a, b))))
+
+
+def _pow(ctx: LowerContext):
+    a, b = ctx.input(0), ctx.input(1)
+    if b.dtype != a.dtype:
+        b = topi.cast(b, a.dtype)
+    if not _is_float(a.dtype):
+        return [topi.cast(topi.power(topi.cast(a, "float64"), topi.cast(b, "float64")), a.dtype)]
+    return [topi.power(a, b)]
+
+
+def _binary(fn):
+    return lambda ctx: [fn(ctx.input(0), ctx.input(1))]
+
+
+BINARY = {
+    "Add": _binary(topi.add),
+    "Sub": _binary(topi.subtract),
+    "Mul": _binary(topi.multiply),
+    "Div": _div,
+    "Mod": _mod,
+    "Pow": _pow,
+    "Equal": _binary(topi.equal),
+    "Greater": _binary(topi.greater),
+    "GreaterOrEqual": _binary(topi.greater_equal),
+    "Less": _binary(topi.less),
+    "LessOrEqual": _binary(topi.less_equal),
+    "And": _binary(topi.logical_and),
+    "Or": _binary(topi.logical_or),
+    "Xor": _binary(topi.logical_xor),
+    "BitShift": lambda ctx: [topi.left_shift(ctx.input(0), ctx.input(1)) if ctx.attr("direction") == "LEFT"
+                             else topi.right_shift(ctx.input(0), ctx.input(1))],
+    "PRelu": lambda ctx: [topi.where(topi.less(ctx.input(0), _const(0, ctx.input(0).dtype)),
+                                     topi.multiply(ctx.input(0), ctx.input(1)), ctx.input(0))],
+}
+
+
+def _variadic(fn):
+    return lambda ctx: [reduce(fn, [x for x in ctx.inputs if x is not None])]
+
+
+def _mean(ctx: LowerContext):
+    xs = [x for x in ctx.inputs if x is not None]
+    return [topi.divide(reduce(topi.add, xs), _const(len(xs), xs[0].dtype))]
+
+
+def _where(ctx: LowerContext):
+    return [topi.where(ctx.input(0), ctx.input(1), ctx.input(2))]
+
+
+def _clip(ctx: LowerContext):
+    x = ctx.input(0)
+    low, high = ctx.input(1), ctx.input(2)
+    if low is not None:
+        x = topi.maximum(x, topi.reshape(low, ()) if len(low.shape) else low)
+    if high is not None:
+        x = topi.minimum(x, topi.reshape(high, ()) if len(high.shape) else high)
+    return [x if x is not ctx.input(0) else topi.identity(x)]
+
+
+def _cast(ctx: LowerContext):
+    x, dtype = ctx.input(0), ctx.out_dtype()
+    if dtype == "bool" and x.dtype != "bool":
+        return [topi.not_equal(x, _const(0, x.dtype))]
+    return [topi.cast(x, dtype)]
+
+
+OTHER = {
+    "Max": _variadic(topi.maximum),
+    "Min": _variadic(topi.minimum),
+    "Sum": _variadic(topi.add),
+    "Mean": _mean,
+    "Where": _where,
+    "Clip": _clip,
+    "Cast": _cast,
+    "CastLike": _cast,
+}
+
+RULES = {**UNARY, **BINARY, **OTHER}

@@ -1,0 +1,299 @@
+"""Neural-network ops: convolutions, pooling, normalisations, matrix products."""
+from __future__ import annotations
+
+from ..tvm_env import tvm
+from .context import LowerContext
+
+_tvm = tvm()
+te, topi, tir = _tvm.te, _tvm.topi, _tvm.tirx
+
+
+def _dims(tensor) -> list[int]:
+    return [int(d) for d in tensor.shape]
+
+
+def _same_pads(auto_pad, in_sizes, out_sizes, kernel, strides, dilations):
+    before, after = [], []
+    for i, o, k, s, d in zip(in_sizes, out_sizes, kernel, strides, dilations):
+        total = max((o - 1) * s + (k - 1) * d + 1 - i, 0)
+        small = total // 2
+        if auto_pad == "SAME_UPPER":
+            before.append(small)
+            after.append(total - small)
+        else:
+            before.append(total - small)
+            after.append(small)
+    return before, after
+
+
+def _window_pads(ctx: LowerContext, in_sizes, out_sizes, kernel, strides, dilations):
+    """(pads before, pads after) per spatial axis, from `pads` or `auto_pad`."""
+    n = len(in_sizes)
+    auto_pad = ctx.attr("auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        return _same_pads(auto_pad, in_sizes, out_sizes, kernel, strides, dilations)
+    if auto_pad == "VALID":
+        return [0] * n, [0] * n
+    pads = list(ctx.attr("pads") or [0] * (2 * n))
+    return pads[:n], pads[n:]
+
+
+def _as_2d(x, name: str):
+    """View an (N, C, W) tensor as (N, C, 1, W)."""
+    n, c, w = _dims(x)
+    return te.compute((n, c, 1, w), lambda a, b, _h, d: x[a, b, d], name=name)
+
+
+def _conv(ctx: LowerContext):
+    x, w, bias = ctx.input(0), ctx.input(1), ctx.input(2)
+    spatial = len(x.shape) - 2
+    if spatial not in (1, 2):
+        raise ctx.fail(f"{spatial}-D convolution is not supported (1-D and 2-D are)")
+    kernel = _dims(w)[2:]
+    strides = list(ctx.attr("strides") or [1] * spatial)
+    dilations = list(ctx.attr("dilations") or [1] * spatial)
+    out_shape = list(ctx.out_shape())
+    before, after = _window_pads(ctx, _dims(x)[2:], out_shape[2:], kernel, strides, dilations)
+    if spatial == 1:
+        x, w = _as_2d(x, "data_2d"), _as_2d(w, "weight_2d")
+        kernel, strides, dilations = [1] + kernel, [1] + strides, [1] + dilations
+        before, after, out_shape = [0] + before, [0] + after, out_shape[:2] + [1] + out_shape[2:]
+    if any(before) or any(after):
+        x = topi.nn.pad(x, [0, 0] + before, [0, 0] + after, name="conv_pad")
+    out_channels, group_channels = _dims(w)[:2]
+    groups = ctx.attr("group", 1)
+    per_group = out_channels // groups
+    rc = te.reduce_axis((0, group_channels), name="rc")
+    ry = te.reduce_axis((0, kernel[0]), name="ry")
+    rx = te.reduce_axis((0, kernel[1]), name="rx")
+    (sh, sw), (dh, dw) = strides, dilations
+
+    def channel(k):
+        return rc if groups == 1 else (k // per_group) * group_channels + rc
+
+    out = te.compute(
+        out_shape,
+        lambda n, k, h, q: te.sum(x[n, channel(k), h * sh + ry * dh, q * sw + rx * dw] * w[k, rc, ry, rx], axis=[rc, ry, rx]),
+        name="conv",
+    )
+    if bias is not None:
+        out = te.compute(out_shape, lambda n, k, h, q: out[n, k, h, q] + bias[k], name="conv_bias")
+    if spatial == 1:
+        flat = out
+        out = te.compute(ctx.out_shape(), lambda n, k, q: flat[n, k, 0, q], name="conv_1d")
+    return [out]
+
+
+def _conv_transpose(ctx: LowerContext):
+    x, w, bias = ctx.input(0), ctx.input(1), ctx.input(2)
+    spatial = len(x.shape) - 2
+    if spatial not in (1, 2):
+        raise ctx.fail(f"{spatial}-D transposed convolution is not supported (1-D and 2-D are)")
+    kernel = _dims(w)[2:]
+    strides = list(ctx.attr("strides") or [1] * spatial)
+    dilations = list(ctx.attr("dilations") or [1] * spatial)
+    if any(d != 1 for d in dilations):
+        raise ctx.fail("dilated transposed convolution is not supported")
+    out_shape = list(ctx.out_shape())
+    in_sizes = _dims(x)[2:]
+    output_padding = list(ctx.attr("output_padding") or [0] * spatial)
+    pads = ctx.attr("pads")
+    if pads and ctx.attr("auto_pad", "NOTSET") == "NOTSET" and not ctx.attr("output_shape"):
+        before, after = list(pads[:spatial]), list(pads[spatial:])
+    else:
+        before, after = [], []
+        for i, o, k, s, op in zip(in_sizes, out_shape[2:], kernel, strides, output_padding):
+            total = s * (i - 1) + op + k - o
+            upper = ctx.attr("auto_pad", "NOTSET") != "SAME_LOWER"
+            before.append(total // 2 if upper else total - total // 2)
+            after.append(total - before[-1])
+    if spatial == 1:
+        x, w = _as_2d(x, "data_2d"), _as_2d(w, "weight_2d")
+        strides, before, after = [1] + strides, [0] + before, [0] + after
+    # topi derives the output size from strides, kernel and padding; what ONNX adds beyond that is output padding.
+    out_sizes = list(ctx.out_shape()[2:]) if spatial == 2 else [1] + list(ctx.out_shape()[2:])
+    extra = [o - (s * (i - 1) + k - b - a)
+             for o, s, i, k, b, a in zip(out_sizes, strides, _dims(x)[2:], _dims(w)[2:], before, after)]
+    out = topi.nn.group_conv2d_transpose_nchw(
+        x, w, strides, [before[0], before[1], after[0], after[1]], x.dtype, extra, ctx.attr("group", 1))
+    if bias is not None:
+        shaped = out
+        out = te.compute(shaped.shape, lambda n, k, h, q: shaped[n, k, h, q] + bias[k], name="deconv_bias")
+    if spatial == 1:
+        flat = out
+        out = te.compute(ctx.out_shape(), lambda n, k, q: flat[n, k, 0, q], name="deconv_1d")
+    return [out]
+
+
+def _pool(kind: str):
+    def rule(ctx: LowerContext):
+        if kind == "max" and len(ctx.output_types) > 1 and ctx.output_types[1] is not None:
+            raise ctx.fail("the Indices output of MaxPool is not supported")
+        x = ctx.input(0)
+        spatial = len(x.shape) - 2
+        kernel = list(ctx.attr("kernel_shape"))
+        strides = list(ctx.attr("strides") or [1] * spatial)
+        dilations = list(ctx.attr("dilations") or [1] * spatial)
+        before, after = _window_pads(ctx, _dims(x)[2:], list(ctx.out_shape()[2:]), kernel, strides, dilations)
+        ceil = bool(ctx.attr("ceil_mode", 0))
+        include = bool(ctx.attr("count_include_pad", 0))
+        if spatial == 1:
+            out = topi.nn.pool1d(x, kernel, strides, dilations, before + after, kind, ceil, "NCW", include)
+        elif spatial == 2:
+            out = topi.nn.pool2d(x, kernel, strides, dilations, before + after, kind, ceil, "NCHW", include)
+        else:
+            raise ctx.fail(f"{spatial}-D pooling is not supported (1-D and 2-D are)")
+        if tuple(int(d) for d in out.shape) != tuple(ctx.out_shape()):
+            raise ctx.fail(f"pooling gives shape {_dims(out)}, ONNX says {list(ctx.out_shape())}")
+        return [out] + [None] * (len(ctx.output_types) - 1)
+
+    return rule
+
+
+def _global_pool(kind: str):
+    def rule(ctx: LowerContext):
+        x = ctx.input(0)
+        axes = list(range(2, len(x.shape)))
+        if kind == "max":
+            return [topi.max(x, axes, True)]
+        count = 1
+        for d in _dims(x)[2:]:
+            count *= d
+        return [topi.divide(topi.sum(x, axes, True), tir.const(count, x.dtype))]
+
+    return rule
+
+
+def _lrn(ctx: LowerContext):
+    x = ctx.input(0)
+    size = ctx.attr("size")
+    alpha, beta, bias = ctx.attr("alpha", 1e-4), ctx.attr("beta", 0.75), ctx.attr("bias", 1.0)
+    shape = _dims(x)
+    square = topi.multiply(x, x)
+    padded = topi.nn.pad(square, [0, (size - 1) // 2] + [0] * (len(shape) - 2),
+                         [0, size - 1 - (size - 1) // 2] + [0] * (len(shape) - 2), name="lrn_pad")
+    r = te.reduce_axis((0, size), name="r")
+    total = te.compute(shape, lambda n, c, *rest: te.sum(padded[(n, c + r, *rest)], axis=r), name="lrn_sum")
+    scale = topi.add(tir.const(bias, x.dtype), topi.multiply(tir.const(alpha / size, x.dtype), total))
+    return [topi.divide(x, topi.power(scale, tir.const(beta, x.dtype)))]
+
+
+def _channel(v, rank: int):
+    """Broadcast a per-channel vector against an (N, C, ...) tensor."""
+    return topi.reshape(v, [int(v.shape[0])] + [1] * (rank - 2))
+
+
+def _batch_norm(ctx: LowerContext):
+    x, scale, shift, mean, var = (ctx.input(i) for i in range(5))
+    rank = len(x.shape)
+    eps = tir.const(ctx.attr("epsilon", 1e-5), x.dtype)
+    factor = topi.divide(_channel(scale, rank), topi.sqrt(topi.add(_channel(var, rank), eps)))
+    return [topi.add(topi.multiply(topi.subtract(x, _channel(mean, rank)), factor), _channel(shift, rank))]
+
+
+def _normalize(x, axes, eps, count):
+    total = tir.const(count, x.dtype)
+    mean = topi.divide(topi.sum(x, axes, True), total)
+    centered = topi.subtract(x, mean)
+    var = topi.divide(topi.sum(topi.multiply(centered, centered), axes, True), total)
+    return topi.divide(centered, topi.sqrt(topi.add(var, tir.const(eps, x.dtype))))
+
+
+def _instance_norm(ctx: LowerContext):
+    x, scale, shift = ctx.input(0), ctx.input(1), ctx.input(2)
+    rank = len(x.shape)
+    count = 1
+    for d in _dims(x)[2:]:
+        count *= d
+    y = _normalize(x, list(range(2, rank)), ctx.attr("epsilon", 1e-5), count)
+    return [topi.add(topi.multiply(y, _channel(scale, rank)), _channel(shift, rank))]
+
+
+def _layer_norm(ctx: LowerContext):
+    if any(t is not None for t in ctx.output_types[1:]):
+        raise ctx.fail("the Mean and InvStdDev outputs of LayerNormalization are not supported")
+    x, scale, shift = ctx.input(0), ctx.input(1), ctx.input(2)
+    rank = len(x.shape)
+    axis = ctx.attr("axis", -1)
+    axis = axis + rank if axis < 0 else axis
+    count = 1
+    for d in _dims(x)[axis:]:
+        count *= d
+    y = topi.multiply(_normalize(x, list(range(axis, rank)), ctx.attr("epsilon", 1e-5), count), scale)
+    if shift is not None:
+        y = topi.add(y, shift)
+    return [y] + [None] * (len(ctx.output_types) - 1)
+
+
+def _matmul(ctx: LowerContext):
+    a, b = ctx.input(0), ctx.input(1)
+    a_vec, b_vec = len(a.shape) == 1, len(b.shape) == 1
+    if a_vec:
+        flat_a = a
+        a = te.compute((1, int(a.shape[0])), lambda _i, k: flat_a[k], name="a_row")
+    if b_vec:
+        flat_b = b
+        b = te.compute((int(b.shape[0]), 1), lambda k, _j: flat_b[k], name="b_col")
+    a_dims, b_dims = _dims(a), _dims(b)
+    batch_a, batch_b = a_dims[:-2], b_dims[:-2]
+    batch_rank = max(len(batch_a), len(batch_b))
+    batch = [max(x, y) for x, y in zip([1] * (batch_rank - len(batch_a)) + batch_a, [1] * (batch_rank - len(batch_b)) + batch_b)]
+    m, depth, n = a_dims[-2], a_dims[-1], b_dims[-1]
+    k = te.reduce_axis((0, depth), name="k")
+
+    def pick(index, own):
+        offset = batch_rank - len(own)
+        return [0 if own[d] == 1 else index[offset + d] for d in range(len(own))]
+
+    full = te.compute(
+        batch + [m, n],
+        lambda *i: te.sum(a[(*pick(i, batch_a), i[-2], k)] * b[(*pick(i, batch_b), k, i[-1])], axis=k),
+        name="matmul",
+    )
+    if not (a_vec or b_vec):
+        return [full]
+
+    def squeeze(*i):
+        index = list(i)
+        if b_vec:
+            index.append(0)
+        if a_vec:
+            index.insert(len(index) - 1, 0)
+        return full[tuple(index)]
+
+    return [te.compute(ctx.out_shape(), squeeze, name="matmul_vec")]
+
+
+def _gemm(ctx: LowerContext):
+    a, b, c = ctx.input(0), ctx.input(1), ctx.input(2)
+    trans_a, trans_b = ctx.attr("transA", 0), ctx.attr("transB", 0)
+    alpha, beta = ctx.attr("alpha", 1.0), ctx.attr("beta", 1.0)
+    depth = int(a.shape[0] if trans_a else a.shape[1])
+    k = te.reduce_axis((0, depth), name="k")
+    m, n = ctx.out_shape()
+    product = te.compute(
+        (m, n),
+        lambda i, j: te.sum((a[k, i] if trans_a else a[i, k]) * (b[j, k] if trans_b else b[k, j]), axis=k),
+        name="gemm",
+    )
+    if alpha != 1.0:
+        product = topi.multiply(product, tir.const(alpha, product.dtype))
+    if c is not None:
+        product = topi.add(product, c if beta == 1.0 else topi.multiply(c, tir.const(beta, c.dtype)))
+    return [product]
+
+
+RULES = {
+    "Conv": _conv,
+    "ConvTranspose": _conv_transpose,
+    "MaxPool": _pool("max"),
+    "AveragePool": _pool("avg"),
+    "GlobalAveragePool": _global_pool("avg"),
+    "GlobalMaxPool": _global_pool("max"),
+    "LRN": _lrn,
+    "BatchNormalization": _batch_norm,
+    "InstanceNormalization": _instance_norm,
+    "LayerNormalization": _layer_norm,
+    "MatMul": _matmul,
+    "Gemm": _gemm,
+}

@@ -1,0 +1,103 @@
+"""Reductions over axes, arg-reductions, softmax family."""
+from __future__ import annotations
+
+from ..tvm_env import tvm
+from .context import LowerContext
+from .elementwise import _exp
+
+_tvm = tvm()
+te, topi, tir = _tvm.te, _tvm.topi, _tvm.tirx
+
+
+def _axes(ctx: LowerContext) -> list[int] | None:
+    """Normalized reduction axes; None means all axes, [] means no reduction."""
+    rank = len(ctx.input(0).shape)
+    data = ctx.data(1)
+    if data is None or data.size == 0:
+        return [] if ctx.attr("noop_with_empty_axes", 0) else None
+    return sorted({int(a) + rank if a < 0 else int(a) for a in data.reshape(-1)})
+
+
+def _reduce(combine):
+    def rule(ctx: LowerContext):
+        x = ctx.input(0)
+        axes = _axes(ctx)
+        if axes == []:
+            return [topi.identity(x)]
+        keep = bool(ctx.attr("keepdims", 1))
+        return [combine(x, axes, keep, ctx)]
+
+    return rule
+
+
+def _count(x, axes) -> int:
+    dims = [int(d) for d in x.shape]
+    total = 1
+    for axis in (axes if axes is not None else range(len(dims))):
+        total *= dims[axis]
+    return total
+
+
+def _mean(x, axes, keep, ctx):
+    return topi.divide(topi.sum(x, axes, keep), tir.const(_count(x, axes), x.dtype))
+
+
+RULES = {
+    "ReduceSum": _reduce(lambda x, a, k, c: topi.sum(x, a, k)),
+    "ReduceMean": _reduce(_mean),
+    "ReduceMax": _reduce(lambda x, a, k, c: topi.max(x, a, k)),
+    "ReduceMin": _reduce(lambda x, a, k, c: topi.min(x, a, k)),
+    "ReduceProd": _reduce(lambda x, a, k, c: topi.prod(x, a, k)),
+    "ReduceL1": _reduce(lambda x, a, k, c: topi.sum(topi.abs(x), a, k)),
+    "ReduceL2": _reduce(lambda x, a, k, c: topi.sqrt(topi.sum(topi.multiply(x, x), a, k))),
+    "ReduceSumSquare": _reduce(lambda x, a, k, c: topi.sum(topi.multiply(x, x), a, k)),
+    "ReduceLogSum": _reduce(lambda x, a, k, c: topi.log(topi.sum(x, a, k))),
+    "ReduceLogSumExp": _reduce(lambda x, a, k, c: _log_sum_exp(x, a, k)),
+}
+
+
+def _log_sum_exp(x, axes, keep):
+    peak = topi.max(x, axes, True)
+    total = topi.sum(topi.exp(topi.subtract(x, peak)), axes, True)
+    out = topi.add(topi.log(total), peak)
+    if keep:
+        return out
+    return topi.squeeze(out, axes if axes is not None else None)
+
+
+def _arg(kind):
+    def rule(ctx: LowerContext):
+        if ctx.attr("select_last_index", 0):
+            raise ctx.fail("select_last_index=1 is not supported")
+        x = ctx.input(0)
+        axis = ctx.attr("axis", 0)
+        fn = topi.argmax if kind == "max" else topi.argmin
+        return [topi.cast(fn(x, axis=axis, keepdims=bool(ctx.attr("keepdims", 1))), "int64")]
+
+    return rule
+
+
+def _softmax(log: bool):
+    def rule(ctx: LowerContext):
+        x = ctx.input(0)
+        rank = len(x.shape)
+        axis = ctx.attr("axis", -1)
+        axis = axis + rank if axis < 0 else axis
+        peak = topi.max(x, axis, True)
+        shifted = topi.subtract(x, peak)
+        total = topi.sum(_exp(shifted), axis, True)
+        if log:
+            return [topi.subtract(shifted, topi.log(total))]
+        return [topi.divide(_exp(shifted), total)]
+
+    return rule
+
+
+RULES.update({
+    "ArgMax": _arg("max"),
+    "ArgMin": _arg("min"),
+    "Softmax": _softmax(False),
+    "LogSoftmax": _softmax(True),
+})
+
+STATIC_INPUTS = {op: {1} for op in RULES if op.startswith("Reduce")}

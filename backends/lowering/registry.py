@@ -1,0 +1,17 @@
+"""The table of lowering rules, by op type."""
+from __future__ import annotations
+
+from . import elementwise, nn, reduce, tensor
+
+RULES = {**elementwise.RULES, **tensor.RULES, **reduce.RULES, **nn.RULES}
+_STATIC = {**tensor.STATIC_INPUTS, **reduce.STATIC_INPUTS}
+
+
+def supports(op_type: str) -> bool:
+    """True when `op_type` has a lowering rule."""
+    return op_type in RULES
+
+
+def static_inputs(op_type: str) -> frozenset[int]:
+    """Input positions the op needs as compile-time data (never kernel arguments)."""
+    return frozenset(_STATIC.get(op_type, ()))

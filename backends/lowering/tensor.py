@@ -1,0 +1,231 @@
+"""Data movement ops: transpose, concat, split, slice, gather, expand, tile, pad, resize, fills."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..tvm_env import tvm
+from .context import LowerContext
+
+_tvm = tvm()
+te, topi, tir = _tvm.te, _tvm.topi, _tvm.tirx
+
+
+def _axis(axis: int, rank: int) -> int:
+    return axis + rank if axis < 0 else axis
+
+
+def _transpose(ctx: LowerContext):
+    x = ctx.input(0)
+    perm = ctx.attr("perm") or tuple(reversed(range(len(x.shape))))
+    return [topi.transpose(x, list(perm))]
+
+
+def _concat(ctx: LowerContext):
+    xs = [x for x in ctx.inputs if x is not None and int(np.prod([int(d) for d in x.shape])) > 0]
+    axis = _axis(ctx.attr("axis"), len(ctx.out_shape()))
+    if len(xs) == 1:
+        return [topi.identity(xs[0])]
+    return [topi.concatenate(xs, axis)]
+
+
+def _split(ctx: LowerContext):
+    x = ctx.input(0)
+    axis = _axis(ctx.attr("axis", 0), len(x.shape))
+    outputs, start = [], 0
+    for index, out_type in enumerate(ctx.output_types):
+        size = out_type.shape[axis] if out_type is not None else _split_size(ctx, index)
+        if out_type is not None:
+            outputs.append(_window(x, axis, start, out_type.shape, f"split{index}"))
+        else:
+            outputs.append(None)
+        start += size
+    return outputs
+
+
+def _split_size(ctx: LowerContext, index: int) -> int:
+    sizes = ctx.data(1)
+    if sizes is not None:
+        return int(sizes[index])
+    raise ctx.fail("an omitted Split output needs explicit split sizes")
+
+
+def _window(x, axis: int, start: int, shape, name: str):
+    def index(*i):
+        src = list(i)
+        src[axis] = src[axis] + start
+        return x[tuple(src)]
+
+    return te.compute(shape, index, name=name)
+
+
+def _slice(ctx: LowerContext):
+    x = ctx.input(0)
+    rank = len(x.shape)
+    dims = [int(d) for d in x.shape]
+    starts = ctx.require_data(1).tolist()
+    axes = ctx.data(3).tolist() if ctx.data(3) is not None else list(range(len(starts)))
+    steps = ctx.data(4).tolist() if ctx.data(4) is not None else [1] * len(starts)
+    # The output shape, known from the IR, already says where each axis ends: only starts and steps matter.
+    begin, stride = [0] * rank, [1] * rank
+    for s, axis, step in zip(starts, axes, steps):
+        axis = _axis(axis, rank)
+        dim = dims[axis]
+        s = s + dim if s < 0 else s
+        begin[axis] = min(max(s, 0), dim) if step > 0 else min(max(s, 0), dim - 1)
+        stride[axis] = step
+    return [te.compute(ctx.out_shape(), lambda *i: x(*[b + k * st for b, k, st in zip(begin, i, stride)]), name="slice")]
+
+
+def _gather(ctx: LowerContext):
+    data, indices = ctx.input(0), ctx.input(1)
+    axis = _axis(ctx.attr("axis", 0), len(data.shape))
+    dim = data.shape[axis]
+    index_rank = len(indices.shape)
+
+    def compute(*i):
+        idx = indices[tuple(i[axis:axis + index_rank])]
+        idx = tir.Select(idx < 0, idx + tir.Cast(idx.dtype, dim), idx)
+        return data[(*i[:axis], idx, *i[axis + index_rank:])]
+
+    return [te.compute(ctx.out_shape(), compute, name="gather")]
+
+
+def _gather_elements(ctx: LowerContext):
+    data, indices = ctx.input(0), ctx.input(1)
+    axis = _axis(ctx.attr("axis", 0), len(data.shape))
+    dim = data.shape[axis]
+
+    def compute(*i):
+        idx = indices[tuple(i)]
+        idx = tir.Select(idx < 0, idx + tir.Cast(idx.dtype, dim), idx)
+        return data[(*i[:axis], idx, *i[axis + 1:])]
+
+    return [te.compute(ctx.out_shape(), compute, name="gather_elements")]
+
+
+def _expand(ctx: LowerContext):
+    return [topi.broadcast_to(ctx.input(0), ctx.out_shape())]
+
+
+def _tile(ctx: LowerContext):
+    return [topi.tile(ctx.input(0), [int(r) for r in ctx.require_data(1)])]
+
+
+def _pad(ctx: LowerContext):
+    x = ctx.input(0)
+    rank = len(x.shape)
+    dims = [int(d) for d in x.shape]
+    pads = ctx.require_data(1).tolist()
+    axes = ctx.data(3).tolist() if ctx.data(3) is not None else list(range(rank))
+    before = [0] * rank
+    for k, axis in enumerate(axes):
+        before[_axis(axis, rank)] = pads[k]
+    mode = ctx.attr("mode", "constant")
+    value = ctx.input(2)
+    fill = (value[tuple([0] * len(value.shape))] if value is not None else tir.const(0, x.dtype))
+
+    def source(i, axis):
+        j = i - before[axis]
+        if mode == "edge":
+            return tir.max(tir.min(j, dims[axis] - 1), 0)
+        if mode == "reflect":
+            period = 2 * (dims[axis] - 1) if dims[axis] > 1 else 1
+            j = tir.floormod(j, period)
+            return tir.Select(j < dims[axis], j, period - j)
+        if mode == "wrap":
+            return tir.floormod(j, dims[axis])
+        return j
+
+    def compute(*i):
+        src = [source(k, a) for a, k in enumerate(i)]
+        if mode != "constant":
+            return x[tuple(src)]
+        inside = tir.all(*[tir.all(s >= 0, s < dims[a]) for a, s in enumerate(src)]) if rank else tir.const(True, "bool")
+        clamped = [tir.max(tir.min(s, dims[a] - 1), 0) for a, s in enumerate(src)]
+        return tir.Select(inside, x[tuple(clamped)], fill)
+
+    return [te.compute(ctx.out_shape(), compute, name="pad")]
+
+
+def _constant_of_shape(ctx: LowerContext):
+    value = ctx.attr("value")
+    scalar = value.reshape(-1)[0].item() if value is not None else 0.0
+    dtype = ctx.out_dtype()
+    return [te.compute(ctx.out_shape(), lambda *i: tir.const(scalar, dtype), name="fill")]
+
+
+def _resize(ctx: LowerContext):
+    x = ctx.input(0)
+    in_shape, out_shape = [int(d) for d in x.shape], list(ctx.out_shape())
+    if len(in_shape) != 4 or in_shape[:2] != out_shape[:2]:
+        raise ctx.fail("only 4-D NCHW resizing of the last two axes is supported")
+    mode = ctx.attr("mode", "nearest")
+    method = {"nearest": "nearest_neighbor", "linear": "linear", "cubic": "cubic"}[mode]
+    roi = ctx.data(1)
+    roi_hw = [float(v) for v in roi[[2, 3, 6, 7]]] if roi is not None and roi.size == 8 else [0.0, 0.0, 0.0, 0.0]
+    rounding = ctx.attr("nearest_mode", "round_prefer_floor") if mode == "nearest" else ""
+    out = topi.image.resize2d(
+        x, roi_hw, out_shape[2:], layout="NCHW", method=method,
+        coordinate_transformation_mode=ctx.attr("coordinate_transformation_mode", "half_pixel"),
+        rounding_method=rounding, bicubic_alpha=ctx.attr("cubic_coeff_a", -0.75),
+        bicubic_exclude=ctx.attr("exclude_outside", 0), extrapolation_value=ctx.attr("extrapolation_value", 0.0),
+        out_dtype=x.dtype,
+    )
+    return [out]
+
+
+def _depth_to_space(ctx: LowerContext):
+    x = ctx.input(0)
+    b = ctx.attr("blocksize")
+    n, c, h, w = (int(d) for d in x.shape)
+    crd = ctx.attr("mode", "DCR") == "CRD"
+    oc = c // (b * b)
+
+    def compute(ni, ci, hi, wi):
+        bh, bw = hi % b, wi % b
+        src_c = ci * b * b + bh * b + bw if crd else (bh * b + bw) * oc + ci
+        return x[ni, src_c, hi // b, wi // b]
+
+    return [te.compute(ctx.out_shape(), compute, name="depth_to_space")]
+
+
+def _trilu(ctx: LowerContext):
+    x = ctx.input(0)
+    k = int(ctx.data(1).reshape(-1)[0]) if ctx.data(1) is not None else 0
+    upper = ctx.attr("upper", 1)
+
+    def compute(*i):
+        row, col = i[-2], i[-1]
+        keep = (col - row >= k) if upper else (col - row <= k)
+        return tir.Select(keep, x[tuple(i)], tir.const(0, x.dtype))
+
+    return [te.compute(ctx.out_shape(), compute, name="trilu")]
+
+
+RULES = {
+    "Transpose": _transpose,
+    "Concat": _concat,
+    "Split": _split,
+    "Slice": _slice,
+    "Gather": _gather,
+    "GatherElements": _gather_elements,
+    "Expand": _expand,
+    "Tile": _tile,
+    "Pad": _pad,
+    "ConstantOfShape": _constant_of_shape,
+    "Resize": _resize,
+    "DepthToSpace": _depth_to_space,
+    "Trilu": _trilu,
+}
+
+# Inputs each op needs as compile-time data.
+STATIC_INPUTS = {
+    "Split": {1},
+    "Slice": {1, 2, 3, 4},
+    "Tile": {1},
+    "Pad": {1, 3},
+    "Resize": {1, 2, 3},
+    "Trilu": {1},
+    "Expand": {1},
+    "ConstantOfShape": {0},
+}

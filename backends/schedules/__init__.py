@@ -1,0 +1,1 @@
+"""Schedules: how each target's kernels are tiled, parallelized and vectorized."""

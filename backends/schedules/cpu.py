@@ -1,0 +1,112 @@
+"""A generic CPU schedule for any PrimFunc made from TE: inline, parallelize, vectorize.
+
+Injective producers are inlined into their consumers. Every remaining block
+runs its outer spatial loops in parallel; a block's innermost spatial loop is
+vectorized, and a reduction block moves its reduction loops inside so the
+vectorized spatial tile accumulates in registers.
+"""
+from __future__ import annotations
+
+from ..tvm_env import tvm
+
+_tvm = tvm()
+s_tir = _tvm.s_tir
+
+VECTOR_LANES = (16, 8, 4)
+# Loops shorter than this run serially: a parallel region costs more than it saves.
+MIN_PARALLEL_EXTENT = 2
+MIN_PARALLEL_WORK = 4096
+
+
+def _extent(sch, loop) -> int:
+    extent = sch.get(loop).extent
+    return int(extent) if hasattr(extent, "value") or isinstance(extent, int) else int(extent.value)
+
+
+def _try(action) -> bool:
+    try:
+        action()
+        return True
+    except Exception:  # noqa: BLE001 - a schedule step TVM rejects leaves the schedule unchanged
+        return False
+
+
+def _iter_kinds(sch, block) -> list[bool]:
+    """True per block iterator that is a reduction."""
+    return [int(iv.iter_type) == 2 for iv in sch.get(block).iter_vars]
+
+
+def _lanes_for(extent: int) -> int | None:
+    for lanes in VECTOR_LANES:
+        if extent % lanes == 0 and extent >= lanes:
+            return lanes
+    return None
+
+
+def schedule(func, output_names: frozenset[str] = frozenset()):
+    """A scheduled copy of `func` (a PrimFunc) for CPU."""
+    sch = s_tir.Schedule(func)
+    root = sch.get_sblock("root")
+    for block in reversed(sch.get_child_blocks(root)):
+        if not any(_iter_kinds(sch, block)):
+            _try(lambda b=block: sch.compute_inline(b))
+    for block in sch.get_child_blocks(root):
+        if any(_iter_kinds(sch, block)):
+            _schedule_reduction(sch, block)
+        else:
+            _schedule_spatial(sch, block)
+    return sch.mod["main"]
+
+
+def _parallel(sch, loops) -> None:
+    if not loops:
+        return
+    loop = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    if _extent(sch, loop) >= MIN_PARALLEL_EXTENT:
+        sch.parallel(loop)
+
+
+def _schedule_spatial(sch, block) -> None:
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    extents = [_extent(sch, loop) for loop in loops]
+    work = 1
+    for e in extents:
+        work *= e
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    lanes = _lanes_for(work)
+    if lanes is not None and work >= 2 * lanes:
+        outer, inner = sch.split(fused, [None, lanes])
+        _try(lambda: sch.vectorize(inner))
+        if work >= MIN_PARALLEL_WORK:
+            _try(lambda: sch.parallel(outer))
+    elif work >= MIN_PARALLEL_WORK:
+        _try(lambda: sch.parallel(fused))
+
+
+def _schedule_reduction(sch, block) -> None:
+    loops = sch.get_loops(block)
+    kinds = _iter_kinds(sch, block)
+    if len(loops) != len(kinds):
+        return
+    spatial = [loop for loop, is_reduce in zip(loops, kinds) if not is_reduce]
+    reduce = [loop for loop, is_reduce in zip(loops, kinds) if is_reduce]
+    if not spatial:
+        return
+    last = spatial[-1]
+    lanes = _lanes_for(_extent(sch, last))
+    if lanes is not None and _try(lambda: sch.reorder(*spatial, *reduce)):
+        outer, inner = sch.split(last, [None, lanes])
+        sch.reorder(outer, *reduce, inner)
+        try:
+            init = sch.decompose_reduction(block, reduce[0])
+        except Exception:  # noqa: BLE001 - keep the block whole; its tile then stays scalar
+            init = None
+        if init is not None:
+            _try(lambda: sch.vectorize(inner))
+            _try(lambda: sch.vectorize(sch.get_loops(init)[-1]))
+        _try(lambda: _parallel(sch, spatial[:-1] + [outer] if len(spatial) == 1 else spatial[:-1]))
+        return
+    if _try(lambda: sch.reorder(*spatial, *reduce)):
+        _try(lambda: _parallel(sch, spatial))

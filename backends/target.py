@@ -1,0 +1,50 @@
+"""Compilation targets: `llvm` for the host CPU, `cuda:sm_XX` for NVIDIA GPUs."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ir.errors import TesselError
+
+
+class TargetError(TesselError):
+    """A target string Tessel does not understand."""
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """What to generate code for: kind ("llvm" or "cuda") and, for CUDA, the arch (e.g. "sm_80")."""
+
+    kind: str
+    arch: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.arch}" if self.arch else self.kind
+
+    @property
+    def is_gpu(self) -> bool:
+        """True for GPU targets."""
+        return self.kind == "cuda"
+
+
+def parse_target(text: str) -> TargetSpec:
+    """Read "llvm", "cpu" or "cuda:sm_80"; raise TargetError otherwise."""
+    value = text.strip().lower()
+    if value in ("llvm", "cpu"):
+        return TargetSpec("llvm")
+    match = re.fullmatch(r"cuda:(sm_\d{2,3}a?)", value)
+    if match:
+        return TargetSpec("cuda", match.group(1))
+    if value == "cuda":
+        raise TargetError("target 'cuda' needs an architecture, e.g. --target cuda:sm_80")
+    raise TargetError(f"unknown target '{text}'; use llvm or cuda:sm_XX (e.g. cuda:sm_80)")
+
+
+def tvm_target(spec: TargetSpec):
+    """The TVM Target object for a spec (imports TVM)."""
+    from .tvm_env import tvm
+
+    target_cls = tvm().target.Target
+    if spec.kind == "llvm":
+        return target_cls.from_device("cpu")
+    return target_cls({"kind": "cuda", "arch": spec.arch}, host={"kind": "llvm"})

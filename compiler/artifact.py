@@ -1,0 +1,80 @@
+"""The compiled artifact: a directory with plan.json, kernels/, weights.npz, the model and reports/."""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from runtime.artifact_files import PLAN_FILE, read_plan, verify_files
+from runtime.errors import ArtifactError
+
+
+class Artifact:
+    """A compiled model; `run` executes it, `save` writes it to a directory of your choice."""
+
+    def __init__(self, directory: str | Path, staging: tempfile.TemporaryDirectory | None = None):
+        self.directory = Path(directory)
+        self._staging = staging  # keeps a freshly compiled artifact's temporary directory alive
+        self.plan: dict[str, Any] = read_plan(self.directory)
+        self._executor = None
+
+    @property
+    def target(self) -> str:
+        """The target the kernels were compiled for."""
+        return self.plan["target"]
+
+    @property
+    def inputs(self) -> dict[str, str]:
+        """Input name → type (e.g. "float32[1,3,224,224]")."""
+        return {name: self.plan["values"][name] for name in self.plan["inputs"]}
+
+    @property
+    def outputs(self) -> dict[str, str]:
+        """Output name → type."""
+        return {name: self.plan["values"][name] for name in self.plan["outputs"]}
+
+    def report(self) -> dict[str, Any]:
+        """The compile report (reports/compile.json)."""
+        return json.loads((self.directory / "reports" / "compile.json").read_text())
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the model on numpy inputs by name; returns numpy outputs by name."""
+        if self._executor is None:
+            if self.target != "llvm":
+                raise ArtifactError(f"{self.directory}: compiled for {self.target}; running it needs that device")
+            from runtime.executor import Executor
+
+            self._executor = Executor(self.directory)
+        return self._executor.run(inputs)
+
+    def save(self, directory: str | Path, overwrite: bool = False) -> Path:
+        """Write the artifact to `directory`; an existing non-empty directory is refused unless `overwrite`."""
+        destination = Path(directory)
+        if destination.resolve() == self.directory.resolve():
+            return destination
+        if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
+            if not overwrite:
+                raise ArtifactError(f"{destination}: already exists and is not empty; choose another directory or overwrite it explicitly (--force)")
+            if (destination / PLAN_FILE).is_file():
+                shutil.rmtree(destination)
+            else:
+                raise ArtifactError(f"{destination}: exists and is not a Tessel artifact; refusing to replace it")
+        staging = Path(tempfile.mkdtemp(prefix=".tessel-save-", dir=destination.parent if destination.parent.exists() else None))
+        try:
+            shutil.copytree(self.directory, staging, dirs_exist_ok=True)
+            staging.replace(destination)
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise ArtifactError(f"{destination}: cannot write the artifact ({exc.strerror or exc})") from exc
+        return destination
+
+
+def load(directory: str | Path) -> Artifact:
+    """Open a saved artifact, checking its format and the hashes of its files."""
+    artifact = Artifact(directory)
+    verify_files(artifact.directory, artifact.plan)
+    return artifact

@@ -1,0 +1,123 @@
+"""Turning a graph into an executable program: ordered steps, kernel specs and weights.
+
+Each node becomes one step: a kernel call, a view (ops that only reinterpret
+a buffer's shape: Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout), an
+`if` holding the steps of both branches, or a `fail` for a branch that cannot
+run. The program is plain data (JSON-ready): the runtime executes it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from backends.kernel import ARG, DATA, KernelInput, KernelSpec
+from backends.lowering import LoweringError, static_inputs, supports
+from ir.graph import Graph, Node, Value
+from ir.schema import TESSEL_DOMAIN
+
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
+
+
+@dataclass
+class Program:
+    """Steps to run, the kernels they call (by key), the values they touch and the weights they read."""
+
+    steps: list[dict[str, Any]]
+    kernels: dict[str, KernelSpec]
+    values: dict[str, str]
+    weights: dict[str, np.ndarray]
+    inputs: list[str]
+    outputs: list[str]
+    unsupported: list[str] = field(default_factory=list)
+
+
+class _Builder:
+    def __init__(self, target):
+        self.target = target
+        self.kernels: dict[str, KernelSpec] = {}
+        self.values: dict[str, str] = {}
+        self.weights: dict[str, np.ndarray] = {}
+        self.unsupported: dict[str, str] = {}
+
+    def read(self, value: Value) -> str:
+        """Note that `value` is read at run time; constants become weights."""
+        self.values[value.name] = value.type.spec()
+        if value.is_constant:
+            self.weights[value.name] = value.const
+        return value.name
+
+    def write(self, value: Value) -> str:
+        self.values[value.name] = value.type.spec()
+        return value.name
+
+    def steps(self, graph: Graph) -> list[dict[str, Any]]:
+        return [self.step(node) for node in graph.nodes]
+
+    def step(self, node: Node) -> dict[str, Any]:
+        where = {"node": node.name, "op": node.op_type}
+        if node.domain == TESSEL_DOMAIN and node.op_type == "Unreachable":
+            for out in node.outputs:
+                self.write(out)
+            return {"kind": "fail", **where, "message": node.attrs["message"]}
+        if node.op_type == "If":
+            return self._if_step(node, where)
+        if node.op_type in VIEW_OPS and self._is_view(node):
+            return {"kind": "view", **where, "input": self.read(node.inputs[0]), "output": self.write(node.outputs[0])}
+        spec = self._spec(node)
+        if spec is None:
+            return {"kind": "missing", **where}
+        key = spec.key(self.target)
+        self.kernels[key] = spec
+        args = [self.read(v) for v, item in zip(node.inputs, spec.inputs) if item is not None and item.role == ARG]
+        outs = [self.write(v) for v in node.outputs if v is not None]
+        return {"kind": "kernel", **where, "kernel": key, "inputs": args, "outputs": outs}
+
+    @staticmethod
+    def _is_view(node: Node) -> bool:
+        # Dropout's optional mask output needs a kernel when something reads it.
+        extra = [v for v in node.outputs[1:] if v is not None and (v.uses or v.is_graph_output)]
+        return node.outputs[0] is not None and not extra
+
+    def _if_step(self, node: Node, where: dict[str, Any]) -> dict[str, Any]:
+        branches = {}
+        for key in ("then_branch", "else_branch"):
+            branch: Graph = node.attrs[key]
+            branches[key] = {"steps": self.steps(branch), "results": [self.read(v) for v in branch.outputs]}
+        return {
+            "kind": "if", **where, "condition": self.read(node.inputs[0]),
+            "then": branches["then_branch"], "else": branches["else_branch"],
+            "outputs": [self.write(v) for v in node.outputs if v is not None],
+        }
+
+    def _spec(self, node: Node) -> KernelSpec | None:
+        if node.domain or not supports(node.op_type):
+            self.unsupported.setdefault(node.op_type, node.name)
+            return None
+        static = static_inputs(node.op_type)
+        inputs: list[KernelInput | None] = []
+        for index, value in enumerate(node.inputs):
+            if value is None:
+                inputs.append(None)
+            elif index in static:
+                if not value.is_constant:
+                    raise LoweringError(f"node '{node.name}' ({node.op_type}): input {index} must be a compile-time constant")
+                inputs.append(KernelInput(value.type.spec(), DATA, value.const))
+            elif value.is_constant and value.type.numel == 1:
+                inputs.append(KernelInput(value.type.spec(), DATA, value.const))
+            else:
+                inputs.append(KernelInput(value.type.spec(), ARG))
+        attrs = tuple((name, v) for name, v in node.attrs.items() if not isinstance(v, Graph))
+        outputs = tuple(v.type.spec() if v is not None else None for v in node.outputs)
+        return KernelSpec(node.op_type, attrs, tuple(inputs), outputs)
+
+
+def build_program(graph: Graph, target) -> Program:
+    """The program that runs `graph` on `target` (kernels still to be compiled)."""
+    builder = _Builder(target)
+    inputs = [builder.write(v) for v in graph.inputs]
+    steps = builder.steps(graph)
+    outputs = [builder.read(v) for v in graph.outputs]
+    unsupported = [f"{op} (first node '{name}')" for op, name in builder.unsupported.items()]
+    return Program(steps, builder.kernels, builder.values, builder.weights, inputs, outputs, unsupported)

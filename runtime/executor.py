@@ -1,0 +1,156 @@
+"""The single-device executor: runs a compiled program step by step.
+
+Every buffer is allocated once, 64-byte aligned, when the executor is made;
+weights are loaded once; each run copies the inputs in, calls the kernels in
+order on pre-bound arguments, and copies the outputs out.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from ir.types import TensorType, numpy_dtype
+
+from .artifact_files import PLAN_FILE, read_plan, verify_files
+from .errors import ArtifactError, ExecutionError, InputError
+from .memory import aligned_copy, aligned_empty
+
+Op = Callable[[], None]
+
+
+class Executor:
+    """Runs the program of one artifact directory on the host CPU."""
+
+    def __init__(self, directory: str | Path, threads: int | None = None):
+        from backends.tvm_env import set_threads, tvm
+
+        if threads is not None:
+            set_threads(threads)
+        self._tvm = tvm()
+        self.directory = Path(directory)
+        self.plan = read_plan(self.directory)
+        verify_files(self.directory, self.plan)
+        self._kernels = self._load_kernels()
+        self._buffers: dict[str, np.ndarray] = {}
+        self._tensors: dict[str, Any] = {}
+        self._types = {name: TensorType.parse(spec) for name, spec in self.plan["values"].items()}
+        self._load_weights()
+        self._ops = self._bind(self.plan["steps"])
+
+    # ---- loading ------------------------------------------------------------
+    def _load_kernels(self) -> dict[str, Any]:
+        kernels = {}
+        for key, entry in self.plan["kernels"].items():
+            path = self.directory / entry["file"]
+            try:
+                kernels[key] = self._tvm.runtime.load_module(str(path))["main"]
+            except Exception as exc:  # noqa: BLE001 - a broken library must not crash the caller
+                raise ArtifactError(f"{path}: cannot load kernel library ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from exc
+        return kernels
+
+    def _load_weights(self) -> None:
+        path = self.directory / self.plan["weights"]["file"]
+        try:
+            with np.load(path, allow_pickle=False) as weights:
+                for name in self.plan["weights"]["names"]:
+                    self._buffers[name] = aligned_copy(weights[name])
+        except (OSError, ValueError, KeyError) as exc:
+            raise ArtifactError(f"{path}: cannot read weights ({exc})") from exc
+
+    def _buffer(self, name: str) -> np.ndarray:
+        if name not in self._buffers:
+            t = self._types[name]
+            self._buffers[name] = aligned_empty(t.shape, numpy_dtype(t.dtype))
+        return self._buffers[name]
+
+    def _tensor(self, name: str):
+        if name not in self._tensors:
+            self._tensors[name] = self._tvm.runtime.from_dlpack(self._buffer(name))
+        return self._tensors[name]
+
+    # ---- binding ------------------------------------------------------------
+    def _bind(self, steps: list[dict[str, Any]]) -> list[Op]:
+        return [self._bind_step(step) for step in steps]
+
+    def _bind_step(self, step: dict[str, Any]) -> Op:
+        kind = step["kind"]
+        if kind == "view":
+            t = self._types[step["output"]]
+            self._buffers[step["output"]] = self._buffer(step["input"]).reshape(t.shape)
+            return _nothing
+        if kind == "kernel":
+            fn = self._kernels[step["kernel"]]
+            args = [self._tensor(n) for n in step["inputs"] + step["outputs"]]
+            return lambda: fn(*args)
+        if kind == "if":
+            return self._bind_if(step)
+        if kind == "fail":
+            message = step["message"]
+
+            def fail() -> None:
+                raise ExecutionError(message)
+
+            return fail
+        raise ArtifactError(f"{PLAN_FILE}: unknown step kind {kind!r} at node {step.get('node')!r}")
+
+    def _bind_if(self, step: dict[str, Any]) -> Op:
+        condition = self._buffer(step["condition"])
+        outputs = [self._buffer(n) for n in step["outputs"]]
+        branches = {}
+        for key in ("then", "else"):
+            ops = self._bind(step[key]["steps"])
+            results = [self._buffer(n) for n in step[key]["results"]]
+            branches[key] = (ops, results)
+
+        def run_if() -> None:
+            ops, results = branches["then" if bool(condition.reshape(-1)[0]) else "else"]
+            for op in ops:
+                op()
+            for out, result in zip(outputs, results):
+                np.copyto(out, result)
+
+        return run_if
+
+    # ---- running ------------------------------------------------------------
+    @property
+    def input_types(self) -> dict[str, TensorType]:
+        """Name → type of each model input."""
+        return {name: self._types[name] for name in self.plan["inputs"]}
+
+    @property
+    def output_types(self) -> dict[str, TensorType]:
+        """Name → type of each model output."""
+        return {name: self._types[name] for name in self.plan["outputs"]}
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the model once; returns fresh output arrays by name."""
+        self._check_inputs(inputs)
+        for name in self.plan["inputs"]:
+            np.copyto(self._buffer(name), np.asarray(inputs[name]), casting="no")
+        for op in self._ops:
+            op()
+        return {name: np.array(self._buffer(name), copy=True) for name in self.plan["outputs"]}
+
+    def _check_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
+        expected = self.input_types
+        missing = [n for n in expected if n not in inputs]
+        extra = [n for n in inputs if n not in expected]
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append(f"missing {', '.join(map(repr, missing))}")
+            if extra:
+                parts.append(f"unknown {', '.join(map(repr, extra))}")
+            want = ", ".join(f"{n}: {t.spec()}" for n, t in expected.items())
+            raise InputError(f"inputs do not match the model ({'; '.join(parts)}); it takes {want}")
+        for name, want in expected.items():
+            array = np.asarray(inputs[name])
+            if array.shape != want.shape or array.dtype != numpy_dtype(want.dtype):
+                have = f"{array.dtype}[{','.join(map(str, array.shape))}]"
+                raise InputError(f"input '{name}' is {have}, the model takes {want.spec()}")
+
+
+def _nothing() -> None:
+    return None
