@@ -2,14 +2,16 @@
 
 A `KernelSpec` is everything that decides the generated code: op, attributes,
 input types (and the data of compile-time inputs), output types. Its JSON text,
-with the target, the TVM version and `SCHEDULE_VERSION`, keys the kernel cache.
+with the target, the TVM version and `schedule_version()`, keys the kernel cache.
 A kernel's arguments are its runtime inputs, in order, then its outputs.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -19,8 +21,16 @@ from ir.types import TensorType, numpy_dtype
 from .target import TargetSpec
 from .tvm_env import version as tvm_version
 
-# Bump when lowering or scheduling changes the code generated for an unchanged spec.
-SCHEDULE_VERSION = 1
+
+@functools.lru_cache(maxsize=1)
+def schedule_version() -> str:
+    """A hash of the backend's own sources: any change to lowering or scheduling invalidates cached kernels."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).resolve().parent.rglob("*.py")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
 
 ARG, DATA = "arg", "data"
 
@@ -80,7 +90,7 @@ class KernelSpec:
 
     def key(self, target: TargetSpec) -> str:
         """The cache key: a hash of the spec, target, TVM version and schedule version."""
-        text = json.dumps([self.to_json(), str(target), tvm_version(), SCHEDULE_VERSION], sort_keys=True)
+        text = json.dumps([self.to_json(), str(target), tvm_version(), schedule_version()], sort_keys=True)
         return f"{self.op_type.lower()}-{hashlib.sha256(text.encode()).hexdigest()[:24]}"
 
     @property
@@ -108,7 +118,8 @@ def _attr_value(value: Any) -> Any:
 
 def build(spec: KernelSpec, target: TargetSpec):
     """Lower, schedule and compile one kernel; returns TVM's Executable."""
-    from .lowering import LowerContext, LoweringError, RULES
+    from .lowering import RULES, LowerContext, LoweringError
+    from .lowering.rnn import PrimFuncResult
     from .tvm_env import tvm
 
     tvm_mod = tvm()
@@ -135,6 +146,9 @@ def build(spec: KernelSpec, target: TargetSpec):
     out_types = [TensorType.parse(o) if o is not None else None for o in spec.outputs]
     ctx = LowerContext(spec.op_type, dict(spec.attrs), tensors, types, data, out_types)
     results = rule(ctx)
+    if len(results) == 1 and isinstance(results[0], PrimFuncResult):
+        # A hand-written kernel: already scheduled, arguments already in kernel order.
+        return _compile(results[0].func.with_attr("global_symbol", "main"), target, scheduled=True)
     outputs = []
     for index, (tensor, want) in enumerate(zip(results, out_types)):
         if want is None:
@@ -150,12 +164,16 @@ def build(spec: KernelSpec, target: TargetSpec):
             source = tensor
             tensor = te.compute(source.shape, lambda *i, s=source: s(*i), name=f"copy{index}")
         outputs.append(tensor)
-    func = te.create_prim_func(placeholders + outputs)
+    return _compile(te.create_prim_func(placeholders + outputs), target, scheduled=False)
+
+
+def _compile(func, target: TargetSpec, scheduled: bool):
+    from .tvm_env import tvm
+
     if target.kind == "llvm":
         from .schedules import cpu
 
-        func = cpu.schedule(func)
-        return tvm_mod.compile(func, target=_tvm_target(target))
+        return tvm().compile(func if scheduled else cpu.schedule(func), target=_tvm_target(target))
     from .schedules import gpu
 
     return gpu.compile(func, target)

@@ -1,10 +1,10 @@
 """The table of lowering rules, by op type."""
 from __future__ import annotations
 
-from . import elementwise, nn, reduce, tensor
+from . import elementwise, nn, reduce, rnn, tensor
 
-RULES = {**elementwise.RULES, **tensor.RULES, **reduce.RULES, **nn.RULES}
-_STATIC = {**tensor.STATIC_INPUTS, **reduce.STATIC_INPUTS}
+RULES = {**elementwise.RULES, **tensor.RULES, **reduce.RULES, **nn.RULES, **rnn.RULES}
+_STATIC = {**tensor.STATIC_INPUTS, **reduce.STATIC_INPUTS, **rnn.STATIC_INPUTS}
 
 
 def supports(op_type: str) -> bool:

@@ -1,0 +1,198 @@
+"""LSTM and GRU as hand-written TIR kernels (the recurrence has no TE form).
+
+Per direction: transpose the weights once, project every time step's input
+with one vectorized pass (X·Wᵀ + biases), then walk the sequence doing only
+the recurrent matrix-vector product and the gate arithmetic. Directions of a
+bidirectional layer run in parallel.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+from ..tvm_env import tvm
+from .context import LowerContext
+
+_tvm = tvm()
+from tvm.script.ir_builder import IRBuilder  # noqa: E402
+from tvm.script.ir_builder import tirx as T  # noqa: E402
+
+LANES = 16
+
+
+@dataclass(frozen=True)
+class PrimFuncResult:
+    """A rule's result when it writes the whole kernel itself (arguments: runtime inputs, then outputs)."""
+
+    func: object
+
+
+@contextlib.contextmanager
+def _vector_loop(extent: int):
+    """Loop over `extent`, vectorized LANES at a time where it divides evenly; yields the index."""
+    if extent % LANES or extent < LANES:
+        with T.serial(0, extent) as j:
+            yield j
+        return
+    with T.serial(0, extent // LANES) as outer:
+        with T.vectorized(0, LANES) as inner:
+            yield outer * LANES + inner
+
+
+def _sigmoid(x):
+    return T.float32(1.0) / (T.float32(1.0) + T.exp(-x))
+
+
+def _check(ctx: LowerContext, gates: int) -> None:
+    defaults = ("Sigmoid", "Tanh", "Tanh") if gates == 4 else ("Sigmoid", "Tanh")
+    direction = ctx.attr("direction", "forward")
+    count = 2 if direction == "bidirectional" else 1
+    activations = ctx.attr("activations")
+    if activations and tuple(activations) != defaults * count:
+        raise ctx.fail(f"activations {list(activations)} are not supported (only the defaults {list(defaults)})")
+    if gates == 4 and ctx.input(7) is not None:
+        raise ctx.fail("peephole weights (input P) are not supported")
+    lens = ctx.data(4)
+    steps = ctx.input_types[0].shape[1 if ctx.attr("layout", 0) else 0]
+    if lens is not None and (lens != steps).any():
+        raise ctx.fail("sequence_lens shorter than the sequence is not supported")
+    if str(ctx.input_types[0].dtype) != "float32":
+        raise ctx.fail("only float32 recurrences are supported")
+
+
+def _recurrent(ctx: LowerContext, gates: int):
+    _check(ctx, gates)
+    layout = ctx.attr("layout", 0)
+    x_type, w_type = ctx.input_types[0], ctx.input_types[1]
+    steps, batch, width = (x_type.shape[1], x_type.shape[0], x_type.shape[2]) if layout else x_type.shape
+    dirs, gh, _ = w_type.shape
+    hidden = ctx.attr("hidden_size")
+    clip = ctx.attr("clip")
+    reverse_only = ctx.attr("direction", "forward") == "reverse"
+    lbr = ctx.attr("linear_before_reset", 0)
+    input_forget = ctx.attr("input_forget", 0)
+    present = [i for i, t in enumerate(ctx.input_types) if t is not None and i != 4]
+    outs = [i for i, t in enumerate(ctx.output_types) if t is not None]
+
+    def x_at(X, t, b, k):
+        return X[b, t, k] if layout else X[t, b, k]
+
+    with IRBuilder() as ib:
+        with T.prim_func():
+            T.func_name("main")
+            args = {i: T.arg(f"in{i}", T.buffer(ctx.input_types[i].shape, "float32")) for i in present}
+            results = {i: T.arg(f"out{i}", T.buffer(ctx.output_types[i].shape, "float32")) for i in outs}
+            X, W, R = args[0], args[1], args[2]
+            bias = args.get(3)
+            h0, c0 = args.get(5), args.get(6) if gates == 4 else None
+            wt = T.alloc_buffer((dirs, width, gh), "float32")
+            rt = T.alloc_buffer((dirs, hidden, gh), "float32")
+            gx = T.alloc_buffer((dirs, steps, batch, gh), "float32")
+            acc = T.alloc_buffer((dirs, batch, gh), "float32")
+            h = T.alloc_buffer((dirs, batch, hidden), "float32")
+            c = T.alloc_buffer((dirs, batch, hidden), "float32")
+            rh = T.alloc_buffer((dirs, batch, hidden), "float32")
+            loop = T.parallel(0, dirs) if dirs > 1 else T.serial(0, dirs)
+            with loop as d:
+                with T.serial(0, gh) as j:
+                    with T.serial(0, width) as k:
+                        T.buffer_store(wt, W[d, j, k], [d, k, j])
+                    with T.serial(0, hidden) as k:
+                        T.buffer_store(rt, R[d, j, k], [d, k, j])
+                with T.serial(0, steps) as t:
+                    with T.serial(0, batch) as b:
+                        with _vector_loop(gh) as j:
+                            start = T.float32(0.0)
+                            if bias is not None:
+                                # GRU keeps the recurrent bias of its candidate gate for the reset product.
+                                recurrent_bias = bias[d, gh + j] if gates == 4 else T.if_then_else(
+                                    j < 2 * hidden, bias[d, gh + j], T.float32(0.0))
+                                start = bias[d, j] + recurrent_bias
+                            T.buffer_store(gx, start, [d, t, b, j])
+                        with T.serial(0, width) as k:
+                            with _vector_loop(gh) as j:
+                                T.buffer_store(gx, gx[d, t, b, j] + x_at(X, t, b, k) * wt[d, k, j], [d, t, b, j])
+                with T.serial(0, batch) as b:
+                    with T.serial(0, hidden) as q:
+                        T.buffer_store(h, h0[d, b, q] if h0 is not None else T.float32(0.0), [d, b, q])
+                        if gates == 4:
+                            T.buffer_store(c, c0[d, b, q] if c0 is not None else T.float32(0.0), [d, b, q])
+                with T.serial(0, steps) as s:
+                    if reverse_only:
+                        t = steps - 1 - s
+                    elif dirs > 1:
+                        t = T.Select(d == 1, steps - 1 - s, s)
+                    else:
+                        t = s
+                    with T.serial(0, batch) as b:
+                        _step(gates, d, t, b, gx, acc, rt, h, c, rh, bias, hidden, gh, clip, lbr, input_forget, results, layout)
+                with T.serial(0, batch) as b:
+                    with T.serial(0, hidden) as q:
+                        if 1 in results:
+                            T.buffer_store(results[1], h[d, b, q], [b, d, q] if layout else [d, b, q])
+                        if 2 in results:
+                            T.buffer_store(results[2], c[d, b, q], [b, d, q] if layout else [d, b, q])
+    return [PrimFuncResult(ib.get())]
+
+
+def _clip(value, clip):
+    if clip is None:
+        return value
+    return T.max(T.min(value, T.float32(clip)), T.float32(-clip))
+
+
+def _step(gates, d, t, b, gx, acc, rt, h, c, rh, bias, hidden, gh, clip, lbr, input_forget, results, layout):
+    """One time step for one batch row: recurrent product, gates, new state, output."""
+    # For GRU without linear_before_reset, the candidate gate's product waits for r ⊙ h.
+    product = gh if gates == 4 or lbr else 2 * hidden
+    with _vector_loop(product) as j:
+        T.buffer_store(acc, gx[d, t, b, j], [d, b, j])
+    with T.serial(0, hidden) as k:
+        with _vector_loop(product) as j:
+            T.buffer_store(acc, acc[d, b, j] + h[d, b, k] * rt[d, k, j], [d, b, j])
+    if gates == 4:
+        with T.serial(0, hidden) as q:
+            i = _sigmoid(_clip(acc[d, b, q], clip))
+            o = _sigmoid(_clip(acc[d, b, hidden + q], clip))
+            f = T.float32(1.0) - i if input_forget else _sigmoid(_clip(acc[d, b, 2 * hidden + q], clip))
+            g = T.tanh(_clip(acc[d, b, 3 * hidden + q], clip))
+            T.buffer_store(c, f * c[d, b, q] + i * g, [d, b, q])
+            T.buffer_store(h, o * T.tanh(c[d, b, q]), [d, b, q])
+            _emit_y(results, layout, t, d, b, q, h)
+        return
+    candidate_bias = 2 * hidden + gh  # position of the candidate gate's recurrent bias in B
+    if lbr:
+        # acc holds gx + h·Rhᵀ for the candidate gate: keep h·Rhᵀ + Rbh for the reset product.
+        with T.serial(0, hidden) as q:
+            bias_h = bias[d, candidate_bias + q] if bias is not None else T.float32(0.0)
+            T.buffer_store(rh, acc[d, b, 2 * hidden + q] - gx[d, t, b, 2 * hidden + q] + bias_h, [d, b, q])
+    else:
+        with T.serial(0, hidden) as q:
+            T.buffer_store(rh, _sigmoid(_clip(acc[d, b, hidden + q], clip)) * h[d, b, q], [d, b, q])
+        with _vector_loop(hidden) as q:
+            bias_h = bias[d, candidate_bias + q] if bias is not None else T.float32(0.0)
+            T.buffer_store(acc, gx[d, t, b, 2 * hidden + q] + bias_h, [d, b, 2 * hidden + q])
+        with T.serial(0, hidden) as k:
+            with _vector_loop(hidden) as q:
+                T.buffer_store(acc, acc[d, b, 2 * hidden + q] + rh[d, b, k] * rt[d, k, 2 * hidden + q], [d, b, 2 * hidden + q])
+    with T.serial(0, hidden) as q:
+        z = _sigmoid(_clip(acc[d, b, q], clip))
+        if lbr:
+            r = _sigmoid(_clip(acc[d, b, hidden + q], clip))
+            candidate = T.tanh(_clip(gx[d, t, b, 2 * hidden + q] + r * rh[d, b, q], clip))
+        else:
+            candidate = T.tanh(_clip(acc[d, b, 2 * hidden + q], clip))
+        T.buffer_store(h, (T.float32(1.0) - z) * candidate + z * h[d, b, q], [d, b, q])
+        _emit_y(results, layout, t, d, b, q, h)
+
+
+def _emit_y(results, layout, t, d, b, q, h) -> None:
+    if 0 in results:
+        T.buffer_store(results[0], h[d, b, q], [b, t, d, q] if layout else [t, d, b, q])
+
+
+RULES = {
+    "LSTM": lambda ctx: _recurrent(ctx, 4),
+    "GRU": lambda ctx: _recurrent(ctx, 3),
+}
+STATIC_INPUTS = {"LSTM": {4}, "GRU": {4}}
