@@ -119,6 +119,7 @@ def _attr_value(value: Any) -> Any:
 def build(spec: KernelSpec, target: TargetSpec):
     """Lower, schedule and compile one kernel; returns TVM's Executable."""
     from .lowering import RULES, LowerContext, LoweringError
+    from .lowering.context import SelfScheduled
     from .lowering.rnn import PrimFuncResult
     from .tvm_env import tvm
 
@@ -146,6 +147,9 @@ def build(spec: KernelSpec, target: TargetSpec):
     out_types = [TensorType.parse(o) if o is not None else None for o in spec.outputs]
     ctx = LowerContext(spec.op_type, dict(spec.attrs), tensors, types, data, out_types)
     results = rule(ctx)
+    own_schedule = None
+    if isinstance(results, SelfScheduled):
+        results, own_schedule = results.outputs, results.schedule
     if len(results) == 1 and isinstance(results[0], PrimFuncResult):
         # A hand-written kernel: already scheduled, arguments already in kernel order.
         return _compile(results[0].func.with_attr("global_symbol", "main"), target, scheduled=True)
@@ -164,7 +168,12 @@ def build(spec: KernelSpec, target: TargetSpec):
             source = tensor
             tensor = te.compute(source.shape, lambda *i, s=source: s(*i), name=f"copy{index}")
         outputs.append(tensor)
-    return _compile(te.create_prim_func(placeholders + outputs), target, scheduled=False)
+    func = te.create_prim_func(placeholders + outputs)
+    if own_schedule is not None and target.kind == "llvm":
+        sch = tvm_mod.s_tir.Schedule(func)
+        own_schedule(sch)
+        return _compile(sch.mod["main"], target, scheduled=True)
+    return _compile(func, target, scheduled=False)
 
 
 def _compile(func, target: TargetSpec, scheduled: bool):

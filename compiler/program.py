@@ -14,8 +14,10 @@ import numpy as np
 
 from backends.kernel import ARG, DATA, KernelInput, KernelSpec
 from backends.lowering import LoweringError, static_inputs, supports
+from backends.lowering.packing import plan_packing
 from ir.graph import Graph, Node, Value
 from ir.schema import TESSEL_DOMAIN
+from ir.types import TensorType
 
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
 
@@ -65,12 +67,12 @@ class _Builder:
             return self._if_step(node, where)
         if node.op_type in VIEW_OPS and self._is_view(node):
             return {"kind": "view", **where, "input": self.read(node.inputs[0]), "output": self.write(node.outputs[0])}
-        spec = self._spec(node)
-        if spec is None:
+        made = self._spec(node)
+        if made is None:
             return {"kind": "missing", **where}
+        spec, args = made
         key = spec.key(self.target)
         self.kernels[key] = spec
-        args = [self.read(v) for v, item in zip(node.inputs, spec.inputs) if item is not None and item.role == ARG]
         outs = [self.write(v) for v in node.outputs if v is not None]
         return {"kind": "kernel", **where, "kernel": key, "inputs": args, "outputs": outs}
 
@@ -91,15 +93,31 @@ class _Builder:
             "outputs": [self.write(v) for v in node.outputs if v is not None],
         }
 
-    def _spec(self, node: Node) -> KernelSpec | None:
+    def _spec(self, node: Node) -> tuple[KernelSpec, list[str]] | None:
+        """The node's kernel spec and the value names of its runtime arguments."""
         if node.domain or not supports(node.op_type):
             self.unsupported.setdefault(node.op_type, node.name)
             return None
+        attrs = tuple((name, v) for name, v in node.attrs.items() if not isinstance(v, Graph))
+        packing = None
+        if self.target.kind == "llvm":
+            packing = plan_packing(node.op_type, node.attrs, [v.type if v is not None else None for v in node.inputs],
+                                   [v.const if v is not None else None for v in node.inputs])
+        if packing is not None:
+            attrs += packing.attrs
         static = static_inputs(node.op_type)
         inputs: list[KernelInput | None] = []
+        args: list[str] = []
         for index, value in enumerate(node.inputs):
             if value is None:
                 inputs.append(None)
+            elif packing is not None and index in packing.arrays:
+                packed = packing.arrays[index]
+                name = f"{value.name}::packed{'x'.join(map(str, packed.shape))}"
+                self.weights[name] = packed
+                self.values[name] = TensorType.of(packed).spec()
+                inputs.append(KernelInput(TensorType.of(packed).spec(), ARG))
+                args.append(name)
             elif index in static:
                 if not value.is_constant:
                     raise LoweringError(f"node '{node.name}' ({node.op_type}): input {index} must be a compile-time constant")
@@ -108,9 +126,9 @@ class _Builder:
                 inputs.append(KernelInput(value.type.spec(), DATA, value.const))
             else:
                 inputs.append(KernelInput(value.type.spec(), ARG))
-        attrs = tuple((name, v) for name, v in node.attrs.items() if not isinstance(v, Graph))
+                args.append(self.read(value))
         outputs = tuple(v.type.spec() if v is not None else None for v in node.outputs)
-        return KernelSpec(node.op_type, attrs, tuple(inputs), outputs)
+        return KernelSpec(node.op_type, attrs, tuple(inputs), outputs), args
 
 
 def build_program(graph: Graph, target) -> Program:

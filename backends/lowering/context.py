@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -57,3 +57,11 @@ class LowerContext:
     def fail(self, why: str) -> LoweringError:
         """A LoweringError naming this op."""
         return LoweringError(f"{self.op_type}: {why}")
+
+
+@dataclass(frozen=True)
+class SelfScheduled:
+    """A rule's result that brings its own schedule: `schedule(sch)` runs on the kernel's s_tir Schedule."""
+
+    outputs: Sequence[Any]
+    schedule: Callable[[Any], None]

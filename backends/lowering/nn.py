@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from ..tvm_env import tvm
 from .context import LowerContext
+from .fast import conv_packed, matmul_packed
+from .packing import CONV_BLOCKS, MATMUL_BLOCK
 
 _tvm = tvm()
 te, topi, tir = _tvm.te, _tvm.topi, _tvm.tirx
@@ -54,6 +56,8 @@ def _conv(ctx: LowerContext):
     dilations = list(ctx.attr("dilations") or [1] * spatial)
     out_shape = list(ctx.out_shape())
     before, after = _window_pads(ctx, _dims(x)[2:], out_shape[2:], kernel, strides, dilations)
+    if ctx.attr(CONV_BLOCKS):
+        return conv_packed(ctx, before, after)
     if spatial == 1:
         x, w = _as_2d(x, "data_2d"), _as_2d(w, "weight_2d")
         kernel, strides, dilations = [1] + kernel, [1] + strides, [1] + dilations
@@ -226,6 +230,8 @@ def _layer_norm(ctx: LowerContext):
 
 
 def _matmul(ctx: LowerContext):
+    if ctx.attr(MATMUL_BLOCK):
+        return matmul_packed(ctx)
     a, b = ctx.input(0), ctx.input(1)
     a_vec, b_vec = len(a.shape) == 1, len(b.shape) == 1
     if a_vec:
@@ -268,6 +274,8 @@ def _gemm(ctx: LowerContext):
     a, b, c = ctx.input(0), ctx.input(1), ctx.input(2)
     trans_a, trans_b = ctx.attr("transA", 0), ctx.attr("transB", 0)
     alpha, beta = ctx.attr("alpha", 1.0), ctx.attr("beta", 1.0)
+    if ctx.attr(MATMUL_BLOCK):
+        return matmul_packed(ctx, alpha=alpha, beta=beta)
     depth = int(a.shape[0] if trans_a else a.shape[1])
     k = te.reduce_axis((0, depth), name="k")
     m, n = ctx.out_shape()

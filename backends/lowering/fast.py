@@ -1,0 +1,156 @@
+"""Register-tiled CPU kernels for dense conv and matmul with weights packed at compile time.
+
+Conv: the input is padded and packed to NCHW[icb]c inside the kernel, the
+conv runs in NCHWc with a register tile of `reg_n` output pixels × `ocb`
+channels (vectorized over channels), and the bias epilogue writes NCHW from
+the tile. Matmul: B is pre-packed into (N/nb, K, nb) panels; each (mi × nb)
+tile of C accumulates in registers. Recipes: ../shared/docs/cpu-schedules.
+"""
+from __future__ import annotations
+
+from ..tvm_env import tvm
+from .context import LowerContext, SelfScheduled
+from .packing import CONV_BLOCKS, MATMUL_BLOCK
+
+_tvm = tvm()
+te, topi, tir = _tvm.te, _tvm.topi, _tvm.tirx
+
+# Register tiles: output pixels per conv tile (with 16 channels), rows per matmul tile.
+CONV_TILE_CHOICES = (14, 7, 16, 8, 12, 10, 6, 5, 4, 3, 2, 1)
+MATMUL_ROWS = (4, 2, 1)
+
+
+def _try(action) -> None:
+    try:
+        action()
+    except Exception:  # noqa: BLE001 - an optional schedule step TVM rejects leaves the schedule as it was
+        pass
+
+
+def conv_packed(ctx: LowerContext, before, after):
+    """Dense 2-D conv with weights packed (K/ocb, C/icb, R, S, icb, ocb)."""
+    x, wp, bias = ctx.input(0), ctx.input(1), ctx.input(2)
+    icb, ocb = ctx.attr(CONV_BLOCKS)
+    n, c, h, w = (int(d) for d in x.shape)
+    kb, cb, r, s = (int(d) for d in wp.shape[:4])
+    strides = list(ctx.attr("strides") or [1, 1])
+    dilations = list(ctx.attr("dilations") or [1, 1])
+    _, k, oh, ow = ctx.out_shape()
+    (pt, pl), (pb, pr) = before, after
+    hp, wpad = h + pt + pb, w + pl + pr
+
+    def pack(ni, co, hi, wi, ci):
+        inside = tir.all(hi >= pt, hi < pt + h, wi >= pl, wi < pl + w)
+        return tir.if_then_else(inside, x[ni, co * icb + ci, hi - pt, wi - pl], tir.const(0.0, x.dtype))
+
+    packed = te.compute((n, cb, hp, wpad, icb), pack, name="pack")
+    ico = te.reduce_axis((0, cb), "ico")
+    ici = te.reduce_axis((0, icb), "ici")
+    kh = te.reduce_axis((0, r), "kh")
+    kw = te.reduce_axis((0, s), "kw")
+    (sh, sw), (dh, dw) = strides, dilations
+    conv = te.compute(
+        (n, kb, oh, ow, ocb),
+        lambda ni, ko, y, q, ki: te.sum(
+            packed[ni, ico, y * sh + kh * dh, q * sw + kw * dw, ici] * wp[ko, ico, kh, kw, ici, ki],
+            axis=[ico, kh, kw, ici]),
+        name="conv_nchwc")
+    if bias is not None:
+        out = te.compute((n, k, oh, ow), lambda ni, ki, y, q: conv[ni, ki // ocb, y, q, ki % ocb] + bias[ki], name="unpack")
+    else:
+        out = te.compute((n, k, oh, ow), lambda ni, ki, y, q: conv[ni, ki // ocb, y, q, ki % ocb], name="unpack")
+    lanes = 16 if ocb % 16 == 0 else ocb
+    reg_n = next(t for t in CONV_TILE_CHOICES if ow % t == 0 and t * max(1, ocb // 16) <= 28)
+
+    def schedule(sch) -> None:
+        block = sch.get_sblock("conv_nchwc")
+        ni, ko, y, q, ki, rco, rkh, rkw, rci = sch.get_loops(block)
+        qo, qi = sch.split(q, [None, reg_n])
+        kio, kii = sch.split(ki, [None, lanes])
+        sch.reorder(ni, ko, y, qo, rco, rkh, rkw, rci, qi, kio, kii)
+        sch.parallel(sch.fuse(ni, ko, y))
+        sch.unroll(qi)
+        sch.unroll(kio)
+        sch.vectorize(kii)
+        sch.decompose_reduction(block, rco)
+        pack_block = sch.get_sblock("pack")
+        loops = sch.get_loops(pack_block)
+        sch.parallel(sch.fuse(*loops[:3]))
+        unpack = sch.get_sblock("unpack")
+        loops = sch.get_loops(unpack)
+        sch.parallel(sch.fuse(*loops[:3]))
+        _try(lambda: sch.vectorize(loops[-1]) if ow % 4 == 0 else None)
+
+    return SelfScheduled([out], schedule)
+
+
+def matmul_packed(ctx: LowerContext, trans_a: bool = False, alpha: float = 1.0, beta: float = 1.0):
+    """A (..., M, K) times B packed as (N/nb, K, nb); optional bias C (Gemm)."""
+    a, bp = ctx.input(0), ctx.input(1)
+    c = ctx.input(2) if ctx.op_type == "Gemm" else None
+    nb = ctx.attr(MATMUL_BLOCK)
+    a_dims = [int(d) for d in a.shape]
+    depth = int(bp.shape[1])
+    out_shape = list(ctx.out_shape())
+    rows = 1
+    for d in out_shape[:-1]:
+        rows *= d
+    cols = out_shape[-1]
+    lead = a_dims[:-2]
+
+    def a_at(i, kk):
+        if trans_a:
+            return a[kk, i]
+        index = []
+        rest = i
+        for d in reversed(lead + [a_dims[-2]]):
+            index.append(rest % d)
+            rest = rest // d
+        return a[tuple(reversed(index)) + (kk,)]
+
+    k = te.reduce_axis((0, depth), "k")
+    product = te.compute((rows, cols), lambda i, j: te.sum(a_at(i, k) * bp[j // nb, k, j % nb], axis=k), name="matmul_packed")
+
+    def finish(i, j):
+        value = product[i, j]
+        if alpha != 1.0:
+            value = value * tir.const(alpha, value.dtype)
+        if c is not None:
+            c_dims = [int(d) for d in c.shape]
+            ci = [0 if d == 1 else idx for d, idx in zip(c_dims, [i, j][2 - len(c_dims):])]
+            term = c[tuple(ci)] if c_dims else c[()]
+            value = value + (term * tir.const(beta, value.dtype) if beta != 1.0 else term)
+        return value
+
+    flat = te.compute((rows, cols), finish, name="matmul_out")
+
+    def unflatten(*index):
+        position = 0
+        for idx, d in zip(index[:-1], out_shape[:-1]):
+            position = position * d + idx
+        return flat[position, index[-1]]
+
+    out = te.compute(out_shape, unflatten, name="matmul_result") if len(out_shape) != 2 else flat
+    mi = next(m for m in MATMUL_ROWS if rows % m == 0)
+
+    def schedule(sch) -> None:
+        block = sch.get_sblock("matmul_packed")
+        i, j, kk = sch.get_loops(block)
+        io, ii = sch.split(i, [None, mi])
+        jo, ji = sch.split(j, [None, nb])
+        sch.reorder(jo, io, kk, ii, ji)
+        sch.parallel(sch.fuse(jo, io) if cols // nb < 8 else jo)
+        sch.unroll(ii)
+        sch.vectorize(ji)
+        sch.decompose_reduction(block, kk)
+        tail = sch.get_sblock("matmul_out")
+        if out is not flat:
+            sch.compute_inline(tail)
+            tail = sch.get_sblock("matmul_result")
+        fused = sch.fuse(*sch.get_loops(tail))
+        outer, inner = sch.split(fused, [None, nb])
+        sch.vectorize(inner)
+        if rows * cols >= 16384:
+            sch.parallel(outer)
+
+    return SelfScheduled([out], schedule)

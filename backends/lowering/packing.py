@@ -1,0 +1,70 @@
+"""Compile-time weight packing for the fast conv and matmul kernels.
+
+Conv weights (K, C, R, S) become (K/ocb, C/icb, R, S, icb, ocb) and constant
+matmul weights (K, N) become (N/nb, K, nb), the layouts the register-tiled
+schedules read contiguously. The compiler applies `plan_packing` to the
+node's constant inputs once; the kernel then receives the packed array.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ir.types import TensorType
+
+# Attribute names the packed kernels read (they are not ONNX attributes).
+CONV_BLOCKS = "tessel_conv_blocks"
+MATMUL_BLOCK = "tessel_matmul_block"
+MATMUL_PANEL = 16
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Extra kernel attributes and the packed replacement of some constant inputs, by position."""
+
+    attrs: tuple[tuple[str, Any], ...]
+    arrays: Mapping[int, np.ndarray]
+
+
+def _block(size: int, preferred: int = 16) -> int:
+    """The largest of preferred, 8, 4, 2, 1 dividing `size` (the whole size when it is small)."""
+    if size <= preferred:
+        return size
+    for block in (preferred, 8, 4, 2, 1):
+        if size % block == 0:
+            return block
+    return 1
+
+
+def pack_conv_weight(weight: np.ndarray, icb: int, ocb: int) -> np.ndarray:
+    """(K, C, R, S) → (K/ocb, C/icb, R, S, icb, ocb)."""
+    k, c, r, s = weight.shape
+    return np.ascontiguousarray(weight.reshape(k // ocb, ocb, c // icb, icb, r, s).transpose(0, 2, 4, 5, 3, 1))
+
+
+def pack_matmul_weight(weight: np.ndarray, block: int) -> np.ndarray:
+    """(K, N) → (N/nb, K, nb)."""
+    k, n = weight.shape
+    return np.ascontiguousarray(weight.reshape(k, n // block, block).transpose(1, 0, 2))
+
+
+def plan_packing(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[TensorType | None],
+                 constants: Sequence[np.ndarray | None]) -> Packing | None:
+    """How to pack this node's constant weights for a fast kernel, or None to use the generic one."""
+    if not input_types or input_types[0] is None or input_types[0].dtype != "float32":
+        return None
+    if op_type == "Conv" and constants[1] is not None and attrs.get("group", 1) == 1 and input_types[0].rank == 4:
+        k, c = input_types[1].shape[:2]
+        icb, ocb = _block(c), _block(k)
+        return Packing(((CONV_BLOCKS, (icb, ocb)),), {1: pack_conv_weight(constants[1], icb, ocb)})
+    if op_type == "MatMul" and constants[1] is not None and input_types[1].rank == 2 and input_types[0].rank >= 2:
+        n = input_types[1].shape[1]
+        if n % MATMUL_PANEL == 0:
+            return Packing(((MATMUL_BLOCK, MATMUL_PANEL),), {1: pack_matmul_weight(constants[1], MATMUL_PANEL)})
+    if op_type == "Gemm" and constants[1] is not None and not attrs.get("transA", 0):
+        weight = constants[1].T if attrs.get("transB", 0) else constants[1]
+        if weight.shape[1] % MATMUL_PANEL == 0:
+            return Packing(((MATMUL_BLOCK, MATMUL_PANEL),), {1: pack_matmul_weight(np.ascontiguousarray(weight), MATMUL_PANEL)})
+    return None
