@@ -6,6 +6,7 @@ order on pre-bound arguments, and copies the outputs out.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -132,6 +133,18 @@ class Executor:
         for op in self._ops:
             op()
         return {name: np.array(self._buffer(name), copy=True) for name in self.plan["outputs"]}
+
+    def profile(self, inputs: Mapping[str, np.ndarray], runs: int = 5) -> list[tuple[str, str, float]]:
+        """(node, op, median milliseconds) per top-level step, slowest first."""
+        self.run(inputs)
+        samples: list[list[float]] = [[] for _ in self._ops]
+        for _ in range(runs):
+            for index, op in enumerate(self._ops):
+                started = time.perf_counter()
+                op()
+                samples[index].append(1e3 * (time.perf_counter() - started))
+        rows = [(step["node"], step["op"], float(np.median(times))) for step, times in zip(self.plan["steps"], samples)]
+        return sorted(rows, key=lambda row: -row[2])
 
     def _check_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
         expected = self.input_types

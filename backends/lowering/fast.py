@@ -16,7 +16,7 @@ _tvm = tvm()
 te, topi, tir = _tvm.te, _tvm.topi, _tvm.tirx
 
 # Register tiles: output pixels per conv tile (with 16 channels), rows per matmul tile.
-CONV_TILE_CHOICES = (14, 7, 16, 8, 12, 10, 6, 5, 4, 3, 2, 1)
+CONV_TILE_CHOICES = (14, 16, 12, 8, 7)
 MATMUL_ROWS = (4, 2, 1)
 
 
@@ -31,17 +31,32 @@ def conv_packed(ctx: LowerContext, before, after):
     """Dense 2-D conv with weights packed (K/ocb, C/icb, R, S, icb, ocb)."""
     x, wp, bias = ctx.input(0), ctx.input(1), ctx.input(2)
     icb, ocb = ctx.attr(CONV_BLOCKS)
-    n, c, h, w = (int(d) for d in x.shape)
+    one_d = len(x.shape) == 3
+    if one_d:  # run as a 2-D conv of height 1
+        n, c, w = (int(d) for d in x.shape)
+        h = 1
+        before, after = [0] + list(before), [0] + list(after)
+        _, k, ow = ctx.out_shape()
+        oh = 1
+    else:
+        n, c, h, w = (int(d) for d in x.shape)
+        _, k, oh, ow = ctx.out_shape()
     kb, cb, r, s = (int(d) for d in wp.shape[:4])
-    strides = list(ctx.attr("strides") or [1, 1])
-    dilations = list(ctx.attr("dilations") or [1, 1])
-    _, k, oh, ow = ctx.out_shape()
+    reg_n = min(CONV_TILE_CHOICES, key=lambda t: (-(-ow // t) * t, -t))
+    ow_padded = -(-ow // reg_n) * reg_n
+    strides = ([1] if one_d else []) + list(ctx.attr("strides") or [1] * (1 if one_d else 2))
+    dilations = ([1] if one_d else []) + list(ctx.attr("dilations") or [1] * (1 if one_d else 2))
     (pt, pl), (pb, pr) = before, after
-    hp, wpad = h + pt + pb, w + pl + pr
+    hp = h + pt + pb
+    # Enough padded input for every (padded) output column.
+    wpad = max(w + pl + pr, (ow_padded - 1) * strides[1] + (s - 1) * dilations[1] + 1)
+
+    def source(ni, ci, hi, wi):
+        return x[ni, ci, wi] if one_d else x[ni, ci, hi, wi]
 
     def pack(ni, co, hi, wi, ci):
-        inside = tir.all(hi >= pt, hi < pt + h, wi >= pl, wi < pl + w)
-        return tir.if_then_else(inside, x[ni, co * icb + ci, hi - pt, wi - pl], tir.const(0.0, x.dtype))
+        inside = tir.all(hi >= pt, hi < pt + h, wi >= pl, wi < pl + w, co * icb + ci < c)
+        return tir.if_then_else(inside, source(ni, co * icb + ci, hi - pt, wi - pl), tir.const(0.0, x.dtype))
 
     packed = te.compute((n, cb, hp, wpad, icb), pack, name="pack")
     ico = te.reduce_axis((0, cb), "ico")
@@ -50,17 +65,20 @@ def conv_packed(ctx: LowerContext, before, after):
     kw = te.reduce_axis((0, s), "kw")
     (sh, sw), (dh, dw) = strides, dilations
     conv = te.compute(
-        (n, kb, oh, ow, ocb),
+        (n, kb, oh, ow_padded, ocb),
         lambda ni, ko, y, q, ki: te.sum(
             packed[ni, ico, y * sh + kh * dh, q * sw + kw * dw, ici] * wp[ko, ico, kh, kw, ici, ki],
             axis=[ico, kh, kw, ici]),
         name="conv_nchwc")
-    if bias is not None:
-        out = te.compute((n, k, oh, ow), lambda ni, ki, y, q: conv[ni, ki // ocb, y, q, ki % ocb] + bias[ki], name="unpack")
+    def unpack(ni, ki, y, q):
+        value = conv[ni, ki // ocb, y, q, ki % ocb]
+        return value + bias[ki] if bias is not None else value
+
+    if one_d:
+        out = te.compute((n, k, ow), lambda ni, ki, q: unpack(ni, ki, 0, q), name="unpack")
     else:
-        out = te.compute((n, k, oh, ow), lambda ni, ki, y, q: conv[ni, ki // ocb, y, q, ki % ocb], name="unpack")
+        out = te.compute((n, k, oh, ow), unpack, name="unpack")
     lanes = 16 if ocb % 16 == 0 else ocb
-    reg_n = next(t for t in CONV_TILE_CHOICES if ow % t == 0 and t * max(1, ocb // 16) <= 28)
 
     def schedule(sch) -> None:
         block = sch.get_sblock("conv_nchwc")
@@ -76,9 +94,9 @@ def conv_packed(ctx: LowerContext, before, after):
         pack_block = sch.get_sblock("pack")
         loops = sch.get_loops(pack_block)
         sch.parallel(sch.fuse(*loops[:3]))
-        unpack = sch.get_sblock("unpack")
-        loops = sch.get_loops(unpack)
-        sch.parallel(sch.fuse(*loops[:3]))
+        unpack_block = sch.get_sblock("unpack")
+        loops = sch.get_loops(unpack_block)
+        sch.parallel(sch.fuse(*loops[:-1]))
         _try(lambda: sch.vectorize(loops[-1]) if ow % 4 == 0 else None)
 
     return SelfScheduled([out], schedule)

@@ -38,10 +38,18 @@ def _block(size: int, preferred: int = 16) -> int:
     return 1
 
 
+def conv_blocks(out_channels: int, in_channels: int) -> tuple[int, int]:
+    """(icb, ocb): 16-channel blocks, or the whole channel count when it is smaller."""
+    return min(in_channels, 16), min(out_channels, 16)
+
+
 def pack_conv_weight(weight: np.ndarray, icb: int, ocb: int) -> np.ndarray:
-    """(K, C, R, S) → (K/ocb, C/icb, R, S, icb, ocb)."""
+    """(K, C, R, S) → (⌈K/ocb⌉, ⌈C/icb⌉, R, S, icb, ocb), zero-padding channels up to whole blocks."""
     k, c, r, s = weight.shape
-    return np.ascontiguousarray(weight.reshape(k // ocb, ocb, c // icb, icb, r, s).transpose(0, 2, 4, 5, 3, 1))
+    kp, cp = -(-k // ocb) * ocb, -(-c // icb) * icb
+    padded = np.zeros((kp, cp, r, s), weight.dtype)
+    padded[:k, :c] = weight
+    return np.ascontiguousarray(padded.reshape(kp // ocb, ocb, cp // icb, icb, r, s).transpose(0, 2, 4, 5, 3, 1))
 
 
 def pack_matmul_weight(weight: np.ndarray, block: int) -> np.ndarray:
@@ -55,10 +63,12 @@ def plan_packing(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[T
     """How to pack this node's constant weights for a fast kernel, or None to use the generic one."""
     if not input_types or input_types[0] is None or input_types[0].dtype != "float32":
         return None
-    if op_type == "Conv" and constants[1] is not None and attrs.get("group", 1) == 1 and input_types[0].rank == 4:
-        k, c = input_types[1].shape[:2]
-        icb, ocb = _block(c), _block(k)
-        return Packing(((CONV_BLOCKS, (icb, ocb)),), {1: pack_conv_weight(constants[1], icb, ocb)})
+    if op_type == "Conv" and constants[1] is not None and attrs.get("group", 1) == 1 and input_types[0].rank in (3, 4):
+        weight = constants[1]
+        if weight.ndim == 3:  # a 1-D conv runs as a 2-D conv of height 1
+            weight = weight[:, :, None, :]
+        icb, ocb = conv_blocks(*weight.shape[:2])
+        return Packing(((CONV_BLOCKS, (icb, ocb)),), {1: pack_conv_weight(weight, icb, ocb)})
     if op_type == "MatMul" and constants[1] is not None and input_types[1].rank == 2 and input_types[0].rank >= 2:
         n = input_types[1].shape[1]
         if n % MATMUL_PANEL == 0:

@@ -1,0 +1,135 @@
+"""Latency per corpus model: onnxruntime, TVM's own pipeline, and Tessel, all in one run.
+
+Each measurement runs in a fresh process (thread pools of one runtime skew the
+next on 2 cores). Prints a table with Tessel/onnxruntime ratios and their
+geomean, and how much faster Tessel is than TVM's own pipeline
+(`relax.frontend.onnx.from_onnx` + `tvm.compile`) where TVM imports the model.
+
+    python bench/latency.py [MODEL ...] [--runs 20] [--skip-tvm]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):
+    sys.path.insert(0, str(ROOT))
+
+from compiler.corpus import load_corpus  # noqa: E402
+
+TVM_TIMEOUT_S = 600
+
+
+def _median_ms(fn, runs: int) -> float:
+    fn()
+    fn()
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    times.sort()
+    return 1e3 * times[len(times) // 2]
+
+
+def measure_onnxruntime(model, runs: int) -> float:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count() or 1
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(model.path), options, providers=["CPUExecutionProvider"])
+    feeds = model.make_inputs()
+    return _median_ms(lambda: session.run(None, feeds), runs)
+
+
+def measure_tessel(model, runs: int) -> float:
+    from compiler.api import compile as compile_model
+
+    artifact = compile_model(model.path, input_shapes=model.input_shapes)
+    feeds = model.make_inputs()
+    return _median_ms(lambda: artifact.run(feeds), runs)
+
+
+def measure_tvm(model, runs: int) -> float:
+    import numpy as np
+    import onnx
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    proto = onnx.load(str(model.path))
+    mod = from_onnx(proto, shape_dict={k: list(v) for k, v in model.input_shapes.items()}, keep_params_in_input=False)
+    target = tvm.target.Target.from_device("cpu")
+    executable = tvm.compile(mod, target=target)
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    feeds = model.make_inputs()
+    inputs = [tvm.runtime.tensor(np.ascontiguousarray(feeds[p.name_hint])) for p in mod["main"].params]
+    return _median_ms(lambda: vm["main"](*inputs), runs)
+
+
+MEASURES = {"onnxruntime": measure_onnxruntime, "tessel": measure_tessel, "tvm": measure_tvm}
+
+
+def _isolated(kind: str, name: str, runs: int, timeout: float) -> tuple[float | None, str]:
+    """Run one measurement in a fresh process: (milliseconds or None, why not)."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, name, "--runs", str(runs)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout:.0f} s"
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["failed"])[-1]
+        return None, tail[:120]
+    return json.loads(lines[-1])["ms"], ""
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", help="corpus model names (default: all non-negative, non-topology)")
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--skip-tvm", action="store_true", help="do not measure TVM's own pipeline")
+    parser.add_argument("--worker", nargs=2, metavar=("KIND", "MODEL"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    corpus = {m.name: m for m in load_corpus()}
+    if args.worker:
+        kind, name = args.worker
+        print(json.dumps({"ms": MEASURES[kind](corpus[name], args.runs)}))
+        return 0
+    names = args.models or [m.name for m in corpus.values() if not m.negative and not m.topology]
+    print(f"{'model':<20} {'onnxruntime':>12} {'tvm':>10} {'tessel':>10} {'tessel/ort':>11} {'tvm/tessel':>11}")
+    ratios, tvm_speedups = [], []
+    for name in names:
+        ort_ms, _ = _isolated("onnxruntime", name, args.runs, 300)
+        tessel_ms, why = _isolated("tessel", name, args.runs, 1800)
+        tvm_ms, tvm_why = (None, "skipped") if args.skip_tvm else _isolated("tvm", name, max(3, args.runs // 4), TVM_TIMEOUT_S)
+        ratio = tessel_ms / ort_ms if tessel_ms and ort_ms else None
+        speedup = tvm_ms / tessel_ms if tvm_ms and tessel_ms else None
+        if ratio:
+            ratios.append(ratio)
+        if speedup:
+            tvm_speedups.append(speedup)
+
+        def cell(value, width, fmt="{:.2f}"):
+            return f"{fmt.format(value) if value is not None else 'n/a':>{width}}"
+
+        print(f"{name:<20} {cell(ort_ms, 12)} {cell(tvm_ms, 10)} {cell(tessel_ms, 10)} {cell(ratio, 11)} {cell(speedup, 11, '{:.1f}x')}"
+              + (f"  tessel: {why}" if why else "") + (f"  tvm: {tvm_why}" if tvm_ms is None and not args.skip_tvm else ""),
+              flush=True)
+    if ratios:
+        print(f"geomean tessel/onnxruntime over {len(ratios)} models: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}")
+    if tvm_speedups:
+        print(f"tessel vs TVM's pipeline: {min(tvm_speedups):.1f}x to {max(tvm_speedups):.1f}x faster on the {len(tvm_speedups)} models TVM runs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
