@@ -82,6 +82,8 @@ def conv_packed(ctx: LowerContext, before, after):
 
     def schedule(sch) -> None:
         block = sch.get_sblock("conv_nchwc")
+        # Accumulate each register tile in a small buffer LLVM keeps in registers, then copy it out.
+        tile_out = sch.cache_write(block, 0, "global")
         ni, ko, y, q, ki, rco, rkh, rkw, rci = sch.get_loops(block)
         qo, qi = sch.split(q, [None, reg_n])
         kio, kii = sch.split(ki, [None, lanes])
@@ -90,10 +92,13 @@ def conv_packed(ctx: LowerContext, before, after):
         sch.unroll(qi)
         sch.unroll(kio)
         sch.vectorize(kii)
+        sch.reverse_compute_at(tile_out, qo)
+        sch.vectorize(sch.get_loops(tile_out)[-1])
         sch.decompose_reduction(block, rco)
         pack_block = sch.get_sblock("pack")
         loops = sch.get_loops(pack_block)
         sch.parallel(sch.fuse(*loops[:3]))
+        _try(lambda: sch.vectorize(loops[-1]) if icb in (4, 8, 16) else None)
         unpack_block = sch.get_sblock("unpack")
         loops = sch.get_loops(unpack_block)
         sch.parallel(sch.fuse(*loops[:-1]))

@@ -100,6 +100,8 @@ def _conv_transpose(ctx: LowerContext):
         raise ctx.fail("dilated transposed convolution is not supported")
     out_shape = list(ctx.out_shape())
     in_sizes = _dims(x)[2:]
+    if spatial == 2 and kernel == strides and out_shape[2:] == [i * s for i, s in zip(in_sizes, strides)]:
+        return _upsampling_deconv(x, w, bias, ctx.attr("group", 1), out_shape)
     output_padding = list(ctx.attr("output_padding") or [0] * spatial)
     pads = ctx.attr("pads")
     if pads and ctx.attr("auto_pad", "NOTSET") == "NOTSET" and not ctx.attr("output_shape"):
@@ -127,6 +129,33 @@ def _conv_transpose(ctx: LowerContext):
         flat = out
         out = te.compute(ctx.out_shape(), lambda n, k, q: flat[n, k, 0, q], name="deconv_1d")
     return [out]
+
+
+def _upsampling_deconv(x, w, bias, groups: int, out_shape):
+    """A transposed conv whose kernel equals its stride (no overlap, no padding).
+
+    Each kernel tap (i, j) is a 1x1 conv of the whole input, computed contiguously
+    along the input's rows; a final stage interleaves the taps into the output.
+    """
+    in_channels, per_group_out, sh, sw = _dims(w)
+    n_, _, h, wd = _dims(x)
+    per_group_in = in_channels // groups
+    c = te.reduce_axis((0, per_group_in), name="c")
+
+    def channel(k):
+        return c if groups == 1 else (k // per_group_out) * per_group_in + c
+
+    taps = te.compute(
+        (n_, out_shape[1], sh, sw, h, wd),
+        lambda n, k, i, j, y, q: te.sum(x[n, channel(k), y, q] * w[channel(k), k % per_group_out, i, j], axis=c),
+        name="deconv_taps",
+    )
+
+    def interleave(n, k, y, q):
+        value = taps[n, k, y % sh, q % sw, y // sh, q // sw]
+        return value + bias[k] if bias is not None else value
+
+    return [te.compute(out_shape, interleave, name="deconv_interleave")]
 
 
 def _pool(kind: str):

@@ -48,7 +48,9 @@ def schedule(func, output_names: frozenset[str] = frozenset()):
     sch = s_tir.Schedule(func)
     root = sch.get_sblock("root")
     for block in reversed(sch.get_child_blocks(root)):
-        if not any(_iter_kinds(sch, block)):
+        feeds_reduction = any(any(_iter_kinds(sch, c)) for c in sch.get_consumers(block))
+        # A padding or layout stage inlined into a reduction puts bounds checks in its inner loop.
+        if not any(_iter_kinds(sch, block)) and not feeds_reduction:
             _try(lambda b=block: sch.compute_inline(b))
     for block in sch.get_child_blocks(root):
         if any(_iter_kinds(sch, block)):
@@ -74,6 +76,16 @@ def _schedule_spatial(sch, block) -> None:
     work = 1
     for e in extents:
         work *= e
+    last_lanes = _lanes_for(extents[-1])
+    if len(loops) > 1 and (last_lanes is not None or extents[-1] >= 2 * VECTOR_LANES[0]):
+        # Keep the innermost axis on its own (vectorized when it divides evenly): index
+        # arithmetic and broadcast operands then stay out of the inner loop.
+        if last_lanes is not None:
+            outer, inner = sch.split(loops[-1], [None, last_lanes])
+            _try(lambda: sch.vectorize(inner))
+        if work >= MIN_PARALLEL_WORK:
+            _try(lambda: sch.parallel(sch.fuse(*loops[:-1])))
+        return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     lanes = _lanes_for(work)
     if lanes is not None and work >= 2 * lanes:
@@ -95,18 +107,22 @@ def _schedule_reduction(sch, block) -> None:
     if not spatial:
         return
     last = spatial[-1]
-    lanes = _lanes_for(_extent(sch, last))
+    extent = _extent(sch, last)
+    lanes = _lanes_for(extent)
     if lanes is not None and _try(lambda: sch.reorder(*spatial, *reduce)):
-        outer, inner = sch.split(last, [None, lanes])
+        width = next(lanes * k for k in (4, 2, 1) if extent % (lanes * k) == 0)
+        # Accumulate a register tile of `width` outputs, then copy it out.
+        tile = sch.cache_write(block, 0, "global")
+        outer, inner = sch.split(last, [None, width])
         sch.reorder(outer, *reduce, inner)
-        try:
-            init = sch.decompose_reduction(block, reduce[0])
-        except Exception:  # noqa: BLE001 - keep the block whole; its tile then stays scalar
-            init = None
-        if init is not None:
-            _try(lambda: sch.vectorize(inner))
-            _try(lambda: sch.vectorize(sch.get_loops(init)[-1]))
-        _try(lambda: _parallel(sch, spatial[:-1] + [outer] if len(spatial) == 1 else spatial[:-1]))
+        vector_outer, vector = sch.split(inner, [None, lanes])
+        _try(lambda: sch.unroll(vector_outer))
+        _try(lambda: sch.vectorize(vector))
+        sch.reverse_compute_at(tile, outer)
+        _try(lambda: sch.vectorize(sch.get_loops(tile)[-1]))
+        if len(spatial) > 1:
+            sch.parallel(sch.fuse(*spatial[:-1]))
+        _try(lambda: sch.decompose_reduction(block, reduce[0]))
         return
     if _try(lambda: sch.reorder(*spatial, *reduce)):
         _try(lambda: _parallel(sch, spatial))
