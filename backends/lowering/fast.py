@@ -30,29 +30,34 @@ def _try(action) -> None:
 def conv_packed(ctx: LowerContext, before, after):
     """Dense 2-D conv with weights packed (K/ocb, C/icb, R, S, icb, ocb)."""
     x, wp, bias = ctx.input(0), ctx.input(1), ctx.input(2)
-    icb, ocb = ctx.attr(CONV_BLOCKS)
+    icb, ocb, swap = ctx.attr(CONV_BLOCKS)
     one_d = len(x.shape) == 3
+    strides = ([1] if one_d else []) + list(ctx.attr("strides") or [1] * (1 if one_d else 2))
+    dilations = ([1] if one_d else []) + list(ctx.attr("dilations") or [1] * (1 if one_d else 2))
+    before, after = ([0] if one_d else []) + list(before), ([0] if one_d else []) + list(after)
     if one_d:  # run as a 2-D conv of height 1
         n, c, w = (int(d) for d in x.shape)
         h = 1
-        before, after = [0] + list(before), [0] + list(after)
         _, k, ow = ctx.out_shape()
         oh = 1
     else:
         n, c, h, w = (int(d) for d in x.shape)
         _, k, oh, ow = ctx.out_shape()
+    if swap:  # a tall, narrow conv runs transposed (weights were packed transposed too)
+        h, w, oh, ow = w, h, ow, oh
+        strides, dilations, before, after = strides[::-1], dilations[::-1], before[::-1], after[::-1]
     kb, cb, r, s = (int(d) for d in wp.shape[:4])
     reg_n = min(CONV_TILE_CHOICES, key=lambda t: (-(-ow // t) * t, -t))
     ow_padded = -(-ow // reg_n) * reg_n
-    strides = ([1] if one_d else []) + list(ctx.attr("strides") or [1] * (1 if one_d else 2))
-    dilations = ([1] if one_d else []) + list(ctx.attr("dilations") or [1] * (1 if one_d else 2))
     (pt, pl), (pb, pr) = before, after
     hp = h + pt + pb
     # Enough padded input for every (padded) output column.
     wpad = max(w + pl + pr, (ow_padded - 1) * strides[1] + (s - 1) * dilations[1] + 1)
 
     def source(ni, ci, hi, wi):
-        return x[ni, ci, wi] if one_d else x[ni, ci, hi, wi]
+        if one_d:
+            return x[ni, ci, wi]
+        return x[ni, ci, wi, hi] if swap else x[ni, ci, hi, wi]
 
     def pack(ni, co, hi, wi, ci):
         inside = tir.all(hi >= pt, hi < pt + h, wi >= pl, wi < pl + w, co * icb + ci < c)
@@ -71,13 +76,13 @@ def conv_packed(ctx: LowerContext, before, after):
             axis=[ico, kh, kw, ici]),
         name="conv_nchwc")
     def unpack(ni, ki, y, q):
-        value = conv[ni, ki // ocb, y, q, ki % ocb]
+        value = conv[ni, ki // ocb, q, y, ki % ocb] if swap else conv[ni, ki // ocb, y, q, ki % ocb]
         return value + bias[ki] if bias is not None else value
 
     if one_d:
         out = te.compute((n, k, ow), lambda ni, ki, q: unpack(ni, ki, 0, q), name="unpack")
     else:
-        out = te.compute((n, k, oh, ow), unpack, name="unpack")
+        out = te.compute(ctx.out_shape(), unpack, name="unpack")
     lanes = 16 if ocb % 16 == 0 else ocb
 
     def schedule(sch) -> None:

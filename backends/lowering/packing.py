@@ -68,7 +68,12 @@ def plan_packing(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[T
         if weight.ndim == 3:  # a 1-D conv runs as a 2-D conv of height 1
             weight = weight[:, :, None, :]
         icb, ocb = conv_blocks(*weight.shape[:2])
-        return Packing(((CONV_BLOCKS, (icb, ocb)),), {1: pack_conv_weight(weight, icb, ocb)})
+        height, width = (1, input_types[0].shape[2]) if input_types[0].rank == 3 else input_types[0].shape[2:]
+        # Register tiles run along the width: a tall, narrow input runs with height and width swapped.
+        swap = int(width < 8 <= height)
+        if swap:
+            weight = weight.transpose(0, 1, 3, 2)
+        return Packing(((CONV_BLOCKS, (icb, ocb, swap)),), {1: pack_conv_weight(weight, icb, ocb)})
     if op_type == "MatMul" and constants[1] is not None and input_types[1].rank == 2 and input_types[0].rank >= 2:
         n = input_types[1].shape[1]
         if n % MATMUL_PANEL == 0:
