@@ -16,7 +16,7 @@ from ir.errors import TesselError
 
 from .cache import KernelCache
 from .kernel import KernelSpec, build
-from .target import TargetSpec, parse_target
+from .target import TargetSpec, parse_target, tvm_target
 
 # Below this many kernels to compile, starting worker processes (each imports TVM) costs more than it saves.
 MIN_PARALLEL_KERNELS = 4
@@ -41,14 +41,14 @@ def _build_one(spec_doc: dict, target_text: str, cache_root: str, key: str) -> s
     spec = KernelSpec.from_json(spec_doc)
     try:
         executable = build(spec, target)
-        extra = _cuda_files(executable) if target.is_gpu else None
+        extra = _cuda_files(executable, target) if target.is_gpu else None
         KernelCache(cache_root).store(key, spec, executable, extra)
     except Exception as exc:  # noqa: BLE001 - reported per kernel, all at once
         return f"{spec.op_type}: {(str(exc).strip().splitlines() or [type(exc).__name__])[-1]}"
     return None
 
 
-def _cuda_files(executable) -> dict[str, bytes]:
+def _cuda_files(executable, target: TargetSpec) -> dict[str, bytes]:
     """The CUDA source and, where nvcc exists, its fatbin, kept beside the kernel."""
     from .schedules.gpu import cuda_source
     from .tvm_env import tvm
@@ -56,7 +56,8 @@ def _cuda_files(executable) -> dict[str, bytes]:
     source = cuda_source(executable)
     files = {".cu": source.encode()}
     if shutil.which("nvcc"):
-        files[".fatbin"] = bytes(tvm().support.nvcc.compile_cuda(source, target_format="fatbin"))
+        with tvm_target(target):
+            files[".fatbin"] = bytes(tvm().support.nvcc.compile_cuda(source, target_format="fatbin", arch=target.arch, compiler="nvcc"))
     return files
 
 

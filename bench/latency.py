@@ -71,7 +71,7 @@ def measure_tvm(model, runs: int) -> float:
     executable = tvm.compile(mod, target=target)
     vm = relax.VirtualMachine(executable, tvm.cpu())
     feeds = model.make_inputs()
-    inputs = [tvm.runtime.tensor(np.ascontiguousarray(feeds[p.name_hint])) for p in mod["main"].params]
+    inputs = [tvm.runtime.tensor(np.ascontiguousarray(feeds[name])) for name in model.input_shapes]
     return _median_ms(lambda: vm["main"](*inputs), runs)
 
 

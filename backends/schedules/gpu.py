@@ -1,8 +1,6 @@
 """CUDA kernels: dlight's default GPU schedules, then CUDA code generation."""
 from __future__ import annotations
 
-import os
-
 from ..target import TargetSpec, tvm_target
 from ..tvm_env import tvm
 
@@ -13,16 +11,15 @@ class GpuScheduleError(RuntimeError):
 
 def compile(func, target: TargetSpec):
     """Schedule `func` with dlight and compile it for CUDA; the Executable imports a CUDA module."""
-    os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
     tvm_mod = tvm()
     dl = tvm_mod.s_tir.dlight
     cuda = tvm_target(target)
     mod = tvm_mod.IRModule({"main": func})
-    with cuda:
+    with cuda:  # nvcc reads the architecture from the current target
         mod = dl.ApplyDefaultSchedule(
             dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()
         )(mod)
-    executable = tvm_mod.compile(mod, target=cuda)
+        executable = tvm_mod.compile(mod, target=cuda)
     if not any(m.kind == "cuda" for m in executable.mod.imports):
         # An unscheduled PrimFunc silently becomes host code that would read GPU memory on the CPU.
         raise GpuScheduleError("no CUDA kernel was generated (the schedule bound no GPU threads)")
