@@ -25,3 +25,17 @@ def run_onnxruntime(model, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
 def by_name(models: list[CorpusModel]):
     """pytest.param per model, with the model name as id."""
     return [pytest.param(m, id=m.name) for m in models]
+
+
+@pytest.fixture(scope="session")
+def kernel_cache(tmp_path_factory):
+    """One kernel cache for the whole test session, empty at its start."""
+    return tmp_path_factory.mktemp("kernel-cache")
+
+
+def assert_matches_onnxruntime(outputs: dict, expected: list, rtol: float = 1e-3, atol: float = 1e-4) -> None:
+    """Tessel's outputs (by name, in model order) equal onnxruntime's."""
+    assert len(outputs) == len(expected)
+    for got, want in zip(outputs.values(), expected):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)

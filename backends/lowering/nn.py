@@ -224,12 +224,19 @@ def _batch_norm(ctx: LowerContext):
     return [topi.add(topi.multiply(topi.subtract(x, _channel(mean, rank)), factor), _channel(shift, rank))]
 
 
-def _normalize(x, axes, eps, count):
+def _moments(x, axes, eps, count):
+    """(centered x, mean, 1/sqrt(var + eps)) over `axes`, kept as size-1 dimensions."""
     total = tir.const(count, x.dtype)
     mean = topi.divide(topi.sum(x, axes, True), total)
     centered = topi.subtract(x, mean)
     var = topi.divide(topi.sum(topi.multiply(centered, centered), axes, True), total)
-    return topi.divide(centered, topi.sqrt(topi.add(var, tir.const(eps, x.dtype))))
+    inv_std = topi.divide(tir.const(1.0, x.dtype), topi.sqrt(topi.add(var, tir.const(eps, x.dtype))))
+    return centered, mean, inv_std
+
+
+def _normalize(x, axes, eps, count):
+    centered, _, inv_std = _moments(x, axes, eps, count)
+    return topi.multiply(centered, inv_std)
 
 
 def _instance_norm(ctx: LowerContext):
@@ -243,8 +250,6 @@ def _instance_norm(ctx: LowerContext):
 
 
 def _layer_norm(ctx: LowerContext):
-    if any(t is not None for t in ctx.output_types[1:]):
-        raise ctx.fail("the Mean and InvStdDev outputs of LayerNormalization are not supported")
     x, scale, shift = ctx.input(0), ctx.input(1), ctx.input(2)
     rank = len(x.shape)
     axis = ctx.attr("axis", -1)
@@ -252,10 +257,12 @@ def _layer_norm(ctx: LowerContext):
     count = 1
     for d in _dims(x)[axis:]:
         count *= d
-    y = topi.multiply(_normalize(x, list(range(axis, rank)), ctx.attr("epsilon", 1e-5), count), scale)
+    centered, mean, inv_std = _moments(x, list(range(axis, rank)), ctx.attr("epsilon", 1e-5), count)
+    y = topi.multiply(topi.multiply(centered, inv_std), scale)
     if shift is not None:
         y = topi.add(y, shift)
-    return [y] + [None] * (len(ctx.output_types) - 1)
+    extra = [mean, inv_std]
+    return [y] + [extra[i] if t is not None else None for i, t in enumerate(ctx.output_types[1:3])]
 
 
 def _matmul(ctx: LowerContext):

@@ -154,24 +154,85 @@ def _constant_of_shape(ctx: LowerContext):
     return [te.compute(ctx.out_shape(), lambda *i: tir.const(scalar, dtype), name="fill")]
 
 
+def _source_coordinate(mode: str, x, scale: float, length_in: int, length_out: int, roi: tuple[float, float]):
+    """Where output coordinate `x` samples the input, per ONNX's coordinate_transformation_mode."""
+    f32 = "float32"
+    xf = tir.Cast(f32, x)
+    if mode == "half_pixel":
+        return (xf + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (xf + 0.5) / scale - 0.5 if length_out > 1 else tir.const(0.0, f32)
+    if mode == "align_corners":
+        return xf * ((length_in - 1) / (length_out - 1)) if length_out > 1 else tir.const(0.0, f32)
+    if mode == "asymmetric":
+        return xf / scale
+    if mode == "tf_crop_and_resize":
+        start, end = roi
+        if length_out > 1:
+            return start * (length_in - 1) + xf * ((end - start) * (length_in - 1) / (length_out - 1))
+        return tir.const(0.5 * (start + end) * (length_in - 1), f32)
+    raise ValueError(mode)
+
+
+def _nearest(value, mode: str):
+    if mode == "round_prefer_ceil":
+        return tir.floor(value + 0.5)
+    if mode == "floor":
+        return tir.floor(value)
+    if mode == "ceil":
+        return tir.ceil(value)
+    return tir.ceil(value - 0.5)  # round_prefer_floor
+
+
 def _resize(ctx: LowerContext):
     x = ctx.input(0)
     in_shape, out_shape = [int(d) for d in x.shape], list(ctx.out_shape())
-    if len(in_shape) != 4 or in_shape[:2] != out_shape[:2]:
-        raise ctx.fail("only 4-D NCHW resizing of the last two axes is supported")
+    rank = len(in_shape)
     mode = ctx.attr("mode", "nearest")
-    method = {"nearest": "nearest_neighbor", "linear": "linear", "cubic": "cubic"}[mode]
+    transform = ctx.attr("coordinate_transformation_mode", "half_pixel")
+    if ctx.attr("antialias", 0) or mode == "cubic" or transform == "half_pixel_symmetric":
+        raise ctx.fail(f"mode {mode} with {transform}{' and antialias' if ctx.attr('antialias', 0) else ''} is not supported")
+    scales = ctx.data(2)
+    if scales is not None and scales.size == rank:
+        factors = [float(v) for v in scales]
+    else:
+        factors = [o / i for o, i in zip(out_shape, in_shape)]
     roi = ctx.data(1)
-    roi_hw = [float(v) for v in roi[[2, 3, 6, 7]]] if roi is not None and roi.size == 8 else [0.0, 0.0, 0.0, 0.0]
-    rounding = ctx.attr("nearest_mode", "round_prefer_floor") if mode == "nearest" else ""
-    out = topi.image.resize2d(
-        x, roi_hw, out_shape[2:], layout="NCHW", method=method,
-        coordinate_transformation_mode=ctx.attr("coordinate_transformation_mode", "half_pixel"),
-        rounding_method=rounding, bicubic_alpha=ctx.attr("cubic_coeff_a", -0.75),
-        bicubic_exclude=ctx.attr("exclude_outside", 0), extrapolation_value=ctx.attr("extrapolation_value", 0.0),
-        out_dtype=x.dtype,
-    )
-    return [out]
+    spans = [(float(roi[a]), float(roi[a + rank])) if roi is not None and roi.size == 2 * rank else (0.0, 1.0) for a in range(rank)]
+    resized = [a for a in range(rank) if in_shape[a] != out_shape[a] or factors[a] != 1.0]
+    nearest_mode = ctx.attr("nearest_mode", "round_prefer_floor")
+    fill = tir.const(ctx.attr("extrapolation_value", 0.0), "float32")
+
+    def compute(*index):
+        coords = {a: _source_coordinate(transform, index[a], factors[a], in_shape[a], out_shape[a], spans[a]) for a in resized}
+        outside = [tir.any(c < 0, c > in_shape[a] - 1) for a, c in coords.items()] if transform == "tf_crop_and_resize" else []
+        if mode == "nearest":
+            src = list(index)
+            for a, c in coords.items():
+                src[a] = tir.max(tir.min(tir.Cast("int32", _nearest(c, nearest_mode)), in_shape[a] - 1), 0)
+            value = x[tuple(src)]
+        else:
+            corners = [(list(index), tir.const(1.0, "float32"))]
+            for a, c in coords.items():
+                c = tir.max(tir.min(c, tir.const(in_shape[a] - 1, "float32")), tir.const(0.0, "float32"))
+                low = tir.Cast("int32", tir.floor(c))
+                high = tir.min(low + 1, in_shape[a] - 1)
+                frac = c - tir.Cast("float32", low)
+                expanded = []
+                for src, weight in corners:
+                    for position, w in ((low, 1.0 - frac), (high, frac)):
+                        moved = list(src)
+                        moved[a] = position
+                        expanded.append((moved, weight * w))
+                corners = expanded
+            value = sum((tir.Cast("float32", x[tuple(src)]) * w for src, w in corners[1:]),
+                        tir.Cast("float32", x[tuple(corners[0][0])]) * corners[0][1])
+            value = tir.Cast(x.dtype, value)
+        if outside:
+            value = tir.Select(tir.any(*outside) if len(outside) > 1 else outside[0], tir.Cast(x.dtype, fill), value)
+        return value
+
+    return [te.compute(out_shape, compute, name="resize")]
 
 
 def _depth_to_space(ctx: LowerContext):

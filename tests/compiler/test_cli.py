@@ -104,3 +104,36 @@ def test_input_shape_parsing():
     assert parse_input_shape("sr=") == ("sr", ())
     with pytest.raises(ShapeBindingError):
         parse_input_shape("1x3")
+
+
+def test_compile_then_run_with_check(tmp_path, kernel_cache, monkeypatch):
+    monkeypatch.setenv("TESSEL_CACHE_DIR", str(kernel_cache))
+    entry = next(m for m in CORPUS if m.name == "mtcnn_rnet")
+    out = tmp_path / "rnet"
+    shape = "x".join(map(str, entry.input_shapes["input_2"]))
+    compiled = _run_cli("compile", str(entry.path), "-o", str(out), "--input-shape", f"input_2={shape}")
+    assert compiled.returncode == 0, compiled.stderr
+    inputs = tmp_path / "in.npz"
+    import numpy as np
+    np.savez(inputs, **entry.make_inputs())
+    ran = _run_cli("run", str(out), "--inputs", str(inputs), "--outputs", str(tmp_path / "out.npz"), "--check", "--repeat", "2")
+    assert ran.returncode == 0, ran.stderr
+    assert "check: ok" in ran.stdout and "latency over 2 runs" in ran.stdout
+    assert (tmp_path / "out.npz").is_file()
+
+    again = _run_cli("compile", str(entry.path), "-o", str(out), "--input-shape", f"input_2={shape}")
+    assert again.returncode == 2 and "already exists" in again.stderr and again.stderr.count("\n") == 1
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, input_2=np.zeros((1, 24, 24, 4), np.float32))
+    bad = _run_cli("run", str(out), "--inputs", str(wrong))
+    assert bad.returncode == 2 and "input 'input_2' is float32[1,24,24,4]" in bad.stderr
+    assert "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
+    next((out / "kernels").glob("*.so")).unlink()
+    broken = _run_cli("run", str(out), "--inputs", str(inputs))
+    assert broken.returncode == 2 and "missing from the artifact" in broken.stderr
+
+
+def test_run_on_a_missing_artifact_is_one_line(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no such artifact directory" in err

@@ -1,0 +1,47 @@
+"""compiler.compile / Artifact / compiler.load on the corpus."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from compiler.api import CompileError, compile, load
+from runtime.errors import ArtifactError
+from tests.conftest import POSITIVE, assert_matches_onnxruntime, by_name, run_onnxruntime
+
+
+@pytest.mark.parametrize("model", by_name(POSITIVE))
+def test_corpus_model_compiles_for_llvm_and_matches_onnxruntime(model, kernel_cache):
+    artifact = compile(model.path, input_shapes=model.input_shapes, cache_dir=kernel_cache)
+    feeds = model.make_inputs()
+    assert_matches_onnxruntime(artifact.run(feeds), run_onnxruntime(str(model.path), feeds))
+
+
+def test_second_compile_hits_the_cache_and_is_ten_times_faster(tmp_path):
+    model = next(m for m in POSITIVE if m.name == "oww_embedding")
+    started = time.perf_counter()
+    first = compile(model.path, input_shapes=model.input_shapes, cache_dir=tmp_path)
+    cold = time.perf_counter() - started
+    started = time.perf_counter()
+    second = compile(model.path, input_shapes=model.input_shapes, cache_dir=tmp_path)
+    warm = time.perf_counter() - started
+    assert first.report()["kernels_compiled"] > 0
+    assert second.report()["kernels_compiled"] == 0 and second.report()["kernels_cached"] == first.report()["kernels"]
+    assert cold >= 10 * warm, f"cold {cold:.2f}s vs warm {warm:.2f}s"
+
+
+def test_saved_artifact_loads_and_runs(tmp_path, kernel_cache):
+    model = next(m for m in POSITIVE if m.name == "mtcnn_onet")
+    artifact = compile(model.path, input_shapes=model.input_shapes, cache_dir=kernel_cache)
+    saved = artifact.save(tmp_path / "onet")
+    assert {p.name for p in saved.iterdir()} >= {"plan.json", "kernels", "weights.npz", "model.onnx", "graph.json", "reports"}
+    feeds = model.make_inputs()
+    assert_matches_onnxruntime(load(saved).run(feeds), run_onnxruntime(str(model.path), feeds))
+    with pytest.raises(ArtifactError, match="already exists"):
+        artifact.save(saved)
+
+
+def test_more_than_one_device_is_refused_for_now(tmp_path):
+    model = next(m for m in POSITIVE if m.name == "mtcnn_pnet")
+    with pytest.raises(CompileError, match="devices=2"):
+        compile(model.path, input_shapes=model.input_shapes, devices=2, cache_dir=tmp_path)

@@ -1,0 +1,68 @@
+"""The executor: input checks, If on a runtime condition, reused buffers, corrupted artifacts."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from compiler.api import compile, load
+from runtime.errors import ArtifactError, InputError
+from runtime.memory import ALIGNMENT, aligned_empty
+from tests.conftest import run_onnxruntime
+from tests.ir.helpers import F, model
+
+
+def _if_model():
+    then_branch = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [], [helper.make_tensor_value_info("t", F, None)])
+    else_branch = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [], [helper.make_tensor_value_info("e", F, None)])
+    nodes = [helper.make_node("If", ["c"], ["y"], then_branch=then_branch, else_branch=else_branch)]
+    return model(nodes, [("x", F, [2, 3]), ("c", 9, [])], [("y", F, None)])
+
+
+def test_if_with_runtime_condition_runs_the_chosen_branch(kernel_cache):
+    original = _if_model()
+    artifact = compile(original, cache_dir=kernel_cache)
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    for flag in (True, False):
+        feeds = {"x": x, "c": np.array(flag)}
+        np.testing.assert_array_equal(artifact.run(feeds)["y"], run_onnxruntime(original, feeds)[0])
+
+
+@pytest.mark.parametrize("feeds,match", [
+    ({"x": np.zeros((2, 3), np.float32)}, "missing 'c'"),
+    ({"x": np.zeros((2, 4), np.float32), "c": np.array(True)}, "input 'x' is float32\\[2,4\\]"),
+    ({"x": np.zeros((2, 3), np.float64), "c": np.array(True)}, "input 'x' is float64"),
+    ({"x": np.zeros((2, 3), np.float32), "c": np.array(True), "z": np.zeros(1)}, "unknown 'z'"),
+])
+def test_wrong_inputs_are_refused_with_one_clear_line(feeds, match, kernel_cache):
+    artifact = compile(_if_model(), cache_dir=kernel_cache)
+    with pytest.raises(InputError, match=match) as info:
+        artifact.run(feeds)
+    assert "\n" not in str(info.value)
+
+
+def test_outputs_are_fresh_arrays_and_runs_are_repeatable(kernel_cache):
+    artifact = compile(_if_model(), cache_dir=kernel_cache)
+    feeds = {"x": np.ones((2, 3), np.float32), "c": np.array(False)}
+    first = artifact.run(feeds)["y"]
+    second = artifact.run({"x": np.full((2, 3), 2, np.float32), "c": np.array(False)})["y"]
+    assert first[0, 0] == -1 and second[0, 0] == -2
+
+
+@pytest.mark.parametrize("damage", ["delete kernel", "edit weights", "truncate plan"])
+def test_damaged_artifacts_are_refused(damage, tmp_path, kernel_cache):
+    saved = compile(_if_model(), cache_dir=kernel_cache).save(tmp_path / "artifact")
+    if damage == "delete kernel":
+        next((saved / "kernels").glob("*.so")).unlink()
+    elif damage == "edit weights":
+        with open(saved / "weights.npz", "ab") as f:
+            f.write(b"junk")
+    else:
+        (saved / "plan.json").write_text((saved / "plan.json").read_text()[:50])
+    with pytest.raises(ArtifactError):
+        load(saved).run({"x": np.zeros((2, 3), np.float32), "c": np.array(True)})
+
+
+def test_aligned_buffers():
+    for shape in [(1,), (3, 5), (7, 1, 3)]:
+        assert aligned_empty(shape, np.float32).ctypes.data % ALIGNMENT == 0
