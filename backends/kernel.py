@@ -145,7 +145,7 @@ def build(spec: KernelSpec, target: TargetSpec):
         else:
             tensors.append(_constant_tensor(te, tir, item.data, t, f"const{index}"))
     out_types = [TensorType.parse(o) if o is not None else None for o in spec.outputs]
-    ctx = LowerContext(spec.op_type, dict(spec.attrs), tensors, types, data, out_types)
+    ctx = LowerContext(spec.op_type, dict(spec.attrs), tensors, types, data, out_types, gpu=target.is_gpu)
     results = rule(ctx)
     own_schedule = None
     if isinstance(results, SelfScheduled):
@@ -185,7 +185,7 @@ def _compile(func, target: TargetSpec, scheduled: bool):
         return tvm().compile(func if scheduled else cpu.schedule(func), target=_tvm_target(target))
     from .schedules import gpu
 
-    return gpu.compile(func, target)
+    return gpu.compile(func, target, scheduled)
 
 
 # Compile-time inputs up to this many elements can also be read as tensors (as selects over their values).

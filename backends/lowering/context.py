@@ -24,6 +24,7 @@ class LowerContext:
     input_types: Sequence[TensorType | None]
     const_data: Sequence[np.ndarray | None]
     output_types: Sequence[TensorType | None]
+    gpu: bool = False
 
     def attr(self, name: str, default: Any = None) -> Any:
         """An attribute value, or `default` when it is absent."""

@@ -28,9 +28,9 @@ class PrimFuncResult:
 
 
 @contextlib.contextmanager
-def _vector_loop(extent: int):
+def _vector_loop(extent: int, vectorize: bool = True):
     """Loop over `extent`, vectorized LANES at a time where it divides evenly; yields the index."""
-    if extent % LANES or extent < LANES:
+    if not vectorize or extent % LANES or extent < LANES:
         with T.serial(0, extent) as j:
             yield j
         return
@@ -92,8 +92,15 @@ def _recurrent(ctx: LowerContext, gates: int):
             h = T.alloc_buffer((dirs, batch, hidden), "float32")
             c = T.alloc_buffer((dirs, batch, hidden), "float32")
             rh = T.alloc_buffer((dirs, batch, hidden), "float32")
-            loop = T.parallel(0, dirs) if dirs > 1 else T.serial(0, dirs)
-            with loop as d:
+            with contextlib.ExitStack() as device:
+                if ctx.gpu:
+                    # The recurrence is sequential: one GPU thread walks it (correct, not fast).
+                    device.enter_context(T.launch_thread("blockIdx.x", 1))
+                    device.enter_context(T.launch_thread("threadIdx.x", 1))
+                    loop = T.serial(0, dirs)
+                else:
+                    loop = T.parallel(0, dirs) if dirs > 1 else T.serial(0, dirs)
+                d = device.enter_context(loop)
                 with T.serial(0, gh) as j:
                     with T.serial(0, width) as k:
                         T.buffer_store(wt, W[d, j, k], [d, k, j])
@@ -101,7 +108,7 @@ def _recurrent(ctx: LowerContext, gates: int):
                         T.buffer_store(rt, R[d, j, k], [d, k, j])
                 with T.serial(0, steps) as t:
                     with T.serial(0, batch) as b:
-                        with _vector_loop(gh) as j:
+                        with _vector_loop(gh, not ctx.gpu) as j:
                             start = T.float32(0.0)
                             if bias is not None:
                                 # GRU keeps the recurrent bias of its candidate gate for the reset product.
@@ -110,7 +117,7 @@ def _recurrent(ctx: LowerContext, gates: int):
                                 start = bias[d, j] + recurrent_bias
                             T.buffer_store(gx, start, [d, t, b, j])
                         with T.serial(0, width) as k:
-                            with _vector_loop(gh) as j:
+                            with _vector_loop(gh, not ctx.gpu) as j:
                                 T.buffer_store(gx, gx[d, t, b, j] + x_at(X, t, b, k) * wt[d, k, j], [d, t, b, j])
                 with T.serial(0, batch) as b:
                     with T.serial(0, hidden) as q:
@@ -125,7 +132,7 @@ def _recurrent(ctx: LowerContext, gates: int):
                     else:
                         t = s
                     with T.serial(0, batch) as b:
-                        _step(gates, d, t, b, gx, acc, rt, h, c, rh, bias, hidden, gh, clip, lbr, input_forget, results, layout)
+                        _step(gates, d, t, b, gx, acc, rt, h, c, rh, bias, hidden, gh, clip, lbr, input_forget, results, layout, not ctx.gpu)
                 with T.serial(0, batch) as b:
                     with T.serial(0, hidden) as q:
                         if 1 in results:
@@ -141,14 +148,14 @@ def _clip(value, clip):
     return T.max(T.min(value, T.float32(clip)), T.float32(-clip))
 
 
-def _step(gates, d, t, b, gx, acc, rt, h, c, rh, bias, hidden, gh, clip, lbr, input_forget, results, layout):
+def _step(gates, d, t, b, gx, acc, rt, h, c, rh, bias, hidden, gh, clip, lbr, input_forget, results, layout, vectorize):
     """One time step for one batch row: recurrent product, gates, new state, output."""
     # For GRU without linear_before_reset, the candidate gate's product waits for r ⊙ h.
     product = gh if gates == 4 or lbr else 2 * hidden
-    with _vector_loop(product) as j:
+    with _vector_loop(product, vectorize) as j:
         T.buffer_store(acc, gx[d, t, b, j], [d, b, j])
     with T.serial(0, hidden) as k:
-        with _vector_loop(product) as j:
+        with _vector_loop(product, vectorize) as j:
             T.buffer_store(acc, acc[d, b, j] + h[d, b, k] * rt[d, k, j], [d, b, j])
     if gates == 4:
         with T.serial(0, hidden) as q:
@@ -169,11 +176,11 @@ def _step(gates, d, t, b, gx, acc, rt, h, c, rh, bias, hidden, gh, clip, lbr, in
     else:
         with T.serial(0, hidden) as q:
             T.buffer_store(rh, _sigmoid(_clip(acc[d, b, hidden + q], clip)) * h[d, b, q], [d, b, q])
-        with _vector_loop(hidden) as q:
+        with _vector_loop(hidden, vectorize) as q:
             bias_h = bias[d, candidate_bias + q] if bias is not None else T.float32(0.0)
             T.buffer_store(acc, gx[d, t, b, 2 * hidden + q] + bias_h, [d, b, 2 * hidden + q])
         with T.serial(0, hidden) as k:
-            with _vector_loop(hidden) as q:
+            with _vector_loop(hidden, vectorize) as q:
                 T.buffer_store(acc, acc[d, b, 2 * hidden + q] + rh[d, b, k] * rt[d, k, 2 * hidden + q], [d, b, 2 * hidden + q])
     with T.serial(0, hidden) as q:
         z = _sigmoid(_clip(acc[d, b, q], clip))

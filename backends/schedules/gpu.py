@@ -9,16 +9,20 @@ class GpuScheduleError(RuntimeError):
     """dlight left a kernel without any GPU thread binding."""
 
 
-def compile(func, target: TargetSpec):
-    """Schedule `func` with dlight and compile it for CUDA; the Executable imports a CUDA module."""
+def compile(func, target: TargetSpec, scheduled: bool = False):
+    """Schedule `func` with dlight (unless it binds its own GPU threads) and compile it for CUDA.
+
+    The Executable imports a CUDA module.
+    """
     tvm_mod = tvm()
     dl = tvm_mod.s_tir.dlight
     cuda = tvm_target(target)
     mod = tvm_mod.IRModule({"main": func})
     with cuda:  # nvcc reads the architecture from the current target
-        mod = dl.ApplyDefaultSchedule(
-            dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()
-        )(mod)
+        if not scheduled:
+            mod = dl.ApplyDefaultSchedule(
+                dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()
+            )(mod)
         executable = tvm_mod.compile(mod, target=cuda)
     if not any(m.kind == "cuda" for m in executable.mod.imports):
         # An unscheduled PrimFunc silently becomes host code that would read GPU memory on the CPU.

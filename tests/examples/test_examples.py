@@ -1,0 +1,20 @@
+"""Every example runs."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_compile_and_run_example(tmp_path, kernel_cache):
+    env = dict(os.environ, TESSEL_CACHE_DIR=str(kernel_cache), PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "compile_and_run.py"), str(ROOT.parent / "shared" / "models" / "resnet18.onnx"),
+         str(tmp_path / "resnet18")],
+        capture_output=True, text=True, timeout=900, env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "top-5 classes" in done.stdout and "reloaded run matches: True" in done.stdout
