@@ -46,14 +46,20 @@ def _as_2d(x, name: str):
     return te.compute((n, c, 1, w), lambda a, b, _h, d: x[a, b, d], name=name)
 
 
-def _conv(ctx: LowerContext):
+def _conv_operands(ctx: LowerContext, what: str):
+    """(data, weight, bias, spatial rank, kernel, strides, dilations) of a 1-D or 2-D (transposed) conv."""
     x, w, bias = ctx.input(0), ctx.input(1), ctx.input(2)
     spatial = len(x.shape) - 2
     if spatial not in (1, 2):
-        raise ctx.fail(f"{spatial}-D convolution is not supported (1-D and 2-D are)")
+        raise ctx.fail(f"{spatial}-D {what} is not supported (1-D and 2-D are)")
     kernel = _dims(w)[2:]
     strides = list(ctx.attr("strides") or [1] * spatial)
     dilations = list(ctx.attr("dilations") or [1] * spatial)
+    return x, w, bias, spatial, kernel, strides, dilations
+
+
+def _conv(ctx: LowerContext):
+    x, w, bias, spatial, kernel, strides, dilations = _conv_operands(ctx, "convolution")
     out_shape = list(ctx.out_shape())
     before, after = _window_pads(ctx, _dims(x)[2:], out_shape[2:], kernel, strides, dilations)
     if ctx.attr(CONV_BLOCKS):
@@ -89,13 +95,7 @@ def _conv(ctx: LowerContext):
 
 
 def _conv_transpose(ctx: LowerContext):
-    x, w, bias = ctx.input(0), ctx.input(1), ctx.input(2)
-    spatial = len(x.shape) - 2
-    if spatial not in (1, 2):
-        raise ctx.fail(f"{spatial}-D transposed convolution is not supported (1-D and 2-D are)")
-    kernel = _dims(w)[2:]
-    strides = list(ctx.attr("strides") or [1] * spatial)
-    dilations = list(ctx.attr("dilations") or [1] * spatial)
+    x, w, bias, spatial, kernel, strides, dilations = _conv_operands(ctx, "transposed convolution")
     if any(d != 1 for d in dilations):
         raise ctx.fail("dilated transposed convolution is not supported")
     out_shape = list(ctx.out_shape())
