@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..tvm_env import tvm
 from .context import LowerContext, SelfScheduled
+from ..schedules.cpu import MIN_PARALLEL_WORK
 from .packing import CONV_BLOCKS, MATMUL_BLOCK
 
 _tvm = tvm()
@@ -84,6 +85,8 @@ def conv_packed(ctx: LowerContext, before, after):
     else:
         out = te.compute(ctx.out_shape(), unpack, name="unpack")
     lanes = 16 if ocb % 16 == 0 else ocb
+    # Small convs run on one thread: waking the pool costs more than the work.
+    big = n * kb * ocb * oh * ow * cb * icb * r * s >= MIN_PARALLEL_WORK * 16
 
     def schedule(sch) -> None:
         block = sch.get_sblock("conv_nchwc")
@@ -93,7 +96,9 @@ def conv_packed(ctx: LowerContext, before, after):
         qo, qi = sch.split(q, [None, reg_n])
         kio, kii = sch.split(ki, [None, lanes])
         sch.reorder(ni, ko, y, qo, rco, rkh, rkw, rci, qi, kio, kii)
-        sch.parallel(sch.fuse(ni, ko, y))
+        rows = sch.fuse(ni, ko, y)
+        if big:
+            sch.parallel(rows)
         sch.unroll(qi)
         sch.unroll(kio)
         sch.vectorize(kii)
@@ -102,11 +107,15 @@ def conv_packed(ctx: LowerContext, before, after):
         sch.decompose_reduction(block, rco)
         pack_block = sch.get_sblock("pack")
         loops = sch.get_loops(pack_block)
-        sch.parallel(sch.fuse(*loops[:3]))
+        outer = sch.fuse(*loops[:3])
+        if big:
+            sch.parallel(outer)
         _try(lambda: sch.vectorize(loops[-1]) if icb in (4, 8, 16) else None)
         unpack_block = sch.get_sblock("unpack")
         loops = sch.get_loops(unpack_block)
-        sch.parallel(sch.fuse(*loops[:-1]))
+        outer = sch.fuse(*loops[:-1])
+        if big:
+            sch.parallel(outer)
         _try(lambda: sch.vectorize(loops[-1]) if ow % 4 == 0 else None)
 
     return SelfScheduled([out], schedule)
@@ -167,7 +176,9 @@ def matmul_packed(ctx: LowerContext, trans_a: bool = False, alpha: float = 1.0, 
         io, ii = sch.split(i, [None, mi])
         jo, ji = sch.split(j, [None, nb])
         sch.reorder(jo, io, kk, ii, ji)
-        sch.parallel(sch.fuse(jo, io) if cols // nb < 8 else jo)
+        tiles = sch.fuse(jo, io) if cols // nb < 8 else jo
+        if rows * cols * depth >= MIN_PARALLEL_WORK * 16:
+            sch.parallel(tiles)
         sch.unroll(ii)
         sch.vectorize(ji)
         sch.decompose_reduction(block, kk)
@@ -178,7 +189,7 @@ def matmul_packed(ctx: LowerContext, trans_a: bool = False, alpha: float = 1.0, 
         fused = sch.fuse(*sch.get_loops(tail))
         outer, inner = sch.split(fused, [None, nb])
         sch.vectorize(inner)
-        if rows * cols >= 16384:
+        if rows * cols >= MIN_PARALLEL_WORK:
             sch.parallel(outer)
 
     return SelfScheduled([out], schedule)

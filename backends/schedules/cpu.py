@@ -13,9 +13,9 @@ _tvm = tvm()
 s_tir = _tvm.s_tir
 
 VECTOR_LANES = (16, 8, 4)
-# Loops shorter than this run serially: a parallel region costs more than it saves.
+# A parallel region costs more than it saves on less work than this (loop iterations × reduction length).
 MIN_PARALLEL_EXTENT = 2
-MIN_PARALLEL_WORK = 4096
+MIN_PARALLEL_WORK = 16384
 
 
 def _extent(sch, loop) -> int:
@@ -60,11 +60,12 @@ def schedule(func, output_names: frozenset[str] = frozenset()):
     return sch.mod["main"]
 
 
-def _parallel(sch, loops) -> None:
+def _parallel(sch, loops, work: int) -> None:
+    """Fuse `loops` and run them in parallel when the block does enough work to pay for it."""
     if not loops:
         return
     loop = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    if _extent(sch, loop) >= MIN_PARALLEL_EXTENT:
+    if _extent(sch, loop) >= MIN_PARALLEL_EXTENT and work >= MIN_PARALLEL_WORK:
         sch.parallel(loop)
 
 
@@ -77,7 +78,7 @@ def _schedule_spatial(sch, block) -> None:
     for e in extents:
         work *= e
     last_lanes = _lanes_for(extents[-1])
-    if len(loops) > 1 and (last_lanes is not None or extents[-1] >= 2 * VECTOR_LANES[0]):
+    if len(loops) > 1:
         # Keep the innermost axis on its own (vectorized when it divides evenly): index
         # arithmetic and broadcast operands then stay out of the inner loop.
         if last_lanes is not None:
@@ -106,6 +107,9 @@ def _schedule_reduction(sch, block) -> None:
     reduce = [loop for loop, is_reduce in zip(loops, kinds) if is_reduce]
     if not spatial:
         return
+    work = 1
+    for loop in loops:
+        work *= _extent(sch, loop)
     last = spatial[-1]
     extent = _extent(sch, last)
     lanes = _lanes_for(extent)
@@ -121,8 +125,8 @@ def _schedule_reduction(sch, block) -> None:
         sch.reverse_compute_at(tile, outer)
         _try(lambda: sch.vectorize(sch.get_loops(tile)[-1]))
         if len(spatial) > 1:
-            sch.parallel(sch.fuse(*spatial[:-1]))
+            _parallel(sch, spatial[:-1], work)
         _try(lambda: sch.decompose_reduction(block, reduce[0]))
         return
     if _try(lambda: sch.reorder(*spatial, *reduce)):
-        _try(lambda: _parallel(sch, spatial))
+        _try(lambda: _parallel(sch, spatial, work))
