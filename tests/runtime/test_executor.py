@@ -66,3 +66,12 @@ def test_damaged_artifacts_are_refused(damage, tmp_path, kernel_cache):
 def test_aligned_buffers():
     for shape in [(1,), (3, 5), (7, 1, 3)]:
         assert aligned_empty(shape, np.float32).ctypes.data % ALIGNMENT == 0
+
+
+def test_profile_times_every_step(kernel_cache):
+    from runtime.executor import Executor
+
+    artifact = compile(_if_model(), cache_dir=kernel_cache)
+    rows = Executor(artifact.directory).profile({"x": np.ones((2, 3), np.float32), "c": np.array(True)}, runs=3)
+    assert [(node, op) for node, op, _ in rows] == [(s["node"], s["op"]) for s in artifact.plan["steps"]]
+    assert all(ms >= 0 for _, _, ms in rows)
