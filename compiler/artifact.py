@@ -56,21 +56,29 @@ class Artifact:
         destination = Path(directory)
         if destination.resolve() == self.directory.resolve():
             return destination
-        if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
-            if not overwrite:
-                raise ArtifactError(f"{destination}: already exists and is not empty; choose another directory or overwrite it explicitly (--force)")
-            if (destination / PLAN_FILE).is_file():
-                shutil.rmtree(destination)
-            else:
-                raise ArtifactError(f"{destination}: exists and is not a Tessel artifact; refusing to replace it")
+        replace = check_destination(destination, overwrite)
         staging = Path(tempfile.mkdtemp(prefix=".tessel-save-", dir=destination.parent if destination.parent.exists() else None))
         try:
             shutil.copytree(self.directory, staging, dirs_exist_ok=True)
+            # The old artifact goes only once the new one is complete beside it.
+            if replace:
+                shutil.rmtree(destination)
             staging.replace(destination)
         except OSError as exc:
             shutil.rmtree(staging, ignore_errors=True)
             raise ArtifactError(f"{destination}: cannot write the artifact ({exc.strerror or exc})") from exc
         return destination
+
+
+def check_destination(destination: Path, overwrite: bool) -> bool:
+    """Whether saving to `destination` replaces an existing artifact; raise ArtifactError when it may not be written."""
+    if not destination.exists() or (destination.is_dir() and not any(destination.iterdir())):
+        return False
+    if not overwrite:
+        raise ArtifactError(f"{destination}: already exists and is not empty; choose another directory or pass --force")
+    if not (destination / PLAN_FILE).is_file():
+        raise ArtifactError(f"{destination}: exists and is not a Tessel artifact; refusing to replace it")
+    return True
 
 
 def load(directory: str | Path) -> Artifact:

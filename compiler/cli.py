@@ -67,13 +67,12 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _cmd_compile(args: argparse.Namespace) -> int:
     from backends.builder import stderr_progress
-    from runtime.errors import ArtifactError
 
     from .api import compile as compile_model
+    from .artifact import check_destination
 
     output = Path(args.output)
-    if output.exists() and (not output.is_dir() or any(output.iterdir())) and not args.force:
-        raise ArtifactError(f"{output}: already exists and is not empty; choose another directory or pass --force")
+    check_destination(output, args.force)  # before compiling: refuse early, not after minutes of work
     artifact = compile_model(args.model, target=args.target, input_shapes=_input_shapes(args.input_shape),
                              jobs=args.jobs, progress=stderr_progress)
     artifact.save(output, overwrite=args.force)

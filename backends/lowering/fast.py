@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..tvm_env import tvm
 from .context import LowerContext, SelfScheduled
-from ..schedules.cpu import MIN_PARALLEL_WORK
+from ..schedules.cpu import MIN_PARALLEL_WORK, try_step
 from .packing import CONV_BLOCKS, MATMUL_BLOCK
 
 _tvm = tvm()
@@ -19,13 +19,6 @@ te, topi, tir = _tvm.te, _tvm.topi, _tvm.tirx
 # Register tiles: output pixels per conv tile (with 16 channels), rows per matmul tile.
 CONV_TILE_CHOICES = (14, 16, 12, 8, 7)
 MATMUL_ROWS = (4, 2, 1)
-
-
-def _try(action) -> None:
-    try:
-        action()
-    except Exception:  # noqa: BLE001 - an optional schedule step TVM rejects leaves the schedule as it was
-        pass
 
 
 def conv_packed(ctx: LowerContext, before, after):
@@ -110,13 +103,13 @@ def conv_packed(ctx: LowerContext, before, after):
         outer = sch.fuse(*loops[:3])
         if big:
             sch.parallel(outer)
-        _try(lambda: sch.vectorize(loops[-1]) if icb in (4, 8, 16) else None)
+        try_step(lambda: sch.vectorize(loops[-1]) if icb in (4, 8, 16) else None)
         unpack_block = sch.get_sblock("unpack")
         loops = sch.get_loops(unpack_block)
         outer = sch.fuse(*loops[:-1])
         if big:
             sch.parallel(outer)
-        _try(lambda: sch.vectorize(loops[-1]) if ow % 4 == 0 else None)
+        try_step(lambda: sch.vectorize(loops[-1]) if ow % 4 == 0 else None)
 
     return SelfScheduled([out], schedule)
 

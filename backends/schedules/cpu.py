@@ -23,7 +23,7 @@ def _extent(sch, loop) -> int:
     return int(extent) if hasattr(extent, "value") or isinstance(extent, int) else int(extent.value)
 
 
-def _try(action) -> bool:
+def try_step(action) -> bool:
     try:
         action()
         return True
@@ -43,7 +43,7 @@ def _lanes_for(extent: int) -> int | None:
     return None
 
 
-def schedule(func, output_names: frozenset[str] = frozenset()):
+def schedule(func):
     """A scheduled copy of `func` (a PrimFunc) for CPU."""
     sch = s_tir.Schedule(func)
     root = sch.get_sblock("root")
@@ -51,7 +51,7 @@ def schedule(func, output_names: frozenset[str] = frozenset()):
         feeds_reduction = any(any(_iter_kinds(sch, c)) for c in sch.get_consumers(block))
         # A padding or layout stage inlined into a reduction puts bounds checks in its inner loop.
         if not any(_iter_kinds(sch, block)) and not feeds_reduction:
-            _try(lambda b=block: sch.compute_inline(b))
+            try_step(lambda b=block: sch.compute_inline(b))
     for block in sch.get_child_blocks(root):
         if any(_iter_kinds(sch, block)):
             _schedule_reduction(sch, block)
@@ -83,19 +83,19 @@ def _schedule_spatial(sch, block) -> None:
         # arithmetic and broadcast operands then stay out of the inner loop.
         if last_lanes is not None:
             outer, inner = sch.split(loops[-1], [None, last_lanes])
-            _try(lambda: sch.vectorize(inner))
+            try_step(lambda: sch.vectorize(inner))
         if work >= MIN_PARALLEL_WORK:
-            _try(lambda: sch.parallel(sch.fuse(*loops[:-1])))
+            try_step(lambda: sch.parallel(sch.fuse(*loops[:-1])))
         return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     lanes = _lanes_for(work)
     if lanes is not None and work >= 2 * lanes:
         outer, inner = sch.split(fused, [None, lanes])
-        _try(lambda: sch.vectorize(inner))
+        try_step(lambda: sch.vectorize(inner))
         if work >= MIN_PARALLEL_WORK:
-            _try(lambda: sch.parallel(outer))
+            try_step(lambda: sch.parallel(outer))
     elif work >= MIN_PARALLEL_WORK:
-        _try(lambda: sch.parallel(fused))
+        try_step(lambda: sch.parallel(fused))
 
 
 def _schedule_reduction(sch, block) -> None:
@@ -113,20 +113,20 @@ def _schedule_reduction(sch, block) -> None:
     last = spatial[-1]
     extent = _extent(sch, last)
     lanes = _lanes_for(extent)
-    if lanes is not None and _try(lambda: sch.reorder(*spatial, *reduce)):
+    if lanes is not None and try_step(lambda: sch.reorder(*spatial, *reduce)):
         width = next(lanes * k for k in (4, 2, 1) if extent % (lanes * k) == 0)
         # Accumulate a register tile of `width` outputs, then copy it out.
         tile = sch.cache_write(block, 0, "global")
         outer, inner = sch.split(last, [None, width])
         sch.reorder(outer, *reduce, inner)
         vector_outer, vector = sch.split(inner, [None, lanes])
-        _try(lambda: sch.unroll(vector_outer))
-        _try(lambda: sch.vectorize(vector))
+        try_step(lambda: sch.unroll(vector_outer))
+        try_step(lambda: sch.vectorize(vector))
         sch.reverse_compute_at(tile, outer)
-        _try(lambda: sch.vectorize(sch.get_loops(tile)[-1]))
+        try_step(lambda: sch.vectorize(sch.get_loops(tile)[-1]))
         if len(spatial) > 1:
             _parallel(sch, spatial[:-1], work)
-        _try(lambda: sch.decompose_reduction(block, reduce[0]))
+        try_step(lambda: sch.decompose_reduction(block, reduce[0]))
         return
-    if _try(lambda: sch.reorder(*spatial, *reduce)):
-        _try(lambda: _parallel(sch, spatial, work))
+    if try_step(lambda: sch.reorder(*spatial, *reduce)):
+        try_step(lambda: _parallel(sch, spatial, work))
