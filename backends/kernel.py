@@ -60,33 +60,77 @@ class KernelInput:
         return cls(doc["type"], doc["role"], data)
 
 
+# Where a fused member's runtime input comes from: ("arg", kernel argument, 0) or ("member", member, output).
+Source = tuple[str, int, int]
+FUSED = "Fused"
+
+
+@dataclass(frozen=True)
+class KernelMember:
+    """One op of a fused kernel: its own spec, and per input where its runtime value comes from."""
+
+    spec: "KernelSpec"
+    sources: tuple[Source | None, ...]
+
+
 @dataclass(frozen=True)
 class KernelSpec:
-    """What one kernel computes."""
+    """What one kernel computes: one op, or (op_type "Fused") several ops in `body` returning `results`."""
 
     op_type: str
     attrs: tuple[tuple[str, Any], ...]
     inputs: tuple[KernelInput | None, ...]
     outputs: tuple[str | None, ...]
+    body: tuple[KernelMember, ...] = ()
+    results: tuple[tuple[int, int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (stable: it keys the cache)."""
-        return {
+        doc = {
             "op_type": self.op_type,
             "attrs": {name: _attr_json(value) for name, value in self.attrs},
             "inputs": [i.to_json() if i is not None else None for i in self.inputs],
             "outputs": list(self.outputs),
         }
+        if self.body:
+            doc["body"] = [{"spec": m.spec.to_json(), "sources": [list(s) if s else None for s in m.sources]} for m in self.body]
+            doc["results"] = [list(r) for r in self.results]
+        return doc
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> "KernelSpec":
         """Read what `to_json` wrote."""
+        body = tuple(
+            KernelMember(cls.from_json(m["spec"]), tuple(tuple(s) if s else None for s in m["sources"]))
+            for m in doc.get("body", ())
+        )
         return cls(
             doc["op_type"],
             tuple((name, _attr_value(value)) for name, value in doc["attrs"].items()),
             tuple(KernelInput.from_json(i) if i is not None else None for i in doc["inputs"]),
             tuple(doc["outputs"]),
+            body,
+            tuple(tuple(r) for r in doc.get("results", ())),
         )
+
+    def members(self) -> tuple[KernelMember, ...]:
+        """The ops this kernel runs: its body, or itself reading its arguments in order."""
+        if self.body:
+            return self.body
+        sources, arg = [], 0
+        for item in self.inputs:
+            if item is not None and item.role == ARG:
+                sources.append(("arg", arg, 0))
+                arg += 1
+            else:
+                sources.append(None)
+        return (KernelMember(self, tuple(sources)),)
+
+    def result_refs(self) -> tuple[tuple[int, int], ...]:
+        """(member, output) of each kernel output."""
+        if self.body:
+            return self.results
+        return tuple((0, k) for k, out in enumerate(self.outputs) if out is not None)
 
     def key(self, target: TargetSpec) -> str:
         """The cache key: a hash of the spec, target, TVM version and schedule version."""
@@ -117,63 +161,96 @@ def _attr_value(value: Any) -> Any:
 
 
 def build(spec: KernelSpec, target: TargetSpec):
-    """Lower, schedule and compile one kernel; returns TVM's Executable."""
-    from .lowering import RULES, LowerContext, LoweringError
+    """Lower, schedule and compile one kernel (one op or a fused group); returns TVM's Executable."""
+    from .lowering import LowerContext, LoweringError
     from .lowering.context import SelfScheduled
     from .lowering.rnn import PrimFuncResult
     from .tvm_env import tvm
 
     tvm_mod = tvm()
     te, tir = tvm_mod.te, tvm_mod.tirx
-    rule = RULES.get(spec.op_type)
-    if rule is None:
-        raise LoweringError(f"op {spec.op_type} has no TVM lowering")
-    placeholders, tensors, types, data = [], [], [], []
-    for index, item in enumerate(spec.inputs):
-        if item is None:
-            tensors.append(None)
-            types.append(None)
-            data.append(None)
-            continue
-        t = TensorType.parse(item.type)
-        types.append(t)
-        data.append(item.data)
-        if item.role == ARG:
-            placeholder = te.placeholder(t.shape, t.dtype, name=f"in{index}")
-            placeholders.append(placeholder)
-            tensors.append(placeholder)
-        else:
-            tensors.append(_constant_tensor(te, tir, item.data, t, f"const{index}"))
-    out_types = [TensorType.parse(o) if o is not None else None for o in spec.outputs]
-    ctx = LowerContext(spec.op_type, dict(spec.attrs), tensors, types, data, out_types, gpu=target.is_gpu)
-    results = rule(ctx)
-    own_schedule = None
-    if isinstance(results, SelfScheduled):
-        results, own_schedule = results.outputs, results.schedule
-    if len(results) == 1 and isinstance(results[0], PrimFuncResult):
-        # A hand-written kernel: already scheduled, arguments already in kernel order.
-        return _compile(results[0].func.with_attr("global_symbol", "main"), target, scheduled=True)
+    args = [TensorType.parse(i.type) for i in spec.inputs if i is not None and i.role == ARG]
+    placeholders = [te.placeholder(t.shape, t.dtype, name=f"in{k}") for k, t in enumerate(args)]
+    produced: dict[tuple[int, int], Any] = {}
+    members = spec.members()
+    anchor = None
+    for m, member in enumerate(members):
+        op = member.spec
+        rule = _rule(op.op_type)
+        tensors, types, data = [], [], []
+        for index, (item, source) in enumerate(zip(op.inputs, member.sources)):
+            if item is None:
+                tensors.append(None)
+                types.append(None)
+                data.append(None)
+                continue
+            t = TensorType.parse(item.type)
+            types.append(t)
+            data.append(item.data)
+            if item.role == ARG:
+                tensors.append(placeholders[source[1]] if source[0] == "arg" else produced[(source[1], source[2])])
+            else:
+                tensors.append(_constant_tensor(te, tir, item.data, t, f"const{m}_{index}"))
+        out_types = [TensorType.parse(o) if o is not None else None for o in op.outputs]
+        ctx = LowerContext(op.op_type, dict(op.attrs), tensors, types, data, out_types, gpu=target.is_gpu)
+        results = rule(ctx)
+        if isinstance(results, SelfScheduled):
+            known = [t for t in tensors if t is not None]
+            anchor = (results.schedule, _new_op_names(results.outputs, known))
+            results = results.outputs
+        if len(results) == 1 and isinstance(results[0], PrimFuncResult):
+            if len(members) > 1:
+                raise LoweringError(f"{op.op_type} is a hand-written kernel and cannot be fused")
+            # Already scheduled, arguments already in kernel order.
+            return _compile(results[0].func.with_attr("global_symbol", "main"), target, scheduled=True)
+        for index, (tensor, want) in enumerate(zip(results, out_types)):
+            if want is None:
+                continue
+            if tensor is None:
+                raise LoweringError(f"{op.op_type}: output {index} was not produced")
+            got = tuple(int(d) for d in tensor.shape)
+            if got != want.shape:
+                raise LoweringError(f"{op.op_type}: output {index} lowered to shape {list(got)}, expected {list(want.shape)}")
+            produced[(m, index)] = tvm_mod.topi.cast(tensor, want.dtype) if tensor.dtype != want.dtype else tensor
     outputs = []
-    for index, (tensor, want) in enumerate(zip(results, out_types)):
-        if want is None:
-            continue
-        if tensor is None:
-            raise LoweringError(f"{spec.op_type}: output {index} was not produced")
-        got = tuple(int(d) for d in tensor.shape)
-        if got != want.shape:
-            raise LoweringError(f"{spec.op_type}: output {index} lowered to shape {list(got)}, expected {list(want.shape)}")
-        if tensor.dtype != want.dtype:
-            tensor = tvm_mod.topi.cast(tensor, want.dtype)
+    for index, ref in enumerate(spec.result_refs()):
+        tensor = produced[ref]
         if any(tensor is p for p in placeholders) or not isinstance(tensor.op, te.ComputeOp):
             source = tensor
-            tensor = te.compute(source.shape, lambda *i, s=source: s(*i), name=f"copy{index}")
+            tensor = te.compute(source.shape, lambda *i, s=source: s[i], name=f"copy{index}")
         outputs.append(tensor)
     func = te.create_prim_func(placeholders + outputs)
-    if own_schedule is not None and target.kind == "llvm":
-        sch = tvm_mod.s_tir.Schedule(func)
-        own_schedule(sch)
-        return _compile(sch.mod["main"], target, scheduled=True)
+    if anchor is not None and target.kind == "llvm":
+        from .schedules import cpu
+
+        return _compile(cpu.schedule_around(func, *anchor), target, scheduled=True)
     return _compile(func, target, scheduled=False)
+
+
+def _rule(op_type: str):
+    from .lowering import RULES, LoweringError
+
+    rule = RULES.get(op_type)
+    if rule is None:
+        raise LoweringError(f"op {op_type} has no TVM lowering")
+    return rule
+
+
+def _new_op_names(outputs: Sequence[Any], known: Sequence[Any]) -> frozenset[str]:
+    """Names of the TE ops that compute `outputs` from the `known` tensors (the ops one rule made)."""
+    known_ops = [t.op for t in known]
+    names: set[str] = set()
+    stack = [t for t in outputs if t is not None]
+    seen: list[Any] = []
+    while stack:
+        tensor = stack.pop()
+        op = tensor.op
+        if any(op.same_as(k) for k in known_ops) or any(op.same_as(s) for s in seen):
+            continue
+        seen.append(op)
+        names.add(op.name)
+        stack.extend(op.input_tensors)
+    return frozenset(names)
 
 
 def _compile(func, target: TargetSpec, scheduled: bool):

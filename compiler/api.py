@@ -21,6 +21,7 @@ from ir.errors import TesselError
 from runtime.artifact_files import FORMAT, FORMAT_VERSION, PLAN_FILE, file_hash
 
 from .artifact import Artifact, load
+from .pipeline import PASS_NAMES, run_pipeline, select_passes
 from .program import build_program
 
 __all__ = ["Artifact", "CompileError", "compile", "load"]
@@ -39,26 +40,42 @@ def compile(  # noqa: A001 - the contract names it compile
     cache_dir: str | os.PathLike | None = None,
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    skip_passes: Sequence[str] = (),
+    verify: bool = False,
+    dump_after: Sequence[str] = (),
 ) -> Artifact:
     """Compile an ONNX model (path, bytes or ModelProto) for `target` ("llvm" or "cuda:sm_XX").
 
+    The graph goes through the optimization pipeline (compiler/pipeline.py) less
+    `skip_passes`; `verify` checks the graph after every pass; `dump_after` names
+    passes after which the graph is written to `reports/after_<pass>.txt` and `.onnx`.
     Returns an in-memory Artifact (a temporary directory) to `run` or `save`.
     """
     if devices != 1:
         raise CompileError(f"devices={devices}: placement across several devices is not available yet; use devices=1")
     spec = parse_target(target)
+    try:
+        passes = select_passes(skip_passes)
+    except ValueError as exc:
+        raise CompileError(str(exc)) from None
+    unknown_dumps = sorted(set(dump_after) - set(PASS_NAMES))
+    if unknown_dumps:
+        raise CompileError(f"--dump-after {', '.join(unknown_dumps)}: no such pass; passes are {', '.join(PASS_NAMES)}")
     started = time.perf_counter()
     model = ir.load_model(model_or_path)
     graph = ir.from_onnx(model, input_shapes)
     imported = time.perf_counter()
+    staging = tempfile.TemporaryDirectory(prefix="tessel-artifact-")
+    root = Path(staging.name)
+    (root / "reports").mkdir()
+    graph, pass_records = run_pipeline(graph, passes, verify=verify, dump_after=dump_after, dump_dir=root / "reports")
+    optimized = time.perf_counter()
     program = build_program(graph, spec)
     if program.unsupported:
         raise LoweringError(f"no {spec.kind} kernels for {len(program.unsupported)} op type(s): " + "; ".join(program.unsupported))
     cache = KernelCache(cache_dir)
     stats = build_kernels(program.kernels, spec, cache, jobs, progress)
     built = time.perf_counter()
-    staging = tempfile.TemporaryDirectory(prefix="tessel-artifact-")
-    root = Path(staging.name)
     kernel_entries = {}
     (root / "kernels").mkdir()
     for key in program.kernels:
@@ -70,7 +87,6 @@ def compile(  # noqa: A001 - the contract names it compile
     np.savez(root / "weights.npz", **{name: np.ascontiguousarray(a) for name, a in program.weights.items()})
     (root / "model.onnx").write_bytes(model.SerializeToString())
     (root / "graph.json").write_text(ir.to_json(graph))
-    (root / "reports").mkdir()
     report = {
         "target": str(spec),
         "nodes": len(graph.nodes),
@@ -79,7 +95,9 @@ def compile(  # noqa: A001 - the contract names it compile
         "kernels": stats.kernels,
         "kernels_cached": stats.cached,
         "kernels_compiled": stats.compiled,
-        "seconds": {"import": round(imported - started, 3), "kernels": round(built - imported, 3)},
+        "seconds": {"import": round(imported - started, 3), "passes": round(optimized - imported, 3),
+                    "kernels": round(built - optimized, 3)},
+        "passes": [record.to_json() for record in pass_records],
         "tvm_version": tvm_version(),
     }
     (root / "reports" / "compile.json").write_text(json.dumps(report, indent=2))

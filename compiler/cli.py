@@ -16,6 +16,8 @@ import numpy as np
 from ir.errors import ShapeBindingError, TesselError, UnsupportedModelError
 from ir.types import TensorType
 
+from .pipeline import PASS_NAMES
+
 EXIT_USAGE = 2
 CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4
 
@@ -74,11 +76,14 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     output = Path(args.output)
     check_destination(output, args.force)  # before compiling: refuse early, not after minutes of work
     artifact = compile_model(args.model, target=args.target, input_shapes=_input_shapes(args.input_shape),
-                             jobs=args.jobs, progress=stderr_progress)
+                             jobs=args.jobs, progress=stderr_progress, skip_passes=args.skip_pass,
+                             verify=args.verify, dump_after=args.dump_after)
     artifact.save(output, overwrite=args.force)
     report = artifact.report()
     print(f"compiled {args.model} for {report['target']}: {report['kernels']} kernels "
           f"({report['kernels_cached']} from cache), {report['kernel_calls']} kernel calls per run -> {output}")
+    for name in args.dump_after:
+        print(f"graph after {name}: {output / 'reports' / f'after_{name}.txt'} and .onnx")
     return 0
 
 
@@ -167,6 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
                              help="bind an input's shape, e.g. x=1x3x224x224 (repeatable)")
     compile_cmd.add_argument("--jobs", type=int, default=None, help="kernels compiled at once (default: one per core)")
     compile_cmd.add_argument("--force", action="store_true", help="replace an existing artifact directory")
+    compile_cmd.add_argument("--dump-after", action="append", default=[], metavar="PASS", choices=PASS_NAMES,
+                             help="write the graph after PASS to reports/after_PASS.txt and .onnx (repeatable)")
+    compile_cmd.add_argument("--skip-pass", action="append", default=[], metavar="PASS", choices=PASS_NAMES,
+                             help="leave PASS out of the pipeline (repeatable), e.g. --skip-pass fuse")
+    compile_cmd.add_argument("--verify", action="store_true", help="check the graph's invariants after every pass")
     compile_cmd.set_defaults(run=_cmd_compile)
 
     run = commands.add_parser("run", help="run a compiled artifact")

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.kernel import ARG, DATA, KernelInput, KernelSpec
+from backends.kernel import ARG, DATA, FUSED, KernelInput, KernelMember, KernelSpec
 from backends.lowering import LoweringError, static_inputs, supports
 from backends.lowering.packing import plan_packing
 from ir.graph import Graph, Node, Value
@@ -20,6 +20,8 @@ from ir.schema import TESSEL_DOMAIN
 from ir.types import TensorType
 
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
+# Packed copies of constant weights are stored under the weight's name plus this suffix and their shape.
+PACKED_SUFFIX = "::packed"
 
 
 @dataclass
@@ -95,40 +97,95 @@ class _Builder:
 
     def _spec(self, node: Node) -> tuple[KernelSpec, list[str]] | None:
         """The node's kernel spec and the value names of its runtime arguments."""
+        if node.domain == TESSEL_DOMAIN and node.op_type == FUSED:
+            return self._fused_spec(node)
+        args: list[str] = []
+
+        def locate(value: Value):
+            args.append(self.read(value))
+            return ("arg", len(args) - 1, 0)
+
+        spec = self._member_spec(node, list(node.inputs), locate)
+        if spec is None:
+            return None
+        return spec[0], args
+
+    def _fused_spec(self, node: Node) -> tuple[KernelSpec, list[str]] | None:
+        """One kernel for a fused group: each body op a member reading kernel arguments or earlier members."""
+        body: Graph = node.attrs["body"]
+        outer = {id(param): value for param, value in zip(body.inputs, node.inputs)}
+        produced: dict[int, tuple[int, int]] = {}
+        args: list[str] = []
+        members = []
+
+        def locate(value: Value):
+            if id(value) in produced:
+                return ("member", *produced[id(value)])
+            return ("arg", self._arg(args, value), 0)
+
+        for m, member in enumerate(body.nodes):
+            inputs = [outer.get(id(v), v) if v is not None else None for v in member.inputs]
+            made = self._member_spec(member, inputs, locate)
+            if made is None:
+                return None
+            members.append(KernelMember(*made))
+            for k, out in enumerate(member.outputs):
+                if out is not None:
+                    produced[id(out)] = (m, k)
+        arg_inputs = tuple(KernelInput(self.values[name], ARG) for name in args)
+        outputs = tuple(v.type.spec() for v in body.outputs)
+        results = tuple(produced[id(v)] for v in body.outputs)
+        return KernelSpec(FUSED, (), arg_inputs, outputs, tuple(members), results), args
+
+    def _arg(self, args: list[str], value: Value) -> int:
+        """The kernel argument index of `value` (added once)."""
+        name = self.read(value)
+        if name not in args:
+            args.append(name)
+        return args.index(name)
+
+    def _member_spec(self, node: Node, inputs: list[Value | None], locate) -> tuple[KernelSpec, tuple] | None:
+        """The spec of one op whose inputs are `inputs` (outer values), and per input where it comes from."""
         if node.domain or not supports(node.op_type):
             self.unsupported.setdefault(node.op_type, node.name)
             return None
         attrs = tuple((name, v) for name, v in node.attrs.items() if not isinstance(v, Graph))
         packing = None
         if self.target.kind == "llvm":
-            packing = plan_packing(node.op_type, node.attrs, [v.type if v is not None else None for v in node.inputs],
-                                   [v.const if v is not None else None for v in node.inputs])
+            packing = plan_packing(node.op_type, node.attrs, [v.type if v is not None else None for v in inputs],
+                                   [v.const if v is not None else None for v in inputs])
         if packing is not None:
             attrs += packing.attrs
         static = static_inputs(node.op_type)
-        inputs: list[KernelInput | None] = []
-        args: list[str] = []
-        for index, value in enumerate(node.inputs):
+        specs: list[KernelInput | None] = []
+        sources: list = []
+        for index, value in enumerate(inputs):
+            source = None
             if value is None:
-                inputs.append(None)
+                specs.append(None)
             elif packing is not None and index in packing.arrays:
-                packed = packing.arrays[index]
-                name = f"{value.name}::packed{'x'.join(map(str, packed.shape))}"
-                self.weights[name] = packed
-                self.values[name] = TensorType.of(packed).spec()
-                inputs.append(KernelInput(TensorType.of(packed).spec(), ARG))
-                args.append(name)
+                packed = self._packed(value, packing.arrays[index])
+                specs.append(KernelInput(packed.type.spec(), ARG))
+                source = locate(packed)
             elif index in static:
                 if not value.is_constant:
                     raise LoweringError(f"node '{node.name}' ({node.op_type}): input {index} must be a compile-time constant")
-                inputs.append(KernelInput(value.type.spec(), DATA, value.const))
+                specs.append(KernelInput(value.type.spec(), DATA, value.const))
             elif value.is_constant and value.type.numel == 1:
-                inputs.append(KernelInput(value.type.spec(), DATA, value.const))
+                specs.append(KernelInput(value.type.spec(), DATA, value.const))
             else:
-                inputs.append(KernelInput(value.type.spec(), ARG))
-                args.append(self.read(value))
+                specs.append(KernelInput(value.type.spec(), ARG))
+                source = locate(value)
+            sources.append(source)
         outputs = tuple(v.type.spec() if v is not None else None for v in node.outputs)
-        return KernelSpec(node.op_type, attrs, tuple(inputs), outputs), args
+        return KernelSpec(node.op_type, attrs, tuple(specs), outputs), tuple(sources)
+
+    def _packed(self, value: Value, array: np.ndarray) -> Value:
+        """A stand-in constant value for the packed copy of constant `value` (a weight once read)."""
+        name = f"{value.name}{PACKED_SUFFIX}{'x'.join(map(str, array.shape))}"
+        stand_in = Value(name, TensorType.of(array), value.graph)
+        stand_in.const = array
+        return stand_in
 
 
 def build_program(graph: Graph, target) -> Program:

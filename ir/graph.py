@@ -182,9 +182,10 @@ class Graph:
         return value
 
     def add_constant(self, name: str, array: np.ndarray) -> Value:
-        """Add a constant holding `array` (stored read-only)."""
-        array = np.array(array, order="C")
-        array.setflags(write=False)
+        """Add a constant holding `array` (stored read-only; a read-only contiguous array is shared, not copied)."""
+        if not (isinstance(array, np.ndarray) and array.flags.c_contiguous and not array.flags.writeable):
+            array = np.array(array, order="C")
+            array.setflags(write=False)
         value = self._new_value(name, TensorType.of(array))
         value.const = array
         self.constants.append(value)

@@ -18,15 +18,42 @@ from .types import numpy_dtype
 IR_VERSION = 10
 
 
+# Fused groups (tessel::Fused) are exported as model-local ONNX functions in this domain.
+FUSED_DOMAIN = "tessel.fused"
+
+
 def to_onnx(graph: Graph) -> onnx.ModelProto:
-    """The graph as an ONNX model (opset 21) that passes onnx.checker and runs in onnxruntime."""
+    """The graph as an ONNX model (opset 21) that passes onnx.checker and runs in onnxruntime.
+
+    Each fused group becomes a call of a model-local function holding its ops.
+    """
+    functions = [_function_proto(node) for node in graph.walk_nodes() if _is_fused(node)]
+    opsets = [helper.make_opsetid("", CANONICAL_OPSET)]
+    if functions:
+        opsets.append(helper.make_opsetid(FUSED_DOMAIN, 1))
     model = helper.make_model(
         _graph_proto(graph, is_main=True),
-        opset_imports=[helper.make_opsetid("", CANONICAL_OPSET)],
+        opset_imports=opsets,
         producer_name="tessel",
         ir_version=IR_VERSION,
+        functions=functions,
     )
     return model
+
+
+def _is_fused(node: Node) -> bool:
+    return node.domain == TESSEL_DOMAIN and node.op_type == "Fused"
+
+
+def _function_proto(node: Node) -> onnx.FunctionProto:
+    body: Graph = node.attrs["body"]
+    # Functions have no initializers: the body's constants become Constant nodes.
+    nodes = [helper.make_node("Constant", [], [v.name], value=tensor_proto("", v.const)) for v in body.constants]
+    nodes += [proto for member in body.nodes for proto in _node_protos(member)]
+    return helper.make_function(
+        FUSED_DOMAIN, node.name, [v.name for v in body.inputs], [v.name for v in body.outputs], nodes,
+        opset_imports=[helper.make_opsetid("", CANONICAL_OPSET)],
+    )
 
 
 def _graph_proto(graph: Graph, is_main: bool) -> onnx.GraphProto:
@@ -40,11 +67,15 @@ def _graph_proto(graph: Graph, is_main: bool) -> onnx.GraphProto:
         # ONNX wants each graph output to be a distinct tensor computed inside the graph.
         if value.producer is None or value.graph is not graph or id(value) in returned:
             source = value.name
+            identity_at = len(nodes)
             if value.is_constant and value.graph is graph and id(value) not in returned:
+                # The initializer is renamed and the Identity gives the old name: it runs first,
+                # since nodes may read the constant.
                 source = constant_names[value.name] = fresh(f"{value.name}__value")
+                identity_at = 0
             else:
                 name = fresh(f"{value.name}_out")
-            nodes.append(helper.make_node("Identity", [source], [name], name=fresh(f"{name}_identity")))
+            nodes.insert(identity_at, helper.make_node("Identity", [source], [name], name=fresh(f"{name}_identity")))
         returned.add(id(value))
         outputs.append(helper.make_value_info(name, type_proto(value.type)))
     initializers = [tensor_proto(constant_names[v.name], v.const) for v in graph.constants]
@@ -77,6 +108,8 @@ def _node_protos(node: Node) -> list[onnx.NodeProto]:
     outputs = [v.name if v is not None else "" for v in node.outputs]
     if node.domain == TESSEL_DOMAIN and node.op_type == "Unreachable":
         return _unreachable_protos(node, outputs)
+    if _is_fused(node):
+        return [helper.make_node(node.name, inputs, outputs, name=node.name, domain=FUSED_DOMAIN)]
     schema = get_schema(node.op_type, node.domain)
     proto = helper.make_node(node.op_type, inputs, outputs, name=node.name, domain=node.domain)
     proto.attribute.extend(

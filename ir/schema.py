@@ -163,6 +163,18 @@ def _infer_unreachable(attrs, input_types, input_data, num_outputs):
     return types
 
 
+def _infer_fused(attrs, input_types, input_data, num_outputs):
+    body: Graph = attrs["body"]
+    if len(body.inputs) != len(input_types):
+        raise InferenceFailure(f"Fused body '{body.name}' takes {len(body.inputs)} inputs, node has {len(input_types)}")
+    for k, (param, given) in enumerate(zip(body.inputs, input_types)):
+        if given != param.type:
+            raise InferenceFailure(f"Fused input {k} is {given}, but body '{body.name}' expects {param.type}")
+    if len(body.outputs) != num_outputs:
+        raise InferenceFailure(f"Fused body '{body.name}' returns {len(body.outputs)} values, node has {num_outputs} outputs")
+    return [v.type for v in body.outputs]
+
+
 _CUSTOM_INFER = {"If": _infer_if}
 
 # Tessel's own ops. Unreachable stands for an If branch that cannot run with the
@@ -172,6 +184,11 @@ _TESSEL_SCHEMAS = {
         "Unreachable", TESSEL_DOMAIN, 1, 0, 0, 1, 2**31 - 1,
         {"message": AttrSpec("message", "string", True), "output_types": AttrSpec("output_types", "strings", True)},
         None, _infer_unreachable,
+    ),
+    # Fused is one kernel made of several ops (passes/fuse.py): `body` reads only its own inputs.
+    "Fused": OpSchema(
+        "Fused", TESSEL_DOMAIN, 1, 0, 2**31 - 1, 1, 2**31 - 1,
+        {"body": AttrSpec("body", "graph", True)}, None, _infer_fused,
     ),
 }
 

@@ -263,7 +263,16 @@ def _trilu(ctx: LowerContext):
     return [te.compute(ctx.out_shape(), compute, name="trilu")]
 
 
+def _view(ctx: LowerContext):
+    """Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout: the same elements in the output's shape.
+
+    Alone they run as zero-copy views; inside a fused kernel they are index arithmetic.
+    """
+    return [topi.reshape(ctx.input(0), ctx.out_shape())]
+
+
 RULES = {
+    **{op: _view for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")},
     "Transpose": _transpose,
     "Concat": _concat,
     "Split": _split,
@@ -281,6 +290,10 @@ RULES = {
 
 # Inputs each op needs as compile-time data.
 STATIC_INPUTS = {
+    "Reshape": {1},
+    "Squeeze": {1},
+    "Unsqueeze": {1},
+    "Dropout": {1, 2},
     "Split": {1},
     "Slice": {1, 2, 3, 4},
     "Tile": {1},

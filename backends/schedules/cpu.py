@@ -130,3 +130,31 @@ def _schedule_reduction(sch, block) -> None:
         return
     if try_step(lambda: sch.reorder(*spatial, *reduce)):
         try_step(lambda: _parallel(sch, spatial, work))
+
+
+def schedule_around(func, anchor_schedule, anchor_blocks: frozenset[str]):
+    """Schedule a fused kernel whose anchor (a packed conv or matmul) brings its own schedule.
+
+    The other blocks are folded into the anchor first: producers (a transpose or
+    pad feeding it) and intermediate epilogue ops are inlined, and the final
+    epilogue op is inlined into the anchor's output block. Then the anchor's
+    schedule runs; any block left over gets the generic schedule.
+    """
+    sch = s_tir.Schedule(func)
+    root = sch.get_sblock("root")
+
+    def others():
+        return [b for b in sch.get_child_blocks(root) if sch.get(b).name_hint not in anchor_blocks]
+
+    for block in reversed(others()):
+        if not any(_iter_kinds(sch, block)):
+            try_step(lambda b=block: sch.compute_inline(b))
+    for block in others():
+        try_step(lambda b=block: sch.reverse_compute_inline(b))
+    anchor_schedule(sch)
+    for block in others():
+        if any(_iter_kinds(sch, block)):
+            _schedule_reduction(sch, block)
+        else:
+            _schedule_spatial(sch, block)
+    return sch.mod["main"]
