@@ -1,11 +1,12 @@
-"""Latency per corpus model: onnxruntime, TVM's own pipeline, and Tessel, all in one run.
+"""Latency per corpus model: onnxruntime, TVM's own pipeline, and Tessel (fused and unfused), all in one run.
 
 Each measurement runs in a fresh process (thread pools of one runtime skew the
 next on 2 cores). Prints a table with Tessel/onnxruntime ratios and their
-geomean, and how much faster Tessel is than TVM's own pipeline
+geomean, the speedup fusion gives Tessel (the same pipeline without the fuse
+pass), and how much faster Tessel is than TVM's own pipeline
 (`relax.frontend.onnx.from_onnx` + `tvm.compile`) where TVM imports the model.
 
-    python bench/latency.py [MODEL ...] [--runs 20] [--skip-tvm]
+    python bench/latency.py [MODEL ...] [--runs 20] [--skip-tvm] [--skip-unfused]
 """
 from __future__ import annotations
 
@@ -50,12 +51,16 @@ def measure_onnxruntime(model, runs: int) -> float:
     return _median_ms(lambda: session.run(None, feeds), runs)
 
 
-def measure_tessel(model, runs: int) -> float:
+def measure_tessel(model, runs: int, skip_passes=()) -> float:
     from compiler.api import compile as compile_model
 
-    artifact = compile_model(model.path, input_shapes=model.input_shapes)
+    artifact = compile_model(model.path, input_shapes=model.input_shapes, skip_passes=skip_passes)
     feeds = model.make_inputs()
     return _median_ms(lambda: artifact.run(feeds), runs)
+
+
+def measure_tessel_unfused(model, runs: int) -> float:
+    return measure_tessel(model, runs, skip_passes=("fuse",))
 
 
 def measure_tvm(model, runs: int) -> float:
@@ -75,7 +80,8 @@ def measure_tvm(model, runs: int) -> float:
     return _median_ms(lambda: vm["main"](*inputs), runs)
 
 
-MEASURES = {"onnxruntime": measure_onnxruntime, "tessel": measure_tessel, "tvm": measure_tvm}
+MEASURES = {"onnxruntime": measure_onnxruntime, "tessel": measure_tessel, "tessel_unfused": measure_tessel_unfused,
+            "tvm": measure_tvm}
 
 
 def _isolated(kind: str, name: str, runs: int, timeout: float) -> tuple[float | None, str]:
@@ -97,6 +103,7 @@ def main(argv=None) -> int:
     parser.add_argument("models", nargs="*", help="corpus model names (default: all non-negative, non-topology)")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--skip-tvm", action="store_true", help="do not measure TVM's own pipeline")
+    parser.add_argument("--skip-unfused", action="store_true", help="do not measure Tessel without fusion")
     parser.add_argument("--worker", nargs=2, metavar=("KIND", "MODEL"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     corpus = {m.name: m for m in load_corpus()}
@@ -105,27 +112,36 @@ def main(argv=None) -> int:
         print(json.dumps({"ms": MEASURES[kind](corpus[name], args.runs)}))
         return 0
     names = args.models or [m.name for m in corpus.values() if not m.negative and not m.topology]
-    print(f"{'model':<20} {'onnxruntime':>12} {'tvm':>10} {'tessel':>10} {'tessel/ort':>11} {'tvm/tessel':>11}")
-    ratios, tvm_speedups = [], []
+    print(f"{'model':<20} {'onnxruntime':>12} {'tvm':>10} {'unfused':>10} {'tessel':>10} {'tessel/ort':>11} "
+          f"{'fusion':>8} {'tvm/tessel':>11}")
+    ratios, tvm_speedups, fusion_speedups = [], [], []
     for name in names:
         ort_ms, _ = _isolated("onnxruntime", name, args.runs, 300)
         tessel_ms, why = _isolated("tessel", name, args.runs, 1800)
+        unfused_ms, _ = (None, "skipped") if args.skip_unfused else _isolated("tessel_unfused", name, args.runs, 1800)
         tvm_ms, tvm_why = (None, "skipped") if args.skip_tvm else _isolated("tvm", name, max(3, args.runs // 4), TVM_TIMEOUT_S)
         ratio = tessel_ms / ort_ms if tessel_ms and ort_ms else None
         speedup = tvm_ms / tessel_ms if tvm_ms and tessel_ms else None
+        fusion = unfused_ms / tessel_ms if unfused_ms and tessel_ms else None
         if ratio:
             ratios.append(ratio)
         if speedup:
             tvm_speedups.append(speedup)
+        if fusion:
+            fusion_speedups.append(fusion)
 
         def cell(value, width, fmt="{:.2f}"):
             return f"{fmt.format(value) if value is not None else 'n/a':>{width}}"
 
-        print(f"{name:<20} {cell(ort_ms, 12)} {cell(tvm_ms, 10)} {cell(tessel_ms, 10)} {cell(ratio, 11)} {cell(speedup, 11, '{:.1f}x')}"
+        print(f"{name:<20} {cell(ort_ms, 12)} {cell(tvm_ms, 10)} {cell(unfused_ms, 10)} {cell(tessel_ms, 10)} {cell(ratio, 11)} "
+              f"{cell(fusion, 8, '{:.2f}x')} {cell(speedup, 11, '{:.1f}x')}"
               + (f"  tessel: {why}" if why else "") + (f"  tvm: {tvm_why}" if tvm_ms is None and not args.skip_tvm else ""),
               flush=True)
     if ratios:
         print(f"geomean tessel/onnxruntime over {len(ratios)} models: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}")
+    if fusion_speedups:
+        print(f"fusion speedup (unfused/fused) geomean over {len(fusion_speedups)} models: "
+              f"{math.exp(sum(map(math.log, fusion_speedups)) / len(fusion_speedups)):.2f}x")
     if tvm_speedups:
         print(f"tessel vs TVM's pipeline: {min(tvm_speedups):.1f}x to {max(tvm_speedups):.1f}x faster on the {len(tvm_speedups)} models TVM runs")
     return 0

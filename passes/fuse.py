@@ -145,6 +145,16 @@ def _anchor_of(kind: Pattern) -> Pattern | None:
     return kind if kind in (Pattern.REDUCTION, Pattern.OUT_EWISE_FUSABLE, Pattern.OPAQUE) else None
 
 
+MAX_PARAMETER_ELEMENTS = 4096
+
+
+def _is_parameter(value: Value) -> bool:
+    """A constant that shapes the computation (an index, shape or scalar), not a weight."""
+    if not value.is_constant:
+        return False
+    return value.type.numel == 1 or (not value.type.dtype.startswith("float") and value.type.numel <= MAX_PARAMETER_ELEMENTS)
+
+
 def _make_fused_node(graph: Graph, group: Group) -> Node:
     """Replace the group's members by one Fused node holding them in its body."""
     members = group.members
@@ -155,13 +165,14 @@ def _make_fused_node(graph: Graph, group: Group) -> Node:
         for value in node.inputs:
             if value is None or (value.producer is not None and id(value.producer) in inside):
                 continue
-            chosen = constants if value.is_constant else external
+            chosen = constants if _is_parameter(value) else external
             if value not in chosen:
                 chosen.append(value)
     anchor = next((n for n in members if pattern(n) >= Pattern.REDUCTION), members[0])
     name = graph.unique_node_name(f"fused_{anchor.name}")
     body = Graph(f"{name}_body", parent=graph)
-    # Constants move into the body: type inference and lowering see their data there.
+    # Parameters (shapes, axes, scalars) move into the body, where type inference needs their data;
+    # weights stay inputs, so groups share them.
     mapping = {id(v): body.add_input(f"{name}/{v.name}", v.type) for v in external}
     mapping.update({id(v): body.add_constant(f"{name}/{v.name}", v.const) for v in constants})
     for node in members:

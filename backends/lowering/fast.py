@@ -165,10 +165,16 @@ def matmul_packed(ctx: LowerContext, trans_a: bool = False, alpha: float = 1.0, 
 
     def schedule(sch) -> None:
         block = sch.get_sblock("matmul_packed")
+        # Accumulate each (mi x nb) tile in a small buffer LLVM keeps in registers, then copy it out:
+        # accumulating in the kernel's intermediate buffer makes LLVM reload it whenever another
+        # buffer of the kernel (a fused producer's) might alias it.
+        tile_out = sch.cache_write(block, 0, "global")
         i, j, kk = sch.get_loops(block)
         io, ii = sch.split(i, [None, mi])
         jo, ji = sch.split(j, [None, nb])
         sch.reorder(jo, io, kk, ii, ji)
+        sch.reverse_compute_at(tile_out, io)
+        try_step(lambda: sch.vectorize(sch.get_loops(tile_out)[-1]))
         tiles = sch.fuse(jo, io) if cols // nb < 8 else jo
         if rows * cols * depth >= MIN_PARALLEL_WORK * 16:
             sch.parallel(tiles)

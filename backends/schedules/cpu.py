@@ -135,8 +135,10 @@ def _schedule_reduction(sch, block) -> None:
 def schedule_around(func, anchor_schedule, anchor_blocks: frozenset[str]):
     """Schedule a fused kernel whose anchor (a packed conv or matmul) brings its own schedule.
 
-    The other blocks are folded into the anchor first: producers (a transpose or
-    pad feeding it) and intermediate epilogue ops are inlined, and the final
+    The other blocks are folded into the anchor first: producers that feed a
+    layout stage (a pad feeding a conv's packing) and intermediate epilogue ops
+    are inlined (producers feeding the reduction itself stay a separate loop nest
+    inside the kernel), and the final
     epilogue op is inlined into the anchor's output block. Then the anchor's
     schedule runs; any block left over gets the generic schedule.
     """
@@ -147,7 +149,9 @@ def schedule_around(func, anchor_schedule, anchor_blocks: frozenset[str]):
         return [b for b in sch.get_child_blocks(root) if sch.get(b).name_hint not in anchor_blocks]
 
     for block in reversed(others()):
-        if not any(_iter_kinds(sch, block)):
+        feeds_reduction = any(any(_iter_kinds(sch, c)) for c in sch.get_consumers(block))
+        # Inlined into the anchor's reduction, a producer would run in its innermost loop.
+        if not any(_iter_kinds(sch, block)) and not feeds_reduction:
             try_step(lambda b=block: sch.compute_inline(b))
     for block in others():
         try_step(lambda b=block: sch.reverse_compute_inline(b))
