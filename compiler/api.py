@@ -21,7 +21,7 @@ from ir.errors import TesselError
 from runtime.artifact_files import FORMAT, FORMAT_VERSION, PLAN_FILE, file_hash
 
 from .artifact import Artifact, load
-from .pipeline import PASS_NAMES, run_pipeline, select_passes
+from .pipeline import PASS_NAMES, pass_report, run_pipeline, select_passes
 from .program import build_program
 
 __all__ = ["Artifact", "CompileError", "compile", "load"]
@@ -101,6 +101,7 @@ def compile(  # noqa: A001 - the contract names it compile
         "tvm_version": tvm_version(),
     }
     (root / "reports" / "compile.json").write_text(json.dumps(report, indent=2))
+    (root / "reports" / "passes.md").write_text(pass_report(pass_records))
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     plan = {
         "format": FORMAT,

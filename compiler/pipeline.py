@@ -76,6 +76,17 @@ def run_pipeline(graph: Graph, passes: Sequence[Pass] = PIPELINE, *, verify: boo
     return graph, records
 
 
+def pass_report(records: Sequence[PassRecord]) -> str:
+    """A Markdown table of what each pass did."""
+    lines = ["# Passes", "", "| pass | ms | nodes before | after | kernels before | after | what it did |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for r in records:
+        did = ", ".join(f"{k}: {v}" for k, v in r.stats.items() if v) or "nothing"
+        lines.append(f"| {r.name} | {1e3 * r.seconds:.1f} | {r.nodes_before} | {r.nodes_after} | "
+                     f"{r.kernels_before} | {r.kernels_after} | {did} |")
+    return "\n".join(lines) + "\n"
+
+
 def _dump(graph: Graph, directory: Path, name: str) -> None:
     import onnx
 

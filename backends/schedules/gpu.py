@@ -15,15 +15,11 @@ def compile(func, target: TargetSpec, scheduled: bool = False):
     The Executable imports a CUDA module.
     """
     tvm_mod = tvm()
-    dl = tvm_mod.s_tir.dlight
     cuda = tvm_target(target)
-    mod = tvm_mod.IRModule({"main": func})
     with cuda:  # nvcc reads the architecture from the current target
         if not scheduled:
-            mod = dl.ApplyDefaultSchedule(
-                dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()
-            )(mod)
-        executable = tvm_mod.compile(mod, target=cuda)
+            func = _dlight_schedule(func, cuda)
+        executable = tvm_mod.compile(tvm_mod.IRModule({"main": func}), target=cuda)
     if not any(m.kind == "cuda" for m in executable.mod.imports):
         # An unscheduled PrimFunc silently becomes host code that would read GPU memory on the CPU.
         raise GpuScheduleError("no CUDA kernel was generated (the schedule bound no GPU threads)")
@@ -33,3 +29,23 @@ def compile(func, target: TargetSpec, scheduled: bool = False):
 def cuda_source(executable) -> str:
     """The CUDA C source of a compiled CUDA kernel."""
     return next(m for m in executable.mod.imports if m.kind == "cuda").inspect_source()
+
+
+def _dlight_schedule(func, cuda):
+    """The first of dlight's GPU rules that applies; a rule that fails on a fused kernel is skipped.
+
+    (dlight's own pass stops at the first rule that raises: its GEMV analysis
+    asserts on a fused gather feeding a matrix-vector product.)
+    """
+    dl = tvm().s_tir.dlight
+    rules = (dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())
+    for rule in rules:
+        try:
+            space = rule.apply(func, cuda, False)
+        except Exception:  # noqa: BLE001 - a rule that cannot analyse this kernel does not apply to it
+            continue
+        if space is None:
+            continue
+        schedule = space[0] if isinstance(space, list) else space
+        return schedule.mod["main"].with_attr("tirx.is_scheduled", True)
+    return func

@@ -45,3 +45,10 @@ def test_more_than_one_device_is_refused_for_now(tmp_path):
     model = next(m for m in POSITIVE if m.name == "mtcnn_pnet")
     with pytest.raises(CompileError, match="devices=2"):
         compile(model.path, input_shapes=model.input_shapes, devices=2, cache_dir=tmp_path)
+
+
+def test_the_package_offers_compile_and_load():
+    import compiler
+    from compiler import api
+
+    assert compiler.compile is api.compile and compiler.load is api.load

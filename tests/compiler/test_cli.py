@@ -111,8 +111,18 @@ def test_compile_then_run_with_check(tmp_path, kernel_cache, monkeypatch):
     entry = next(m for m in CORPUS if m.name == "mtcnn_rnet")
     out = tmp_path / "rnet"
     shape = "x".join(map(str, entry.input_shapes["input_2"]))
-    compiled = _run_cli("compile", str(entry.path), "-o", str(out), "--input-shape", f"input_2={shape}")
+    compiled = _run_cli("compile", str(entry.path), "-o", str(out), "--input-shape", f"input_2={shape}",
+                        "--dump-after", "simplify", "--dump-after", "fuse", "--verify")
     assert compiled.returncode == 0, compiled.stderr
+    import json
+
+    import onnx
+    for name in ("simplify", "fuse"):
+        assert (out / "reports" / f"after_{name}.txt").is_file()
+        onnx.checker.check_model(onnx.load(str(out / "reports" / f"after_{name}.onnx")), full_check=True)
+    passes = json.loads((out / "reports" / "compile.json").read_text())["passes"]
+    assert [p["name"] for p in passes] == ["simplify", "constant_fold", "cse", "dce", "fuse"]
+    assert passes[-1]["kernels_after"] < passes[-1]["kernels_before"]
     inputs = tmp_path / "in.npz"
     import numpy as np
     np.savez(inputs, **entry.make_inputs())
@@ -137,3 +147,11 @@ def test_run_on_a_missing_artifact_is_one_line(tmp_path, capsys):
     assert main(["run", str(tmp_path / "nothing")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no such artifact directory" in err
+
+
+def test_unknown_pass_is_one_line_and_exit_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compile", "model.onnx", "-o", str(tmp_path / "out"), "--skip-pass", "nosuchpass"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nosuchpass" in err and not (tmp_path / "out").exists()
