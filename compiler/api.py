@@ -21,7 +21,9 @@ from ir.errors import TesselError
 from runtime.artifact_files import FORMAT, FORMAT_VERSION, PLAN_FILE, file_hash
 
 from .artifact import Artifact, load
+from .memory import peak_description, plan_program_memory, weight_bytes, write_memory_reports
 from .pipeline import PASS_NAMES, pass_report, run_pipeline, select_passes
+from .sizes import format_bytes, parse_bytes
 from .program import build_program
 
 __all__ = ["Artifact", "CompileError", "compile", "load"]
@@ -40,12 +42,15 @@ def compile(  # noqa: A001 - the contract names it compile
     cache_dir: str | os.PathLike | None = None,
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    device_memory: int | str | None = None,
     skip_passes: Sequence[str] = (),
     verify: bool = False,
     dump_after: Sequence[str] = (),
 ) -> Artifact:
     """Compile an ONNX model (path, bytes or ModelProto) for `target` ("llvm" or "cuda:sm_XX").
 
+    `device_memory` (bytes, or a size such as "512MiB") makes compilation fail when the
+    weights and the planned activation arena do not fit.
     The graph goes through the optimization pipeline (compiler/pipeline.py) less
     `skip_passes`; `verify` checks the graph after every pass; `dump_after` names
     passes after which the graph is written to `reports/after_<pass>.txt` and `.onnx`.
@@ -73,6 +78,8 @@ def compile(  # noqa: A001 - the contract names it compile
     program = build_program(graph, spec)
     if program.unsupported:
         raise LoweringError(f"no {spec.kind} kernels for {len(program.unsupported)} op type(s): " + "; ".join(program.unsupported))
+    memory = plan_program_memory(program, spec.kind)
+    _check_device_memory(memory, weight_bytes(program), device_memory)
     cache = KernelCache(cache_dir)
     stats = build_kernels(program.kernels, spec, cache, jobs, progress)
     built = time.perf_counter()
@@ -85,6 +92,7 @@ def compile(  # noqa: A001 - the contract names it compile
                 shutil.copyfile(source, root / "kernels" / f"{key}{suffix}")
         kernel_entries[key] = {"file": f"kernels/{key}.so", "op": program.kernels[key].op_type}
     np.savez(root / "weights.npz", **{name: np.ascontiguousarray(a) for name, a in program.weights.items()})
+    memory_report = write_memory_reports(root / "reports", memory, weight_bytes(program))
     (root / "model.onnx").write_bytes(model.SerializeToString())
     (root / "graph.json").write_text(ir.to_json(graph))
     report = {
@@ -98,6 +106,7 @@ def compile(  # noqa: A001 - the contract names it compile
         "seconds": {"import": round(imported - started, 3), "passes": round(optimized - imported, 3),
                     "kernels": round(built - optimized, 3)},
         "passes": [record.to_json() for record in pass_records],
+        "memory": {key: memory_report[key] for key in ("arena_bytes", "bound_bytes", "ratio", "no_reuse_bytes", "weights_bytes")},
         "tvm_version": tvm_version(),
     }
     (root / "reports" / "compile.json").write_text(json.dumps(report, indent=2))
@@ -111,12 +120,29 @@ def compile(  # noqa: A001 - the contract names it compile
         "outputs": program.outputs,
         "values": program.values,
         "weights": {"file": "weights.npz", "names": sorted(program.weights)},
+        "memory": {"alignment": memory.alignment, "arena_bytes": memory.arena_bytes, "offsets": memory.offsets},
         "kernels": kernel_entries,
         "steps": program.steps,
         "hashes": {name: file_hash(root / name) for name in files},
     }
     (root / PLAN_FILE).write_text(json.dumps(plan, indent=1))
     return Artifact(root, staging)
+
+
+def _check_device_memory(memory, weights: int, device_memory: int | str | None) -> None:
+    if device_memory is None:
+        return
+    try:
+        capacity = parse_bytes(device_memory) if isinstance(device_memory, str) else int(device_memory)
+    except ValueError as exc:
+        raise CompileError(f"--device-memory: {exc}") from None
+    needed = memory.arena_bytes + weights
+    if needed > capacity:
+        raise CompileError(
+            f"the model needs {format_bytes(needed)} (weights {format_bytes(weights)} + activations "
+            f"{format_bytes(memory.arena_bytes)}) but the device has {format_bytes(capacity)}: "
+            f"{format_bytes(needed - capacity)} missing; the activation peak is {peak_description(memory)}"
+        )
 
 
 def _count_kernel_calls(steps) -> int:

@@ -41,15 +41,19 @@ class Artifact:
         """The compile report (reports/compile.json)."""
         return json.loads((self.directory / "reports" / "compile.json").read_text())
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the model on numpy inputs by name; returns numpy outputs by name."""
+    def executor(self):
+        """The executor that runs this artifact (made on first use): profiling, arena inspection."""
         if self._executor is None:
             if self.target != "llvm":
                 raise ArtifactError(f"{self.directory}: compiled for {self.target}; running it needs that device")
             from runtime.executor import Executor
 
             self._executor = Executor(self.directory)
-        return self._executor.run(inputs)
+        return self._executor
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the model on numpy inputs by name; returns numpy outputs by name."""
+        return self.executor().run(inputs)
 
     def save(self, directory: str | Path, overwrite: bool = False) -> Path:
         """Write the artifact to `directory`; an existing non-empty directory is refused unless `overwrite`."""

@@ -17,6 +17,7 @@ from ir.errors import ShapeBindingError, TesselError, UnsupportedModelError
 from ir.types import TensorType
 
 from .pipeline import PASS_NAMES
+from .sizes import format_bytes
 
 EXIT_USAGE = 2
 CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4
@@ -76,12 +77,16 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     output = Path(args.output)
     check_destination(output, args.force)  # before compiling: refuse early, not after minutes of work
     artifact = compile_model(args.model, target=args.target, input_shapes=_input_shapes(args.input_shape),
-                             jobs=args.jobs, progress=stderr_progress, skip_passes=args.skip_pass,
+                             jobs=args.jobs, progress=stderr_progress, device_memory=args.device_memory,
+                             skip_passes=args.skip_pass,
                              verify=args.verify, dump_after=args.dump_after)
     artifact.save(output, overwrite=args.force)
     report = artifact.report()
+    memory = report["memory"]
     print(f"compiled {args.model} for {report['target']}: {report['kernels']} kernels "
-          f"({report['kernels_cached']} from cache), {report['kernel_calls']} kernel calls per run -> {output}")
+          f"({report['kernels_cached']} from cache), {report['kernel_calls']} kernel calls per run, "
+          f"activations {format_bytes(memory['arena_bytes'])} (bound {format_bytes(memory['bound_bytes'])}), "
+          f"weights {format_bytes(memory['weights_bytes'])} -> {output}")
     for name in args.dump_after:
         print(f"graph after {name}: {output / 'reports' / f'after_{name}.txt'} and .onnx")
     return 0
@@ -177,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     compile_cmd.add_argument("--skip-pass", action="append", default=[], metavar="PASS", choices=PASS_NAMES,
                              help="leave PASS out of the pipeline (repeatable), e.g. --skip-pass fuse")
     compile_cmd.add_argument("--verify", action="store_true", help="check the graph's invariants after every pass")
+    compile_cmd.add_argument("--device-memory", metavar="SIZE",
+                             help="memory of the device, e.g. 512MiB: fail when weights and activations do not fit")
     compile_cmd.set_defaults(run=_cmd_compile)
 
     run = commands.add_parser("run", help="run a compiled artifact")

@@ -16,6 +16,7 @@ from backends.kernel import ARG, DATA, FUSED, KernelInput, KernelMember, KernelS
 from backends.lowering import LoweringError, static_inputs, supports
 from backends.lowering.packing import plan_packing
 from ir.graph import Graph, Node, Value
+from passes.inplace import inplace_inputs
 from ir.schema import TESSEL_DOMAIN
 from ir.types import TensorType
 
@@ -76,7 +77,11 @@ class _Builder:
         key = spec.key(self.target)
         self.kernels[key] = spec
         outs = [self.write(v) for v in node.outputs if v is not None]
-        return {"kind": "kernel", **where, "kernel": key, "inputs": args, "outputs": outs}
+        step = {"kind": "kernel", **where, "kernel": key, "inputs": args, "outputs": outs}
+        inplace = [[outs[0], node.inputs[k].name] for k in inplace_inputs(node) if node.inputs[k].name in args]
+        if inplace:
+            step["inplace"] = inplace
+        return step
 
     @staticmethod
     def _is_view(node: Node) -> bool:

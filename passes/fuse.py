@@ -146,13 +146,16 @@ def _anchor_of(kind: Pattern) -> Pattern | None:
 
 
 MAX_PARAMETER_ELEMENTS = 4096
+# Small constants of any type (Resize scales, a few coefficients) are parameters too.
+MAX_SMALL_CONSTANT = 64
 
 
 def _is_parameter(value: Value) -> bool:
-    """A constant that shapes the computation (an index, shape or scalar), not a weight."""
+    """A constant that shapes the computation (an index, shape, scale or scalar), not a weight."""
     if not value.is_constant:
         return False
-    return value.type.numel == 1 or (not value.type.dtype.startswith("float") and value.type.numel <= MAX_PARAMETER_ELEMENTS)
+    small = value.type.numel <= MAX_SMALL_CONSTANT
+    return small or (not value.type.dtype.startswith("float") and value.type.numel <= MAX_PARAMETER_ELEMENTS)
 
 
 def _make_fused_node(graph: Graph, group: Group) -> Node:

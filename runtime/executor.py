@@ -37,6 +37,10 @@ class Executor:
         self._buffers: dict[str, np.ndarray] = {}
         self._tensors: dict[str, Any] = {}
         self._types = {name: TensorType.parse(spec) for name, spec in self.plan["values"].items()}
+        memory = self.plan.get("memory", {"arena_bytes": 0, "offsets": {}})
+        # One arena holds every activation at its planned offset: no allocation per run.
+        self._arena = aligned_empty((max(int(memory["arena_bytes"]), 1),), np.uint8)
+        self._offsets: dict[str, int] = memory["offsets"]
         self._load_weights()
         self._ops = self._bind(self.plan["steps"])
 
@@ -63,8 +67,22 @@ class Executor:
     def _buffer(self, name: str) -> np.ndarray:
         if name not in self._buffers:
             t = self._types[name]
-            self._buffers[name] = aligned_empty(t.shape, numpy_dtype(t.dtype))
+            dtype = numpy_dtype(t.dtype)
+            if name in self._offsets:
+                start = self._offsets[name]
+                self._buffers[name] = self._arena[start:start + t.nbytes].view(dtype).reshape(t.shape)
+            else:
+                self._buffers[name] = aligned_empty(t.shape, dtype)
         return self._buffers[name]
+
+    @property
+    def arena_bytes(self) -> int:
+        """Size of the activation arena."""
+        return int(self._arena.nbytes)
+
+    def poison(self) -> None:
+        """Fill the arena with NaN bit patterns: a kernel reading memory nobody wrote gives NaN (a test aid)."""
+        self._arena.fill(0xFF)
 
     def _tensor(self, name: str):
         if name not in self._tensors:

@@ -1,0 +1,122 @@
+"""The memory step of the driver: program → lifetimes → plan (passes/memory_plan.py) → reports.
+
+`If` steps are flattened into the timeline (then-branch steps, else-branch
+steps, then the step that copies the taken branch's results): only one branch
+runs, so this is conservative and always safe.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from ir.types import TensorType
+from passes.memory_plan import CUDA_ALIGNMENT, DEFAULT_ALIGNMENT, MemoryPlan, StepUse, plan_memory
+
+from .program import Program
+from .sizes import format_bytes
+
+
+def schedule_uses(steps: Sequence[dict[str, Any]]) -> list[StepUse]:
+    """The executed steps as the planner sees them, `if` branches flattened."""
+    uses: list[StepUse] = []
+    for step in steps:
+        kind, name, op = step["kind"], step["node"], step["op"]
+        if kind == "kernel":
+            uses.append(StepUse(name, op, tuple(step["inputs"]), tuple(step["outputs"]),
+                                inplace=tuple(tuple(pair) for pair in step.get("inplace", ()))))
+        elif kind == "view":
+            uses.append(StepUse(name, op, (step["input"],), (step["output"],), views=((step["output"], step["input"]),)))
+        elif kind == "if":
+            uses.append(StepUse(name, op, (step["condition"],)))
+            for branch in ("then", "else"):
+                uses.extend(schedule_uses(step[branch]["steps"]))
+            results = tuple(step["then"]["results"]) + tuple(step["else"]["results"])
+            uses.append(StepUse(f"{name}/results", op, results, tuple(step["outputs"])))
+        else:
+            uses.append(StepUse(name, op))
+    return uses
+
+
+def plan_program_memory(program: Program, target_kind: str) -> MemoryPlan:
+    """The arena plan of every activation of `program` (weights live in their own region)."""
+    sizes = {name: TensorType.parse(spec).nbytes for name, spec in program.values.items() if name not in program.weights}
+    alignment = CUDA_ALIGNMENT if target_kind == "cuda" else DEFAULT_ALIGNMENT
+    return plan_memory(schedule_uses(program.steps), sizes, inputs=program.inputs, outputs=program.outputs,
+                       alignment=alignment)
+
+
+def weight_bytes(program: Program) -> int:
+    """Bytes of every weight the program reads (packed copies included)."""
+    return sum(int(a.nbytes) for a in program.weights.values())
+
+
+def peak_description(plan: MemoryPlan, limit: int = 4) -> str:
+    """Where the peak is: the step, its op, and the largest tensors live there."""
+    if not plan.steps:
+        return "no steps"
+    step = plan.steps[plan.peak_step()]
+    live = plan.live_at(plan.peak_step())
+    names = ", ".join(f"'{s.values[0]}' ({format_bytes(s.nbytes)})" for s in live[:limit])
+    more = f" and {len(live) - limit} more" if len(live) > limit else ""
+    return f"at node '{step.name}' ({step.op}) with {names}{more} live"
+
+
+def memory_report(plan: MemoryPlan, weights: int) -> dict[str, Any]:
+    """The plan as a JSON-ready report with stable keys."""
+    peak = plan.peak_step()
+    return {
+        "alignment": plan.alignment,
+        "arena_bytes": plan.arena_bytes,
+        "bound_bytes": plan.bound_bytes,
+        "ratio": round(plan.ratio, 4),
+        "no_reuse_bytes": plan.no_reuse_bytes,
+        "weights_bytes": weights,
+        "total_bytes": plan.arena_bytes + weights,
+        "strategy": plan.strategy,
+        "strategies": plan.strategies,
+        "inplace": [list(pair) for pair in plan.inplace],
+        "peak": {
+            "step": peak,
+            "node": plan.steps[peak].name if plan.steps else None,
+            "op": plan.steps[peak].op if plan.steps else None,
+            "live": [{"values": list(s.values), "bytes": s.nbytes, "offset": s.offset} for s in plan.live_at(peak)],
+        },
+        "tensors": {name: {"offset": plan.offsets[name], "bytes": plan.sizes[name]} for name in sorted(plan.offsets)},
+        "timeline": plan.live_bytes(),
+    }
+
+
+def memory_markdown(report: dict[str, Any], largest: int = 10) -> str:
+    """The memory report for people: totals per region, the peak point, the largest tensors."""
+    peak = report["peak"]
+    lines = [
+        "# Memory", "",
+        "| region | bytes |", "|---|---:|",
+        f"| activations (arena) | {format_bytes(report['arena_bytes'])} |",
+        f"| weights | {format_bytes(report['weights_bytes'])} |",
+        f"| total | {format_bytes(report['total_bytes'])} |", "",
+        f"Arena {format_bytes(report['arena_bytes'])} against a lower bound of {format_bytes(report['bound_bytes'])} "
+        f"(most bytes live at once): ratio {report['ratio']:.3f}, strategy {report['strategy']} "
+        f"({', '.join(f'{k} {format_bytes(v)}' for k, v in report['strategies'].items())}). "
+        f"Without reuse: {format_bytes(report['no_reuse_bytes'])}. "
+        f"{len(report['inplace'])} outputs computed in place of a dying input.", "",
+        f"## Peak: step {peak['step']}, node '{peak['node']}' ({peak['op']})", "",
+        "| tensors | bytes | offset |", "|---|---:|---:|",
+    ]
+    lines += [f"| {', '.join(s['values'])} | {format_bytes(s['bytes'])} | {s['offset']} |" for s in peak["live"]]
+    lines += ["", "## Largest tensors", "", "| tensor | bytes | offset |", "|---|---:|---:|"]
+    tensors = sorted(report["tensors"].items(), key=lambda item: -item[1]["bytes"])[:largest]
+    lines += [f"| {name} | {format_bytes(t['bytes'])} | {t['offset']} |" for name, t in tensors]
+    return "\n".join(lines) + "\n"
+
+
+def write_memory_reports(directory: Path, plan: MemoryPlan, weights: int) -> dict[str, Any]:
+    """Write reports/memory.json, memory.md and memory_timeline.png; returns the JSON report."""
+    from .timeline_png import write_timeline_png
+
+    report = memory_report(plan, weights)
+    (directory / "memory.json").write_text(json.dumps(report, indent=1))
+    (directory / "memory.md").write_text(memory_markdown(report))
+    write_timeline_png(directory / "memory_timeline.png", report["timeline"], report["arena_bytes"], report["peak"]["step"])
+    return report
