@@ -3,13 +3,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
-
-import numpy as np
 
 import ir
 from backends.builder import build_kernels
@@ -18,13 +15,18 @@ from backends.lowering import LoweringError
 from backends.target import parse_target
 from backends.tvm_env import version as tvm_version
 from ir.errors import TesselError
-from runtime.artifact_files import FORMAT, FORMAT_VERSION, PLAN_FILE, file_hash
+from passes.partition import insert_transfers
+from passes.placement import Machine, PlacementError, place
 
 from .artifact import Artifact, load
+from .distribute import (PlacementReport, ProfileDB, build_tasks, load_link, placement_markdown, profile_steps,
+                         read_machine_file)
+from .gantt_png import write_gantt_png
+from .packaging import write_artifact
 from .memory import peak_description, plan_program_memory, weight_bytes, write_memory_reports
 from .pipeline import PASS_NAMES, pass_report, run_pipeline, select_passes
-from .sizes import format_bytes, parse_bytes
 from .program import build_program
+from .sizes import format_bytes, parse_bytes
 
 __all__ = ["Artifact", "CompileError", "compile", "load"]
 
@@ -39,6 +41,10 @@ def compile(  # noqa: A001 - the contract names it compile
     target: str = "llvm",
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     devices: int = 1,
+    placement: str = "auto",
+    microbatches: int = 1,
+    pins: Sequence[str] = (),
+    machine: str | os.PathLike | None = None,
     cache_dir: str | os.PathLike | None = None,
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -49,26 +55,30 @@ def compile(  # noqa: A001 - the contract names it compile
 ) -> Artifact:
     """Compile an ONNX model (path, bytes or ModelProto) for `target` ("llvm" or "cuda:sm_XX").
 
-    `device_memory` (bytes, or a size such as "512MiB") makes compilation fail when the
-    weights and the planned activation arena do not fit.
+    `devices` > 1 places the model on that many devices (`placement`: auto, single,
+    pipeline or list; `pins`: 'REGEX=DEVICE' constraints) and inserts the Send/Recv
+    pairs between them; with `microbatches` K the batch (axis 0 of every input and
+    output) runs as K micro-batches that flow through the devices in a pipeline. A JSON
+    `machine` file gives the devices, their memory and the link cost instead.
+    `device_memory` (bytes, or a size such as "512MiB", per device) makes compilation
+    fail when the weights and the planned activation arena do not fit.
     The graph goes through the optimization pipeline (compiler/pipeline.py) less
     `skip_passes`; `verify` checks the graph after every pass; `dump_after` names
     passes after which the graph is written to `reports/after_<pass>.txt` and `.onnx`.
     Returns an in-memory Artifact (a temporary directory) to `run` or `save`.
     """
-    if devices != 1:
-        raise CompileError(f"devices={devices}: placement across several devices is not available yet; use devices=1")
     spec = parse_target(target)
-    try:
-        passes = select_passes(skip_passes)
-    except ValueError as exc:
-        raise CompileError(str(exc)) from None
-    unknown_dumps = sorted(set(dump_after) - set(PASS_NAMES))
-    if unknown_dumps:
-        raise CompileError(f"--dump-after {', '.join(unknown_dumps)}: no such pass; passes are {', '.join(PASS_NAMES)}")
+    capacities, link = [_capacity(device_memory)] * max(devices, 1), None
+    if machine is not None:
+        try:
+            devices, capacities, link = read_machine_file(machine)
+        except ValueError as exc:
+            raise CompileError(str(exc)) from None
+    passes = _checked_options(devices, microbatches, skip_passes, dump_after)
+    capacity = capacities[0]
     started = time.perf_counter()
     model = ir.load_model(model_or_path)
-    graph = ir.from_onnx(model, input_shapes)
+    graph = _import(model, input_shapes, microbatches)
     imported = time.perf_counter()
     staging = tempfile.TemporaryDirectory(prefix="tessel-artifact-")
     root = Path(staging.name)
@@ -78,68 +88,139 @@ def compile(  # noqa: A001 - the contract names it compile
     program = build_program(graph, spec)
     if program.unsupported:
         raise LoweringError(f"no {spec.kind} kernels for {len(program.unsupported)} op type(s): " + "; ".join(program.unsupported))
-    memory = plan_program_memory(program, spec.kind)
-    _check_device_memory(memory, weight_bytes(program), device_memory)
+    if devices == 1:
+        _check_device_memory(plan_program_memory(program, spec.kind), weight_bytes(program), capacity)
     cache = KernelCache(cache_dir)
     stats = build_kernels(program.kernels, spec, cache, jobs, progress)
     built = time.perf_counter()
-    kernel_entries = {}
-    (root / "kernels").mkdir()
-    for key in program.kernels:
-        for suffix in (".so", ".cu", ".fatbin"):
-            source = cache.root / f"{key}{suffix}"
-            if source.is_file():
-                shutil.copyfile(source, root / "kernels" / f"{key}{suffix}")
-        kernel_entries[key] = {"file": f"kernels/{key}.so", "op": program.kernels[key].op_type}
-    np.savez(root / "weights.npz", **{name: np.ascontiguousarray(a) for name, a in program.weights.items()})
-    memory_report = write_memory_reports(root / "reports", memory, weight_bytes(program))
+    report: dict = {}
+    extra: dict = {"microbatches": microbatches} if microbatches > 1 else {}
+    if devices == 1:
+        programs = [program]
+    else:
+        programs, placement_doc = _distribute(graph, program, spec, cache, placement, microbatches, pins, capacities,
+                                              link or load_link())
+        extra.update({"placement": placement_doc["planner"]})
+        report["placement"] = {k: placement_doc[k] for k in ("planner", "predicted_makespan_s", "bound_s", "transfer_bytes")}
+        (root / "reports" / "placement.json").write_text(json.dumps(placement_doc, indent=1))
+        (root / "reports" / "placement.md").write_text(placement_markdown(placement_doc))
+        write_gantt_png(root / "reports" / "placement_gantt.png", placement_doc)
+    memories = [plan_program_memory(p, spec.kind) for p in programs]
+    memory_reports = [write_memory_reports(root / "reports", m, weight_bytes(p), suffix="" if d == 0 else f"_device{d}")
+                      for d, (p, m) in enumerate(zip(programs, memories))]
     (root / "model.onnx").write_bytes(model.SerializeToString())
     (root / "graph.json").write_text(ir.to_json(graph))
     report = {
         "target": str(spec),
+        "devices": devices,
         "nodes": len(graph.nodes),
-        "steps": len(program.steps),
-        "kernel_calls": _count_kernel_calls(program.steps),
+        "steps": sum(len(p.steps) for p in programs),
+        "kernel_calls": max(_count_kernel_calls(p.steps) for p in programs) if devices == 1 else
+        sum(_count_kernel_calls(p.steps) for p in programs),
         "kernels": stats.kernels,
         "kernels_cached": stats.cached,
         "kernels_compiled": stats.compiled,
         "seconds": {"import": round(imported - started, 3), "passes": round(optimized - imported, 3),
                     "kernels": round(built - optimized, 3)},
         "passes": [record.to_json() for record in pass_records],
-        "memory": {key: memory_report[key] for key in ("arena_bytes", "bound_bytes", "ratio", "no_reuse_bytes", "weights_bytes")},
+        "memory": _memory_summary(memory_reports),
+        **report,
         "tvm_version": tvm_version(),
     }
     (root / "reports" / "compile.json").write_text(json.dumps(report, indent=2))
     (root / "reports" / "passes.md").write_text(pass_report(pass_records))
-    files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-    plan = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "target": str(spec),
-        "inputs": program.inputs,
-        "outputs": program.outputs,
-        "values": program.values,
-        "weights": {"file": "weights.npz", "names": sorted(program.weights)},
-        "memory": {"alignment": memory.alignment, "arena_bytes": memory.arena_bytes, "offsets": memory.offsets},
-        "kernels": kernel_entries,
-        "steps": program.steps,
-        "hashes": {name: file_hash(root / name) for name in files},
-    }
-    (root / PLAN_FILE).write_text(json.dumps(plan, indent=1))
+    write_artifact(root, programs, memories, str(spec), cache, extra)
     return Artifact(root, staging)
 
 
-def _check_device_memory(memory, weights: int, device_memory: int | str | None) -> None:
-    if device_memory is None:
-        return
+def _memory_summary(reports: Sequence[dict]) -> dict:
+    """Memory totals over the devices (one device: its plan), with each device's numbers when several."""
+    keys = ("arena_bytes", "bound_bytes", "no_reuse_bytes", "weights_bytes")
+    summary = {key: sum(r[key] for r in reports) for key in keys}
+    summary["ratio"] = round(max(r["ratio"] for r in reports), 4)
+    if len(reports) > 1:
+        summary["per_device"] = [{key: r[key] for key in (*keys, "ratio")} for r in reports]
+    return summary
+
+
+def _checked_options(devices: int, microbatches: int, skip_passes: Sequence[str], dump_after: Sequence[str]):
+    if devices < 1:
+        raise CompileError(f"devices={devices}: need at least one device")
+    if microbatches < 1:
+        raise CompileError(f"microbatches={microbatches}: need at least one")
     try:
-        capacity = parse_bytes(device_memory) if isinstance(device_memory, str) else int(device_memory)
+        passes = select_passes(skip_passes)
+    except ValueError as exc:
+        raise CompileError(str(exc)) from None
+    unknown_dumps = sorted(set(dump_after) - set(PASS_NAMES))
+    if unknown_dumps:
+        raise CompileError(f"--dump-after {', '.join(unknown_dumps)}: no such pass; passes are {', '.join(PASS_NAMES)}")
+    return passes
+
+
+def _import(model, input_shapes, microbatches: int):
+    """The graph at micro-batch size: axis 0 of every input and output divided by `microbatches`."""
+    graph = ir.from_onnx(model, input_shapes)
+    if microbatches == 1:
+        return graph
+    shapes = {}
+    for value in graph.inputs:
+        batch = value.type.shape[0] if value.type.rank else 0
+        if batch % microbatches or batch == 0:
+            raise CompileError(f"--microbatches {microbatches}: input '{value.name}' has batch size "
+                               f"{batch if value.type.rank else 'none (a scalar)'}, not a multiple of {microbatches}")
+        shapes[value.name] = (batch // microbatches,) + value.type.shape[1:]
+    full_outputs = {v.name: v.type.shape for v in graph.outputs}
+    micro = ir.from_onnx(model, shapes)
+    for value in micro.outputs:
+        full = full_outputs[value.name]
+        if not full or value.type.shape[0] * microbatches != full[0]:
+            raise CompileError(f"--microbatches {microbatches}: output '{value.name}' does not have the batch on axis 0 "
+                               f"({list(full)} at full batch); compile without micro-batches")
+    return micro
+
+
+def _capacity(device_memory: int | str | None) -> int | None:
+    if device_memory is None:
+        return None
+    try:
+        return parse_bytes(device_memory) if isinstance(device_memory, str) else int(device_memory)
     except ValueError as exc:
         raise CompileError(f"--device-memory: {exc}") from None
+
+
+def _distribute(graph, program, spec, cache, placement, microbatches, pins, capacities, link):
+    """Place the graph on the devices: measure node times, plan, insert Send/Recv, one program per device."""
+    devices = len(capacities)
+    if spec.kind != "llvm":
+        raise CompileError(f"devices={devices}: multi-device runs use CPU workers (gloo); compile with --target llvm")
+    threads = max(1, (os.cpu_count() or 1) // devices)
+    with tempfile.TemporaryDirectory(prefix="tessel-profile-") as scratch:
+        write_artifact(Path(scratch), [program], [plan_program_memory(program, spec.kind)], str(spec), cache)
+        step_ms = profile_steps(Path(scratch), program.steps, threads, ProfileDB())
+    tasks = build_tasks(graph, step_ms)
+    machine = Machine(tuple(c or (1 << 62) for c in capacities), link)
+    try:
+        plan = place(tasks, machine, placement, pins, microbatches)
+    except PlacementError as exc:
+        raise CompileError(str(exc)) from None
+    transfers = insert_transfers(graph, plan.device)
+    programs = [build_program(graph, spec, d, plan.device) for d in range(devices)]
+    memories = [plan_program_memory(p, spec.kind) for p in programs]
+    for d, (p, m) in enumerate(zip(programs, memories)):
+        _check_device_memory(m, weight_bytes(p), capacities[d], f"device {d}: ")
+    doc = PlacementReport(plan, transfers, machine, tasks, [weight_bytes(p) for p in programs],
+                          [m.arena_bytes for m in memories]).to_json()
+    return programs, doc
+
+
+def _check_device_memory(memory, weights: int, capacity: int | None, where: str = "") -> None:
+    if capacity is None:
+        return
     needed = memory.arena_bytes + weights
     if needed > capacity:
         raise CompileError(
-            f"the model needs {format_bytes(needed)} (weights {format_bytes(weights)} + activations "
+            f"{where}the model needs {format_bytes(needed)} (weights {format_bytes(weights)} + activations "
             f"{format_bytes(memory.arena_bytes)}) but the device has {format_bytes(capacity)}: "
             f"{format_bytes(needed - capacity)} missing; the activation peak is {peak_description(memory)}"
         )

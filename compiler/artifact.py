@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ir.types import TensorType, numpy_dtype
 from runtime.artifact_files import PLAN_FILE, read_plan, verify_files
 from runtime.errors import ArtifactError
 
@@ -42,7 +43,9 @@ class Artifact:
         return json.loads((self.directory / "reports" / "compile.json").read_text())
 
     def executor(self):
-        """The executor that runs this artifact (made on first use): profiling, arena inspection."""
+        """The executor that runs this (single-device) artifact, made on first use: profiling, arena inspection."""
+        if self.devices > 1:
+            raise ArtifactError(f"{self.directory}: a {self.devices}-device artifact runs on its workers; use run()")
         if self._executor is None:
             if self.target != "llvm":
                 raise ArtifactError(f"{self.directory}: compiled for {self.target}; running it needs that device")
@@ -51,9 +54,48 @@ class Artifact:
             self._executor = Executor(self.directory)
         return self._executor
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the model on numpy inputs by name; returns numpy outputs by name."""
+    @property
+    def devices(self) -> int:
+        """Devices (workers) the artifact runs on."""
+        return len(self.plan.get("devices", [None]))
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches one run splits the batch into."""
+        return int(self.plan.get("microbatches", 1))
+
+    def run(self, inputs: Mapping[str, np.ndarray], timeout: float = 30.0) -> dict[str, np.ndarray]:
+        """Run the model on numpy inputs by name; returns numpy outputs by name.
+
+        A multi-device artifact launches its local workers (one process per device) for the run.
+        """
+        if self.devices > 1 or self.microbatches > 1:
+            from runtime.launch import run_local
+
+            return run_local(self.directory, self.devices, self.check_inputs(inputs), timeout=timeout)[0]
         return self.executor().run(inputs)
+
+    def batch_input_types(self) -> dict[str, TensorType]:
+        """Input name → type of one whole batch (micro-batched artifacts run several micro-batches)."""
+        types = {}
+        for name, spec in self.inputs.items():
+            t = TensorType.parse(spec)
+            shape = (t.shape[0] * self.microbatches,) + t.shape[1:] if t.rank else t.shape
+            types[name] = TensorType(t.dtype, shape)
+        return types
+
+    def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Inputs checked against the whole-batch types before any worker starts."""
+        from runtime.errors import InputError
+
+        expected = {name: (t.shape, numpy_dtype(t.dtype)) for name, t in self.batch_input_types().items()}
+        if set(inputs) != set(expected):
+            raise InputError(f"inputs do not match the model: it takes {', '.join(sorted(expected))}, got {', '.join(sorted(inputs))}")
+        for name, (shape, dtype) in expected.items():
+            array = np.asarray(inputs[name])
+            if array.shape != shape or array.dtype != dtype:
+                raise InputError(f"input '{name}' is {array.dtype}{list(array.shape)}, the model takes {np.dtype(dtype)}{list(shape)}")
+        return {name: np.asarray(a) for name, a in inputs.items()}
 
     def save(self, directory: str | Path, overwrite: bool = False) -> Path:
         """Write the artifact to `directory`; an existing non-empty directory is refused unless `overwrite`."""

@@ -78,7 +78,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     check_destination(output, args.force)  # before compiling: refuse early, not after minutes of work
     artifact = compile_model(args.model, target=args.target, input_shapes=_input_shapes(args.input_shape),
                              jobs=args.jobs, progress=stderr_progress, device_memory=args.device_memory,
-                             skip_passes=args.skip_pass,
+                             devices=args.devices, placement=args.placement, microbatches=args.microbatches,
+                             pins=args.pin, machine=args.machine, skip_passes=args.skip_pass,
                              verify=args.verify, dump_after=args.dump_after)
     artifact.save(output, overwrite=args.force)
     report = artifact.report()
@@ -87,6 +88,11 @@ def _cmd_compile(args: argparse.Namespace) -> int:
           f"({report['kernels_cached']} from cache), {report['kernel_calls']} kernel calls per run, "
           f"activations {format_bytes(memory['arena_bytes'])} (bound {format_bytes(memory['bound_bytes'])}), "
           f"weights {format_bytes(memory['weights_bytes'])} -> {output}")
+    if "placement" in report:
+        placed = report["placement"]
+        print(f"placement {placed['planner']} on {report['devices']} devices: predicted "
+              f"{1e3 * placed['predicted_makespan_s']:.2f} ms per batch (bound {1e3 * placed['bound_s']:.2f} ms), "
+              f"{format_bytes(placed['transfer_bytes'])} sent per micro-batch; see {output / 'reports' / 'placement.md'}")
     for name in args.dump_after:
         print(f"graph after {name}: {output / 'reports' / f'after_{name}.txt'} and .onnx")
     return 0
@@ -98,7 +104,7 @@ def _read_inputs(path: str | None, artifact) -> dict[str, np.ndarray]:
     if path is None:
         rng = np.random.default_rng(0)
         print("no --inputs given: running on random inputs", file=sys.stderr)
-        return {name: _random_input(TensorType.parse(spec), rng) for name, spec in artifact.inputs.items()}
+        return {name: _random_input(t, rng) for name, t in artifact.batch_input_types().items()}
     try:
         with np.load(path, allow_pickle=False) as data:
             return {name: data[name] for name in data.files}
@@ -120,18 +126,34 @@ def _cmd_run(args: argparse.Namespace) -> int:
     artifact = load(args.artifact)
     if args.outputs and Path(args.outputs).exists() and not args.force:
         raise ArtifactError(f"{args.outputs}: already exists; choose another file or pass --force")
+    if args.workers is not None and args.workers != artifact.devices:
+        raise ArtifactError(f"{args.artifact}: compiled for {artifact.devices} device(s); run it with --workers "
+                            f"{artifact.devices} or recompile with --devices {args.workers}")
     inputs = _read_inputs(args.inputs, artifact)
-    outputs = artifact.run(inputs)
-    times = []
-    for _ in range(max(args.repeat, 0)):
-        started = time.perf_counter()
-        artifact.run(inputs)
-        times.append(time.perf_counter() - started)
+    if artifact.devices > 1 or artifact.microbatches > 1:
+        from runtime.launch import run_local
+
+        print(f"running on {artifact.devices} local workers", file=sys.stderr)
+        outputs, measured = run_local(artifact.directory, artifact.devices, artifact.check_inputs(inputs),
+                                      repeat=max(args.repeat, 0), timeout=args.timeout)
+        times = measured["seconds"][1:]
+    else:
+        outputs = artifact.run(inputs)
+        times = []
+        for _ in range(max(args.repeat, 0)):
+            started = time.perf_counter()
+            artifact.run(inputs)
+            times.append(time.perf_counter() - started)
     for name, array in outputs.items():
         summary = f"min {array.min():.6g} max {array.max():.6g}" if array.size and array.dtype != bool else ""
         print(f"{name}: {array.dtype}[{','.join(map(str, array.shape))}] {summary}")
     if times:
         print(f"latency over {len(times)} runs: median {1e3 * float(np.median(times)):.3f} ms, min {1e3 * min(times):.3f} ms")
+        placement = artifact.directory / "reports" / "placement.json"
+        if placement.is_file():
+            predicted = json.loads(placement.read_text())["predicted_makespan_s"]
+            measured = float(np.median(times))
+            print(f"placement predicted {1e3 * predicted:.3f} ms per batch: error {100 * (predicted - measured) / measured:+.1f}%")
     if args.outputs:
         np.savez(args.outputs, **outputs)
     if args.check:
@@ -184,6 +206,16 @@ def build_parser() -> argparse.ArgumentParser:
     compile_cmd.add_argument("--verify", action="store_true", help="check the graph's invariants after every pass")
     compile_cmd.add_argument("--device-memory", metavar="SIZE",
                              help="memory of the device, e.g. 512MiB: fail when weights and activations do not fit")
+    compile_cmd.add_argument("--devices", type=int, default=1, metavar="N", help="place the model on N devices (workers)")
+    compile_cmd.add_argument("--placement", default="auto", choices=("auto", "single", "pipeline", "list"),
+                             help="placement planner (default: the best predicted)")
+    compile_cmd.add_argument("--microbatches", type=int, default=1, metavar="K",
+                             help="split the batch (axis 0) into K micro-batches that pipeline through the devices")
+    compile_cmd.add_argument("--pin", action="append", default=[], metavar="REGEX=DEVICE",
+                             help="keep nodes whose name matches REGEX on DEVICE (repeatable)")
+    compile_cmd.add_argument("--machine", metavar="MACHINE.json",
+                             help='devices, memory and link as JSON: {"devices": 2, "memory": "2GiB", '
+                                  '"link": {"alpha_s": 5e-5, "beta_s_per_byte": 1e-9}}')
     compile_cmd.set_defaults(run=_cmd_compile)
 
     run = commands.add_parser("run", help="run a compiled artifact")
@@ -193,8 +225,42 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--repeat", type=int, default=0, metavar="N", help="time N more runs and print the latency")
     run.add_argument("--check", action="store_true", help="compare with onnxruntime on the original model")
     run.add_argument("--force", action="store_true", help="replace an existing --outputs file")
+    run.add_argument("--workers", type=int, metavar="N",
+                     help="local workers to spawn (must equal the artifact's devices; default: that many)")
+    run.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                     help="seconds a worker waits for a peer before all of them stop (default 30)")
     run.set_defaults(run=_cmd_run)
+
+    report = commands.add_parser("report", help="print an artifact's reports: compile, passes, memory, placement")
+    report.add_argument("artifact", help="artifact directory written by 'tessel compile'")
+    report.set_defaults(run=_cmd_report)
+
+    calibrate = commands.add_parser("calibrate", help="measure the link cost (alpha, beta) between two local workers")
+    calibrate.add_argument("--repeat", type=int, default=20, metavar="N", help="round trips per message size")
+    calibrate.set_defaults(run=_cmd_calibrate)
     return parser
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .api import load
+
+    artifact = load(args.artifact)
+    report = artifact.report()
+    print(f"# {args.artifact}: {report['target']}, {report.get('devices', 1)} device(s), {report['kernel_calls']} kernel calls")
+    for name in ("passes.md", "memory.md", "placement.md"):
+        path = artifact.directory / "reports" / name
+        if path.is_file():
+            print()
+            print(path.read_text().rstrip())
+    return 0
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from runtime.calibrate import calibrate
+
+    alpha, beta, path = calibrate(args.repeat)
+    print(f"link: alpha {1e6 * alpha:.1f} us, beta {1e9 * beta:.3f} ns/byte ({1 / beta / 1e9:.2f} GB/s) -> {path}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,5 +1,6 @@
 """The memory step of the driver: program → lifetimes → plan (passes/memory_plan.py) → reports.
 
+Sent tensors live until the end of the run (sends complete asynchronously).
 `If` steps are flattened into the timeline (then-branch steps, else-branch
 steps, then the step that copies the taken branch's results): only one branch
 runs, so this is conservative and always safe.
@@ -27,6 +28,10 @@ def schedule_uses(steps: Sequence[dict[str, Any]]) -> list[StepUse]:
                                 inplace=tuple(tuple(pair) for pair in step.get("inplace", ()))))
         elif kind == "view":
             uses.append(StepUse(name, op, (step["input"],), (step["output"],), views=((step["output"], step["input"]),)))
+        elif kind == "send":
+            uses.append(StepUse(name, op, (step["tensor"],)))
+        elif kind == "recv":
+            uses.append(StepUse(name, op, (), (step["output"],)))
         elif kind == "if":
             uses.append(StepUse(name, op, (step["condition"],)))
             for branch in ("then", "else"):
@@ -42,8 +47,12 @@ def plan_program_memory(program: Program, target_kind: str) -> MemoryPlan:
     """The arena plan of every activation of `program` (weights live in their own region)."""
     sizes = {name: TensorType.parse(spec).nbytes for name, spec in program.values.items() if name not in program.weights}
     alignment = CUDA_ALIGNMENT if target_kind == "cuda" else DEFAULT_ALIGNMENT
-    return plan_memory(schedule_uses(program.steps), sizes, inputs=program.inputs, outputs=program.outputs,
-                       alignment=alignment)
+    uses = schedule_uses(program.steps)
+    sent = tuple(step["tensor"] for step in program.steps if step["kind"] == "send")
+    if sent:
+        # Sends complete asynchronously: a sent buffer stays untouched until the run's end.
+        uses.append(StepUse("wait for sends", "Send", sent))
+    return plan_memory(uses, sizes, inputs=program.inputs, outputs=program.outputs, alignment=alignment)
 
 
 def weight_bytes(program: Program) -> int:
@@ -111,12 +120,13 @@ def memory_markdown(report: dict[str, Any], largest: int = 10) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_memory_reports(directory: Path, plan: MemoryPlan, weights: int) -> dict[str, Any]:
-    """Write reports/memory.json, memory.md and memory_timeline.png; returns the JSON report."""
+def write_memory_reports(directory: Path, plan: MemoryPlan, weights: int, suffix: str = "") -> dict[str, Any]:
+    """Write memory<suffix>.json, .md and memory<suffix>_timeline.png into `directory`; returns the JSON report."""
     from .timeline_png import write_timeline_png
 
     report = memory_report(plan, weights)
-    (directory / "memory.json").write_text(json.dumps(report, indent=1))
-    (directory / "memory.md").write_text(memory_markdown(report))
-    write_timeline_png(directory / "memory_timeline.png", report["timeline"], report["arena_bytes"], report["peak"]["step"])
+    (directory / f"memory{suffix}.json").write_text(json.dumps(report, indent=1))
+    (directory / f"memory{suffix}.md").write_text(memory_markdown(report))
+    write_timeline_png(directory / f"memory{suffix}_timeline.png", report["timeline"], report["arena_bytes"],
+                       report["peak"]["step"])
     return report

@@ -8,7 +8,7 @@ run. The program is plain data (JSON-ready): the runtime executes it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from backends.lowering import LoweringError, static_inputs, supports
 from backends.lowering.packing import plan_packing
 from ir.graph import Graph, Node, Value
 from passes.inplace import inplace_inputs
+from passes.partition import HOME_DEVICE, node_device
 from ir.schema import TESSEL_DOMAIN
 from ir.types import TensorType
 
@@ -62,6 +63,12 @@ class _Builder:
 
     def step(self, node: Node) -> dict[str, Any]:
         where = {"node": node.name, "op": node.op_type}
+        if node.domain == TESSEL_DOMAIN and node.op_type == "Send":
+            return {"kind": "send", **where, "tensor": self.read(node.inputs[0]), "to": node.attrs["peer"],
+                    "tag": node.attrs["tag"]}
+        if node.domain == TESSEL_DOMAIN and node.op_type == "Recv":
+            return {"kind": "recv", **where, "output": self.write(node.outputs[0]), "from": node.attrs["peer"],
+                    "tag": node.attrs["tag"]}
         if node.domain == TESSEL_DOMAIN and node.op_type == "Unreachable":
             for out in node.outputs:
                 self.write(out)
@@ -193,11 +200,20 @@ class _Builder:
         return stand_in
 
 
-def build_program(graph: Graph, target) -> Program:
-    """The program that runs `graph` on `target` (kernels still to be compiled)."""
+def build_program(graph: Graph, target, device: int | None = None, placement: Mapping[str, int] | None = None) -> Program:
+    """The program that runs `graph` on `target` (kernels still to be compiled).
+
+    With a `placement` (node name → device, after passes/partition.py inserted
+    Send/Recv), the program of one `device`: its nodes only; model inputs and
+    outputs belong to device 0.
+    """
     builder = _Builder(target)
-    inputs = [builder.write(v) for v in graph.inputs]
-    steps = builder.steps(graph)
-    outputs = [builder.read(v) for v in graph.outputs]
+    home = device in (None, HOME_DEVICE)
+    inputs = [builder.write(v) for v in graph.inputs] if home else []
+    if placement is None:
+        steps = builder.steps(graph)
+    else:
+        steps = [builder.step(node) for node in graph.nodes if node_device(node, placement) == device]
+    outputs = [builder.read(v) for v in graph.outputs] if home else []
     unsupported = [f"{op} (first node '{name}')" for op, name in builder.unsupported.items()]
     return Program(steps, builder.kernels, builder.values, builder.weights, inputs, outputs, unsupported)

@@ -110,6 +110,11 @@ def _node_protos(node: Node) -> list[onnx.NodeProto]:
         return _unreachable_protos(node, outputs)
     if _is_fused(node):
         return [helper.make_node(node.name, inputs, outputs, name=node.name, domain=FUSED_DOMAIN)]
+    if node.domain == TESSEL_DOMAIN and node.op_type == "Send":
+        return []
+    if node.domain == TESSEL_DOMAIN and node.op_type == "Recv":
+        # A placed graph exports as the single-device computation: a Recv reads the tensor sent.
+        return [helper.make_node("Identity", [node.attrs["tensor"]], outputs, name=node.name)]
     schema = get_schema(node.op_type, node.domain)
     proto = helper.make_node(node.op_type, inputs, outputs, name=node.name, domain=node.domain)
     proto.attribute.extend(

@@ -175,6 +175,18 @@ def _infer_fused(attrs, input_types, input_data, num_outputs):
     return [v.type for v in body.outputs]
 
 
+def _infer_send(attrs, input_types, input_data, num_outputs):
+    if num_outputs:
+        raise InferenceFailure("Send has no outputs")
+    return []
+
+
+def _infer_recv(attrs, input_types, input_data, num_outputs):
+    if num_outputs != 1:
+        raise InferenceFailure("Recv has exactly one output")
+    return [TensorType.parse(attrs["type"])]
+
+
 _CUSTOM_INFER = {"If": _infer_if}
 
 # Tessel's own ops. Unreachable stands for an If branch that cannot run with the
@@ -184,6 +196,20 @@ _TESSEL_SCHEMAS = {
         "Unreachable", TESSEL_DOMAIN, 1, 0, 0, 1, 2**31 - 1,
         {"message": AttrSpec("message", "string", True), "output_types": AttrSpec("output_types", "strings", True)},
         None, _infer_unreachable,
+    ),
+    # Send and Recv move one tensor between devices (passes/partition.py): Send runs on `device`
+    # and sends to `peer`; Recv runs on `device` and receives from `peer`; `tag` pairs them,
+    # `tensor` names the value sent.
+    "Send": OpSchema(
+        "Send", TESSEL_DOMAIN, 1, 1, 1, 0, 0,
+        {"device": AttrSpec("device", "int", True), "peer": AttrSpec("peer", "int", True),
+         "tag": AttrSpec("tag", "int", True)}, None, _infer_send,
+    ),
+    "Recv": OpSchema(
+        "Recv", TESSEL_DOMAIN, 1, 0, 0, 1, 1,
+        {"device": AttrSpec("device", "int", True), "peer": AttrSpec("peer", "int", True),
+         "tag": AttrSpec("tag", "int", True), "tensor": AttrSpec("tensor", "string", True),
+         "type": AttrSpec("type", "string", True)}, None, _infer_recv,
     ),
     # Fused is one kernel made of several ops (passes/fuse.py): `body` reads only its own inputs.
     "Fused": OpSchema(

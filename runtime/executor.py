@@ -24,15 +24,22 @@ Op = Callable[[], None]
 class Executor:
     """Runs the program of one artifact directory on the host CPU."""
 
-    def __init__(self, directory: str | Path, threads: int | None = None):
+    def __init__(self, directory: str | Path, threads: int | None = None, device: int = 0, comm=None):
         from backends.tvm_env import set_threads, tvm
 
         if threads is not None:
             set_threads(threads)
         self._tvm = tvm()
         self.directory = Path(directory)
-        self.plan = read_plan(self.directory)
-        verify_files(self.directory, self.plan)
+        self.artifact_plan = read_plan(self.directory)
+        verify_files(self.directory, self.artifact_plan)
+        # A multi-device artifact holds one program per device; this executor runs one of them.
+        devices = self.artifact_plan.get("devices")
+        if devices is not None and not 0 <= device < len(devices):
+            raise ArtifactError(f"{self.directory}: the artifact has {len(devices)} devices, not device {device}")
+        self.plan = {**self.artifact_plan, **devices[device]} if devices is not None else self.artifact_plan
+        self.device = device
+        self._comm = comm
         self._kernels = self._load_kernels()
         self._buffers: dict[str, np.ndarray] = {}
         self._tensors: dict[str, Any] = {}
@@ -47,7 +54,10 @@ class Executor:
     # ---- loading ------------------------------------------------------------
     def _load_kernels(self) -> dict[str, Any]:
         kernels = {}
+        used = set(_kernel_keys(self.plan["steps"]))
         for key, entry in self.plan["kernels"].items():
+            if key not in used:
+                continue
             path = self.directory / entry["file"]
             try:
                 kernels[key] = self._tvm.runtime.load_module(str(path))["main"]
@@ -105,6 +115,8 @@ class Executor:
             return lambda: fn(*args)
         if kind == "if":
             return self._bind_if(step)
+        if kind in ("send", "recv"):
+            return self._bind_transfer(step)
         if kind == "fail":
             message = step["message"]
 
@@ -132,6 +144,17 @@ class Executor:
 
         return run_if
 
+    def _bind_transfer(self, step: dict[str, Any]) -> Op:
+        if self._comm is None:
+            raise ArtifactError(f"{self.directory}: device {self.device} exchanges tensors with other devices; "
+                                "run it with its workers (tessel run DIR, or Artifact.run)")
+        comm = self._comm
+        if step["kind"] == "send":
+            buffer, peer, tag, name = self._buffer(step["tensor"]), step["to"], step["tag"], step["tensor"]
+            return lambda: comm.send(buffer, peer, tag, name)
+        buffer, peer, tag, name = self._buffer(step["output"]), step["from"], step["tag"], step["output"]
+        return lambda: comm.recv(buffer, peer, tag, name)
+
     # ---- running ------------------------------------------------------------
     @property
     def input_types(self) -> dict[str, TensorType]:
@@ -150,6 +173,8 @@ class Executor:
             np.copyto(self._buffer(name), np.asarray(inputs[name]), casting="no")
         for op in self._ops:
             op()
+        if self._comm is not None:
+            self._comm.wait_sends()
         return {name: np.array(self._buffer(name), copy=True) for name in self.plan["outputs"]}
 
     def profile(self, inputs: Mapping[str, np.ndarray], runs: int = 5) -> list[tuple[str, str, float]]:
@@ -185,3 +210,12 @@ class Executor:
 
 def _nothing() -> None:
     return None
+
+
+def _kernel_keys(steps: list[dict[str, Any]]):
+    for step in steps:
+        if step["kind"] == "kernel":
+            yield step["kernel"]
+        elif step["kind"] == "if":
+            yield from _kernel_keys(step["then"]["steps"])
+            yield from _kernel_keys(step["else"]["steps"])

@@ -1,0 +1,244 @@
+"""The placement step of the driver: measure node times, build the task graph, place, partition, report.
+
+Node times come from the profile database (kernel key and thread count →
+median milliseconds, measured through the backend by running the model once
+on this machine); a node with no measurement gets a FLOP/byte roofline estimate
+and is marked estimated. Link costs come from `tessel calibrate` (cached) or,
+until then, a default marked estimated.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ir.costs import bytes_moved, flops
+from ir.graph import Graph, Node
+from passes.partition import Transfers
+from passes.placement import Link, Machine, Placement, Task
+
+from .sizes import format_bytes
+
+# Roofline of one CPU core for nodes never measured: rough, and marked as estimated.
+ESTIMATE_FLOPS_PER_S = 20e9
+ESTIMATE_BYTES_PER_S = 5e9
+# Loopback gloo on this class of machine until `tessel calibrate` measures it.
+DEFAULT_LINK = Link(alpha=60e-6, beta=1 / 1.5e9, measured=False)
+
+
+def cache_root() -> Path:
+    """Where profiles and link calibrations are kept ($TESSEL_CACHE_DIR/.. or ~/.cache/tessel)."""
+    base = os.environ.get("TESSEL_CACHE_DIR")
+    return Path(base).parent if base else Path.home() / ".cache" / "tessel"
+
+
+class ProfileDB:
+    """Measured kernel times: (kernel key, threads) → median milliseconds, in one JSON file."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path or cache_root() / "profiles.json"
+        try:
+            self.entries: dict[str, float] = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.entries = {}
+
+    @staticmethod
+    def key(kernel: str, threads: int) -> str:
+        """The entry name of a kernel run with `threads` threads."""
+        return f"{kernel}@{threads}"
+
+    def get(self, kernel: str, threads: int) -> float | None:
+        """Median milliseconds, or None when never measured."""
+        return self.entries.get(self.key(kernel, threads))
+
+    def put(self, times: Mapping[str, float]) -> None:
+        """Record measurements and write the file (atomically)."""
+        self.entries.update(times)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_suffix(f".tmp{os.getpid()}")
+        temporary.write_text(json.dumps(self.entries, indent=0, sort_keys=True))
+        temporary.replace(self.path)
+
+
+def read_machine_file(path: str | os.PathLike) -> tuple[int, list[int | None], Link | None]:
+    """A JSON machine description: {"devices": N, "memory": "2GiB" or [per device], "link": {"alpha_s", "beta_s_per_byte"}}.
+
+    Returns (devices, memory per device or None, link or None); raises ValueError naming what is wrong.
+    """
+    from .sizes import parse_bytes
+
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: cannot read the machine description ({exc})") from None
+    devices = doc.get("devices")
+    if not isinstance(devices, int) or devices < 1:
+        raise ValueError(f"{path}: 'devices' must be a positive number")
+    memory = doc.get("memory")
+    sizes = memory if isinstance(memory, list) else [memory] * devices
+    if len(sizes) != devices:
+        raise ValueError(f"{path}: 'memory' lists {len(sizes)} sizes for {devices} devices")
+    parsed = [None if m is None else (parse_bytes(m) if isinstance(m, str) else int(m)) for m in sizes]
+    link = doc.get("link")
+    if link is not None:
+        try:
+            link = Link(float(link["alpha_s"]), float(link["beta_s_per_byte"]), measured=True)
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{path}: 'link' needs numbers alpha_s and beta_s_per_byte") from None
+    return devices, parsed, link
+
+
+def load_link() -> Link:
+    """The calibrated link (α, β) if `tessel calibrate` ran on this machine, else the default."""
+    try:
+        doc = json.loads((cache_root() / "link.json").read_text())
+        return Link(float(doc["alpha_s"]), float(doc["beta_s_per_byte"]), measured=True)
+    except (OSError, ValueError, KeyError):
+        return DEFAULT_LINK
+
+
+def save_link(alpha: float, beta: float, samples: Sequence[tuple[int, float]]) -> Path:
+    """Store a calibration; returns its path."""
+    path = cache_root() / "link.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"alpha_s": alpha, "beta_s_per_byte": beta,
+                                "samples": [{"bytes": b, "seconds": s} for b, s in samples]}, indent=1))
+    return path
+
+
+def profile_steps(artifact_dir: Path, program_steps: Sequence[dict[str, Any]], threads: int, db: ProfileDB,
+                  runs: int = 5) -> dict[str, tuple[float, bool]]:
+    """Milliseconds per kernel step (node name → (ms, measured)), measuring what the database lacks.
+
+    Measurement runs in a fresh process (runtime/profile.py) with `threads` TVM threads.
+    """
+    kernels = {s["node"]: s["kernel"] for s in program_steps if s["kind"] == "kernel"}
+    if any(db.get(k, threads) is None for k in kernels.values()):
+        import subprocess
+        import sys
+        import tempfile
+
+        from runtime.errors import ExecutionError
+
+        with tempfile.TemporaryDirectory(prefix="tessel-profile-") as scratch:
+            out = Path(scratch) / "times.json"
+            done = subprocess.run([sys.executable, "-m", "runtime.profile", str(Path(artifact_dir).resolve()),
+                                   "--threads", str(threads), "--runs", str(runs), "--out", str(out)],
+                                  capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+                raise ExecutionError(f"profiling the kernels failed: {last}")
+            measured = json.loads(out.read_text())
+        db.put({ProfileDB.key(kernels[node], threads): ms for node, ms in measured.items() if node in kernels})
+    return {node: (db.get(key, threads), True) for node, key in kernels.items()}
+
+
+def build_tasks(graph: Graph, step_ms: Mapping[str, tuple[float, bool]]) -> list[Task]:
+    """One task per top-level node: its time (measured, or a roofline estimate), weights and inputs."""
+    tasks = []
+    for node in graph.nodes:
+        measured = step_ms.get(node.name)
+        if measured is not None and measured[0] is not None:
+            seconds, estimated = measured[0] / 1e3, False
+        elif node.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"):
+            seconds, estimated = 0.0, False
+        else:
+            seconds, estimated = max(flops(node) / ESTIMATE_FLOPS_PER_S, bytes_moved(node) / ESTIMATE_BYTES_PER_S), True
+        weights = sum(v.type.nbytes for v in _constants_read(node))
+        inputs: dict[str, int] = {}
+        for value in node.dependencies():
+            if value.producer is not None and value.graph is graph and not value.is_constant:
+                inputs[value.producer.name] = inputs.get(value.producer.name, 0) + value.type.nbytes
+        out_bytes = sum(v.type.nbytes for v in node.outputs if v is not None)
+        tasks.append(Task(node.name, node.op_type, seconds, weights, out_bytes, tuple(inputs.items()), estimated))
+    return tasks
+
+
+def _constants_read(node: Node):
+    seen = {}
+    for value in node.dependencies():
+        if value.is_constant:
+            seen[id(value)] = value
+    for sub in node.subgraphs():
+        for inner in sub.walk_nodes():
+            for value in inner.inputs:
+                if value is not None and value.is_constant:
+                    seen[id(value)] = value
+    return list(seen.values())
+
+
+@dataclass
+class PlacementReport:
+    """What the placement decided and predicted, ready for reports/placement.json and .md."""
+
+    placement: Placement
+    transfers: Transfers
+    machine: Machine
+    tasks: list[Task]
+    device_weights: list[int]
+    device_arena: list[int]
+
+    def to_json(self) -> dict[str, Any]:
+        """Stable keys: planner, devices, node placement, transfers, per-device totals, prediction and bound."""
+        p = self.placement
+        compute = [0.0] * self.machine.devices
+        for task in self.tasks:
+            compute[p.device[task.name]] += task.seconds
+        return {
+            "planner": p.planner,
+            "devices": self.machine.devices,
+            "microbatches": p.microbatches,
+            "link": {"alpha_s": self.machine.link.alpha, "beta_s_per_byte": self.machine.link.beta,
+                     "measured": self.machine.link.measured},
+            "predicted_makespan_s": p.makespan,
+            "predicted_throughput_per_s": p.throughput,
+            "bound_s": p.bound,
+            "makespan_over_bound": round(p.quality, 4),
+            "estimated_tasks": sum(1 for t in self.tasks if t.estimated),
+            "per_device": [
+                {"device": d, "compute_s": compute[d], "busy_s": p.busy_seconds[d] if p.busy_seconds else None,
+                 "weights_bytes": self.device_weights[d], "arena_bytes": self.device_arena[d],
+                 "nodes": sum(1 for v in p.device.values() if v == d)}
+                for d in range(self.machine.devices)
+            ],
+            "transfers": [{"tensor": t, "from": a, "to": b, "bytes": n} for t, a, b, n in self.transfers.pairs],
+            "transfer_bytes": self.transfers.bytes,
+            "nodes": {t.name: {"device": p.device[t.name], "op": t.op, "start_s": p.start[t.name],
+                               "finish_s": p.finish[t.name], "estimated": t.estimated} for t in self.tasks},
+            "notes": p.notes,
+        }
+
+
+def placement_markdown(doc: Mapping[str, Any]) -> str:
+    """The placement report for people."""
+    lines = [
+        "# Placement", "",
+        f"Planner **{doc['planner']}** on {doc['devices']} devices, {doc['microbatches']} micro-batch(es). "
+        f"Predicted {1e3 * doc['predicted_makespan_s']:.2f} ms per batch against a bound of "
+        f"{1e3 * doc['bound_s']:.2f} ms (max of critical path and work / devices): ratio {doc['makespan_over_bound']:.2f}. "
+        f"Link α = {1e6 * doc['link']['alpha_s']:.0f} µs, β = {1e9 * doc['link']['beta_s_per_byte']:.2f} ns/B "
+        f"({'measured' if doc['link']['measured'] else 'estimated; run tessel calibrate'}). "
+        f"{doc['estimated_tasks']} node time(s) estimated, the rest measured.", "",
+        "| device | nodes | compute ms | busy ms | weights | arena |", "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for d in doc["per_device"]:
+        busy = f"{1e3 * d['busy_s']:.2f}" if d["busy_s"] is not None else "-"
+        lines.append(f"| {d['device']} | {d['nodes']} | {1e3 * d['compute_s']:.2f} | {busy} | "
+                     f"{format_bytes(d['weights_bytes'])} | {format_bytes(d['arena_bytes'])} |")
+    lines += ["", f"## Transfers ({len(doc['transfers'])}, {format_bytes(doc['transfer_bytes'])} per micro-batch)", "",
+              "| tensor | from | to | bytes |", "|---|---:|---:|---:|"]
+    lines += [f"| {t['tensor']} | {t['from']} | {t['to']} | {format_bytes(t['bytes'])} |" for t in doc["transfers"]]
+    measured = doc.get("measured")
+    if measured:
+        lines += ["", "## Measured", "",
+                  f"{measured['seconds_per_batch'] * 1e3:.2f} ms per batch over {measured['runs']} runs on "
+                  f"{measured['workers']} workers: prediction error {100 * measured['prediction_error']:+.1f}%."]
+    if doc["notes"]:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in doc["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["ProfileDB", "PlacementReport", "build_tasks", "load_link", "placement_markdown",
+           "profile_steps", "save_link"]

@@ -1,0 +1,60 @@
+"""Writing an artifact directory: kernels, weights, the model, the graph, reports and plan.json.
+
+A single-device artifact keeps its program at the top of plan.json. A
+multi-device artifact lists one program per device under "devices" (steps,
+values, weights file, memory plan, inputs and outputs), with device 0's
+inputs, outputs and values also at the top; kernels/ holds every device's
+kernels and each worker loads only its own.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from backends.cache import KernelCache
+from runtime.artifact_files import FORMAT, FORMAT_VERSION, PLAN_FILE, file_hash
+
+from .program import Program
+
+
+def program_section(program: Program, memory, weights_file: str) -> dict[str, Any]:
+    """The part of plan.json one device runs."""
+    return {
+        "inputs": program.inputs,
+        "outputs": program.outputs,
+        "values": program.values,
+        "weights": {"file": weights_file, "names": sorted(program.weights)},
+        "memory": {"alignment": memory.alignment, "arena_bytes": memory.arena_bytes, "offsets": memory.offsets},
+        "steps": program.steps,
+    }
+
+
+def write_artifact(root: Path, programs: Sequence[Program], memories: Sequence[Any], target: str,
+                   cache: KernelCache, extra: Mapping[str, Any] | None = None) -> None:
+    """Write kernels, weights and plan.json (with every file's hash) into `root`; reports must be there already."""
+    (root / "kernels").mkdir(exist_ok=True)
+    kernel_entries = {}
+    for program in programs:
+        for key, spec in program.kernels.items():
+            for suffix in (".so", ".cu", ".fatbin"):
+                source = cache.root / f"{key}{suffix}"
+                if source.is_file():
+                    shutil.copyfile(source, root / "kernels" / f"{key}{suffix}")
+            kernel_entries[key] = {"file": f"kernels/{key}.so", "op": spec.op_type}
+    sections = []
+    for device, (program, memory) in enumerate(zip(programs, memories)):
+        weights_file = "weights.npz" if len(programs) == 1 else f"weights_{device}.npz"
+        np.savez(root / weights_file, **{name: np.ascontiguousarray(a) for name, a in program.weights.items()})
+        sections.append(program_section(program, memory, weights_file))
+    plan: dict[str, Any] = {"format": FORMAT, "format_version": FORMAT_VERSION, "target": target, **sections[0]}
+    if len(programs) > 1:
+        plan["devices"] = sections
+    plan.update(extra or {})
+    plan["kernels"] = kernel_entries
+    files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    plan["hashes"] = {name: file_hash(root / name) for name in files}
+    (root / PLAN_FILE).write_text(json.dumps(plan, indent=1))

@@ -1,0 +1,58 @@
+"""Tensor exchange between workers over torch.distributed (gloo on CPU).
+
+Buffers go zero-copy: a numpy array in the arena becomes a torch tensor
+through DLPack, so gloo reads and writes the arena directly. Sends are
+asynchronous (the sender goes on computing) and are waited for at the end of
+each run; a receive blocks until its tensor arrives or the process group's
+timeout passes, and then fails naming the rank, the tensor and the peer.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ExecutionError
+
+
+class TorchComm:
+    """Send/recv of numpy buffers with torch.distributed; one per worker process."""
+
+    def __init__(self, rank: int, timeout_s: float):
+        import torch.distributed as dist
+        from torch.utils import dlpack
+
+        self._dist, self._dlpack = dist, dlpack
+        self.rank = rank
+        self.timeout_s = timeout_s
+        self._pending: list[tuple[object, str, int]] = []
+
+    def _tensor(self, array: np.ndarray):
+        return self._dlpack.from_dlpack(array.reshape(-1))
+
+    def send(self, array: np.ndarray, peer: int, tag: int, name: str) -> None:
+        """Start sending `array` to `peer`; it must stay untouched until `wait_sends`."""
+        try:
+            self._pending.append((self._dist.isend(self._tensor(array), dst=peer, tag=tag), name, peer))
+        except RuntimeError as exc:
+            raise ExecutionError(f"rank {self.rank}: cannot send tensor '{name}' to rank {peer} ({_reason(exc)})") from None
+
+    def recv(self, array: np.ndarray, peer: int, tag: int, name: str) -> None:
+        """Receive into `array` from `peer`, waiting at most the timeout."""
+        try:
+            self._dist.recv(self._tensor(array), src=peer, tag=tag)
+        except RuntimeError as exc:
+            raise ExecutionError(f"rank {self.rank}: gave up waiting for tensor '{name}' from rank {peer} "
+                                 f"after at most {self.timeout_s:.0f} s ({_reason(exc)})") from None
+
+    def wait_sends(self) -> None:
+        """Wait until every send of this run has been delivered."""
+        pending, self._pending = self._pending, []
+        for work, name, peer in pending:
+            try:
+                work.wait()
+            except RuntimeError as exc:
+                raise ExecutionError(f"rank {self.rank}: sending tensor '{name}' to rank {peer} failed ({_reason(exc)})") from None
+
+
+def _reason(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0][:160] if lines else type(exc).__name__

@@ -1,0 +1,121 @@
+"""One worker of a multi-device artifact: `python -m runtime.worker DIR` (what torchrun runs, too).
+
+Rank and world size come from RANK and WORLD_SIZE, the rendezvous from
+MASTER_ADDR and MASTER_PORT (torchrun sets all four; `tessel run` sets them for
+local workers on 127.0.0.1). Rank r runs device r's program; rank 0 reads the
+inputs (an .npz, or random ones), splits them into micro-batches, and writes
+the outputs. Any failure — a kernel error, a peer that died, a tensor that did
+not arrive within --timeout — prints one line naming this rank and exits 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+
+EXIT_FAILED = 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m runtime.worker", description="Run one device of a Tessel artifact.")
+    parser.add_argument("artifacts", nargs="+", metavar="artifact", help="artifact directory compiled with --devices N "
+                        "(several: run each in turn on the same workers)")
+    parser.add_argument("--inputs", metavar="IN.npz", help="model inputs (rank 0; default: random)")
+    parser.add_argument("--outputs", metavar="OUT.npz", help="where rank 0 writes the outputs")
+    parser.add_argument("--io-dir", metavar="DIR", help="with several artifacts: inputs in DIR/in<k>.npz (if there), "
+                        "outputs to DIR/out<k>.npz, times to DIR/times<k>.json")
+    parser.add_argument("--repeat", type=int, default=0, metavar="N", help="time N more runs after the first")
+    parser.add_argument("--timeout", type=float, default=30.0, metavar="S", help="seconds to wait for a peer")
+    parser.add_argument("--report", metavar="TIMES.json", help="where rank 0 writes the measured times")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    threads = int(os.environ.get("TESSEL_THREADS", str(max(1, (os.cpu_count() or 1) // local_world))))
+    try:
+        return _run(args, rank, world, threads)
+    except KeyboardInterrupt:
+        os._exit(EXIT_FAILED)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and a non-zero exit
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if not message.startswith("rank "):
+            message = f"rank {rank}: {message}"
+        print(f"tessel worker: {message}", file=sys.stderr, flush=True)
+        # Leave without tearing down the process group: a dead peer would make that hang.
+        os._exit(EXIT_FAILED)
+
+
+def _run(args, rank: int, world: int, threads: int) -> int:
+    import torch.distributed as dist
+
+    from runtime.artifact_files import read_plan
+    from runtime.comm import TorchComm
+    from runtime.errors import ArtifactError
+    from runtime.executor import Executor
+
+    plans = [read_plan(Path(a)) for a in args.artifacts]
+    for artifact, plan in zip(args.artifacts, plans):
+        devices = len(plan.get("devices", [None]))
+        if world != devices:
+            raise ArtifactError(f"{artifact}: the artifact has {devices} device(s) but {world} worker(s) were started")
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=args.timeout))
+    comm = TorchComm(rank, args.timeout)
+    for k, (artifact, plan) in enumerate(zip(args.artifacts, plans)):
+        io = Path(args.io_dir) if args.io_dir else None
+        inputs = str(io / f"in{k}.npz") if io and (io / f"in{k}.npz").is_file() else args.inputs
+        outputs = str(io / f"out{k}.npz") if io else args.outputs
+        report = str(io / f"times{k}.json") if io else args.report
+        executor = Executor(artifact, threads=threads, device=rank, comm=comm)
+        microbatches = int(plan.get("microbatches", 1))
+        slices = _input_slices(inputs, executor, microbatches) if rank == 0 else [{}] * microbatches
+        times, results = [], None
+        for run in range(1 + args.repeat):
+            dist.barrier()
+            started = time.perf_counter()
+            parts = [executor.run(feeds) for feeds in slices]
+            times.append(time.perf_counter() - started)
+            if run == 0 and rank == 0:
+                results = {name: np.concatenate([p[name] for p in parts]) if microbatches > 1 else parts[0][name]
+                           for name in parts[0]}
+        dist.barrier()
+        if rank == 0:
+            if outputs:
+                np.savez(outputs, **results)
+            if report:
+                Path(report).write_text(json.dumps({"seconds": times, "workers": world, "threads": threads}))
+    dist.destroy_process_group()
+    return 0
+
+
+def _input_slices(path, executor, microbatches: int) -> list[dict[str, np.ndarray]]:
+    """The inputs (full batch) split into micro-batches along axis 0."""
+    from ir.types import numpy_dtype
+
+    if path:
+        with np.load(path, allow_pickle=False) as data:
+            full = {name: data[name] for name in data.files}
+    else:
+        rng = np.random.default_rng(0)
+        full = {}
+        for name, t in executor.input_types.items():
+            shape = (t.shape[0] * microbatches,) + t.shape[1:] if t.rank else t.shape
+            dtype = numpy_dtype(t.dtype)
+            full[name] = rng.standard_normal(shape).astype(dtype) if np.issubdtype(dtype, np.floating) else np.zeros(shape, dtype)
+    if microbatches == 1:
+        return [full]
+    return [{name: np.ascontiguousarray(np.array_split(a, microbatches)[k]) for name, a in full.items()}
+            for k in range(microbatches)]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
