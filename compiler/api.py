@@ -15,12 +15,13 @@ from backends.lowering import LoweringError
 from backends.target import parse_target
 from backends.tvm_env import version as tvm_version
 from ir.errors import TesselError
+from ir.onnx_import import with_batch
 from passes.partition import insert_transfers
 from passes.placement import Machine, PlacementError, place
 
 from .artifact import Artifact, load
-from .distribute import (PlacementReport, ProfileDB, build_tasks, load_link, placement_markdown, profile_steps,
-                         read_machine_file)
+from .distribute import (PlacementReport, ProfileDB, ProfilingFailed, build_tasks, load_link, placement_markdown,
+                         profile_steps, read_machine_file)
 from .gantt_png import write_gantt_png
 from .packaging import write_artifact
 from .memory import peak_description, plan_program_memory, weight_bytes, write_memory_reports
@@ -43,6 +44,7 @@ def compile(  # noqa: A001 - the contract names it compile
     devices: int = 1,
     placement: str = "auto",
     microbatches: int = 1,
+    batch: int | None = None,
     pins: Sequence[str] = (),
     machine: str | os.PathLike | None = None,
     cache_dir: str | os.PathLike | None = None,
@@ -58,7 +60,8 @@ def compile(  # noqa: A001 - the contract names it compile
     `devices` > 1 places the model on that many devices (`placement`: auto, single,
     pipeline or list; `pins`: 'REGEX=DEVICE' constraints) and inserts the Send/Recv
     pairs between them; with `microbatches` K the batch (axis 0 of every input and
-    output) runs as K micro-batches that flow through the devices in a pipeline. A JSON
+    output) runs as K micro-batches that flow through the devices in a pipeline; `batch`
+    re-declares axis 0 of every model input (e.g. batch 8 of a model exported at batch 1). A JSON
     `machine` file gives the devices, their memory and the link cost instead.
     `device_memory` (bytes, or a size such as "512MiB", per device) makes compilation
     fail when the weights and the planned activation arena do not fit.
@@ -78,6 +81,10 @@ def compile(  # noqa: A001 - the contract names it compile
     capacity = capacities[0]
     started = time.perf_counter()
     model = ir.load_model(model_or_path)
+    if batch is not None:
+        model = with_batch(model, batch)
+        input_shapes = {name: (batch,) + tuple(shape[1:]) if len(shape) else tuple(shape)
+                        for name, shape in (input_shapes or {}).items()}
     graph = _import(model, input_shapes, microbatches)
     imported = time.perf_counter()
     staging = tempfile.TemporaryDirectory(prefix="tessel-artifact-")
@@ -171,7 +178,10 @@ def _import(model, input_shapes, microbatches: int):
                                f"{batch if value.type.rank else 'none (a scalar)'}, not a multiple of {microbatches}")
         shapes[value.name] = (batch // microbatches,) + value.type.shape[1:]
     full_outputs = {v.name: v.type.shape for v in graph.outputs}
-    micro = ir.from_onnx(model, shapes)
+    batches = {shape[0] for shape in shapes.values()}
+    if len(batches) != 1:
+        raise CompileError(f"--microbatches {microbatches}: the inputs disagree on the batch size (axis 0)")
+    micro = ir.from_onnx(with_batch(model, batches.pop()), shapes)
     for value in micro.outputs:
         full = full_outputs[value.name]
         if not full or value.type.shape[0] * microbatches != full[0]:
@@ -197,13 +207,18 @@ def _distribute(graph, program, spec, cache, placement, microbatches, pins, capa
     threads = max(1, (os.cpu_count() or 1) // devices)
     with tempfile.TemporaryDirectory(prefix="tessel-profile-") as scratch:
         write_artifact(Path(scratch), [program], [plan_program_memory(program, spec.kind)], str(spec), cache)
-        step_ms = profile_steps(Path(scratch), program.steps, threads, ProfileDB())
+        try:
+            step_ms, note = profile_steps(Path(scratch), program.steps, threads, ProfileDB()), None
+        except ProfilingFailed as exc:
+            step_ms, note = {}, f"kernels could not be timed on random inputs ({exc}); node times are estimates"
     tasks = build_tasks(graph, step_ms)
     machine = Machine(tuple(c or (1 << 62) for c in capacities), link)
     try:
         plan = place(tasks, machine, placement, pins, microbatches)
     except PlacementError as exc:
         raise CompileError(str(exc)) from None
+    if note:
+        plan.notes.append(note)
     transfers = insert_transfers(graph, plan.device)
     programs = [build_program(graph, spec, d, plan.device) for d in range(devices)]
     memories = [plan_program_memory(p, spec.kind) for p in programs]

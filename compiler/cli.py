@@ -79,6 +79,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     artifact = compile_model(args.model, target=args.target, input_shapes=_input_shapes(args.input_shape),
                              jobs=args.jobs, progress=stderr_progress, device_memory=args.device_memory,
                              devices=args.devices, placement=args.placement, microbatches=args.microbatches,
+                             batch=args.batch,
                              pins=args.pin, machine=args.machine, skip_passes=args.skip_pass,
                              verify=args.verify, dump_after=args.dump_after)
     artifact.save(output, overwrite=args.force)
@@ -136,7 +137,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"running on {artifact.devices} local workers", file=sys.stderr)
         outputs, measured = run_local(artifact.directory, artifact.devices, artifact.check_inputs(inputs),
                                       repeat=max(args.repeat, 0), timeout=args.timeout)
-        times = measured["seconds"][1:]
+        times = []
+        if measured["seconds_per_batch"] is not None:
+            _print_stream(artifact, measured)
     else:
         outputs = artifact.run(inputs)
         times = []
@@ -149,16 +152,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"{name}: {array.dtype}[{','.join(map(str, array.shape))}] {summary}")
     if times:
         print(f"latency over {len(times)} runs: median {1e3 * float(np.median(times)):.3f} ms, min {1e3 * min(times):.3f} ms")
-        placement = artifact.directory / "reports" / "placement.json"
-        if placement.is_file():
-            predicted = json.loads(placement.read_text())["predicted_makespan_s"]
-            measured = float(np.median(times))
-            print(f"placement predicted {1e3 * predicted:.3f} ms per batch: error {100 * (predicted - measured) / measured:+.1f}%")
     if args.outputs:
         np.savez(args.outputs, **outputs)
     if args.check:
         return _check(artifact, inputs, outputs)
     return 0
+
+
+def _print_stream(artifact, measured) -> None:
+    """Latency of one run and time per batch streaming --repeat runs, each against the placement's prediction."""
+    placement = json.loads((artifact.directory / "reports" / "placement.json").read_text())
+    for label, got, predicted in (("latency of one run", measured["latency_s"], placement["predicted_makespan_s"]),
+                                  (f"time per batch over {measured['runs']} streamed runs", measured["seconds_per_batch"],
+                                   placement["predicted_steady_s"])):
+        print(f"{label}: {1e3 * got:.3f} ms; placement predicted {1e3 * predicted:.3f} ms "
+              f"(error {100 * (predicted - got) / got:+.1f}%)")
 
 
 def _check(artifact, inputs, outputs) -> int:
@@ -206,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     compile_cmd.add_argument("--verify", action="store_true", help="check the graph's invariants after every pass")
     compile_cmd.add_argument("--device-memory", metavar="SIZE",
                              help="memory of the device, e.g. 512MiB: fail when weights and activations do not fit")
+    compile_cmd.add_argument("--batch", type=int, metavar="N", help="run N samples at once: axis 0 of every input becomes N")
     compile_cmd.add_argument("--devices", type=int, default=1, metavar="N", help="place the model on N devices (workers)")
     compile_cmd.add_argument("--placement", default="auto", choices=("auto", "single", "pipeline", "list"),
                              help="placement planner (default: the best predicted)")

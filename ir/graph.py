@@ -269,6 +269,8 @@ class Graph:
         for index, value in enumerate(node._inputs):
             if value is not None:
                 value._uses.remove((node, index))
+        for sub in node.subgraphs():
+            sub.release_uses()
         for out in node.outputs:
             if out is not None:
                 self._forget(out)
@@ -281,6 +283,14 @@ class Graph:
             raise ValueError(f"cannot remove constant {value.name!r}: it is still used")
         self.constants.remove(value)
         self._forget(value)
+
+    def release_uses(self) -> None:
+        """Make this graph's nodes (and their subgraphs') stop reading values of enclosing scopes:
+        for a subgraph being thrown away, so its reads do not linger in other values' use lists."""
+        for inner in self.walk_nodes():
+            for index, value in enumerate(inner._inputs):
+                if value is not None and (inner, index) in value._uses:
+                    value._uses.remove((inner, index))
 
     def rename_value(self, value: Value, new_name: str) -> None:
         """Give `value` a new name, which must be unused in this graph's scope tree."""

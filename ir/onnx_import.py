@@ -85,6 +85,59 @@ def onnx_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     return graphs
 
 
+def with_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
+    """A copy of the model whose inputs take `batch` on axis 0 (declared 1, symbolic, or anything).
+
+    Shapes inside are re-inferred at import; a model that hard-codes its batch
+    (e.g. a Reshape to [1, -1]) then fails to import with the node that does.
+    """
+    if batch < 1:
+        raise ShapeBindingError(f"--batch {batch}: must be at least 1")
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    initializers = {t.name for t in copy.graph.initializer}
+    batched = 0
+    for vi in copy.graph.input:
+        dims = vi.type.tensor_type.shape.dim
+        if vi.name in initializers or not vi.type.tensor_type.HasField("shape") or not dims:
+            continue
+        dims[0].Clear()
+        dims[0].dim_value = batch
+        batched += 1
+    if not batched:
+        raise ShapeBindingError(f"--batch {batch}: the model has no input with a batch axis")
+    del copy.graph.value_info[:]
+    _unpin_reshape_batch(copy.graph)
+    return copy
+
+
+def _unpin_reshape_batch(graph: onnx.GraphProto) -> None:
+    """Exporters often write Reshape(x, [1, ...]) for a batch of one: the leading 1 becomes -1.
+
+    At batch 1 that is the same reshape (the -1 resolves to 1); at another batch the
+    -1 takes the batch, and a reshape that really meant 1 fails at import with the
+    node named. Only shapes without another -1 are touched; each rewritten node gets
+    its own copy of the shape.
+    """
+    from onnx import numpy_helper
+
+    constants = {t.name: t for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            constants[node.output[0]] = node.attribute[0].t
+    for index, node in enumerate(graph.node):
+        if node.op_type != "Reshape" or len(node.input) < 2 or node.input[1] not in constants:
+            continue
+        shape = numpy_helper.to_array(constants[node.input[1]]).astype(np.int64)
+        if shape.ndim != 1 or not shape.size or shape[0] != 1 or (shape == -1).any():
+            continue
+        unpinned = shape.copy()
+        unpinned[0] = -1
+        name = f"{node.input[1]}__batch_{index}"
+        graph.initializer.append(numpy_helper.from_array(unpinned, name))
+        node.input[1] = name
+
+
 def walk_onnx_nodes(graph: onnx.GraphProto):
     """Every node of an ONNX graph and, depth first, of its subgraphs."""
     for node in graph.node:
@@ -302,7 +355,11 @@ class _Importer:
         sub = Graph(name, parent=parent)
         inner = ChainMap({}, scope)
         self._add_initializers(proto, sub, inner)
-        self._import_body(proto, sub, inner)
+        try:
+            self._import_body(proto, sub, inner)
+        except ModelImportError:
+            sub.release_uses()  # the partly imported branch is dropped
+            raise
         self._bind_outputs(proto, sub, inner)
         _drop_unused_constants(sub)
         self.where = where

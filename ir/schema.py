@@ -134,6 +134,11 @@ def _onnx_infer(schema, attrs, input_types, input_data, num_outputs):
         if any(d < 0 for d in dims):
             raise InferenceFailure(f"output {out_names.index(name)} would have negative dimensions {list(dims)}")
         result.append(TensorType(dtype, dims))
+    if schema.op_type == "Reshape" and input_types[0] is not None and result[0].numel != input_types[0].numel:
+        # ONNX's inference does not check this; a model exported at one batch size and run at
+        # another fails here, at the node that hard-codes the batch.
+        raise InferenceFailure(f"Reshape of {input_types[0].numel} elements {list(input_types[0].shape)} into "
+                               f"{list(result[0].shape)} ({result[0].numel} elements)")
     return result
 
 

@@ -77,10 +77,26 @@ def _check_scope(graph: Graph, outer: set[int], problems: list[str]) -> None:
         for user, index in value.uses:
             if index >= len(user.inputs) or user.inputs[index] is not value:
                 problems.append(f"value '{value.name}' lists a use by '{user.name}' input {index} that reads something else")
+            elif not _attached(user):
+                problems.append(f"value '{value.name}' lists a use by '{user.name}', which is no longer in any graph")
     for value in graph.outputs:
         if id(value) not in defined:
             problems.append(f"graph '{graph.name}' returns '{value.name}', which is not defined in its scope")
     _check_acyclic(graph, problems)
+
+
+def _attached(node: Node) -> bool:
+    """True when the node is in its graph and that graph hangs from a node of its parent, up to the root."""
+    while True:
+        graph = node.graph
+        if node not in graph.nodes:
+            return False
+        if graph.parent is None:
+            return True
+        owner = next((n for n in graph.parent.nodes if any(sub is graph for sub in n.subgraphs())), None)
+        if owner is None:
+            return False
+        node = owner
 
 
 def _check_node_types(node: Node, where: str, problems: list[str]) -> None:

@@ -16,6 +16,7 @@ total work / devices); `auto` picks the plan with the best predicted time.
 """
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -78,6 +79,11 @@ class Placement:
     def throughput(self) -> float:
         """Predicted batches (of `microbatches` micro-batches) per second."""
         return 1.0 / self.makespan if self.makespan else float("inf")
+
+    @property
+    def steady_seconds(self) -> float:
+        """Predicted time per batch when batches stream back to back: the busiest device limits it."""
+        return self.microbatches * max(self.busy_seconds, default=self.makespan)
 
     @property
     def quality(self) -> float:
@@ -219,26 +225,29 @@ def place_pipeline(tasks: Sequence[Task], machine: Machine, pins=(), microbatche
     def stage_cost(i: int, j: int) -> float:  # tasks i..j-1
         return prefix[j] - prefix[i] + comm[i] + comm[j]
 
+    def furthest(i: int, limit: float, capacity: int) -> int | None:
+        """The largest j > i with stage i..j-1 within the limit and the memory, or None."""
+        # Compute and weights only grow with j: bisect for the last j they allow, then step back
+        # over cuts whose transfer cost is too high.
+        j = min(bisect.bisect_right(prefix, prefix[i] + limit - comm[i]) - 1,
+                bisect.bisect_right(weights, weights[i] + capacity) - 1, n)
+        while j > i and stage_cost(i, j) > limit:
+            j -= 1
+        return j if j > i else None
+
     def split(limit: float) -> list[int] | None:
         bounds, i = [0], 0
         for d in range(devices):
-            j = i + 1
-            if j > n:
-                break
-            if stage_cost(i, j) > limit or weights[j] - weights[i] > machine.memory[d]:
-                return None
-            while j < n and stage_cost(i, j + 1) <= limit and weights[j + 1] - weights[i] <= machine.memory[d]:
-                j += 1
-            # The last device takes the rest.
-            if d == devices - 1 and j < n:
+            j = furthest(i, limit, machine.memory[d])
+            if j is None:
                 return None
             bounds.append(j)
             i = j
             if i == n:
-                break
-        return bounds if bounds[-1] == n else None
+                return bounds
+        return None
 
-    lo, hi = max(t.seconds for t in tasks), stage_cost(0, n) + 1e-12
+    lo, hi = 0.0, stage_cost(0, n) + 2 * max(comm)
     best = split(hi)
     if best is None:
         raise PlacementError("no pipeline split fits the devices' memory")

@@ -43,6 +43,22 @@ class TorchComm:
             raise ExecutionError(f"rank {self.rank}: gave up waiting for tensor '{name}' from rank {peer} "
                                  f"after at most {self.timeout_s:.0f} s ({_reason(exc)})") from None
 
+    def start_recv(self, array: np.ndarray, peer: int, tag: int, name: str):
+        """Start receiving into `array`; returns the wait (which fails like `recv`)."""
+        try:
+            work = self._dist.irecv(self._tensor(array), src=peer, tag=tag)
+        except RuntimeError as exc:
+            raise ExecutionError(f"rank {self.rank}: cannot receive tensor '{name}' from rank {peer} ({_reason(exc)})") from None
+
+        def wait() -> None:
+            try:
+                work.wait()
+            except RuntimeError as exc:
+                raise ExecutionError(f"rank {self.rank}: gave up waiting for tensor '{name}' from rank {peer} "
+                                     f"after at most {self.timeout_s:.0f} s ({_reason(exc)})") from None
+
+        return wait
+
     def wait_sends(self) -> None:
         """Wait until every send of this run has been delivered."""
         pending, self._pending = self._pending, []

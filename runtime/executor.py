@@ -40,6 +40,7 @@ class Executor:
         self.plan = {**self.artifact_plan, **devices[device]} if devices is not None else self.artifact_plan
         self.device = device
         self._comm = comm
+        self._arriving: dict[str, tuple[np.ndarray, Callable[[], None]]] = {}
         self._kernels = self._load_kernels()
         self._buffers: dict[str, np.ndarray] = {}
         self._tensors: dict[str, Any] = {}
@@ -152,7 +153,18 @@ class Executor:
         if step["kind"] == "send":
             buffer, peer, tag, name = self._buffer(step["tensor"]), step["to"], step["tag"], step["tensor"]
             return lambda: comm.send(buffer, peer, tag, name)
-        buffer, peer, tag, name = self._buffer(step["output"]), step["from"], step["tag"], step["output"]
+        peer, tag, name = step["from"], step["tag"], step["output"]
+        if name in self.plan["outputs"]:
+            # A model output coming from another device is received into a fresh array, without
+            # waiting: the next micro-batch starts while the last stages finish this one.
+            t = self._types[name]
+
+            def receive_output() -> None:
+                array = np.empty(t.shape, numpy_dtype(t.dtype))
+                self._arriving[name] = (array, comm.start_recv(array, peer, tag, name))
+
+            return receive_output
+        buffer = self._buffer(name)
         return lambda: comm.recv(buffer, peer, tag, name)
 
     # ---- running ------------------------------------------------------------
@@ -168,14 +180,31 @@ class Executor:
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the model once; returns fresh output arrays by name."""
+        return self.start(inputs)()
+
+    def start(self, inputs: Mapping[str, np.ndarray]) -> Callable[[], dict[str, np.ndarray]]:
+        """Run the model once, except for waiting on outputs other devices send; returns the wait.
+
+        Micro-batches call `start` for each and then wait on all of them, so a device
+        holding model outputs never idles while later pipeline stages work.
+        """
         self._check_inputs(inputs)
         for name in self.plan["inputs"]:
             np.copyto(self._buffer(name), np.asarray(inputs[name]), casting="no")
+        self._arriving = {}
         for op in self._ops:
             op()
         if self._comm is not None:
             self._comm.wait_sends()
-        return {name: np.array(self._buffer(name), copy=True) for name in self.plan["outputs"]}
+        local = {name: np.array(self._buffer(name), copy=True) for name in self.plan["outputs"] if name not in self._arriving}
+        arriving, self._arriving = self._arriving, {}
+
+        def outputs() -> dict[str, np.ndarray]:
+            for array, pending in arriving.values():
+                pending()
+            return {name: local[name] if name in local else arriving[name][0] for name in self.plan["outputs"]}
+
+        return outputs
 
     def profile(self, inputs: Mapping[str, np.ndarray], runs: int = 5) -> list[tuple[str, str, float]]:
         """(node, op, median milliseconds) per top-level step, slowest first."""

@@ -30,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--outputs", metavar="OUT.npz", help="where rank 0 writes the outputs")
     parser.add_argument("--io-dir", metavar="DIR", help="with several artifacts: inputs in DIR/in<k>.npz (if there), "
                         "outputs to DIR/out<k>.npz, times to DIR/times<k>.json")
-    parser.add_argument("--repeat", type=int, default=0, metavar="N", help="time N more runs after the first")
+    parser.add_argument("--repeat", type=int, default=0, metavar="N",
+                        help="after the first run, stream N more back to back and time them")
     parser.add_argument("--timeout", type=float, default=30.0, metavar="S", help="seconds to wait for a peer")
     parser.add_argument("--report", metavar="TIMES.json", help="where rank 0 writes the measured times")
     return parser
@@ -78,21 +79,32 @@ def _run(args, rank: int, world: int, threads: int) -> int:
         executor = Executor(artifact, threads=threads, device=rank, comm=comm)
         microbatches = int(plan.get("microbatches", 1))
         slices = _input_slices(inputs, executor, microbatches) if rank == 0 else [{}] * microbatches
-        times, results = [], None
-        for run in range(1 + args.repeat):
+        # The first run gives the outputs (and warms up); with --repeat, one more run alone gives the
+        # latency, then the runs stream back to back: each device starts the next batch as soon as
+        # it is free (the pipeline's steady-state throughput).
+        parts = [wait() for wait in [executor.start(feeds) for feeds in slices]]
+        latency = None
+        if args.repeat:
             dist.barrier()
             started = time.perf_counter()
-            parts = [executor.run(feeds) for feeds in slices]
-            times.append(time.perf_counter() - started)
-            if run == 0 and rank == 0:
-                results = {name: np.concatenate([p[name] for p in parts]) if microbatches > 1 else parts[0][name]
-                           for name in parts[0]}
+            for wait in [executor.start(feeds) for feeds in slices]:
+                wait()
+            latency = time.perf_counter() - started
+        dist.barrier()
+        started = time.perf_counter()
+        waits = [executor.start(feeds) for _ in range(args.repeat) for feeds in slices]
+        for wait in waits:
+            wait()
+        streamed = (time.perf_counter() - started) / args.repeat if args.repeat else None
         dist.barrier()
         if rank == 0:
             if outputs:
+                results = {name: np.concatenate([p[name] for p in parts]) if microbatches > 1 else parts[0][name]
+                           for name in parts[0]}
                 np.savez(outputs, **results)
             if report:
-                Path(report).write_text(json.dumps({"seconds": times, "workers": world, "threads": threads}))
+                Path(report).write_text(json.dumps({"latency_s": latency, "seconds_per_batch": streamed,
+                                                    "runs": args.repeat, "workers": world, "threads": threads}))
     dist.destroy_process_group()
     return 0
 
