@@ -39,7 +39,8 @@ def tessel_plan(model):
 
 
 def tvm_planned_bytes(model) -> int:
-    """Bytes TVM's StaticPlanBlockMemory allocates: its storages plus the tensors it leaves unplanned."""
+    """Bytes TVM's StaticPlanBlockMemory allocates (its storages plus the tensors it leaves unplanned, such as
+    the outputs), plus the input tensors its caller allocates (Tessel's arena holds the inputs too)."""
     import os
 
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count()))
@@ -74,6 +75,8 @@ def tvm_planned_bytes(model) -> int:
                 for d in value.args[0].values:
                     count *= int(d)
                 total += count * tvm.DataType(value.args[1].value).bits // 8
+    for value in ir.from_onnx(str(model.path), model.input_shapes).inputs:
+        total += value.type.nbytes
     return total
 
 

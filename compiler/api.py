@@ -211,7 +211,7 @@ def _distribute(graph, program, spec, cache, placement, microbatches, pins, capa
             step_ms, note = profile_steps(Path(scratch), program.steps, threads, ProfileDB()), None
         except ProfilingFailed as exc:
             step_ms, note = {}, f"kernels could not be timed on random inputs ({exc}); node times are estimates"
-    tasks = build_tasks(graph, step_ms)
+    tasks = build_tasks(graph, step_ms, once={s["node"] for s in program.steps if s.get("init")})
     machine = Machine(tuple(c or (1 << 62) for c in capacities), link)
     try:
         plan = place(tasks, machine, placement, pins, microbatches)

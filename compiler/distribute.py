@@ -118,7 +118,7 @@ def profile_steps(artifact_dir: Path, program_steps: Sequence[dict[str, Any]], t
 
     Measurement runs in a fresh process (runtime/profile.py) with `threads` TVM threads.
     """
-    kernels = {s["node"]: s["kernel"] for s in program_steps if s["kind"] == "kernel"}
+    kernels = {s["node"]: s["kernel"] for s in program_steps if s["kind"] == "kernel" and not s.get("init")}
     if any(db.get(k, threads) is None for k in kernels.values()):
         import subprocess
         import sys
@@ -139,14 +139,17 @@ def profile_steps(artifact_dir: Path, program_steps: Sequence[dict[str, Any]], t
     return {node: (db.get(key, threads), True) for node, key in kernels.items()}
 
 
-def build_tasks(graph: Graph, step_ms: Mapping[str, tuple[float, bool]]) -> list[Task]:
-    """One task per top-level node: its time (measured, or a roofline estimate), weights and inputs."""
+def build_tasks(graph: Graph, step_ms: Mapping[str, tuple[float, bool]], once: Sequence[str] = ()) -> list[Task]:
+    """One task per top-level node: its time (measured, or a roofline estimate), weights and inputs.
+
+    Nodes in `once` run at load, not per run: they take no time.
+    """
     tasks = []
     for node in graph.nodes:
         measured = step_ms.get(node.name)
         if measured is not None and measured[0] is not None:
             seconds, estimated = measured[0] / 1e3, False
-        elif node.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"):
+        elif node.name in once or node.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"):
             seconds, estimated = 0.0, False
         else:
             seconds, estimated = max(flops(node) / ESTIMATE_FLOPS_PER_S, bytes_moved(node) / ESTIMATE_BYTES_PER_S), True

@@ -23,6 +23,8 @@ def schedule_uses(steps: Sequence[dict[str, Any]]) -> list[StepUse]:
     uses: list[StepUse] = []
     for step in steps:
         kind, name, op = step["kind"], step["node"], step["op"]
+        if step.get("init"):
+            continue  # computed once at load, outside the arena
         if kind == "kernel":
             uses.append(StepUse(name, op, tuple(step["inputs"]), tuple(step["outputs"]),
                                 inplace=tuple(tuple(pair) for pair in step.get("inplace", ()))))
@@ -45,7 +47,8 @@ def schedule_uses(steps: Sequence[dict[str, Any]]) -> list[StepUse]:
 
 def plan_program_memory(program: Program, target_kind: str) -> MemoryPlan:
     """The arena plan of every activation of `program` (weights live in their own region)."""
-    sizes = {name: TensorType.parse(spec).nbytes for name, spec in program.values.items() if name not in program.weights}
+    resident = set(program.weights) | set(program.init_values)
+    sizes = {name: TensorType.parse(spec).nbytes for name, spec in program.values.items() if name not in resident}
     alignment = CUDA_ALIGNMENT if target_kind == "cuda" else DEFAULT_ALIGNMENT
     uses = schedule_uses(program.steps)
     sent = tuple(step["tensor"] for step in program.steps if step["kind"] == "send")
@@ -56,8 +59,9 @@ def plan_program_memory(program: Program, target_kind: str) -> MemoryPlan:
 
 
 def weight_bytes(program: Program) -> int:
-    """Bytes of every weight the program reads (packed copies included)."""
-    return sum(int(a.nbytes) for a in program.weights.values())
+    """Bytes of the weights region: every weight (packed copies included) and the values made from them at load."""
+    made = sum(TensorType.parse(program.values[name]).nbytes for name in program.init_values)
+    return sum(int(a.nbytes) for a in program.weights.values()) + made
 
 
 def peak_description(plan: MemoryPlan, limit: int = 4) -> str:

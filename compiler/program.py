@@ -18,7 +18,7 @@ from backends.lowering.packing import plan_packing
 from ir.graph import Graph, Node, Value
 from passes.inplace import inplace_inputs
 from passes.partition import HOME_DEVICE, node_device
-from ir.schema import TESSEL_DOMAIN
+from ir.schema import NONDETERMINISTIC, TESSEL_DOMAIN
 from ir.types import TensorType
 
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
@@ -37,6 +37,8 @@ class Program:
     inputs: list[str]
     outputs: list[str]
     unsupported: list[str] = field(default_factory=list)
+    # Values computed from weights alone (steps marked "init"): computed once at load, kept with the weights.
+    init_values: list[str] = field(default_factory=list)
 
 
 class _Builder:
@@ -215,5 +217,27 @@ def build_program(graph: Graph, target, device: int | None = None, placement: Ma
     else:
         steps = [builder.step(node) for node in graph.nodes if node_device(node, placement) == device]
     outputs = [builder.read(v) for v in graph.outputs] if home else []
+    init_values = _mark_init_steps(steps, builder.weights)
     unsupported = [f"{op} (first node '{name}')" for op, name in builder.unsupported.items()]
-    return Program(steps, builder.kernels, builder.values, builder.weights, inputs, outputs, unsupported)
+    return Program(steps, builder.kernels, builder.values, builder.weights, inputs, outputs, unsupported, init_values)
+
+
+def _mark_init_steps(steps: list[dict[str, Any]], weights) -> list[str]:
+    """Mark the top-level steps that read only weights (or values made from them) as "init" steps.
+
+    Their results do not change from run to run (a weight transposed, a ConstantOfShape
+    too large to fold at compile time), so the runtime computes them once, at load.
+    """
+    constant = set(weights)
+    made: list[str] = []
+    for step in steps:
+        if step["kind"] == "kernel" and step["op"] not in NONDETERMINISTIC and all(n in constant for n in step["inputs"]):
+            outputs = step["outputs"]
+        elif step["kind"] == "view" and step["input"] in constant:
+            outputs = [step["output"]]
+        else:
+            continue
+        step["init"] = True
+        constant.update(outputs)
+        made.extend(outputs)
+    return made
