@@ -47,6 +47,7 @@ def compile(  # noqa: A001 - the contract names it compile
     batch: int | None = None,
     pins: Sequence[str] = (),
     machine: str | os.PathLike | None = None,
+    profile: bool = True,
     cache_dir: str | os.PathLike | None = None,
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -60,7 +61,8 @@ def compile(  # noqa: A001 - the contract names it compile
     `devices` > 1 places the model on that many devices (`placement`: auto, single,
     pipeline or list; `pins`: 'REGEX=DEVICE' constraints) and inserts the Send/Recv
     pairs between them; with `microbatches` K the batch (axis 0 of every input and
-    output) runs as K micro-batches that flow through the devices in a pipeline; `batch`
+    output) runs as K micro-batches that flow through the devices in a pipeline; node times
+    for placement are measured on this machine (`profile=False`: FLOP/byte estimates); `batch`
     re-declares axis 0 of every model input (e.g. batch 8 of a model exported at batch 1). A JSON
     `machine` file gives the devices, their memory and the link cost instead.
     `device_memory` (bytes, or a size such as "512MiB", per device) makes compilation
@@ -106,7 +108,7 @@ def compile(  # noqa: A001 - the contract names it compile
         programs = [program]
     else:
         programs, placement_doc = _distribute(graph, program, spec, cache, placement, microbatches, pins, capacities,
-                                              link or load_link())
+                                              link or load_link(), profile)
         extra.update({"placement": placement_doc["planner"]})
         report["placement"] = {k: placement_doc[k] for k in ("planner", "predicted_makespan_s", "bound_s", "transfer_bytes")}
         (root / "reports" / "placement.json").write_text(json.dumps(placement_doc, indent=1))
@@ -199,18 +201,20 @@ def _capacity(device_memory: int | str | None) -> int | None:
         raise CompileError(f"--device-memory: {exc}") from None
 
 
-def _distribute(graph, program, spec, cache, placement, microbatches, pins, capacities, link):
+def _distribute(graph, program, spec, cache, placement, microbatches, pins, capacities, link, profile):
     """Place the graph on the devices: measure node times, plan, insert Send/Recv, one program per device."""
     devices = len(capacities)
     if spec.kind != "llvm":
         raise CompileError(f"devices={devices}: multi-device runs use CPU workers (gloo); compile with --target llvm")
     threads = max(1, (os.cpu_count() or 1) // devices)
-    with tempfile.TemporaryDirectory(prefix="tessel-profile-") as scratch:
-        write_artifact(Path(scratch), [program], [plan_program_memory(program, spec.kind)], str(spec), cache)
-        try:
-            step_ms, note = profile_steps(Path(scratch), program.steps, threads, ProfileDB()), None
-        except ProfilingFailed as exc:
-            step_ms, note = {}, f"kernels could not be timed on random inputs ({exc}); node times are estimates"
+    step_ms, note = {}, "not profiled: node times are estimates"
+    if profile:
+        with tempfile.TemporaryDirectory(prefix="tessel-profile-") as scratch:
+            write_artifact(Path(scratch), [program], [plan_program_memory(program, spec.kind)], str(spec), cache)
+            try:
+                step_ms, note = profile_steps(Path(scratch), program.steps, threads, ProfileDB()), None
+            except ProfilingFailed as exc:
+                note = f"kernels could not be timed on random inputs ({exc}); node times are estimates"
     tasks = build_tasks(graph, step_ms, once={s["node"] for s in program.steps if s.get("init")})
     machine = Machine(tuple(c or (1 << 62) for c in capacities), link)
     try:

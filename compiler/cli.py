@@ -80,7 +80,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
                              jobs=args.jobs, progress=stderr_progress, device_memory=args.device_memory,
                              devices=args.devices, placement=args.placement, microbatches=args.microbatches,
                              batch=args.batch,
-                             pins=args.pin, machine=args.machine, skip_passes=args.skip_pass,
+                             pins=args.pin, machine=args.machine, profile=not args.no_profile,
+                             skip_passes=args.skip_pass,
                              verify=args.verify, dump_after=args.dump_after)
     artifact.save(output, overwrite=args.force)
     report = artifact.report()
@@ -225,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     compile_cmd.add_argument("--machine", metavar="MACHINE.json",
                              help='devices, memory and link as JSON: {"devices": 2, "memory": "2GiB", '
                                   '"link": {"alpha_s": 5e-5, "beta_s_per_byte": 1e-9}}')
+    compile_cmd.add_argument("--no-profile", action="store_true",
+                             help="place with FLOP/byte estimates instead of timing the kernels on this machine")
     compile_cmd.set_defaults(run=_cmd_compile)
 
     run = commands.add_parser("run", help="run a compiled artifact")

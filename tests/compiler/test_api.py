@@ -45,10 +45,15 @@ def test_saved_artifact_loads_and_runs(tmp_path, kernel_cache):
         artifact.save(saved)
 
 
-def test_more_than_one_device_is_refused_for_now(tmp_path):
+@pytest.mark.parametrize("options,match", [
+    ({"devices": 0}, "devices=0"), ({"microbatches": 0}, "microbatches=0"),
+    ({"devices": 2, "target": "cuda:sm_80"}, "gloo"), ({"microbatches": 3}, "not a multiple of 3"),
+    ({"devices": 2, "placement": "pipeline", "pins": [".*=1"]}, "--pin works with"),
+])
+def test_bad_placement_options_are_refused(options, match, tmp_path):
     model = next(m for m in POSITIVE if m.name == "mtcnn_pnet")
-    with pytest.raises(CompileError, match="devices=2"):
-        compile(model.path, input_shapes=model.input_shapes, devices=2, cache_dir=tmp_path)
+    with pytest.raises(CompileError, match=match):
+        compile(model.path, input_shapes=model.input_shapes, cache_dir=tmp_path, profile=False, **options)
 
 
 def test_the_package_offers_compile_and_load():
