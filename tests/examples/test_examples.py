@@ -6,13 +6,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from compiler.corpus import models_dir
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_compile_and_run_example(tmp_path, kernel_cache):
     env = dict(os.environ, TESSEL_CACHE_DIR=str(kernel_cache), PYTHONPATH=str(ROOT))
     done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "compile_and_run.py"), str(ROOT.parent / "shared" / "models" / "resnet18.onnx"),
+        [sys.executable, str(ROOT / "examples" / "compile_and_run.py"), str(models_dir() / "resnet18.onnx"),
          str(tmp_path / "resnet18")],
         capture_output=True, text=True, timeout=900, env=env,
     )
