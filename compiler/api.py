@@ -48,6 +48,7 @@ def compile(  # noqa: A001 - the contract names it compile
     pins: Sequence[str] = (),
     machine: str | os.PathLike | None = None,
     profile: bool = True,
+    reprofile: bool = False,
     cache_dir: str | os.PathLike | None = None,
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -62,7 +63,8 @@ def compile(  # noqa: A001 - the contract names it compile
     pipeline or list; `pins`: 'REGEX=DEVICE' constraints) and inserts the Send/Recv
     pairs between them; with `microbatches` K the batch (axis 0 of every input and
     output) runs as K micro-batches that flow through the devices in a pipeline; node times
-    for placement are measured on this machine (`profile=False`: FLOP/byte estimates); `batch`
+    for placement are measured on this machine once and cached (`reprofile`: measure again;
+    `profile=False`: FLOP/byte estimates); `batch`
     re-declares axis 0 of every model input (e.g. batch 8 of a model exported at batch 1). A JSON
     `machine` file gives the devices, their memory and the link cost instead.
     `device_memory` (bytes, or a size such as "512MiB", per device) makes compilation
@@ -108,7 +110,7 @@ def compile(  # noqa: A001 - the contract names it compile
         programs = [program]
     else:
         programs, placement_doc = _distribute(graph, program, spec, cache, placement, microbatches, pins, capacities,
-                                              link or load_link(), profile)
+                                              link or load_link(), profile, reprofile)
         extra.update({"placement": placement_doc["planner"]})
         report["placement"] = {k: placement_doc[k] for k in ("planner", "predicted_makespan_s", "bound_s", "transfer_bytes")}
         (root / "reports" / "placement.json").write_text(json.dumps(placement_doc, indent=1))
@@ -201,7 +203,7 @@ def _capacity(device_memory: int | str | None) -> int | None:
         raise CompileError(f"--device-memory: {exc}") from None
 
 
-def _distribute(graph, program, spec, cache, placement, microbatches, pins, capacities, link, profile):
+def _distribute(graph, program, spec, cache, placement, microbatches, pins, capacities, link, profile, reprofile):
     """Place the graph on the devices: measure node times, plan, insert Send/Recv, one program per device."""
     devices = len(capacities)
     if spec.kind != "llvm":
@@ -212,7 +214,8 @@ def _distribute(graph, program, spec, cache, placement, microbatches, pins, capa
         with tempfile.TemporaryDirectory(prefix="tessel-profile-") as scratch:
             write_artifact(Path(scratch), [program], [plan_program_memory(program, spec.kind)], str(spec), cache)
             try:
-                step_ms, note = profile_steps(Path(scratch), program.steps, threads, ProfileDB()), None
+                step_ms = profile_steps(Path(scratch), program.steps, threads, ProfileDB(), remeasure=reprofile)
+                note = None
             except ProfilingFailed as exc:
                 note = f"kernels could not be timed on random inputs ({exc}); node times are estimates"
     tasks = build_tasks(graph, step_ms, once={s["node"] for s in program.steps if s.get("init")})

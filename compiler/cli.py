@@ -81,6 +81,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
                              devices=args.devices, placement=args.placement, microbatches=args.microbatches,
                              batch=args.batch,
                              pins=args.pin, machine=args.machine, profile=not args.no_profile,
+                             reprofile=args.reprofile,
                              skip_passes=args.skip_pass,
                              verify=args.verify, dump_after=args.dump_after)
     artifact.save(output, overwrite=args.force)
@@ -228,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   '"link": {"alpha_s": 5e-5, "beta_s_per_byte": 1e-9}}')
     compile_cmd.add_argument("--no-profile", action="store_true",
                              help="place with FLOP/byte estimates instead of timing the kernels on this machine")
+    compile_cmd.add_argument("--reprofile", action="store_true",
+                             help="time the kernels again (cached times taken on a busy machine mislead the planner)")
     compile_cmd.set_defaults(run=_cmd_compile)
 
     run = commands.add_parser("run", help="run a compiled artifact")
