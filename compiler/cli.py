@@ -14,7 +14,6 @@ from typing import Sequence
 import numpy as np
 
 from ir.errors import ShapeBindingError, TesselError, UnsupportedModelError
-from ir.types import TensorType
 
 from .pipeline import PASS_NAMES
 from .sizes import format_bytes
@@ -103,22 +102,17 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
 def _read_inputs(path: str | None, artifact) -> dict[str, np.ndarray]:
     from runtime.errors import InputError
+    from runtime.inputs import random_input
 
     if path is None:
         rng = np.random.default_rng(0)
         print("no --inputs given: running on random inputs", file=sys.stderr)
-        return {name: _random_input(t, rng) for name, t in artifact.batch_input_types().items()}
+        return {name: random_input(t, rng) for name, t in artifact.batch_input_types().items()}
     try:
         with np.load(path, allow_pickle=False) as data:
             return {name: data[name] for name in data.files}
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: cannot read inputs as .npz ({exc})") from exc
-
-
-def _random_input(t: TensorType, rng: np.random.Generator) -> np.ndarray:
-    if t.dtype.startswith("float"):
-        return rng.standard_normal(t.shape).astype(t.dtype)
-    return np.zeros(t.shape, dtype=t.dtype)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

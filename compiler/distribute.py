@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from ir.costs import bytes_moved, flops
 from ir.graph import Graph, Node
+from passes.fuse import is_kernel
 from passes.partition import Transfers
 from passes.placement import Link, Machine, Placement, Task
 
@@ -150,7 +151,7 @@ def build_tasks(graph: Graph, step_ms: Mapping[str, tuple[float, bool]], once: S
         measured = step_ms.get(node.name)
         if measured is not None and measured[0] is not None:
             seconds, estimated = measured[0] / 1e3, False
-        elif node.name in once or node.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"):
+        elif node.name in once or not is_kernel(node):
             seconds, estimated = 0.0, False
         else:
             seconds, estimated = max(flops(node) / ESTIMATE_FLOPS_PER_S, bytes_moved(node) / ESTIMATE_BYTES_PER_S), True

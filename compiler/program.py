@@ -16,12 +16,12 @@ from backends.kernel import ARG, DATA, FUSED, KernelInput, KernelMember, KernelS
 from backends.lowering import LoweringError, static_inputs, supports
 from backends.lowering.packing import plan_packing
 from ir.graph import Graph, Node, Value
-from passes.inplace import inplace_inputs
-from passes.partition import HOME_DEVICE, node_device
 from ir.schema import NONDETERMINISTIC, TESSEL_DOMAIN
 from ir.types import TensorType
+from passes.fuse import VIEW_OPS, is_kernel
+from passes.inplace import inplace_inputs
+from passes.partition import HOME_DEVICE, node_device
 
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
 # Packed copies of constant weights are stored under the weight's name plus this suffix and their shape.
 PACKED_SUFFIX = "::packed"
 
@@ -77,7 +77,7 @@ class _Builder:
             return {"kind": "fail", **where, "message": node.attrs["message"]}
         if node.op_type == "If":
             return self._if_step(node, where)
-        if node.op_type in VIEW_OPS and self._is_view(node):
+        if node.op_type in VIEW_OPS and not is_kernel(node):
             return {"kind": "view", **where, "input": self.read(node.inputs[0]), "output": self.write(node.outputs[0])}
         made = self._spec(node)
         if made is None:
@@ -91,12 +91,6 @@ class _Builder:
         if inplace:
             step["inplace"] = inplace
         return step
-
-    @staticmethod
-    def _is_view(node: Node) -> bool:
-        # Dropout's optional mask output needs a kernel when something reads it.
-        extra = [v for v in node.outputs[1:] if v is not None and (v.uses or v.is_graph_output)]
-        return node.outputs[0] is not None and not extra
 
     def _if_step(self, node: Node, where: dict[str, Any]) -> dict[str, Any]:
         branches = {}

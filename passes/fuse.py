@@ -237,8 +237,9 @@ def is_kernel(node: Node) -> bool:
     if node.op_type in ("If", "Unreachable"):
         return False
     if node.op_type in VIEW_OPS:
+        # Dropout's optional mask output needs a kernel when something reads it.
         extra = [v for v in node.outputs[1:] if v is not None and (v.uses or v.is_graph_output)]
-        return bool(extra)
+        return node.outputs[0] is None or bool(extra)
     return True
 
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 from ir.graph import Graph, Node, Value
 from ir.schema import TESSEL_DOMAIN
 
+from .fuse import FUSED_OP
 from .op_patterns import Pattern, pattern
-
-FUSED_OP = "Fused"
 
 
 def inplace_inputs(node: Node) -> list[int]:

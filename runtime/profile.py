@@ -24,15 +24,12 @@ def main(argv=None) -> int:
     from backends.tvm_env import set_threads
 
     set_threads(args.threads)
-    from ir.types import numpy_dtype
+    from runtime.inputs import random_input
     from runtime.executor import Executor
 
     executor = Executor(args.artifact)
     rng = np.random.default_rng(0)
-    feeds = {}
-    for name, t in executor.input_types.items():
-        dtype = numpy_dtype(t.dtype)
-        feeds[name] = rng.standard_normal(t.shape).astype(dtype) if np.issubdtype(dtype, np.floating) else np.zeros(t.shape, dtype)
+    feeds = {name: random_input(t, rng) for name, t in executor.input_types.items()}
     rows = executor.profile(feeds, runs=args.runs)
     Path(args.out).write_text(json.dumps({node: ms for node, _, ms in rows}))
     return 0

@@ -111,7 +111,7 @@ def _run(args, rank: int, world: int, threads: int) -> int:
 
 def _input_slices(path, executor, microbatches: int) -> list[dict[str, np.ndarray]]:
     """The inputs (full batch) split into micro-batches along axis 0."""
-    from ir.types import numpy_dtype
+    from runtime.inputs import random_input
 
     if path:
         with np.load(path, allow_pickle=False) as data:
@@ -121,8 +121,7 @@ def _input_slices(path, executor, microbatches: int) -> list[dict[str, np.ndarra
         full = {}
         for name, t in executor.input_types.items():
             shape = (t.shape[0] * microbatches,) + t.shape[1:] if t.rank else t.shape
-            dtype = numpy_dtype(t.dtype)
-            full[name] = rng.standard_normal(shape).astype(dtype) if np.issubdtype(dtype, np.floating) else np.zeros(shape, dtype)
+            full[name] = random_input(t, rng, shape)
     if microbatches == 1:
         return [full]
     return [{name: np.ascontiguousarray(np.array_split(a, microbatches)[k]) for name, a in full.items()}
