@@ -162,6 +162,34 @@ def _attr_value(value: Any) -> Any:
 
 def build(spec: KernelSpec, target: TargetSpec):
     """Lower, schedule and compile one kernel (one op or a fused group); returns TVM's Executable."""
+    func, scheduled = schedule_kernel(spec, target)
+    return _compile(func, target, scheduled)
+
+
+def workspace_bytes(spec: KernelSpec, target: TargetSpec) -> int:
+    """Bytes of the intermediate buffers the kernel allocates beyond its inputs and outputs.
+
+    Read from the scheduled PrimFunc (no compilation): every global buffer it
+    allocates, except the register tiles made by cache_write (named `*_global`),
+    which shrink to one tile when the kernel is lowered.
+    """
+    func, scheduled = schedule_kernel(spec, target)
+    if not scheduled and target.kind == "llvm":
+        from .schedules import cpu
+
+        func = cpu.schedule(func)
+    total = 0
+    for buffer in func.body.block.alloc_buffers:
+        if buffer.scope() == "global" and not buffer.name.endswith("_global"):
+            count = 1
+            for d in buffer.shape:
+                count *= int(d)
+            total += count * TensorType(str(buffer.dtype), ()).itemsize
+    return total
+
+
+def schedule_kernel(spec: KernelSpec, target: TargetSpec):
+    """Lower one kernel to a PrimFunc: (func, scheduled) — scheduled when its rules brought their own schedule."""
     from .lowering import LowerContext, LoweringError
     from .lowering.context import SelfScheduled
     from .lowering.rnn import PrimFuncResult
@@ -202,7 +230,7 @@ def build(spec: KernelSpec, target: TargetSpec):
             if len(members) > 1:
                 raise LoweringError(f"{op.op_type} is a hand-written kernel and cannot be fused")
             # Already scheduled, arguments already in kernel order.
-            return _compile(results[0].func.with_attr("global_symbol", "main"), target, scheduled=True)
+            return results[0].func.with_attr("global_symbol", "main"), True
         for index, (tensor, want) in enumerate(zip(results, out_types)):
             if want is None:
                 continue
@@ -223,8 +251,8 @@ def build(spec: KernelSpec, target: TargetSpec):
     if anchor is not None and target.kind == "llvm":
         from .schedules import cpu
 
-        return _compile(cpu.schedule_around(func, *anchor), target, scheduled=True)
-    return _compile(func, target, scheduled=False)
+        return cpu.schedule_around(func, *anchor), True
+    return func, False
 
 
 def _rule(op_type: str):

@@ -23,6 +23,11 @@ def tvm() -> ModuleType:
     return importlib.import_module("tvm")
 
 
+def threads() -> int:
+    """The thread count TVM runs (or will run) with."""
+    return int(os.environ.get(_THREADS_VAR) or os.cpu_count() or 1)
+
+
 def version() -> str:
     """Installed TVM's version string (read without importing TVM)."""
     from importlib.metadata import version as dist_version

@@ -56,6 +56,10 @@ def compile(  # noqa: A001 - the contract names it compile
     skip_passes: Sequence[str] = (),
     verify: bool = False,
     dump_after: Sequence[str] = (),
+    algo_select: str = "off",
+    workspace_limit: int | str | None = None,
+    batch_policy: str = "powers-of-two",
+    profile_budget: float | None = None,
 ) -> Artifact:
     """Compile an ONNX model (path, bytes or ModelProto) for `target` ("llvm" or "cuda:sm_XX").
 
@@ -81,7 +85,7 @@ def compile(  # noqa: A001 - the contract names it compile
             devices, capacities, link = read_machine_file(machine)
         except ValueError as exc:
             raise CompileError(str(exc)) from None
-    passes = _checked_options(devices, microbatches, skip_passes, dump_after)
+    passes = _checked_options(devices, microbatches, skip_passes, dump_after, algo_select, batch_policy)
     capacity = capacities[0]
     started = time.perf_counter()
     model = ir.load_model(model_or_path)
@@ -102,6 +106,11 @@ def compile(  # noqa: A001 - the contract names it compile
     if devices == 1:
         _check_device_memory(plan_program_memory(program, spec.kind), weight_bytes(program), capacity)
     cache = KernelCache(cache_dir)
+    algo_summary = None
+    if algo_select != "off":
+        program, algo_summary = _select_algorithms(graph, spec, program, cache, root / "reports", algo_select,
+                                                   workspace_limit, capacity, batch_policy, profile_budget,
+                                                   reprofile, progress)
     stats = build_kernels(program.kernels, spec, cache, jobs, progress)
     built = time.perf_counter()
     report: dict = {}
@@ -135,6 +144,7 @@ def compile(  # noqa: A001 - the contract names it compile
                     "kernels": round(built - optimized, 3)},
         "passes": [record.to_json() for record in pass_records],
         "memory": _memory_summary(memory_reports),
+        **({"algo": algo_summary} if algo_summary else {}),
         **report,
         "tvm_version": tvm_version(),
     }
@@ -142,6 +152,40 @@ def compile(  # noqa: A001 - the contract names it compile
     (root / "reports" / "passes.md").write_text(pass_report(pass_records))
     write_artifact(root, programs, memories, str(spec), cache, extra)
     return Artifact(root, staging)
+
+
+def _select_algorithms(graph, spec, program, cache, reports, mode, workspace_limit, capacity, policy, budget,
+                       reprofile, progress):
+    """Choose algorithms and micro-batches, write reports/algo.*; the program rebuilt with the choices."""
+    from .algo import AlgoSelectionError, find_layers, markdown, report, select, time_candidates
+    from .program import _Builder
+
+    if workspace_limit is not None:
+        try:
+            limit = parse_bytes(workspace_limit) if isinstance(workspace_limit, str) else int(workspace_limit)
+        except ValueError as exc:
+            raise CompileError(f"--workspace-limit: {exc}") from None
+        source = "--workspace-limit"
+    elif capacity is not None:
+        needed = plan_program_memory(program, spec.kind).arena_bytes + weight_bytes(program)
+        limit, source = capacity - needed, "device memory less the planned weights and activations"
+    else:
+        limit, source = None, "none given"
+    layers = find_layers(graph, spec.kind, policy)
+    builder = _Builder(spec)
+    builder.steps(graph)
+    timing = time_candidates(layers, builder, spec, cache, ProfileDB(), budget, reprofile,
+                             progress=progress)
+    try:
+        selection = select(layers, timing, mode, limit, source, policy)
+    except AlgoSelectionError as exc:
+        raise CompileError(str(exc)) from None
+    doc = report(selection, timing)
+    (reports / "algo.json").write_text(json.dumps(doc, indent=1))
+    (reports / "algo.md").write_text(markdown(doc))
+    summary = {k: doc[k] for k in ("mode", "policy", "workspace_limit_bytes", "total_seconds",
+                                   "best_single_total_seconds", "workspace_bytes")}
+    return build_program(graph, spec, choices=selection.pieces()), summary
 
 
 def _memory_summary(reports: Sequence[dict]) -> dict:
@@ -154,7 +198,18 @@ def _memory_summary(reports: Sequence[dict]) -> dict:
     return summary
 
 
-def _checked_options(devices: int, microbatches: int, skip_passes: Sequence[str], dump_after: Sequence[str]):
+def _checked_options(devices: int, microbatches: int, skip_passes: Sequence[str], dump_after: Sequence[str],
+                     algo_select: str = "off", batch_policy: str = "powers-of-two"):
+    from passes.algo_select import POLICIES
+
+    from .algo import MODES
+
+    if algo_select not in MODES:
+        raise CompileError(f"--algo-select {algo_select}: use one of {', '.join(MODES)}")
+    if batch_policy not in POLICIES:
+        raise CompileError(f"--batch-policy {batch_policy}: use one of {', '.join(POLICIES)}")
+    if algo_select != "off" and devices > 1:
+        raise CompileError(f"--algo-select {algo_select} chooses kernels for one device; compile with --devices 1")
     if devices < 1:
         raise CompileError(f"devices={devices}: need at least one device")
     if microbatches < 1:

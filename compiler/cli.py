@@ -80,7 +80,9 @@ def _cmd_compile(args: argparse.Namespace) -> int:
                              devices=args.devices, placement=args.placement, microbatches=args.microbatches,
                              batch=args.batch,
                              pins=args.pin, machine=args.machine, profile=not args.no_profile,
-                             reprofile=args.reprofile,
+                             reprofile=args.reprofile, algo_select=args.algo_select,
+                             workspace_limit=args.workspace_limit, batch_policy=args.batch_policy,
+                             profile_budget=args.profile_budget,
                              skip_passes=args.skip_pass,
                              verify=args.verify, dump_after=args.dump_after)
     artifact.save(output, overwrite=args.force)
@@ -95,6 +97,12 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         print(f"placement {placed['planner']} on {report['devices']} devices: predicted "
               f"{1e3 * placed['predicted_makespan_s']:.2f} ms per batch (bound {1e3 * placed['bound_s']:.2f} ms), "
               f"{format_bytes(placed['transfer_bytes'])} sent per micro-batch; see {output / 'reports' / 'placement.md'}")
+    if "algo" in report:
+        algo = report["algo"]
+        versus = (f" vs {1e3 * algo['best_single_total_seconds']:.2f} ms with the best single algorithm"
+                  if algo["best_single_total_seconds"] else "")
+        print(f"algorithms ({algo['mode']}): conv/matmul layers {1e3 * algo['total_seconds']:.2f} ms{versus}; "
+              f"see {output / 'reports' / 'algo.md'}")
     for name in args.dump_after:
         print(f"graph after {name}: {output / 'reports' / f'after_{name}.txt'} and .onnx")
     return 0
@@ -225,6 +233,15 @@ def build_parser() -> argparse.ArgumentParser:
                              help="place with FLOP/byte estimates instead of timing the kernels on this machine")
     compile_cmd.add_argument("--reprofile", action="store_true",
                              help="time the kernels again (cached times taken on a busy machine mislead the planner)")
+    compile_cmd.add_argument("--algo-select", default="off", choices=("off", "dp", "ilp"),
+                             help="choose each conv/matmul layer's algorithm and micro-batches: per layer within the "
+                                  "workspace limit (dp) or with the layers' workspaces together within it (ilp)")
+    compile_cmd.add_argument("--workspace-limit", metavar="SIZE",
+                             help="workspace for --algo-select, e.g. 64MiB (default: what --device-memory leaves)")
+    compile_cmd.add_argument("--batch-policy", default="powers-of-two", choices=("undivided", "powers-of-two", "all"),
+                             help="micro-batch sizes --algo-select may use")
+    compile_cmd.add_argument("--profile-budget", type=float, metavar="SECONDS",
+                             help="time candidate kernels for at most this long; estimate the rest")
     compile_cmd.set_defaults(run=_cmd_compile)
 
     run = commands.add_parser("run", help="run a compiled artifact")

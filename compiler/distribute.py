@@ -40,7 +40,7 @@ class ProfilingFailed(Exception):
 
 
 class ProfileDB:
-    """Measured kernel times: (kernel key, threads) → median milliseconds, in one JSON file."""
+    """Measured kernel times, (kernel key, threads) → median milliseconds, and kernel workspace bytes, in one JSON file."""
 
     def __init__(self, path: Path | None = None):
         self.path = path or cache_root() / "profiles.json"
@@ -57,6 +57,15 @@ class ProfileDB:
     def get(self, kernel: str, threads: int) -> float | None:
         """Median milliseconds, or None when never measured."""
         return self.entries.get(self.key(kernel, threads))
+
+    def workspace(self, kernel: str) -> int | None:
+        """Workspace bytes recorded for a kernel, or None."""
+        value = self.entries.get(f"{kernel}#workspace")
+        return None if value is None else int(value)
+
+    def put_workspace(self, kernel: str, nbytes: int) -> None:
+        """Record a kernel's workspace bytes (written with the next `put`)."""
+        self.entries[f"{kernel}#workspace"] = nbytes
 
     def put(self, times: Mapping[str, float]) -> None:
         """Record measurements and write the file (atomically)."""

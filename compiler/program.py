@@ -14,7 +14,8 @@ import numpy as np
 
 from backends.kernel import ARG, DATA, FUSED, KernelInput, KernelMember, KernelSpec
 from backends.lowering import LoweringError, static_inputs, supports
-from backends.lowering.packing import plan_packing
+from backends.algorithms import ANCHOR_OPS, resize_batch
+from backends.lowering.packing import ALGORITHM, plan_packing
 from ir.graph import Graph, Node, Value
 from ir.schema import NONDETERMINISTIC, TESSEL_DOMAIN
 from ir.types import TensorType
@@ -41,9 +42,15 @@ class Program:
     init_values: list[str] = field(default_factory=list)
 
 
+# A layer's configuration: (algorithm, micro-batch size) pieces, run in order over the batch.
+Pieces = tuple[tuple[str, int], ...]
+
+
 class _Builder:
-    def __init__(self, target):
+    def __init__(self, target, choices: Mapping[str, Pieces] | None = None):
         self.target = target
+        self.choices = choices or {}
+        self.algorithm: str | None = None
         self.kernels: dict[str, KernelSpec] = {}
         self.values: dict[str, str] = {}
         self.weights: dict[str, np.ndarray] = {}
@@ -79,6 +86,8 @@ class _Builder:
             return self._if_step(node, where)
         if node.op_type in VIEW_OPS and not is_kernel(node):
             return {"kind": "view", **where, "input": self.read(node.inputs[0]), "output": self.write(node.outputs[0])}
+        if node.name in self.choices:
+            return self._pieces_step(node, where, self.choices[node.name])
         made = self._spec(node)
         if made is None:
             return {"kind": "missing", **where}
@@ -87,10 +96,47 @@ class _Builder:
         self.kernels[key] = spec
         outs = [self.write(v) for v in node.outputs if v is not None]
         step = {"kind": "kernel", **where, "kernel": key, "inputs": args, "outputs": outs}
+        return self._with_inplace(node, step, args, outs)
+
+    def _with_inplace(self, node: Node, step: dict[str, Any], args: list[str], outs: list[str]) -> dict[str, Any]:
         inplace = [[outs[0], node.inputs[k].name] for k in inplace_inputs(node) if node.inputs[k].name in args]
         if inplace:
             step["inplace"] = inplace
         return step
+
+    def candidate(self, node: Node, algorithm: str, size: int) -> tuple[KernelSpec, list[str]]:
+        """The kernel running `node` with `algorithm` on a micro-batch of `size`, and its argument names."""
+        self.algorithm = algorithm
+        try:
+            made = self._spec(node)
+        finally:
+            self.algorithm = None
+        if made is None:
+            raise LoweringError(f"node '{node.name}' ({node.op_type}) has no kernel")
+        spec, args = made
+        batch = node.outputs[0].type.shape[0]
+        if size == batch:
+            return spec, args
+        batched = frozenset(k for k, name in enumerate(args) if name not in self.weights)
+        return resize_batch(spec, batched, size), args
+
+    def _pieces_step(self, node: Node, where: dict[str, Any], pieces: Pieces) -> dict[str, Any]:
+        """A kernel step running its batch as micro-batches, each a slice of axis 0 with its own kernel."""
+        outs = [self.write(v) for v in node.outputs if v is not None]
+        runs, start = [], 0
+        for algorithm, size in pieces:
+            spec, args = self.candidate(node, algorithm, size)
+            key = spec.key(self.target)
+            self.kernels[key] = spec
+            runs.append({"kernel": key, "inputs": args, "start": start, "size": size, "algorithm": algorithm})
+            start += size
+        step = {"kind": "kernel", **where, "kernel": runs[0]["kernel"], "inputs": runs[0]["inputs"], "outputs": outs,
+                "algorithm": runs[0]["algorithm"]}
+        if len(runs) > 1:
+            # Weights are whole in every piece; activations are sliced on axis 0.
+            step["pieces"] = [{**run, "sliced": [name for name in run["inputs"] if name not in self.weights] + outs}
+                              for run in runs]
+        return self._with_inplace(node, step, runs[0]["inputs"], outs)
 
     def _if_step(self, node: Node, where: dict[str, Any]) -> dict[str, Any]:
         branches = {}
@@ -158,9 +204,11 @@ class _Builder:
             self.unsupported.setdefault(node.op_type, node.name)
             return None
         attrs = tuple((name, v) for name, v in node.attrs.items() if not isinstance(v, Graph))
+        if self.algorithm is not None and node.op_type in ANCHOR_OPS:
+            attrs += ((ALGORITHM, self.algorithm),)
         packing = None
         if self.target.kind == "llvm":
-            packing = plan_packing(node.op_type, node.attrs, [v.type if v is not None else None for v in inputs],
+            packing = plan_packing(node.op_type, dict(attrs), [v.type if v is not None else None for v in inputs],
                                    [v.const if v is not None else None for v in inputs])
         if packing is not None:
             attrs += packing.attrs
@@ -196,14 +244,18 @@ class _Builder:
         return stand_in
 
 
-def build_program(graph: Graph, target, device: int | None = None, placement: Mapping[str, int] | None = None) -> Program:
+def build_program(graph: Graph, target, device: int | None = None, placement: Mapping[str, int] | None = None,
+                  choices: Mapping[str, Pieces] | None = None) -> Program:
     """The program that runs `graph` on `target` (kernels still to be compiled).
+
+    `choices` (node name → (algorithm, micro-batch size) pieces, from algorithm
+    selection) runs those nodes' batches as slices, each with its own kernel.
 
     With a `placement` (node name → device, after passes/partition.py inserted
     Send/Recv), the program of one `device`: its nodes only; model inputs and
     outputs belong to device 0.
     """
-    builder = _Builder(target)
+    builder = _Builder(target, choices)
     home = device in (None, HOME_DEVICE)
     inputs = [builder.write(v) for v in graph.inputs] if home else []
     if placement is None:

@@ -114,6 +114,8 @@ class Executor:
             t = self._types[step["output"]]
             self._buffers[step["output"]] = self._buffer(step["input"]).reshape(t.shape)
             return _nothing
+        if kind == "kernel" and "pieces" in step:
+            return self._bind_pieces(step)
         if kind == "kernel":
             fn = self._kernels[step["kernel"]]
             args = [self._tensor(n) for n in step["inputs"] + step["outputs"]]
@@ -130,6 +132,21 @@ class Executor:
 
             return fail
         raise ArtifactError(f"{PLAN_FILE}: unknown step kind {kind!r} at node {step.get('node')!r}")
+
+    def _bind_pieces(self, step: dict[str, Any]) -> Op:
+        """A micro-batched layer: each piece's kernel on its slice of axis 0 (views of the same buffers)."""
+        calls = []
+        for piece in step["pieces"]:
+            sliced, start, stop = set(piece["sliced"]), piece["start"], piece["start"] + piece["size"]
+            args = [self._tvm.runtime.from_dlpack(self._buffer(n)[start:stop]) if n in sliced else self._tensor(n)
+                    for n in piece["inputs"] + step["outputs"]]
+            calls.append((self._kernels[piece["kernel"]], args))
+
+        def run_pieces() -> None:
+            for fn, args in calls:
+                fn(*args)
+
+        return run_pieces
 
     def _bind_if(self, step: dict[str, Any]) -> Op:
         condition = self._buffer(step["condition"])
@@ -249,6 +266,8 @@ def _kernel_keys(steps: list[dict[str, Any]]):
     for step in steps:
         if step["kind"] == "kernel":
             yield step["kernel"]
+            for piece in step.get("pieces", ()):
+                yield piece["kernel"]
         elif step["kind"] == "if":
             yield from _kernel_keys(step["then"]["steps"])
             yield from _kernel_keys(step["else"]["steps"])

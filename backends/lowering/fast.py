@@ -21,8 +21,13 @@ CONV_TILE_CHOICES = (14, 16, 12, 8, 7)
 MATMUL_ROWS = (4, 2, 1)
 
 
-def conv_packed(ctx: LowerContext, before, after):
-    """Dense 2-D conv with weights packed (K/ocb, C/icb, R, S, icb, ocb)."""
+def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
+    """Dense 2-D conv with weights packed (K/ocb, C/icb, R, S, icb, ocb).
+
+    `direct`: the same register tiles with no workspace — the input is read in
+    place through bounds checks instead of packed, and each tile is written
+    (with its epilogue) straight to the NCHW output.
+    """
     x, wp, bias = ctx.input(0), ctx.input(1), ctx.input(2)
     icb, ocb, swap = ctx.attr(CONV_BLOCKS)
     one_d = len(x.shape) == 3
@@ -41,7 +46,10 @@ def conv_packed(ctx: LowerContext, before, after):
         h, w, oh, ow = w, h, ow, oh
         strides, dilations, before, after = strides[::-1], dilations[::-1], before[::-1], after[::-1]
     kb, cb, r, s = (int(d) for d in wp.shape[:4])
-    reg_n = min(CONV_TILE_CHOICES, key=lambda t: (-(-ow // t) * t, -t))
+    if direct:  # tiles must cover the output width exactly to write it without an intermediate
+        reg_n = next((t for t in CONV_TILE_CHOICES if ow % t == 0), None) or max(t for t in range(1, 17) if ow % t == 0)
+    else:
+        reg_n = min(CONV_TILE_CHOICES, key=lambda t: (-(-ow // t) * t, -t))
     ow_padded = -(-ow // reg_n) * reg_n
     (pt, pl), (pb, pr) = before, after
     hp = h + pt + pb
@@ -85,6 +93,9 @@ def conv_packed(ctx: LowerContext, before, after):
         block = sch.get_sblock("conv_nchwc")
         # Accumulate each register tile in a small buffer LLVM keeps in registers, then copy it out.
         tile_out = sch.cache_write(block, 0, "global")
+        if direct:
+            sch.compute_inline(sch.get_sblock("pack"))
+            sch.reverse_compute_inline(sch.get_sblock("unpack"))
         ni, ko, y, q, ki, rco, rkh, rkw, rci = sch.get_loops(block)
         qo, qi = sch.split(q, [None, reg_n])
         kio, kii = sch.split(ki, [None, lanes])
@@ -96,8 +107,10 @@ def conv_packed(ctx: LowerContext, before, after):
         sch.unroll(kio)
         sch.vectorize(kii)
         sch.reverse_compute_at(tile_out, qo)
-        sch.vectorize(sch.get_loops(tile_out)[-1])
         sch.decompose_reduction(block, rco)
+        if direct:
+            return
+        sch.vectorize(sch.get_loops(tile_out)[-1])
         pack_block = sch.get_sblock("pack")
         loops = sch.get_loops(pack_block)
         outer = sch.fuse(*loops[:3])

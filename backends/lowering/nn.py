@@ -4,7 +4,8 @@ from __future__ import annotations
 from ..tvm_env import tvm
 from .context import LowerContext
 from .fast import conv_packed, matmul_packed
-from .packing import CONV_BLOCKS, MATMUL_BLOCK
+from .im2col import conv_im2col
+from .packing import ALGORITHM, CONV_BLOCKS, MATMUL_BLOCK
 
 _tvm = tvm()
 te, topi, tir = _tvm.te, _tvm.topi, _tvm.tirx
@@ -63,7 +64,9 @@ def _conv(ctx: LowerContext):
     out_shape = list(ctx.out_shape())
     before, after = _window_pads(ctx, _dims(x)[2:], out_shape[2:], kernel, strides, dilations)
     if ctx.attr(CONV_BLOCKS):
-        return conv_packed(ctx, before, after)
+        return conv_packed(ctx, before, after, direct=ctx.attr(ALGORITHM) == "direct")
+    if ctx.attr(ALGORITHM) == "im2col":
+        return conv_im2col(ctx, before, after)
     if spatial == 1:
         x, w = _as_2d(x, "data_2d"), _as_2d(w, "weight_2d")
         kernel, strides, dilations = [1] + kernel, [1] + strides, [1] + dilations

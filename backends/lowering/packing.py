@@ -16,6 +16,8 @@ from ir.types import TensorType
 
 # Attribute names the packed kernels read (they are not ONNX attributes).
 CONV_BLOCKS = "tessel_conv_blocks"
+# The algorithm chosen for a conv or matmul (backends/algorithms.py); absent: the default one.
+ALGORITHM = "tessel_algorithm"
 MATMUL_BLOCK = "tessel_matmul_block"
 MATMUL_PANEL = 16
 
@@ -60,7 +62,12 @@ def pack_matmul_weight(weight: np.ndarray, block: int) -> np.ndarray:
 
 def plan_packing(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[TensorType | None],
                  constants: Sequence[np.ndarray | None]) -> Packing | None:
-    """How to pack this node's constant weights for a fast kernel, or None to use the generic one."""
+    """How to pack this node's constant weights for a fast kernel, or None to use the generic one.
+
+    The packed algorithms (conv "nchwc" and "direct", matmul "packed"; the defaults) pack weights.
+    """
+    if attrs.get(ALGORITHM, "nchwc" if op_type == "Conv" else "packed") not in ("nchwc", "direct", "packed"):
+        return None
     if not input_types or input_types[0] is None or input_types[0].dtype != "float32":
         return None
     if op_type == "Conv" and constants[1] is not None and attrs.get("group", 1) == 1 and input_types[0].rank in (3, 4):

@@ -1,0 +1,84 @@
+"""Convolution as im2col + GEMM: the input unfolded into columns, then one register-tiled matrix product.
+
+The column matrix (N, C·R·S, P) with P = OH·OW padded to whole vector tiles is
+the algorithm's workspace: C·R·S times the input's size for a 3×3 conv, which
+buys a product whose inner loop reads both operands contiguously.
+"""
+from __future__ import annotations
+
+from ..schedules.cpu import MIN_PARALLEL_WORK, try_step
+from ..tvm_env import tvm
+from .context import LowerContext, SelfScheduled
+
+_tvm = tvm()
+te, tir = _tvm.te, _tvm.tirx
+
+PIXELS = 16
+ROW_CHOICES = (4, 2, 1)
+
+
+def conv_im2col(ctx: LowerContext, before, after):
+    """Dense 2-D conv (N, C, H, W) * (K, C, R, S) through an im2col column buffer."""
+    x, w, bias = ctx.input(0), ctx.input(1), ctx.input(2)
+    n, c, h, wd = (int(d) for d in x.shape)
+    k, _, r, s = (int(d) for d in w.shape)
+    _, _, oh, ow = ctx.out_shape()
+    (sh, sw) = ctx.attr("strides") or (1, 1)
+    (dh, dw) = ctx.attr("dilations") or (1, 1)
+    (pt, pl) = before
+    pixels = oh * ow
+    padded = -(-pixels // PIXELS) * PIXELS
+    depth = c * r * s
+
+    def column(ni, j, p):
+        ci, ry, rx = j // (r * s), (j // s) % r, j % s
+        y = (p // ow) * sh + ry * dh - pt
+        q = (p % ow) * sw + rx * dw - pl
+        inside = tir.all(p < pixels, y >= 0, y < h, q >= 0, q < wd)
+        return tir.if_then_else(inside, x[ni, ci, y, q], tir.const(0.0, x.dtype))
+
+    columns = te.compute((n, depth, padded), column, name="im2col")
+    j = te.reduce_axis((0, depth), "j")
+    product = te.compute(
+        (n, k, padded),
+        lambda ni, ki, p: te.sum(w[ki, j // (r * s), (j // s) % r, j % s] * columns[ni, j, p], axis=j),
+        name="im2col_gemm")
+
+    def result(ni, ki, y, q):
+        value = product[ni, ki, y * ow + q]
+        return value + bias[ki] if bias is not None else value
+
+    out = te.compute(ctx.out_shape(), result, name="im2col_out")
+    rows = next(m for m in ROW_CHOICES if k % m == 0)
+    big = n * k * pixels * depth >= MIN_PARALLEL_WORK * 16
+
+    def schedule(sch) -> None:
+        block = sch.get_sblock("im2col_gemm")
+        tile = sch.cache_write(block, 0, "global")
+        ni, ki, p, jj = sch.get_loops(block)
+        ko, kin = sch.split(ki, [None, rows])
+        po, pin = sch.split(p, [None, PIXELS])
+        sch.reorder(ni, ko, po, jj, kin, pin)
+        outer = sch.fuse(ni, ko)
+        if big:
+            sch.parallel(outer)
+        sch.unroll(kin)
+        sch.vectorize(pin)
+        sch.reverse_compute_at(tile, po)
+        try_step(lambda: sch.vectorize(sch.get_loops(tile)[-1]))
+        sch.decompose_reduction(block, jj)
+        unfold = sch.get_sblock("im2col")
+        loops = sch.get_loops(unfold)
+        fused = sch.fuse(*loops[:2])
+        if big:
+            sch.parallel(fused)
+        inner_o, inner_i = sch.split(loops[2], [None, PIXELS])
+        try_step(lambda: sch.vectorize(inner_i))
+        finish = sch.get_sblock("im2col_out")
+        loops = sch.get_loops(finish)
+        fused = sch.fuse(*loops[:-1])
+        if big:
+            sch.parallel(fused)
+        try_step(lambda: sch.vectorize(loops[-1]) if ow % 4 == 0 else None)
+
+    return SelfScheduled([out], schedule)

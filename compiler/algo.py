@@ -1,0 +1,356 @@
+"""Algorithm and micro-batch selection in the compile driver: find the layers, time their candidates, choose, report.
+
+A layer is a top-level kernel node whose anchor op (Conv, MatMul, Gemm) has
+several algorithms (backends/algorithms.py). Each (algorithm, micro-batch size)
+candidate is compiled through the kernel cache and timed through the backend on
+this machine; times and workspaces are kept in the profile database (kernel
+key → milliseconds). Candidates left untimed (the profile budget ran out, or the
+target cannot run here) get an estimate, marked as such. passes/algo_select.py
+then chooses: per layer (DP, each layer within the workspace limit) or across
+layers (ILP, the workspaces together within the budget).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from backends.algorithms import ANCHOR_OPS, algorithms
+from backends.builder import build_kernels
+from backends.cache import KernelCache
+from backends.kernel import ARG, KernelSpec, workspace_bytes
+from ir.costs import bytes_moved, flops
+from ir.graph import Graph, Node, Value
+from ir.schema import NONDETERMINISTIC
+from passes.algo_select import (AlgoSelectError, Candidate, Config, ILPResult, best_single, layer_pareto,
+                                micro_batch_sizes, select_ilp)
+from passes.fuse import FUSED_OP, is_kernel
+from passes.op_patterns import Pattern, pattern
+
+from .distribute import ESTIMATE_BYTES_PER_S, ESTIMATE_FLOPS_PER_S, ProfileDB
+from .program import _Builder
+from .sizes import format_bytes
+
+MODES = ("off", "dp", "ilp")
+# Ops that treat every sample (axis 0) on its own, so a batch can run in slices.
+PER_SAMPLE_OPS = {"Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "MatMul", "Gemm"}
+# Relative cost of each algorithm per FLOP, for candidates never timed (a prior, reported as an estimate).
+ESTIMATE_FACTOR = {"nchwc": 1.0, "packed": 1.0, "im2col": 1.5, "direct": 4.0}
+SLICE_ALIGNMENT = {"llvm": 64, "cuda": 256}
+# What one kernel call costs beyond its work (argument passing, waking the thread pool), for estimates.
+ESTIMATE_CALL_S = 10e-6
+
+
+class AlgoSelectionError(ValueError):
+    """The selection cannot satisfy the request (nothing fits the workspace limit, no budget for the ILP)."""
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A node with a choice of algorithms; `sizes` are the micro-batch sizes it may run."""
+
+    node: Node
+    anchor: str
+    batch: int
+    algorithms: tuple[str, ...]
+    sizes: tuple[int, ...]
+
+
+def find_layers(graph: Graph, target_kind: str, policy: str) -> list[Layer]:
+    """The top-level kernel nodes with several algorithms, and the micro-batch sizes each allows."""
+    derived = _weight_derived(graph)
+    layers = []
+    for node in graph.nodes:
+        if not is_kernel(node) or not node.outputs or node.outputs[0] is None or not node.outputs[0].type.rank:
+            continue
+        members, outer = _members(node)
+        anchors = [m for m in members if m.op_type in ANCHOR_OPS and not m.domain]
+        if len(anchors) != 1:
+            continue
+        anchor = anchors[0]
+        values = [outer.get(id(v), v) if v is not None else None for v in anchor.inputs]
+        choices = algorithms(anchor.op_type, anchor.attrs, [v.type if v is not None else None for v in values],
+                             [v.const if v is not None else None for v in values], target_kind)
+        if not choices:
+            continue
+        batch = node.outputs[0].type.shape[0]
+        splittable = _per_sample(node, members, outer, derived, batch, SLICE_ALIGNMENT.get(target_kind, 64))
+        sizes = tuple(micro_batch_sizes(batch, policy)) if splittable else (batch,)
+        layers.append(Layer(node, anchor.op_type, batch, choices, sizes))
+    return layers
+
+
+def _members(node: Node) -> tuple[list[Node], dict[int, Value]]:
+    """The ops a kernel node runs, and its body's parameters mapped to the node's inputs."""
+    if node.op_type == FUSED_OP and "body" in node.attrs:
+        body: Graph = node.attrs["body"]
+        return list(body.nodes), {id(p): v for p, v in zip(body.inputs, node.inputs)}
+    return [node], {}
+
+
+def _weight_derived(graph: Graph) -> set[int]:
+    """ids of the values that are weights or computed from weights alone."""
+    derived: set[int] = set()
+    for node in graph.nodes:
+        for v in node.inputs:
+            if v is not None and v.is_constant:
+                derived.add(id(v))
+        inputs = [v for v in node.inputs if v is not None]
+        if inputs and node.op_type not in NONDETERMINISTIC and all(id(v) in derived for v in inputs):
+            derived.update(id(v) for v in node.outputs if v is not None)
+    return derived
+
+
+def _per_sample(node: Node, members: Sequence[Node], outer: Mapping[int, Value], derived: set[int], batch: int,
+                alignment: int) -> bool:
+    """True when the node's batch can run in slices of axis 0: per-sample ops, batch-led activations, aligned slices."""
+    if batch < 2:
+        return False
+    for value in [v for v in node.inputs if v is not None and id(v) not in derived] + [v for v in node.outputs if v is not None]:
+        if not value.type.rank or value.type.shape[0] != batch or (value.type.nbytes // batch) % alignment:
+            return False
+    for member in members:
+        if member.domain or (member.op_type not in PER_SAMPLE_OPS and pattern(member) not in (Pattern.ELEMWISE, Pattern.BROADCAST)):
+            return False
+        if member.op_type == "Gemm" and member.attrs.get("transA", 0):
+            return False
+        rank = member.outputs[0].type.rank
+        for index, v in enumerate(member.inputs):
+            if v is None:
+                continue
+            source = outer.get(id(v), v)
+            weight = id(source) in derived or v.is_constant
+            if member.op_type in ANCHOR_OPS and index == 0 and weight:
+                return False
+            # A weight indexed by the batch axis (not broadcast over it) cannot be sliced with the batch.
+            if weight and member.op_type not in ANCHOR_OPS and v.type.rank == rank and v.type.shape[0] != 1:
+                return False
+    return True
+
+
+@dataclass
+class Timing:
+    """The candidates of every layer (by node name) and how the profiling went."""
+
+    candidates: dict[str, list[Candidate]]
+    measured: int
+    estimated: int
+    seconds: float
+    budget_exhausted: bool
+
+
+def time_candidates(layers: Sequence[Layer], builder: _Builder, target, cache: KernelCache, db: ProfileDB,
+                    budget_s: float | None = None, remeasure: bool = False, runs: int = 5,
+                    progress: Callable[[int, int], None] | None = None) -> Timing:
+    """Time and size every (algorithm, micro-batch) candidate of every layer.
+
+    Compiles each layer's candidates (in parallel, through the cache), runs each
+    on random data and keeps the median; stops measuring once `budget_s`
+    seconds are spent (the rest are estimated). Workspace bytes are read from
+    the scheduled kernels. Only llvm kernels can run here; cuda ones are estimated.
+    """
+    from backends.tvm_env import threads as tvm_threads
+
+    threads = tvm_threads()
+    started = time.perf_counter()
+    candidates: dict[str, list[Candidate]] = {}
+    measured = estimated = 0
+    exhausted = False
+    for done, layer in enumerate(layers):
+        specs = {(a, b): builder.candidate(layer.node, a, b)[0] for a in layer.algorithms for b in layer.sizes}
+        keys = {pair: spec.key(target) for pair, spec in specs.items()}
+        for pair, spec in specs.items():
+            if db.workspace(keys[pair]) is None:
+                db.put_workspace(keys[pair], workspace_bytes(spec, target))
+        over = budget_s is not None and time.perf_counter() - started > budget_s
+        exhausted = exhausted or over
+        runnable = target.kind == "llvm" and not over
+        if runnable:
+            wanted = {keys[p]: s for p, s in specs.items() if remeasure or db.get(keys[p], threads) is None}
+            if wanted:
+                build_kernels(wanted, target, cache)
+                db.put({ProfileDB.key(key, threads): _time_kernel(cache.library(key), spec, runs)
+                        for key, spec in wanted.items()})
+        rows = []
+        for (algorithm, size), spec in specs.items():
+            ms = db.get(keys[(algorithm, size)], threads)
+            if ms is not None and (runnable or target.kind == "llvm"):
+                rows.append(Candidate(algorithm, size, ms / 1e3, db.workspace(keys[(algorithm, size)]), True))
+        rows += _estimates(layer, rows, {p: db.workspace(k) for p, k in keys.items()})
+        measured += sum(r.measured for r in rows)
+        estimated += sum(not r.measured for r in rows)
+        candidates[layer.node.name] = rows
+        if progress:
+            progress(done + 1, len(layers))
+    db.put({})
+    return Timing(candidates, measured, estimated, time.perf_counter() - started, exhausted)
+
+
+def _estimates(layer: Layer, timed: Sequence[Candidate], workspaces: Mapping[tuple[str, int], int]) -> list[Candidate]:
+    """Estimates for the candidates not timed: the same algorithm's time scaled by batch, else a roofline prior."""
+    have = {(c.algorithm, c.batch) for c in timed}
+    rows = []
+    for algorithm in layer.algorithms:
+        known = [c for c in timed if c.algorithm == algorithm]
+        for size in layer.sizes:
+            if (algorithm, size) in have:
+                continue
+            if known:
+                nearest = min(known, key=lambda c: abs(c.batch - size))
+                work = max(nearest.seconds - ESTIMATE_CALL_S, 0.0) * size / nearest.batch
+            else:
+                work = size / layer.batch * max(ESTIMATE_FACTOR.get(algorithm, 2.0) * flops(layer.node) / ESTIMATE_FLOPS_PER_S,
+                                                bytes_moved(layer.node) / ESTIMATE_BYTES_PER_S)
+            seconds = ESTIMATE_CALL_S + work
+            rows.append(Candidate(algorithm, size, seconds, workspaces[(algorithm, size)], False))
+    return rows
+
+
+def _time_kernel(library, spec: KernelSpec, runs: int) -> float:
+    """Median milliseconds of one call of a compiled kernel on random data."""
+    from backends.tvm_env import tvm
+    from ir.types import TensorType, numpy_dtype
+    from runtime.inputs import random_input
+    from runtime.memory import aligned_copy
+
+    tvm_mod = tvm()
+    fn = tvm_mod.runtime.load_module(str(library))["main"]
+    rng = np.random.default_rng(0)
+    types = [TensorType.parse(i.type) for i in spec.inputs if i is not None and i.role == ARG]
+    types += [TensorType.parse(o) for o in spec.outputs if o is not None]
+    arrays = [aligned_copy(random_input(t, rng).astype(numpy_dtype(t.dtype))) for t in types]
+    args = [tvm_mod.runtime.from_dlpack(a) for a in arrays]
+    fn(*args)
+    samples = []
+    for _ in range(runs):
+        begin = time.perf_counter()
+        fn(*args)
+        samples.append(1e3 * (time.perf_counter() - begin))
+    return float(np.median(samples))
+
+
+@dataclass
+class Selection:
+    """The chosen configuration per layer, the single-algorithm baseline, and the ILP's account."""
+
+    mode: str
+    policy: str
+    limit: int | None
+    limit_source: str
+    layers: list[Layer]
+    chosen: dict[str, Config]
+    baseline: dict[str, Config | None]
+    ilp: ILPResult | None = None
+    baseline_ilp: ILPResult | None = None
+
+    def pieces(self) -> dict[str, tuple[tuple[str, int], ...]]:
+        """node name → pieces, for build_program."""
+        return {name: config.pieces for name, config in self.chosen.items()}
+
+
+def select(layers: Sequence[Layer], timing: Timing, mode: str, limit: int | None, limit_source: str,
+           policy: str) -> Selection:
+    """Choose every layer's configuration: `dp` (each within `limit`) or `ilp` (all within `limit` together)."""
+    fronts, baseline = {}, {}
+    for layer in layers:
+        rows = timing.candidates[layer.node.name]
+        front = layer_pareto(layer.batch, rows, limit, policy if len(layer.sizes) > 1 else "undivided")
+        if not front:
+            smallest = min(c.workspace for c in rows if c.batch == min(layer.sizes))
+            raise AlgoSelectionError(
+                f"layer '{layer.node.name}' ({layer.anchor}): no algorithm fits the workspace limit "
+                f"{format_bytes(limit)}; the smallest needs {format_bytes(smallest)}; raise --workspace-limit")
+        fronts[layer.node.name] = front
+        baseline[layer.node.name] = best_single(layer.batch, rows, limit)
+    if mode == "dp":
+        chosen = {name: front[0] for name, front in fronts.items()}
+        return Selection(mode, policy, limit, limit_source, list(layers), chosen, baseline)
+    if limit is None:
+        raise AlgoSelectionError("--algo-select ilp divides a workspace budget among the layers: "
+                                 "give --workspace-limit or --device-memory")
+    names = [layer.node.name for layer in layers]
+    try:
+        result = select_ilp([fronts[n] for n in names], limit)
+    except AlgoSelectError as exc:
+        raise AlgoSelectionError(f"--algo-select ilp: {exc}") from None
+    chosen = {n: fronts[n][c] for n, c in zip(names, result.choice)}
+    # The baseline under the same budget: every layer undivided, one algorithm each, chosen by the same ILP.
+    singles = [layer_pareto(layer.batch, timing.candidates[layer.node.name], limit, "undivided") for layer in layers]
+    baseline_ilp = None
+    if all(singles):
+        try:
+            baseline_ilp = select_ilp(singles, limit)
+            baseline = {n: singles[k][c] for k, (n, c) in enumerate(zip(names, baseline_ilp.choice))}
+        except AlgoSelectError:
+            baseline = {n: None for n in names}
+    else:
+        baseline = {n: None for n in names}
+    return Selection(mode, policy, limit, limit_source, list(layers), chosen, baseline, result, baseline_ilp)
+
+
+def report(selection: Selection, timing: Timing) -> dict:
+    """reports/algo.json: per layer the choice, its time and workspace, the baseline, where the numbers came from."""
+    rows = []
+    for layer in selection.layers:
+        name = layer.node.name
+        config, base = selection.chosen[name], selection.baseline[name]
+        rows.append({
+            "node": name, "op": layer.anchor, "batch": layer.batch, "algorithms": list(layer.algorithms),
+            "micro_batch_sizes": list(layer.sizes),
+            "chosen": {"pieces": [list(p) for p in config.pieces], "describe": config.describe(),
+                       "seconds": config.seconds, "workspace_bytes": config.workspace,
+                       "source": "measured" if config.measured else "estimated"},
+            "best_single": None if base is None else {
+                "algorithm": base.pieces[0][0], "seconds": base.seconds, "workspace_bytes": base.workspace,
+                "source": "measured" if base.measured else "estimated"},
+            "speedup": None if base is None or config.seconds <= 0 else base.seconds / config.seconds,
+        })
+    total = sum(r["chosen"]["seconds"] for r in rows)
+    base_rows = [r for r in rows if r["best_single"] is not None]
+    doc = {
+        "mode": selection.mode, "policy": selection.policy,
+        "workspace_limit_bytes": selection.limit, "workspace_limit_source": selection.limit_source,
+        "layers": rows,
+        "total_seconds": total,
+        "best_single_total_seconds": sum(r["best_single"]["seconds"] for r in base_rows) if len(base_rows) == len(rows) else None,
+        # ILP: the layers' workspaces are held together; DP: one at a time, in a shared workspace.
+        "workspace_bytes": (sum if selection.mode == "ilp" else max)([r["chosen"]["workspace_bytes"] for r in rows] or [0]),
+        "profiling": {"measured": timing.measured, "estimated": timing.estimated, "seconds": round(timing.seconds, 3),
+                      "budget_exhausted": timing.budget_exhausted},
+    }
+    if selection.ilp is not None:
+        doc["ilp"] = selection.ilp.to_json()
+        if selection.baseline_ilp is not None:
+            doc["baseline_ilp"] = selection.baseline_ilp.to_json()
+    return doc
+
+
+def markdown(doc: dict) -> str:
+    """reports/algo.md."""
+    limit = doc["workspace_limit_bytes"]
+    lines = [f"# Algorithm and micro-batch selection ({doc['mode']}, sizes: {doc['policy']})", "",
+             f"Workspace limit: {format_bytes(limit) if limit is not None else 'none'} ({doc['workspace_limit_source']}); "
+             f"{'total' if doc['mode'] == 'ilp' else 'largest'} workspace chosen: {format_bytes(doc['workspace_bytes'])}.",
+             f"Candidates: {doc['profiling']['measured']} measured, {doc['profiling']['estimated']} estimated "
+             f"({doc['profiling']['seconds']:.1f} s of profiling"
+             f"{', budget exhausted' if doc['profiling']['budget_exhausted'] else ''}).", ""]
+    if doc["best_single_total_seconds"]:
+        lines.append(f"Layers total: {1e3 * doc['total_seconds']:.3f} ms chosen vs {1e3 * doc['best_single_total_seconds']:.3f} ms "
+                     f"with the best single algorithm per layer ({doc['best_single_total_seconds'] / doc['total_seconds']:.2f}x).")
+    if "ilp" in doc:
+        ilp = doc["ilp"]
+        lines.append(f"ILP: objective {1e3 * ilp['objective_s']:.3f} ms, LP bound {1e3 * ilp['lp_bound_s']:.3f} ms, "
+                     f"gap {100 * ilp['gap']:.2f}%, solved in {1e3 * ilp['solve_seconds']:.1f} ms.")
+    lines += ["", "| layer | op | batch | chosen | ms | workspace | best single | ms | speedup | source |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["layers"]:
+        base, chosen = r["best_single"], r["chosen"]
+        base_ms = f"{1e3 * base['seconds']:.3f}" if base else "-"
+        speedup = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
+        lines.append(
+            f"| {r['node']} | {r['op']} | {r['batch']} | {chosen['describe']} | {1e3 * chosen['seconds']:.3f} | "
+            f"{format_bytes(chosen['workspace_bytes'])} | {base['algorithm'] if base else 'none fits'} | {base_ms} | "
+            f"{speedup} | {chosen['source']} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,107 @@
+"""Every conv and matmul algorithm, whole-batch and per micro-batch, equals onnxruntime; workspaces are as documented."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import ir
+from backends.algorithms import algorithms
+from backends.kernel import build, workspace_bytes
+from backends.target import parse_target
+from compiler.algo import find_layers
+from compiler.pipeline import run_pipeline, select_passes
+from compiler.program import _Builder
+from runtime.memory import aligned_copy
+from tests.conftest import run_onnxruntime
+from tests.ir.helpers import F, model
+
+LLVM = parse_target("llvm")
+BATCH = 4
+
+CONVS = {
+    "3x3_pad1": dict(channels=(8, 16), size=12, kernel=3, pads=(1, 1, 1, 1), strides=(1, 1), dilations=(1, 1)),
+    "3x3_stride2": dict(channels=(8, 16), size=13, kernel=3, pads=(1, 1, 1, 1), strides=(2, 2), dilations=(1, 1)),
+    "1x1": dict(channels=(16, 32), size=8, kernel=1, pads=(0, 0, 0, 0), strides=(1, 1), dilations=(1, 1)),
+    "7x7_stride2": dict(channels=(3, 16), size=20, kernel=7, pads=(3, 3, 3, 3), strides=(2, 2), dilations=(1, 1)),
+    "5x5_dilated": dict(channels=(4, 8), size=16, kernel=5, pads=(2, 1, 2, 1), strides=(1, 1), dilations=(2, 2)),
+}
+
+
+def conv_relu_model(channels, size, kernel, pads, strides, dilations):
+    rng = np.random.default_rng(1)
+    cin, cout = channels
+    weight = rng.standard_normal((cout, cin, kernel, kernel)).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=list(pads), strides=list(strides), dilations=list(dilations))
+    relu = helper.make_node("Relu", ["c"], ["y"])
+    return model([conv, relu], [("x", F, [BATCH, cin, size, size])], [("y", F, None)], [("w", weight), ("b", bias)])
+
+
+def matmul_model():
+    rng = np.random.default_rng(2)
+    weight = rng.standard_normal((24, 32)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])]
+    return model(nodes, [("x", F, [BATCH, 6, 24])], [("y", F, None)], [("w", weight)])
+
+
+def run_layer(onnx_model, algorithm: str, size: int, x: np.ndarray) -> np.ndarray:
+    """Run the model's one layer with `algorithm` over micro-batches of `size` (kernel by kernel, as the runtime does)."""
+    from backends.tvm_env import tvm
+
+    graph, _ = run_pipeline(ir.from_onnx(onnx_model), select_passes([]))
+    (layer,) = find_layers(graph, "llvm", "all")
+    builder = _Builder(LLVM)
+    builder.steps(graph)
+    spec, args = builder.candidate(layer.node, algorithm, size)
+    fn = build(spec, LLVM)["main"]
+    out_type = layer.node.outputs[0].type
+    out = aligned_copy(np.zeros(out_type.shape, np.float32))
+    tvm_mod = tvm()
+    for start in range(0, BATCH, size):
+        tensors = []
+        for name in args:
+            array = x[start:start + size] if name == "x" else builder.weights[name]
+            tensors.append(tvm_mod.runtime.from_dlpack(aligned_copy(np.ascontiguousarray(array))))
+        result = tvm_mod.runtime.from_dlpack(aligned_copy(np.zeros((size,) + out_type.shape[1:], np.float32)))
+        fn(*tensors, result)
+        out[start:start + size] = result.numpy()
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(CONVS))
+@pytest.mark.parametrize("algorithm", ["nchwc", "im2col", "direct"])
+def test_conv_algorithms_equal_onnxruntime(case, algorithm):
+    onnx_model = conv_relu_model(**CONVS[case])
+    x = np.random.default_rng(0).standard_normal((BATCH, CONVS[case]["channels"][0], CONVS[case]["size"],
+                                                   CONVS[case]["size"])).astype(np.float32)
+    (want,) = run_onnxruntime(onnx_model, {"x": x})
+    for size in (BATCH, 2, 1):
+        np.testing.assert_allclose(run_layer(onnx_model, algorithm, size, x), want, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("algorithm", ["packed", "direct"])
+def test_matmul_algorithms_equal_onnxruntime(algorithm):
+    onnx_model = matmul_model()
+    x = np.random.default_rng(0).standard_normal((BATCH, 6, 24)).astype(np.float32)
+    (want,) = run_onnxruntime(onnx_model, {"x": x})
+    for size in (BATCH, 1):
+        np.testing.assert_allclose(run_layer(onnx_model, algorithm, size, x), want, rtol=1e-3, atol=1e-4)
+
+
+def test_algorithm_choices_and_workspaces():
+    graph, _ = run_pipeline(ir.from_onnx(conv_relu_model(**CONVS["3x3_pad1"])), select_passes([]))
+    (layer,) = find_layers(graph, "llvm", "powers-of-two")
+    assert layer.algorithms == ("nchwc", "im2col", "direct") and layer.sizes == (1, 2, 4)
+    builder = _Builder(LLVM)
+    builder.steps(graph)
+    workspace = {a: workspace_bytes(builder.candidate(layer.node, a, BATCH)[0], LLVM) for a in layer.algorithms}
+    assert workspace["direct"] == 0
+    # im2col: the (N, C·R·S, OH·OW padded to 16) column matrix and the (N, K, ·) product.
+    assert workspace["im2col"] == 4 * BATCH * (8 * 9 * 144 + 16 * 144)
+    # nchwc: the input packed with its padding, (N, C/8, 14, 14 + column padding, 8), and the NCHWc result.
+    assert 4 * BATCH * 16 * 144 < workspace["nchwc"] < workspace["im2col"]
+    half = {a: workspace_bytes(builder.candidate(layer.node, a, 2)[0], LLVM) for a in layer.algorithms}
+    assert half["im2col"] * 2 == workspace["im2col"]
+    assert algorithms("Conv", {"group": 2}, [layer.node.inputs[0].type], [None, np.ones(1)], "llvm") == ()
+    assert algorithms("Conv", {}, [layer.node.inputs[0].type], [None, np.ones((16, 8, 3, 3), np.float32)], "cuda") == ("direct", "im2col")
