@@ -1,8 +1,9 @@
 """Which algorithms can run a conv or matmul kernel, and re-sizing a kernel to a micro-batch.
 
 Conv (dense, 2-D, float32) on llvm: "nchwc" (weights packed at compile time,
-register-tiled; the default), "im2col" (column buffer + GEMM) and "direct"
-(the generic loop nest); on cuda: "direct" and "im2col" (dlight schedules).
+register-tiled; the default), "im2col" (column buffer + GEMM), "direct" (the
+same register tiles reading the input in place: no workspace) and, for 3×3
+stride-1 convs, "winograd" (F(4×4, 3×3)); on cuda: "direct" and "im2col" (dlight schedules).
 Matmul with constant weights on llvm: "packed" (the default) and "direct".
 The chosen one is the ALGORITHM attribute of the op in its kernel spec.
 """
@@ -16,6 +17,7 @@ from ir.types import TensorType
 
 from .kernel import ARG, KernelInput, KernelMember, KernelSpec
 from .lowering.packing import ALGORITHM, plan_packing
+from .lowering.winograd import applies as winograd_applies
 
 ANCHOR_OPS = ("Conv", "MatMul", "Gemm")
 
@@ -31,9 +33,13 @@ def algorithms(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[Ten
     if op_type == "Conv":
         if attrs.get("group", 1) != 1 or input_types[0].rank != 4:
             return ()
-        if target_kind == "llvm":
-            return ("nchwc", "im2col", "direct") if packs else ("direct", "im2col")
-        return ("direct", "im2col")
+        if target_kind != "llvm":
+            return ("direct", "im2col")
+        choices = ("nchwc", "im2col", "direct") if packs else ("direct", "im2col")
+        spatial = constants[1].shape[2:]
+        if winograd_applies(spatial, attrs.get("strides") or (1, 1), attrs.get("dilations") or (1, 1)):
+            choices += ("winograd",)
+        return choices
     if target_kind == "llvm" and packs:
         return ("packed", "direct")
     return ()

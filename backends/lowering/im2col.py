@@ -9,12 +9,10 @@ from __future__ import annotations
 from ..schedules.cpu import MIN_PARALLEL_WORK, try_step
 from ..tvm_env import tvm
 from .context import LowerContext, SelfScheduled
+from .gemm_tile import PIXELS, ROW_CHOICES, tiled_gemm
 
 _tvm = tvm()
 te, tir = _tvm.te, _tvm.tirx
-
-PIXELS = 16
-ROW_CHOICES = (4, 2, 1)
 
 
 def conv_im2col(ctx: LowerContext, before, after):
@@ -53,20 +51,7 @@ def conv_im2col(ctx: LowerContext, before, after):
     big = n * k * pixels * depth >= MIN_PARALLEL_WORK * 16
 
     def schedule(sch) -> None:
-        block = sch.get_sblock("im2col_gemm")
-        tile = sch.cache_write(block, 0, "global")
-        ni, ki, p, jj = sch.get_loops(block)
-        ko, kin = sch.split(ki, [None, rows])
-        po, pin = sch.split(p, [None, PIXELS])
-        sch.reorder(ni, ko, po, jj, kin, pin)
-        outer = sch.fuse(ni, ko)
-        if big:
-            sch.parallel(outer)
-        sch.unroll(kin)
-        sch.vectorize(pin)
-        sch.reverse_compute_at(tile, po)
-        try_step(lambda: sch.vectorize(sch.get_loops(tile)[-1]))
-        sch.decompose_reduction(block, jj)
+        tiled_gemm(sch, "im2col_gemm", rows, big)
         unfold = sch.get_sblock("im2col")
         loops = sch.get_loops(unfold)
         fused = sch.fuse(*loops[:2])

@@ -5,6 +5,7 @@ from ..tvm_env import tvm
 from .context import LowerContext
 from .fast import conv_packed, matmul_packed
 from .im2col import conv_im2col
+from .winograd import conv_winograd
 from .packing import ALGORITHM, CONV_BLOCKS, MATMUL_BLOCK
 
 _tvm = tvm()
@@ -67,6 +68,8 @@ def _conv(ctx: LowerContext):
         return conv_packed(ctx, before, after, direct=ctx.attr(ALGORITHM) == "direct")
     if ctx.attr(ALGORITHM) == "im2col":
         return conv_im2col(ctx, before, after)
+    if ctx.attr(ALGORITHM) == "winograd":
+        return conv_winograd(ctx, before, after)
     if spatial == 1:
         x, w = _as_2d(x, "data_2d"), _as_2d(w, "weight_2d")
         kernel, strides, dilations = [1] + kernel, [1] + strides, [1] + dilations

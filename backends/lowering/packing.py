@@ -64,9 +64,15 @@ def plan_packing(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[T
                  constants: Sequence[np.ndarray | None]) -> Packing | None:
     """How to pack this node's constant weights for a fast kernel, or None to use the generic one.
 
-    The packed algorithms (conv "nchwc" and "direct", matmul "packed"; the defaults) pack weights.
+    The packed algorithms (conv "nchwc" and "direct", matmul "packed"; the defaults) pack weights;
+    conv "winograd" transforms them.
     """
-    if attrs.get(ALGORITHM, "nchwc" if op_type == "Conv" else "packed") not in ("nchwc", "direct", "packed"):
+    algorithm = attrs.get(ALGORITHM, "nchwc" if op_type == "Conv" else "packed")
+    if algorithm == "winograd" and constants[1] is not None and constants[1].ndim == 4:
+        from .winograd import transform_weight
+
+        return Packing((), {1: transform_weight(constants[1])})
+    if algorithm not in ("nchwc", "direct", "packed"):
         return None
     if not input_types or input_types[0] is None or input_types[0].dtype != "float32":
         return None

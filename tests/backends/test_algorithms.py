@@ -21,6 +21,7 @@ BATCH = 4
 
 CONVS = {
     "3x3_pad1": dict(channels=(8, 16), size=12, kernel=3, pads=(1, 1, 1, 1), strides=(1, 1), dilations=(1, 1)),
+    "3x3_odd": dict(channels=(5, 12), size=13, kernel=3, pads=(0, 1, 2, 1), strides=(1, 1), dilations=(1, 1)),
     "3x3_stride2": dict(channels=(8, 16), size=13, kernel=3, pads=(1, 1, 1, 1), strides=(2, 2), dilations=(1, 1)),
     "1x1": dict(channels=(16, 32), size=8, kernel=1, pads=(0, 0, 0, 0), strides=(1, 1), dilations=(1, 1)),
     "7x7_stride2": dict(channels=(3, 16), size=20, kernel=7, pads=(3, 3, 3, 3), strides=(2, 2), dilations=(1, 1)),
@@ -69,8 +70,12 @@ def run_layer(onnx_model, algorithm: str, size: int, x: np.ndarray) -> np.ndarra
     return out
 
 
-@pytest.mark.parametrize("case", sorted(CONVS))
-@pytest.mark.parametrize("algorithm", ["nchwc", "im2col", "direct"])
+# Winograd runs 3x3 stride-1 convs only.
+CONV_CASES = [(case, a) for case in sorted(CONVS) for a in ("nchwc", "im2col", "direct")] + [
+    (case, "winograd") for case in ("3x3_pad1", "3x3_odd")]
+
+
+@pytest.mark.parametrize("case,algorithm", CONV_CASES)
 def test_conv_algorithms_equal_onnxruntime(case, algorithm):
     onnx_model = conv_relu_model(**CONVS[case])
     x = np.random.default_rng(0).standard_normal((BATCH, CONVS[case]["channels"][0], CONVS[case]["size"],
@@ -92,7 +97,7 @@ def test_matmul_algorithms_equal_onnxruntime(algorithm):
 def test_algorithm_choices_and_workspaces():
     graph, _ = run_pipeline(ir.from_onnx(conv_relu_model(**CONVS["3x3_pad1"])), select_passes([]))
     (layer,) = find_layers(graph, "llvm", "powers-of-two")
-    assert layer.algorithms == ("nchwc", "im2col", "direct") and layer.sizes == (1, 2, 4)
+    assert layer.algorithms == ("nchwc", "im2col", "direct", "winograd") and layer.sizes == (1, 2, 4)
     builder = _Builder(LLVM)
     builder.steps(graph)
     workspace = {a: workspace_bytes(builder.candidate(layer.node, a, BATCH)[0], LLVM) for a in layer.algorithms}
