@@ -25,3 +25,32 @@ def test_corpus_model_compiles_for_cuda_with_nvcc(model, tmp_path_factory):
     for library in libraries:
         assert library.with_suffix(".cu").read_text().count("__global__") >= 1
         assert library.with_suffix(".fatbin").stat().st_size > 0
+
+
+@needs_nvcc
+@pytest.mark.parametrize("algorithm", ["direct", "im2col"])
+def test_conv_algorithms_compile_for_cuda_with_nvcc(algorithm, tmp_path):
+    import ir
+    from backends.builder import build_kernels
+    from backends.cache import KernelCache
+    from backends.target import parse_target
+    from compiler.algo import find_layers
+    from compiler.pipeline import run_pipeline, select_passes
+    from compiler.program import _Builder
+    from tests.backends.test_algorithms import CONVS, conv_relu_model
+
+    target = parse_target("cuda:sm_80")
+    graph, _ = run_pipeline(ir.from_onnx(conv_relu_model(**CONVS["3x3_pad1"])), select_passes([]))
+    (layer,) = find_layers(graph, "cuda", "powers-of-two")
+    assert layer.algorithms == ("direct", "im2col")
+    builder = _Builder(target)
+    builder.steps(graph)
+    specs = {}
+    for size in (layer.batch, 1):
+        spec, _ = builder.candidate(layer.node, algorithm, size)
+        specs[spec.key(target)] = spec
+    cache = KernelCache(tmp_path)
+    build_kernels(specs, target, cache)
+    for key in specs:
+        assert cache.library(key).with_suffix(".cu").read_text().count("__global__") >= 1
+        assert cache.library(key).with_suffix(".fatbin").stat().st_size > 0
