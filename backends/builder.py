@@ -160,13 +160,21 @@ class _Worker:
         self.process.wait()
 
 
-def stderr_progress(done: int, total: int) -> None:
-    """A one-line progress bar on stderr when it is a terminal."""
-    if not total or not sys.stderr.isatty():
-        return
-    width = 30
-    filled = width * done // total
-    sys.stderr.write(f"\rcompiling kernels [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-    if done == total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
+class ProgressBar:
+    """A one-line progress bar on stderr (when it is a terminal), called as (done, total)."""
+
+    def __init__(self, label: str):
+        self.label = label
+
+    def __call__(self, done: int, total: int) -> None:
+        if not total or not sys.stderr.isatty():
+            return
+        width = 30
+        filled = width * done // total
+        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+stderr_progress = ProgressBar("compiling kernels")

@@ -52,6 +52,7 @@ def compile(  # noqa: A001 - the contract names it compile
     cache_dir: str | os.PathLike | None = None,
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    profile_progress: Callable[[int, int], None] | None = None,
     device_memory: int | str | None = None,
     skip_passes: Sequence[str] = (),
     verify: bool = False,
@@ -110,7 +111,7 @@ def compile(  # noqa: A001 - the contract names it compile
     if algo_select != "off":
         program, algo_summary = _select_algorithms(graph, spec, program, cache, root / "reports", algo_select,
                                                    workspace_limit, capacity, batch_policy, profile_budget,
-                                                   reprofile, progress)
+                                                   reprofile, profile_progress)
     stats = build_kernels(program.kernels, spec, cache, jobs, progress)
     built = time.perf_counter()
     report: dict = {}
@@ -118,9 +119,12 @@ def compile(  # noqa: A001 - the contract names it compile
     if devices == 1:
         programs = [program]
     else:
-        programs, placement_doc = _distribute(graph, program, spec, cache, placement, microbatches, pins, capacities,
-                                              link or load_link(), profile, reprofile)
+        programs, placement_doc, graph = _distribute(graph, program, spec, cache, placement, microbatches, pins,
+                                                     capacities, link or load_link(), profile, reprofile,
+                                                     lambda share: _replica(model, input_shapes, share, passes))
         extra.update({"placement": placement_doc["planner"]})
+        if placement_doc["planner"] == "data":
+            extra["data_parallel"] = devices
         report["placement"] = {k: placement_doc[k] for k in ("planner", "predicted_makespan_s", "bound_s", "transfer_bytes")}
         (root / "reports" / "placement.json").write_text(json.dumps(placement_doc, indent=1))
         (root / "reports" / "placement.md").write_text(placement_markdown(placement_doc))
@@ -258,8 +262,25 @@ def _capacity(device_memory: int | str | None) -> int | None:
         raise CompileError(f"--device-memory: {exc}") from None
 
 
-def _distribute(graph, program, spec, cache, placement, microbatches, pins, capacities, link, profile, reprofile):
-    """Place the graph on the devices: measure node times, plan, insert Send/Recv, one program per device."""
+def _replica(model, input_shapes, devices: int, passes):
+    """The optimized graph one data-parallel device runs: the model at 1/devices of the batch."""
+    graph, _ = run_pipeline(_import(model, input_shapes, devices), passes)
+    return graph
+
+
+def _shared_batch(graph) -> int | None:
+    """Axis 0 of every input and output when they all share it, else None."""
+    sizes = {v.type.shape[0] if v.type.rank else None for v in [*graph.inputs, *graph.outputs]}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def _distribute(graph, program, spec, cache, placement, microbatches, pins, capacities, link, profile, reprofile,
+                replica):
+    """Place the graph on the devices: measure node times, plan, insert Send/Recv, one program per device.
+
+    Returns (programs, placement report, graph run): with `data` placement one
+    program that every device runs, made from `replica(devices)`.
+    """
     devices = len(capacities)
     if spec.kind != "llvm":
         raise CompileError(f"devices={devices}: multi-device runs use CPU workers (gloo); compile with --target llvm")
@@ -275,12 +296,15 @@ def _distribute(graph, program, spec, cache, placement, microbatches, pins, capa
                 note = f"kernels could not be timed on random inputs ({exc}); node times are estimates"
     tasks = build_tasks(graph, step_ms, once={s["node"] for s in program.steps if s.get("init")})
     machine = Machine(tuple(c or (1 << 62) for c in capacities), link)
+    io_bytes = (sum(v.type.nbytes for v in graph.inputs), sum(v.type.nbytes for v in graph.outputs))
     try:
-        plan = place(tasks, machine, placement, pins, microbatches)
+        plan = place(tasks, machine, placement, pins, microbatches, _shared_batch(graph), io_bytes)
     except PlacementError as exc:
         raise CompileError(str(exc)) from None
     if note:
         plan.notes.append(note)
+    if plan.replicated:
+        return _data_parallel(plan, tasks, machine, spec, cache, capacities, replica(devices))
     transfers = insert_transfers(graph, plan.device)
     programs = [build_program(graph, spec, d, plan.device) for d in range(devices)]
     memories = [plan_program_memory(p, spec.kind) for p in programs]
@@ -288,7 +312,24 @@ def _distribute(graph, program, spec, cache, placement, microbatches, pins, capa
         _check_device_memory(m, weight_bytes(p), capacities[d], f"device {d}: ")
     doc = PlacementReport(plan, transfers, machine, tasks, [weight_bytes(p) for p in programs],
                           [m.arena_bytes for m in memories]).to_json()
-    return programs, doc
+    return programs, doc, graph
+
+
+def _data_parallel(plan, tasks, machine, spec, cache, capacities, graph):
+    """One program at the replica's batch, which every device runs; the scatter and gather as its transfers."""
+    from passes.partition import Transfers
+
+    program = build_program(graph, spec)
+    build_kernels(program.kernels, spec, cache)
+    memory = plan_program_memory(program, spec.kind)
+    for d, capacity in enumerate(capacities):
+        _check_device_memory(memory, weight_bytes(program), capacity, f"device {d}: ")
+    devices = machine.devices
+    transfers = Transfers([(v.name, 0, d, v.type.nbytes) for v in graph.inputs for d in range(1, devices)]
+                          + [(v.name, d, 0, v.type.nbytes) for v in graph.outputs for d in range(1, devices)])
+    doc = PlacementReport(plan, transfers, machine, tasks, [weight_bytes(program)] * devices,
+                          [memory.arena_bytes] * devices).to_json()
+    return [program], doc, graph
 
 
 def _check_device_memory(memory, weights: int, capacity: int | None, where: str = "") -> None:

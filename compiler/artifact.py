@@ -10,7 +10,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ir.types import TensorType, numpy_dtype
-from runtime.artifact_files import PLAN_FILE, read_plan, verify_files
+from runtime.artifact_files import PLAN_FILE, device_count, read_plan, verify_files
 from runtime.errors import ArtifactError
 
 
@@ -57,12 +57,12 @@ class Artifact:
     @property
     def devices(self) -> int:
         """Devices (workers) the artifact runs on."""
-        return len(self.plan.get("devices", [None]))
+        return device_count(self.plan)
 
     @property
     def microbatches(self) -> int:
-        """Micro-batches one run splits the batch into."""
-        return int(self.plan.get("microbatches", 1))
+        """Slices one run splits the batch into: micro-batches, or one per device with data placement."""
+        return int(self.plan.get("microbatches", 1)) * int(self.plan.get("data_parallel", 1))
 
     def run(self, inputs: Mapping[str, np.ndarray], timeout: float = 30.0) -> dict[str, np.ndarray]:
         """Run the model on numpy inputs by name; returns numpy outputs by name.

@@ -68,7 +68,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    from backends.builder import stderr_progress
+    from backends.builder import ProgressBar, stderr_progress
 
     from .api import compile as compile_model
     from .artifact import check_destination
@@ -77,6 +77,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     check_destination(output, args.force)  # before compiling: refuse early, not after minutes of work
     artifact = compile_model(args.model, target=args.target, input_shapes=_input_shapes(args.input_shape),
                              jobs=args.jobs, progress=stderr_progress, device_memory=args.device_memory,
+                             profile_progress=ProgressBar("timing algorithm candidates"),
                              devices=args.devices, placement=args.placement, microbatches=args.microbatches,
                              batch=args.batch,
                              pins=args.pin, machine=args.machine, profile=not args.no_profile,
@@ -164,13 +165,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _print_stream(artifact, measured) -> None:
-    """Latency of one run and time per batch streaming --repeat runs, each against the placement's prediction."""
-    placement = json.loads((artifact.directory / "reports" / "placement.json").read_text())
+    """Latency of one run and time per batch streaming --repeat runs, each against the placement's prediction;
+    both go into reports/placement.json and .md as well."""
+    from .distribute import placement_markdown
+
+    reports = artifact.directory / "reports"
+    placement = json.loads((reports / "placement.json").read_text())
     for label, got, predicted in (("latency of one run", measured["latency_s"], placement["predicted_makespan_s"]),
                                   (f"time per batch over {measured['runs']} streamed runs", measured["seconds_per_batch"],
                                    placement["predicted_steady_s"])):
         print(f"{label}: {1e3 * got:.3f} ms; placement predicted {1e3 * predicted:.3f} ms "
               f"(error {100 * (predicted - got) / got:+.1f}%)")
+    placement["measured"] = {**measured, "prediction_error": (placement["predicted_steady_s"] - measured["seconds_per_batch"])
+                             / measured["seconds_per_batch"],
+                             "latency_prediction_error": (placement["predicted_makespan_s"] - measured["latency_s"])
+                             / measured["latency_s"]}
+    (reports / "placement.json").write_text(json.dumps(placement, indent=1))
+    (reports / "placement.md").write_text(placement_markdown(placement))
+    print(f"measured times added to {reports / 'placement.md'}")
 
 
 def _check(artifact, inputs, outputs) -> int:
@@ -220,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
                              help="memory of the device, e.g. 512MiB: fail when weights and activations do not fit")
     compile_cmd.add_argument("--batch", type=int, metavar="N", help="run N samples at once: axis 0 of every input becomes N")
     compile_cmd.add_argument("--devices", type=int, default=1, metavar="N", help="place the model on N devices (workers)")
-    compile_cmd.add_argument("--placement", default="auto", choices=("auto", "single", "pipeline", "list"),
+    compile_cmd.add_argument("--placement", default="auto", choices=("auto", "single", "pipeline", "list", "data"),
                              help="placement planner (default: the best predicted)")
     compile_cmd.add_argument("--microbatches", type=int, default=1, metavar="K",
                              help="split the batch (axis 0) into K micro-batches that pipeline through the devices")
@@ -273,7 +285,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     artifact = load(args.artifact)
     report = artifact.report()
     print(f"# {args.artifact}: {report['target']}, {report.get('devices', 1)} device(s), {report['kernel_calls']} kernel calls")
-    for name in ("passes.md", "memory.md", "placement.md"):
+    for name in ("passes.md", "memory.md", "algo.md", "placement.md"):
         path = artifact.directory / "reports" / name
         if path.is_file():
             print()

@@ -39,13 +39,43 @@ class ProfilingFailed(Exception):
     """The model did not run on random inputs, so its kernels could not be timed."""
 
 
-class ProfileDB:
-    """Measured kernel times, (kernel key, threads) → median milliseconds, and kernel workspace bytes, in one JSON file."""
+# A measured time is trusted this long; then the kernel is timed again (the machine, its load or its
+# firmware may have changed since).
+PROFILE_MAX_AGE_S = 30 * 24 * 3600
 
-    def __init__(self, path: Path | None = None):
+
+def machine_fingerprint() -> str:
+    """What a measured time depends on besides the kernel: the CPU model and core count."""
+    import platform
+
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model} x{os.cpu_count()}"
+
+
+class ProfileDB:
+    """Measured kernel times, (kernel key, threads) → median milliseconds, and kernel workspace bytes, in one JSON file.
+
+    Staleness: a time counts only on the machine that measured it (CPU model and
+    core count) and for PROFILE_MAX_AGE_S; the kernel key already changes with
+    the TVM version and the backend's sources. Older or foreign times read as
+    missing, so they are measured again; `--reprofile` measures everything again.
+    """
+
+    def __init__(self, path: Path | None = None, now: float | None = None):
+        import time
+
         self.path = path or cache_root() / "profiles.json"
+        self.now = time.time() if now is None else now
+        self.machine = machine_fingerprint()
         try:
-            self.entries: dict[str, float] = json.loads(self.path.read_text())
+            self.entries: dict[str, dict] = json.loads(self.path.read_text())
         except (OSError, ValueError):
             self.entries = {}
 
@@ -55,21 +85,26 @@ class ProfileDB:
         return f"{kernel}@{threads}"
 
     def get(self, kernel: str, threads: int) -> float | None:
-        """Median milliseconds, or None when never measured."""
-        return self.entries.get(self.key(kernel, threads))
+        """Median milliseconds, or None when never measured here or measured too long ago."""
+        entry = self.entries.get(self.key(kernel, threads))
+        if not isinstance(entry, dict) or entry.get("machine") != self.machine:
+            return None
+        if self.now - float(entry.get("at", 0)) > PROFILE_MAX_AGE_S:
+            return None
+        return float(entry["ms"])
 
     def workspace(self, kernel: str) -> int | None:
-        """Workspace bytes recorded for a kernel, or None."""
-        value = self.entries.get(f"{kernel}#workspace")
-        return None if value is None else int(value)
+        """Workspace bytes recorded for a kernel, or None (a property of the code: it never goes stale)."""
+        entry = self.entries.get(f"{kernel}#workspace")
+        return int(entry["bytes"]) if isinstance(entry, dict) else None
 
     def put_workspace(self, kernel: str, nbytes: int) -> None:
         """Record a kernel's workspace bytes (written with the next `put`)."""
-        self.entries[f"{kernel}#workspace"] = nbytes
+        self.entries[f"{kernel}#workspace"] = {"bytes": int(nbytes)}
 
     def put(self, times: Mapping[str, float]) -> None:
-        """Record measurements and write the file (atomically)."""
-        self.entries.update(times)
+        """Record measurements (entry name → milliseconds) and write the file (atomically)."""
+        self.entries.update({name: {"ms": ms, "at": self.now, "machine": self.machine} for name, ms in times.items()})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_suffix(f".tmp{os.getpid()}")
         temporary.write_text(json.dumps(self.entries, indent=0, sort_keys=True))
@@ -203,7 +238,11 @@ class PlacementReport:
         p = self.placement
         compute = [0.0] * self.machine.devices
         for task in self.tasks:
-            compute[p.device[task.name]] += task.seconds
+            if p.replicated:
+                for d in range(self.machine.devices):
+                    compute[d] += task.seconds / self.machine.devices
+            else:
+                compute[p.device[task.name]] += task.seconds
         return {
             "planner": p.planner,
             "devices": self.machine.devices,
@@ -219,12 +258,12 @@ class PlacementReport:
             "per_device": [
                 {"device": d, "compute_s": compute[d], "busy_s": p.busy_seconds[d] if p.busy_seconds else None,
                  "weights_bytes": self.device_weights[d], "arena_bytes": self.device_arena[d],
-                 "nodes": sum(1 for v in p.device.values() if v == d)}
+                 "nodes": len(p.device) if p.replicated else sum(1 for v in p.device.values() if v == d)}
                 for d in range(self.machine.devices)
             ],
             "transfers": [{"tensor": t, "from": a, "to": b, "bytes": n} for t, a, b, n in self.transfers.pairs],
             "transfer_bytes": self.transfers.bytes,
-            "nodes": {t.name: {"device": p.device[t.name], "op": t.op, "start_s": p.start[t.name],
+            "nodes": {t.name: {"device": "all" if p.replicated else p.device[t.name], "op": t.op, "start_s": p.start[t.name],
                                "finish_s": p.finish[t.name], "estimated": t.estimated} for t in self.tasks},
             "notes": p.notes,
         }
@@ -236,7 +275,7 @@ def placement_markdown(doc: Mapping[str, Any]) -> str:
         "# Placement", "",
         f"Planner **{doc['planner']}** on {doc['devices']} devices, {doc['microbatches']} micro-batch(es). "
         f"Predicted {1e3 * doc['predicted_makespan_s']:.2f} ms per batch against a bound of "
-        f"{1e3 * doc['bound_s']:.2f} ms (max of critical path and work / devices): ratio {doc['makespan_over_bound']:.2f}; "
+        f"{1e3 * doc['bound_s']:.2f} ms ({'work / devices' if doc['planner'] == 'data' else 'max of critical path and work / devices'}): ratio {doc['makespan_over_bound']:.2f}; "
         f"{1e3 * doc['predicted_steady_s']:.2f} ms per batch when batches stream back to back. "
         f"Link α = {1e6 * doc['link']['alpha_s']:.0f} µs, β = {1e9 * doc['link']['beta_s_per_byte']:.2f} ns/B "
         f"({'measured' if doc['link']['measured'] else 'estimated; run tessel calibrate'}). "
@@ -247,14 +286,17 @@ def placement_markdown(doc: Mapping[str, Any]) -> str:
         busy = f"{1e3 * d['busy_s']:.2f}" if d["busy_s"] is not None else "-"
         lines.append(f"| {d['device']} | {d['nodes']} | {1e3 * d['compute_s']:.2f} | {busy} | "
                      f"{format_bytes(d['weights_bytes'])} | {format_bytes(d['arena_bytes'])} |")
-    lines += ["", f"## Transfers ({len(doc['transfers'])}, {format_bytes(doc['transfer_bytes'])} per micro-batch)", "",
+    lines += ["", f"## Transfers ({len(doc['transfers'])}, {format_bytes(doc['transfer_bytes'])} per micro-batch"
+              f"{'; the scatter of the inputs and gather of the outputs' if doc['planner'] == 'data' else ''})", "",
               "| tensor | from | to | bytes |", "|---|---:|---:|---:|"]
     lines += [f"| {t['tensor']} | {t['from']} | {t['to']} | {format_bytes(t['bytes'])} |" for t in doc["transfers"]]
     measured = doc.get("measured")
     if measured:
         lines += ["", "## Measured", "",
-                  f"{measured['seconds_per_batch'] * 1e3:.2f} ms per batch over {measured['runs']} runs on "
-                  f"{measured['workers']} workers: prediction error {100 * measured['prediction_error']:+.1f}%."]
+                  f"{measured['seconds_per_batch'] * 1e3:.2f} ms per batch over {measured['runs']} streamed runs on "
+                  f"{measured['workers']} workers ({measured['threads']} thread(s) each): prediction error "
+                  f"{100 * measured['prediction_error']:+.1f}%; one run alone {measured['latency_s'] * 1e3:.2f} ms "
+                  f"(prediction error {100 * measured['latency_prediction_error']:+.1f}%)."]
     if doc["notes"]:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in doc["notes"]]
     return "\n".join(lines) + "\n"

@@ -18,16 +18,21 @@ def _color(op: str) -> tuple[int, int, int]:
 
 
 def write_gantt_png(path: Path, placement: Mapping[str, Any]) -> None:
-    """Write the chart of placement.json's `nodes` (device, start, finish, op) to `path`."""
+    """Write the chart of placement.json's `nodes` (device, start, finish, op) to `path`.
+
+    A node on "all" devices (data placement) is drawn in every lane.
+    """
     devices = placement["devices"]
     nodes = placement["nodes"].values()
     end = max((n["finish_s"] for n in nodes), default=0.0) or 1.0
     canvas = Canvas(WIDTH, 2 * MARGIN + devices * (LANE + GAP))
     plot_w = WIDTH - 2 * MARGIN
     for node in nodes:
-        top = MARGIN + node["device"] * (LANE + GAP)
         x0 = MARGIN + int(plot_w * node["start_s"] / end)
         x1 = max(x0 + 1, MARGIN + int(plot_w * node["finish_s"] / end))
-        canvas.rect(x0, top, x1, top + LANE, _color(node["op"]))
+        lanes = range(devices) if node["device"] == "all" else [node["device"]]
+        for lane in lanes:
+            top = MARGIN + lane * (LANE + GAP)
+            canvas.rect(x0, top, x1, top + LANE, _color(node["op"]))
     canvas.rect(MARGIN, canvas.height - MARGIN, WIDTH - MARGIN, canvas.height - MARGIN + 1, AXIS)
     canvas.save(path)

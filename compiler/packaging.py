@@ -35,7 +35,10 @@ def program_section(program: Program, memory, weights_file: str) -> dict[str, An
 
 def write_artifact(root: Path, programs: Sequence[Program], memories: Sequence[Any], target: str,
                    cache: KernelCache, extra: Mapping[str, Any] | None = None) -> None:
-    """Write kernels, weights and plan.json (with every file's hash) into `root`; reports must be there already."""
+    """Write kernels, weights and plan.json (with the hash of every file it runs from) into `root`.
+
+    Reports are not hashed: `tessel run` adds what it measured to them.
+    """
     (root / "kernels").mkdir(exist_ok=True)
     kernel_entries = {}
     for program in programs:
@@ -55,6 +58,6 @@ def write_artifact(root: Path, programs: Sequence[Program], memories: Sequence[A
         plan["devices"] = sections
     plan.update(extra or {})
     plan["kernels"] = kernel_entries
-    files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.relative_to(root).parts[0] != "reports")
     plan["hashes"] = {name: file_hash(root / name) for name in files}
     (root / PLAN_FILE).write_text(json.dumps(plan, indent=1))

@@ -11,6 +11,9 @@ every value it passes to another task. A link costs α + β·bytes. Planners:
 - `list`: earliest-finish-time list scheduling (HEFT: tasks by upward rank,
   each to the device where it finishes first, counting transfers), with
   memory limits and pinned tasks.
+- `data`: every device runs every task on its share of the batch; device 0
+  scatters the inputs and gathers the outputs (collective costs from
+  passes/collectives.py).
 Every plan carries a simulated schedule and the bound max(critical path,
 total work / devices); `auto` picks the plan with the best predicted time.
 """
@@ -74,6 +77,8 @@ class Placement:
     microbatches: int = 1
     busy_seconds: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Data parallel: every device runs every task (on its share of the batch); `device` then says 0.
+    replicated: bool = False
 
     @property
     def throughput(self) -> float:
@@ -313,20 +318,71 @@ def place_list(tasks: Sequence[Task], machine: Machine, pins=(), microbatches: i
     return plan
 
 
+def place_data(tasks: Sequence[Task], machine: Machine, batch: int | None, io_bytes: tuple[int, int] = (0, 0),
+               microbatches: int = 1) -> Placement:
+    """Data parallelism: each device runs the whole model on batch/devices samples.
+
+    `tasks` carry full-batch times; each device's share is taken as 1/devices of
+    them (noted in the plan). Device 0 scatters the inputs (`io_bytes[0]` in
+    all) and gathers the outputs (`io_bytes[1]`), one peer after another as
+    gloo does (the linear algorithm).
+    """
+    from .collectives import cost
+
+    devices, link = machine.devices, machine.link
+    if microbatches > 1:
+        raise PlacementError("data placement gives each device its share of the batch at once; drop --microbatches")
+    if not batch or batch % devices:
+        raise PlacementError(f"data placement splits the batch (axis 0) evenly: batch {batch} is not a multiple of "
+                             f"{devices} devices; use --batch")
+    weights = sum(t.weight_bytes for t in tasks)
+    short = [d for d in range(devices) if weights > machine.memory[d]]
+    if short:
+        raise PlacementError(f"data placement keeps every weight on every device: device {short[0]} has "
+                             f"{machine.memory[short[0]]} bytes, the weights need {weights}")
+    scatter, scatter_algorithm = cost("scatter", link, devices, io_bytes[0], "linear")
+    gather, gather_algorithm = cost("gather", link, devices, io_bytes[1], "linear")
+    share = 1.0 / devices
+    compute = sum(t.seconds for t in tasks) * share
+    start, finish, clock = {}, {}, scatter
+    for task in tasks:
+        start[task.name] = clock
+        clock += task.seconds * share
+        finish[task.name] = clock
+    piece = [link.seconds(io_bytes[0] // devices) + link.seconds(io_bytes[1] // devices)]
+    busy = [compute + scatter + gather] + [compute + piece[0]] * (devices - 1)
+    plan = Placement("data", {t.name: 0 for t in tasks}, start, finish, scatter + compute + gather,
+                     sum(t.seconds for t in tasks) / devices, 1, busy, replicated=True)
+    plan.notes.append(f"every device runs every node on {batch // devices} of the {batch} samples; node times are the "
+                      f"full batch's divided by {devices}")
+    plan.notes.append(f"inputs scattered ({scatter_algorithm}, {1e3 * scatter:.3f} ms) and outputs gathered "
+                      f"({gather_algorithm}, {1e3 * gather:.3f} ms) by device 0")
+    return plan
+
+
 PLANNERS = {"single": place_single, "pipeline": place_pipeline, "list": place_list}
+CHOICES = ("auto", *PLANNERS, "data")
 
 
 def place(tasks: Sequence[Task], machine: Machine, planner: str = "auto", pins: Sequence[str] = (),
-          microbatches: int = 1) -> Placement:
-    """Place `tasks` (in topological order) with one planner, or the best predicted of all (`auto`)."""
+          microbatches: int = 1, batch: int | None = None, io_bytes: tuple[int, int] = (0, 0)) -> Placement:
+    """Place `tasks` (in topological order) with one planner, or the best predicted of all (`auto`).
+
+    `batch` (axis 0 shared by the inputs and outputs, if any) and `io_bytes` (model
+    input and output bytes) let `data` placement split the batch; `auto` considers
+    it when the batch divides evenly and nothing is pinned.
+    """
     parsed = parse_pins(pins)
     for pattern, d in parsed:
         if d >= machine.devices:
             raise PlacementError(f"--pin '{pattern.pattern}={d}': there are only {machine.devices} devices")
-    if planner != "auto" and planner not in PLANNERS:
-        raise PlacementError(f"placement '{planner}': choose one of auto, {', '.join(PLANNERS)}")
-    if parsed and planner == "pipeline":
-        raise PlacementError("--pin works with --placement list or single (pipeline stages are contiguous)")
+    if planner not in CHOICES:
+        raise PlacementError(f"placement '{planner}': choose one of {', '.join(CHOICES)}")
+    if parsed and planner in ("pipeline", "data"):
+        raise PlacementError("--pin works with --placement list or single (pipeline stages are contiguous; "
+                             "data placement runs every node everywhere)")
+    if planner == "data":
+        return place_data(tasks, machine, batch, io_bytes, microbatches)
     names = list(PLANNERS) if planner == "auto" else [planner]
     plans = []
     for name in names:
@@ -337,6 +393,11 @@ def place(tasks: Sequence[Task], machine: Machine, planner: str = "auto", pins: 
         except PlacementError:
             if planner != "auto":
                 raise
+    if planner == "auto" and not parsed and microbatches == 1 and batch and batch % machine.devices == 0:
+        try:
+            plans.append(place_data(tasks, machine, batch, io_bytes, microbatches))
+        except PlacementError:
+            pass
     if not plans:
         raise PlacementError("no planner found a placement within the devices' memory")
     if parsed:

@@ -40,6 +40,11 @@ def read_plan(directory: Path) -> dict[str, Any]:
     return plan
 
 
+def device_count(plan: dict[str, Any]) -> int:
+    """Workers an artifact runs on: one per device program, or the data-parallel replicas of one program."""
+    return int(plan.get("data_parallel", 0)) or len(plan.get("devices", [None]))
+
+
 def verify_files(directory: Path, plan: dict[str, Any]) -> None:
     """Check every file the plan lists exists and has its recorded sha256."""
     for name, expected in plan.get("hashes", {}).items():

@@ -4,7 +4,8 @@ Rank and world size come from RANK and WORLD_SIZE, the rendezvous from
 MASTER_ADDR and MASTER_PORT (torchrun sets all four; `tessel run` sets them for
 local workers on 127.0.0.1). Rank r runs device r's program; rank 0 reads the
 inputs (an .npz, or random ones), splits them into micro-batches, and writes
-the outputs. Any failure — a kernel error, a peer that died, a tensor that did
+the outputs. With data placement every rank runs the same program on its
+slice of the batch, which rank 0 scatters and whose outputs it gathers. Any failure — a kernel error, a peer that died, a tensor that did
 not arrive within --timeout — prints one line naming this rank and exits 1.
 """
 from __future__ import annotations
@@ -59,14 +60,14 @@ def main(argv=None) -> int:
 def _run(args, rank: int, world: int, threads: int) -> int:
     import torch.distributed as dist
 
-    from runtime.artifact_files import read_plan
+    from runtime.artifact_files import device_count, read_plan
     from runtime.comm import TorchComm
     from runtime.errors import ArtifactError
     from runtime.executor import Executor
 
     plans = [read_plan(Path(a)) for a in args.artifacts]
     for artifact, plan in zip(args.artifacts, plans):
-        devices = len(plan.get("devices", [None]))
+        devices = device_count(plan)
         if world != devices:
             raise ArtifactError(f"{artifact}: the artifact has {devices} device(s) but {world} worker(s) were started")
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=args.timeout))
@@ -77,29 +78,34 @@ def _run(args, rank: int, world: int, threads: int) -> int:
         outputs = str(io / f"out{k}.npz") if io else args.outputs
         report = str(io / f"times{k}.json") if io else args.report
         executor = Executor(artifact, threads=threads, device=rank, comm=comm)
-        microbatches = int(plan.get("microbatches", 1))
-        slices = _input_slices(inputs, executor, microbatches) if rank == 0 else [{}] * microbatches
+        replicas = int(plan.get("data_parallel", 1))
+        if replicas > 1:
+            full = _input_slices(inputs, executor, replicas) if rank == 0 else []
+            run_batch = _data_parallel_run(executor, comm, rank, world, full)
+        else:
+            microbatches = int(plan.get("microbatches", 1))
+            slices = _input_slices(inputs, executor, microbatches) if rank == 0 else [{}] * microbatches
+            run_batch = _pipelined_run(executor, slices)
         # The first run gives the outputs (and warms up); with --repeat, one more run alone gives the
         # latency, then the runs stream back to back: each device starts the next batch as soon as
         # it is free (the pipeline's steady-state throughput).
-        parts = [wait() for wait in [executor.start(feeds) for feeds in slices]]
+        parts = run_batch()()
         latency = None
         if args.repeat:
             dist.barrier()
             started = time.perf_counter()
-            for wait in [executor.start(feeds) for feeds in slices]:
-                wait()
+            run_batch()()
             latency = time.perf_counter() - started
         dist.barrier()
         started = time.perf_counter()
-        waits = [executor.start(feeds) for _ in range(args.repeat) for feeds in slices]
+        waits = [run_batch() for _ in range(args.repeat)]
         for wait in waits:
             wait()
         streamed = (time.perf_counter() - started) / args.repeat if args.repeat else None
         dist.barrier()
         if rank == 0:
             if outputs:
-                results = {name: np.concatenate([p[name] for p in parts]) if microbatches > 1 else parts[0][name]
+                results = {name: np.concatenate([p[name] for p in parts]) if len(parts) > 1 else parts[0][name]
                            for name in parts[0]}
                 np.savez(outputs, **results)
             if report:
@@ -107,6 +113,53 @@ def _run(args, rank: int, world: int, threads: int) -> int:
                                                     "runs": args.repeat, "workers": world, "threads": threads}))
     dist.destroy_process_group()
     return 0
+
+
+def _pipelined_run(executor, slices):
+    """One batch as micro-batches through the pipeline: start each, then return the wait for all outputs."""
+    def run_batch():
+        waits = [executor.start(feeds) for feeds in slices]
+        return lambda: [wait() for wait in waits]
+
+    return run_batch
+
+
+# Tags of the data-parallel scatter and gather (the programs themselves exchange nothing).
+SCATTER_TAG, GATHER_TAG = 1 << 20, 1 << 21
+
+
+def _data_parallel_run(executor, comm, rank: int, world: int, slices):
+    """One batch split across the replicas: rank 0 scatters slice r to rank r, every rank runs its
+    slice, rank 0 gathers the outputs (slices in rank order)."""
+    from ir.types import numpy_dtype
+
+    input_types, output_types = executor.input_types, executor.output_types
+
+    def receive(types, peer, tag):
+        arrays = {name: np.empty(t.shape, numpy_dtype(t.dtype)) for name, t in types.items()}
+        for k, (name, array) in enumerate(arrays.items()):
+            comm.recv(array, peer, tag + k, name)
+        return arrays
+
+    def run_batch():
+        if rank == 0:
+            for peer in range(1, world):
+                for k, name in enumerate(input_types):
+                    comm.send(slices[peer][name], peer, SCATTER_TAG + k, name)
+            mine = slices[0]
+        else:
+            mine = receive(input_types, 0, SCATTER_TAG)
+        outputs = executor.run(mine)
+        if rank != 0:
+            for k, name in enumerate(output_types):
+                comm.send(outputs[name], 0, GATHER_TAG + k, name)
+            comm.wait_sends()
+            return lambda: []
+        parts = [outputs] + [receive(output_types, peer, GATHER_TAG) for peer in range(1, world)]
+        comm.wait_sends()
+        return lambda: parts
+
+    return run_batch
 
 
 def _input_slices(path, executor, microbatches: int) -> list[dict[str, np.ndarray]]:

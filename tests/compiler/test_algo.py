@@ -83,6 +83,23 @@ def test_cli_selects_and_reports(kernel_cache, tmp_path):
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert "algorithms (dp)" in done.stdout and (out / "reports" / "algo.md").is_file()
+    report = subprocess.run([sys.executable, "-m", "compiler.cli", "report", str(out)], capture_output=True, text=True,
+                            cwd=ROOT)
+    assert "# Algorithm and micro-batch selection (dp" in report.stdout
     bad = subprocess.run([sys.executable, "-m", "compiler.cli", "compile", str(_model("mtcnn_onet").path), "-o",
                           str(tmp_path / "bad"), "--algo-select", "ilp"], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "bad").exists()
+
+
+def test_profile_times_go_stale(tmp_path):
+    from compiler.distribute import PROFILE_MAX_AGE_S, ProfileDB
+
+    path = tmp_path / "profiles.json"
+    db = ProfileDB(path, now=1000.0)
+    db.put_workspace("k", 4096)
+    db.put({ProfileDB.key("k", 2): 1.5})
+    assert ProfileDB(path, now=1000.0 + PROFILE_MAX_AGE_S - 1).get("k", 2) == 1.5
+    assert ProfileDB(path, now=1000.0 + PROFILE_MAX_AGE_S + 1).get("k", 2) is None  # too old: measured again
+    other = ProfileDB(path, now=1000.0)
+    other.machine = "another CPU x64"
+    assert other.get("k", 2) is None and other.workspace("k") == 4096  # times belong to the machine, workspaces do not

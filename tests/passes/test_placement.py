@@ -94,3 +94,35 @@ def test_ten_thousand_nodes_on_64_devices_in_under_ten_seconds():
     elapsed = time.perf_counter() - started
     print(f"10,000 tasks on 64 devices: {elapsed:.2f} s, {plan.planner}, makespan/bound {plan.quality:.2f}")
     assert elapsed < 10 and plan.makespan >= plan.bound * (1 - 1e-9)
+
+
+def test_data_placement_divides_the_work_and_pays_the_scatter_and_gather():
+    from passes.collectives import scatter_linear
+
+    tasks = _chain(10, seconds=4e-3)
+    link = Link(alpha=1e-4, beta=1e-9)
+    machine = Machine((1 << 30,) * 4, link)
+    plan = place(tasks, machine, "data", batch=8, io_bytes=(4_000_000, 4000))
+    compute = sum(t.seconds for t in tasks) / 4
+    expected = compute + scatter_linear(link, 4, 4_000_000) + scatter_linear(link, 4, 4000)
+    assert plan.planner == "data" and plan.replicated
+    assert plan.makespan == pytest.approx(expected) and plan.bound == pytest.approx(compute)
+    assert plan.makespan >= plan.bound
+    # A chain cannot spread over devices any other way: auto takes the data plan when the batch splits.
+    assert place(tasks, machine, "auto", batch=8, io_bytes=(4_000_000, 4000)).planner == "data"
+    assert place(tasks, machine, "auto", batch=6, io_bytes=(4_000_000, 4000)).planner != "data"
+
+
+def test_data_placement_refuses_what_it_cannot_do():
+    tasks = _chain(4, nbytes=100)
+    machine = Machine((1 << 30,) * 2, Link(1e-5, 1e-9))
+    with pytest.raises(PlacementError, match="not a multiple"):
+        place(tasks, machine, "data", batch=3)
+    with pytest.raises(PlacementError, match="micro"):
+        place(tasks, machine, "data", batch=4, microbatches=2)
+    with pytest.raises(PlacementError, match="--pin"):
+        place(tasks, machine, "data", pins=["t0=1"], batch=4)
+    small = Machine((10,) * 2, Link(1e-5, 1e-9))
+    heavy = [Task(t.name, t.op, t.seconds, 100, t.output_bytes, t.inputs) for t in tasks]
+    with pytest.raises(PlacementError, match="every weight on every device"):
+        place(heavy, small, "data", batch=4)

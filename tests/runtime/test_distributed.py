@@ -1,6 +1,7 @@
 """Multi-device runs on local workers (gloo): every corpus model, failure handling, micro-batches, torchrun."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -49,6 +50,22 @@ def test_micro_batches_pipeline_through_two_workers(kernel_cache):
     artifact = compile(model.path, batch=8, devices=2, placement="pipeline", microbatches=4, cache_dir=kernel_cache)
     assert artifact.microbatches == 4 and artifact.devices == 2
     feeds = {"input": np.random.default_rng(0).standard_normal((8, 3, 224, 224)).astype(np.float32)}
+    import onnx
+
+    from ir.onnx_import import with_batch
+
+    batched = with_batch(onnx.load(str(model.path)), 8)
+    assert_matches_onnxruntime(artifact.run(feeds), run_onnxruntime(batched, feeds))
+
+
+def test_data_placement_splits_the_batch_across_workers(kernel_cache):
+    model = _resnet()
+    artifact = compile(model.path, batch=8, devices=2, placement="data", cache_dir=kernel_cache, profile=False)
+    assert artifact.devices == 2 and artifact.plan["data_parallel"] == 2
+    doc = json.loads((artifact.directory / "reports" / "placement.json").read_text())
+    assert doc["planner"] == "data" and all(n["device"] == "all" for n in doc["nodes"].values())
+    assert {(t["from"], t["to"]) for t in doc["transfers"]} == {(0, 1), (1, 0)}
+    feeds = {"input": np.random.default_rng(1).standard_normal((8, 3, 224, 224)).astype(np.float32)}
     import onnx
 
     from ir.onnx_import import with_batch
@@ -148,4 +165,7 @@ def test_cli_compiles_runs_and_reports_on_two_workers(kernel_cache, tmp_path):
     assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "--workers 2" in wrong.stderr
     report = tessel("report", str(out))
     assert report.returncode == 0 and "# Placement" in report.stdout and "# Memory" in report.stdout
+    # The run's measured times and the prediction error are in the report now.
+    assert "## Measured" in report.stdout and "prediction error" in report.stdout
+    assert json.loads((out / "reports" / "placement.json").read_text())["measured"]["runs"] == 2
     assert (out / "reports" / "placement_gantt.png").read_bytes()[:4] == b"\x89PNG"
