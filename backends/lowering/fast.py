@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..tvm_env import tvm
 from .context import LowerContext, SelfScheduled
-from ..schedules.cpu import MIN_PARALLEL_WORK, try_step
+from ..schedules.cpu import MIN_PARALLEL_WORK, schedule_rows, try_step
 from .packing import CONV_BLOCKS, MATMUL_BLOCK
 
 _tvm = tvm()
@@ -117,12 +117,7 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
         if big:
             sch.parallel(outer)
         try_step(lambda: sch.vectorize(loops[-1]) if icb in (4, 8, 16) else None)
-        unpack_block = sch.get_sblock("unpack")
-        loops = sch.get_loops(unpack_block)
-        outer = sch.fuse(*loops[:-1])
-        if big:
-            sch.parallel(outer)
-        try_step(lambda: sch.vectorize(loops[-1]) if ow % 4 == 0 else None)
+        schedule_rows(sch, "unpack", big, ow % 4 == 0)
 
     return SelfScheduled([out], schedule)
 

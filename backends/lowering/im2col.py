@@ -6,7 +6,7 @@ buys a product whose inner loop reads both operands contiguously.
 """
 from __future__ import annotations
 
-from ..schedules.cpu import MIN_PARALLEL_WORK, try_step
+from ..schedules.cpu import MIN_PARALLEL_WORK, schedule_rows, try_step
 from ..tvm_env import tvm
 from .context import LowerContext, SelfScheduled
 from .gemm_tile import PIXELS, ROW_CHOICES, tiled_gemm
@@ -59,11 +59,6 @@ def conv_im2col(ctx: LowerContext, before, after):
             sch.parallel(fused)
         inner_o, inner_i = sch.split(loops[2], [None, PIXELS])
         try_step(lambda: sch.vectorize(inner_i))
-        finish = sch.get_sblock("im2col_out")
-        loops = sch.get_loops(finish)
-        fused = sch.fuse(*loops[:-1])
-        if big:
-            sch.parallel(fused)
-        try_step(lambda: sch.vectorize(loops[-1]) if ow % 4 == 0 else None)
+        schedule_rows(sch, "im2col_out", big, ow % 4 == 0)
 
     return SelfScheduled([out], schedule)

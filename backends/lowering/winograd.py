@@ -15,7 +15,7 @@ import functools
 
 import numpy as np
 
-from ..schedules.cpu import MIN_PARALLEL_WORK, try_step
+from ..schedules.cpu import MIN_PARALLEL_WORK, schedule_rows
 from ..tvm_env import tvm
 from .context import LowerContext, SelfScheduled
 from .gemm_tile import PIXELS, ROW_CHOICES, tiled_gemm
@@ -119,12 +119,7 @@ def conv_winograd(ctx: LowerContext, before, after):
         for name in ("wino_tiles", "wino_in", "wino_out"):
             _schedule_transform(sch, name, big)
         tiled_gemm(sch, "wino_gemm", rows, big)
-        finish = sch.get_sblock("wino_result")
-        loops = sch.get_loops(finish)
-        fused = sch.fuse(*loops[:-1])
-        if big:
-            sch.parallel(fused)
-        try_step(lambda: sch.vectorize(loops[-1]) if ow % 4 == 0 else None)
+        schedule_rows(sch, "wino_result", big, ow % 4 == 0)
 
     return SelfScheduled([out], schedule)
 

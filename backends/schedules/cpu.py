@@ -43,6 +43,15 @@ def _lanes_for(extent: int) -> int | None:
     return None
 
 
+def schedule_rows(sch, name: str, parallel: bool, vectorize: bool) -> None:
+    """A conv's NCHW output block: every axis but the last fused (and parallel), the last vectorized."""
+    loops = sch.get_loops(sch.get_sblock(name))
+    outer = sch.fuse(*loops[:-1])
+    if parallel:
+        sch.parallel(outer)
+    try_step(lambda: sch.vectorize(loops[-1]) if vectorize else None)
+
+
 def schedule(func):
     """A scheduled copy of `func` (a PrimFunc) for CPU."""
     sch = s_tir.Schedule(func)
