@@ -21,9 +21,9 @@ from backends.algorithms import ANCHOR_OPS, algorithms
 from backends.builder import build_kernels
 from backends.cache import KernelCache
 from backends.kernel import ARG, KernelSpec, workspace_bytes
+from ir.analysis import weight_derived
 from ir.costs import bytes_moved, flops
 from ir.graph import Graph, Node, Value
-from ir.schema import NONDETERMINISTIC
 from passes.algo_select import (AlgoSelectError, Candidate, Config, ILPResult, best_single, layer_pareto,
                                 micro_batch_sizes, select_ilp)
 from passes.fuse import FUSED_OP, is_kernel
@@ -63,7 +63,7 @@ class Layer:
 
 def find_layers(graph: Graph, target_kind: str, policy: str) -> list[Layer]:
     """The top-level kernel nodes with several algorithms, and the micro-batch sizes each allows."""
-    derived = _weight_derived(graph)
+    derived = weight_derived(graph)
     layers = []
     for node in graph.nodes:
         if not is_kernel(node) or not node.outputs or node.outputs[0] is None or not node.outputs[0].type.rank:
@@ -91,19 +91,6 @@ def _members(node: Node) -> tuple[list[Node], dict[int, Value]]:
         body: Graph = node.attrs["body"]
         return list(body.nodes), {id(p): v for p, v in zip(body.inputs, node.inputs)}
     return [node], {}
-
-
-def _weight_derived(graph: Graph) -> set[int]:
-    """ids of the values that are weights or computed from weights alone."""
-    derived: set[int] = set()
-    for node in graph.nodes:
-        for v in node.inputs:
-            if v is not None and v.is_constant:
-                derived.add(id(v))
-        inputs = [v for v in node.inputs if v is not None]
-        if inputs and node.op_type not in NONDETERMINISTIC and all(id(v) in derived for v in inputs):
-            derived.update(id(v) for v in node.outputs if v is not None)
-    return derived
 
 
 def _per_sample(node: Node, members: Sequence[Node], outer: Mapping[int, Value], derived: set[int], batch: int,

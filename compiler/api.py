@@ -125,6 +125,8 @@ def compile(  # noqa: A001 - the contract names it compile
         extra.update({"placement": placement_doc["planner"]})
         if placement_doc["planner"] == "data":
             extra["data_parallel"] = devices
+        elif placement_doc["planner"] == "hybrid":
+            extra["hybrid"] = {"replicas": devices, "gathered": placement_doc["cut"]["values"]}
         report["placement"] = {k: placement_doc[k] for k in ("planner", "predicted_makespan_s", "bound_s", "transfer_bytes")}
         (root / "reports" / "placement.json").write_text(json.dumps(placement_doc, indent=1))
         (root / "reports" / "placement.md").write_text(placement_markdown(placement_doc))
@@ -297,14 +299,18 @@ def _distribute(graph, program, spec, cache, placement, microbatches, pins, capa
     tasks = build_tasks(graph, step_ms, once={s["node"] for s in program.steps if s.get("init")})
     machine = Machine(tuple(c or (1 << 62) for c in capacities), link)
     io_bytes = (sum(v.type.nbytes for v in graph.inputs), sum(v.type.nbytes for v in graph.outputs))
+    batch = _shared_batch(graph)
+    cuts = {i: sum(v.type.nbytes for v in crossing) for i, crossing in _batch_cuts(graph, batch).items()}
     try:
-        plan = place(tasks, machine, placement, pins, microbatches, _shared_batch(graph), io_bytes)
+        plan = place(tasks, machine, placement, pins, microbatches, batch, io_bytes, cuts)
     except PlacementError as exc:
         raise CompileError(str(exc)) from None
     if note:
         plan.notes.append(note)
     if plan.replicated:
         return _data_parallel(plan, tasks, machine, spec, cache, capacities, replica(devices))
+    if plan.cut is not None:
+        return _hybrid(plan, tasks, machine, spec, cache, capacities, graph, replica(devices))
     transfers = insert_transfers(graph, plan.device)
     programs = [build_program(graph, spec, d, plan.device) for d in range(devices)]
     memories = [plan_program_memory(p, spec.kind) for p in programs]
@@ -312,6 +318,69 @@ def _distribute(graph, program, spec, cache, placement, microbatches, pins, capa
         _check_device_memory(m, weight_bytes(p), capacities[d], f"device {d}: ")
     doc = PlacementReport(plan, transfers, machine, tasks, [weight_bytes(p) for p in programs],
                           [m.arena_bytes for m in memories]).to_json()
+    return programs, doc, graph
+
+
+def _batch_cuts(graph, batch: int | None) -> dict[int, list]:
+    """Cut position i (nodes[:i] | nodes[i:]) → the values crossing it, where every one of them carries the
+    batch on axis 0 and is computed from the inputs (so its slices can be gathered)."""
+    from ir.analysis import weight_derived
+
+    if not batch:
+        return {}
+    nodes = graph.nodes
+    produced_at = {id(v): i for i, node in enumerate(nodes) for v in node.outputs if v is not None}
+    last_read: dict[int, int] = {}
+    for i, node in enumerate(nodes):
+        for v in node.dependencies():
+            last_read[id(v)] = i
+    for v in graph.outputs:
+        last_read[id(v)] = len(nodes)
+    values = {id(v): v for node in nodes for v in node.outputs if v is not None}
+    derived = weight_derived(graph)
+    cuts: dict[int, list] = {}
+    for i in range(1, len(nodes)):
+        crossing = [values[k] for k, p in produced_at.items() if p < i <= last_read.get(k, -1)]
+        if crossing and all(id(v) not in derived and v.type.rank and v.type.shape[0] == batch for v in crossing):
+            cuts[i] = crossing
+    return cuts
+
+
+def _hybrid(plan, tasks, machine, spec, cache, capacities, graph, replica):
+    """Two programs: the nodes before the cut at the replica's batch (every device runs them on its slice), and
+    the rest at the whole batch (device 0, fed the gathered values at the cut and the model inputs it reads)."""
+    from passes.partition import Transfers
+
+    from .program import stage_program
+
+    devices = machine.devices
+    prefix = {node.name for node in graph.nodes[:plan.cut]}
+    missing = sorted(prefix - {node.name for node in replica.nodes})
+    if missing:
+        raise CompileError(f"--placement hybrid: the model at 1/{devices} of the batch optimizes differently "
+                           f"(no node '{missing[0]}'); use --placement data or pipeline")
+    crossing = _batch_cuts(graph, _shared_batch(graph))[plan.cut]
+    by_name = {v.name: v for node in replica.nodes for v in node.outputs if v is not None}
+    head = stage_program(replica, spec, prefix, list(replica.inputs), [by_name[v.name] for v in crossing])
+    read_by_tail = {id(v) for node in graph.nodes[plan.cut:] for v in node.dependencies()}
+    tail_inputs = crossing + [v for v in graph.inputs if id(v) in read_by_tail or v in graph.outputs]
+    tail = stage_program(graph, spec, {node.name for node in graph.nodes[plan.cut:]}, tail_inputs, list(graph.outputs))
+    programs = [head, tail]
+    for program in programs:
+        build_kernels(program.kernels, spec, cache)
+    memories = [plan_program_memory(p, spec.kind) for p in programs]
+    needs = [weight_bytes(head) + weight_bytes(tail), weight_bytes(head)]
+    for d, capacity in enumerate(capacities):
+        memory = memories[0].arena_bytes + (memories[1].arena_bytes if d == 0 else 0)
+        if capacity is not None and needs[min(d, 1)] + memory > capacity:
+            raise CompileError(f"device {d}: hybrid placement needs {format_bytes(needs[min(d, 1)] + memory)}, "
+                               f"the device has {format_bytes(capacity)}")
+    transfers = Transfers([(v.name, 0, d, v.type.nbytes // devices) for v in graph.inputs for d in range(1, devices)]
+                          + [(v.name, d, 0, v.type.nbytes // devices) for v in crossing for d in range(1, devices)])
+    doc = PlacementReport(plan, transfers, machine, tasks, [needs[0]] + [needs[1]] * (devices - 1),
+                          [memories[0].arena_bytes + memories[1].arena_bytes] + [memories[0].arena_bytes] * (devices - 1)
+                          ).to_json()
+    doc["cut"] = {"position": plan.cut, "before_node": graph.nodes[plan.cut].name, "values": [v.name for v in crossing]}
     return programs, doc, graph
 
 

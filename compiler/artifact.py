@@ -61,8 +61,9 @@ class Artifact:
 
     @property
     def microbatches(self) -> int:
-        """Slices one run splits the batch into: micro-batches, or one per device with data placement."""
-        return int(self.plan.get("microbatches", 1)) * int(self.plan.get("data_parallel", 1))
+        """Slices one run splits the batch into: micro-batches, or one per device with data or hybrid placement."""
+        replicas = int(self.plan.get("data_parallel", 0)) or int(self.plan.get("hybrid", {}).get("replicas", 1))
+        return int(self.plan.get("microbatches", 1)) * replicas
 
     def run(self, inputs: Mapping[str, np.ndarray], timeout: float = 30.0) -> dict[str, np.ndarray]:
         """Run the model on numpy inputs by name; returns numpy outputs by name.

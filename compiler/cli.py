@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
                              help="memory of the device, e.g. 512MiB: fail when weights and activations do not fit")
     compile_cmd.add_argument("--batch", type=int, metavar="N", help="run N samples at once: axis 0 of every input becomes N")
     compile_cmd.add_argument("--devices", type=int, default=1, metavar="N", help="place the model on N devices (workers)")
-    compile_cmd.add_argument("--placement", default="auto", choices=("auto", "single", "pipeline", "list", "data"),
+    compile_cmd.add_argument("--placement", default="auto", choices=("auto", "single", "pipeline", "list", "data", "hybrid"),
                              help="placement planner (default: the best predicted)")
     compile_cmd.add_argument("--microbatches", type=int, default=1, metavar="K",
                              help="split the batch (axis 0) into K micro-batches that pipeline through the devices")

@@ -23,7 +23,7 @@ from passes.placement import Link, Machine, Placement, Task
 from .sizes import format_bytes
 
 # Roofline of one CPU core for nodes never measured: rough, and marked as estimated.
-ESTIMATE_FLOPS_PER_S = 20e9
+ESTIMATE_FLOPS_PER_S = 50e9  # ResNet-18's convs reach 50-120 GFLOP/s per core here (AVX-512)
 ESTIMATE_BYTES_PER_S = 5e9
 # Loopback gloo on this class of machine until `tessel calibrate` measures it.
 DEFAULT_LINK = Link(alpha=60e-6, beta=1 / 1.5e9, measured=False)
@@ -236,11 +236,14 @@ class PlacementReport:
     def to_json(self) -> dict[str, Any]:
         """Stable keys: planner, devices, node placement, transfers, per-device totals, prediction and bound."""
         p = self.placement
-        compute = [0.0] * self.machine.devices
+        devices = self.machine.devices
+        # Data placement runs every node on every device; hybrid, the nodes before its cut.
+        everywhere = {t.name for t in (self.tasks if p.replicated else self.tasks[:p.cut or 0])}
+        compute = [0.0] * devices
         for task in self.tasks:
-            if p.replicated:
-                for d in range(self.machine.devices):
-                    compute[d] += task.seconds / self.machine.devices
+            if task.name in everywhere:
+                for d in range(devices):
+                    compute[d] += task.seconds / devices
             else:
                 compute[p.device[task.name]] += task.seconds
         return {
@@ -258,12 +261,12 @@ class PlacementReport:
             "per_device": [
                 {"device": d, "compute_s": compute[d], "busy_s": p.busy_seconds[d] if p.busy_seconds else None,
                  "weights_bytes": self.device_weights[d], "arena_bytes": self.device_arena[d],
-                 "nodes": len(p.device) if p.replicated else sum(1 for v in p.device.values() if v == d)}
-                for d in range(self.machine.devices)
+                 "nodes": sum(1 for n, v in p.device.items() if v == d or n in everywhere)}
+                for d in range(devices)
             ],
             "transfers": [{"tensor": t, "from": a, "to": b, "bytes": n} for t, a, b, n in self.transfers.pairs],
             "transfer_bytes": self.transfers.bytes,
-            "nodes": {t.name: {"device": "all" if p.replicated else p.device[t.name], "op": t.op, "start_s": p.start[t.name],
+            "nodes": {t.name: {"device": "all" if t.name in everywhere else p.device[t.name], "op": t.op, "start_s": p.start[t.name],
                                "finish_s": p.finish[t.name], "estimated": t.estimated} for t in self.tasks},
             "notes": p.notes,
         }
@@ -275,7 +278,7 @@ def placement_markdown(doc: Mapping[str, Any]) -> str:
         "# Placement", "",
         f"Planner **{doc['planner']}** on {doc['devices']} devices, {doc['microbatches']} micro-batch(es). "
         f"Predicted {1e3 * doc['predicted_makespan_s']:.2f} ms per batch against a bound of "
-        f"{1e3 * doc['bound_s']:.2f} ms ({'work / devices' if doc['planner'] == 'data' else 'max of critical path and work / devices'}): ratio {doc['makespan_over_bound']:.2f}; "
+        f"{1e3 * doc['bound_s']:.2f} ms ({'work / devices' if doc['planner'] in ('data', 'hybrid') else 'max of critical path and work / devices'}): ratio {doc['makespan_over_bound']:.2f}; "
         f"{1e3 * doc['predicted_steady_s']:.2f} ms per batch when batches stream back to back. "
         f"Link α = {1e6 * doc['link']['alpha_s']:.0f} µs, β = {1e9 * doc['link']['beta_s_per_byte']:.2f} ns/B "
         f"({'measured' if doc['link']['measured'] else 'estimated; run tessel calibrate'}). "
@@ -287,7 +290,8 @@ def placement_markdown(doc: Mapping[str, Any]) -> str:
         lines.append(f"| {d['device']} | {d['nodes']} | {1e3 * d['compute_s']:.2f} | {busy} | "
                      f"{format_bytes(d['weights_bytes'])} | {format_bytes(d['arena_bytes'])} |")
     lines += ["", f"## Transfers ({len(doc['transfers'])}, {format_bytes(doc['transfer_bytes'])} per micro-batch"
-              f"{'; the scatter of the inputs and gather of the outputs' if doc['planner'] == 'data' else ''})", "",
+              f"{'; the scatter of the inputs and gather of the outputs' if doc['planner'] == 'data' else ''}"
+              f"{'; the scatter of the inputs and gather at the cut' if doc['planner'] == 'hybrid' else ''})", "",
               "| tensor | from | to | bytes |", "|---|---:|---:|---:|"]
     lines += [f"| {t['tensor']} | {t['from']} | {t['to']} | {format_bytes(t['bytes'])} |" for t in doc["transfers"]]
     measured = doc.get("measured")

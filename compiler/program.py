@@ -268,6 +268,19 @@ def build_program(graph: Graph, target, device: int | None = None, placement: Ma
     return Program(steps, builder.kernels, builder.values, builder.weights, inputs, outputs, unsupported, init_values)
 
 
+def stage_program(graph: Graph, target, nodes: set[str], inputs: list[Value], outputs: list[Value]) -> Program:
+    """The program running only `nodes` of `graph` (in order), fed `inputs` and returning `outputs`:
+    one side of a cut (hybrid placement)."""
+    builder = _Builder(target)
+    program_inputs = [builder.write(v) for v in inputs]
+    steps = [builder.step(node) for node in graph.nodes if node.name in nodes]
+    program_outputs = [builder.read(v) for v in outputs]
+    init_values = _mark_init_steps(steps, builder.weights)
+    unsupported = [f"{op} (first node '{name}')" for op, name in builder.unsupported.items()]
+    return Program(steps, builder.kernels, builder.values, builder.weights, program_inputs, program_outputs,
+                   unsupported, init_values)
+
+
 def _mark_init_steps(steps: list[dict[str, Any]], weights) -> list[str]:
     """Mark the top-level steps that read only weights (or values made from them) as "init" steps.
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from .costs import bytes_moved, flops
 from .graph import Graph
+from .schema import NONDETERMINISTIC
 
 
 def op_histogram(graph: Graph) -> Counter:
@@ -75,3 +76,16 @@ def max_live_bytes(graph: Graph) -> LiveMemory:
         for key in [k for k in live if last_use.get(k, index) <= index]:
             current -= live.pop(key)
     return LiveMemory(peak, peak_node)
+
+
+def weight_derived(graph: Graph) -> set[int]:
+    """ids of the values that are weights or computed from weights alone."""
+    derived: set[int] = set()
+    for node in graph.nodes:
+        for v in node.inputs:
+            if v is not None and v.is_constant:
+                derived.add(id(v))
+        inputs = [v for v in node.inputs if v is not None]
+        if inputs and node.op_type not in NONDETERMINISTIC and all(id(v) in derived for v in inputs):
+            derived.update(id(v) for v in node.outputs if v is not None)
+    return derived

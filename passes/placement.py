@@ -14,6 +14,9 @@ every value it passes to another task. A link costs α + β·bytes. Planners:
 - `data`: every device runs every task on its share of the batch; device 0
   scatters the inputs and gathers the outputs (collective costs from
   passes/collectives.py).
+- `hybrid`: data parallel up to a cut, then device 0 gathers the activations
+  at the cut and runs the rest on the whole batch (the convolutions replicated,
+  a large fully-connected tail kept, with its weights, on one device).
 Every plan carries a simulated schedule and the bound max(critical path,
 total work / devices); `auto` picks the plan with the best predicted time.
 """
@@ -79,6 +82,8 @@ class Placement:
     notes: list[str] = field(default_factory=list)
     # Data parallel: every device runs every task (on its share of the batch); `device` then says 0.
     replicated: bool = False
+    # Hybrid: tasks before this position run data parallel, the rest on device 0.
+    cut: int | None = None
 
     @property
     def throughput(self) -> float:
@@ -360,17 +365,73 @@ def place_data(tasks: Sequence[Task], machine: Machine, batch: int | None, io_by
     return plan
 
 
+def place_hybrid(tasks: Sequence[Task], machine: Machine, batch: int | None, io_bytes: tuple[int, int],
+                 cuts: Mapping[int, int], microbatches: int = 1) -> Placement:
+    """Data parallel for tasks[:i], device 0 alone for tasks[i:], at the best cut i.
+
+    `cuts` maps each admissible cut position to the bytes (whole batch) of the
+    values crossing it, which device 0 gathers. The prefix's weights live on
+    every device, the rest only on device 0.
+    """
+    from .collectives import cost
+
+    devices, link = machine.devices, machine.link
+    if microbatches > 1:
+        raise PlacementError("hybrid placement gives each device its share of the batch at once; drop --microbatches")
+    if not batch or batch % devices:
+        raise PlacementError(f"hybrid placement splits the batch (axis 0) evenly: batch {batch} is not a multiple of "
+                             f"{devices} devices; use --batch")
+    if not cuts:
+        raise PlacementError("hybrid placement found no cut where every value crossing it carries the batch on axis 0")
+    scatter, _ = cost("scatter", link, devices, io_bytes[0], "linear")
+    prefix_seconds = [0.0]
+    prefix_weights = [0]
+    for t in tasks:
+        prefix_seconds.append(prefix_seconds[-1] + t.seconds)
+        prefix_weights.append(prefix_weights[-1] + t.weight_bytes)
+    total_seconds, total_weights = prefix_seconds[-1], prefix_weights[-1]
+    best = None
+    for i, nbytes in sorted(cuts.items()):
+        if total_weights > machine.memory[0] or any(prefix_weights[i] > m for m in machine.memory[1:]):
+            continue
+        gather, _ = cost("gather", link, devices, nbytes, "linear")
+        predicted = scatter + prefix_seconds[i] / devices + gather + total_seconds - prefix_seconds[i]
+        if best is None or predicted < best[0]:
+            best = (predicted, i, gather)
+    if best is None:
+        raise PlacementError("hybrid placement: no cut fits the devices' memory")
+    predicted, cut, gather = best
+    share = 1.0 / devices
+    start, finish, clock = {}, {}, scatter
+    for k, task in enumerate(tasks):
+        if k == cut:
+            clock += gather
+        start[task.name] = clock
+        clock += task.seconds * (share if k < cut else 1.0)
+        finish[task.name] = clock
+    replicated = prefix_seconds[cut] * share
+    busy = [predicted] + [replicated + link.seconds(io_bytes[0] // devices) + link.seconds(cuts[cut] // devices)] * (devices - 1)
+    plan = Placement("hybrid", {t.name: 0 for t in tasks}, start, finish, predicted, total_seconds / devices, 1, busy,
+                     cut=cut)
+    plan.notes.append(f"nodes before '{tasks[cut].name}' run on every device on {batch // devices} of the {batch} "
+                      f"samples (times divided by {devices}); device 0 gathers {cuts[cut]} bytes there and runs the "
+                      f"remaining {len(tasks) - cut} nodes on the whole batch")
+    return plan
+
+
 PLANNERS = {"single": place_single, "pipeline": place_pipeline, "list": place_list}
-CHOICES = ("auto", *PLANNERS, "data")
+CHOICES = ("auto", *PLANNERS, "data", "hybrid")
 
 
 def place(tasks: Sequence[Task], machine: Machine, planner: str = "auto", pins: Sequence[str] = (),
-          microbatches: int = 1, batch: int | None = None, io_bytes: tuple[int, int] = (0, 0)) -> Placement:
+          microbatches: int = 1, batch: int | None = None, io_bytes: tuple[int, int] = (0, 0),
+          cuts: Mapping[int, int] | None = None) -> Placement:
     """Place `tasks` (in topological order) with one planner, or the best predicted of all (`auto`).
 
     `batch` (axis 0 shared by the inputs and outputs, if any) and `io_bytes` (model
-    input and output bytes) let `data` placement split the batch; `auto` considers
-    it when the batch divides evenly and nothing is pinned.
+    input and output bytes) let `data` placement split the batch, and `cuts`
+    (position → bytes crossing) let `hybrid` choose where to stop splitting it;
+    `auto` considers both when the batch divides evenly and nothing is pinned.
     """
     parsed = parse_pins(pins)
     for pattern, d in parsed:
@@ -378,11 +439,13 @@ def place(tasks: Sequence[Task], machine: Machine, planner: str = "auto", pins: 
             raise PlacementError(f"--pin '{pattern.pattern}={d}': there are only {machine.devices} devices")
     if planner not in CHOICES:
         raise PlacementError(f"placement '{planner}': choose one of {', '.join(CHOICES)}")
-    if parsed and planner in ("pipeline", "data"):
+    if parsed and planner in ("pipeline", "data", "hybrid"):
         raise PlacementError("--pin works with --placement list or single (pipeline stages are contiguous; "
-                             "data placement runs every node everywhere)")
+                             "data and hybrid placement run nodes on every device)")
     if planner == "data":
         return place_data(tasks, machine, batch, io_bytes, microbatches)
+    if planner == "hybrid":
+        return place_hybrid(tasks, machine, batch, io_bytes, cuts or {}, microbatches)
     names = list(PLANNERS) if planner == "auto" else [planner]
     plans = []
     for name in names:
@@ -394,10 +457,12 @@ def place(tasks: Sequence[Task], machine: Machine, planner: str = "auto", pins: 
             if planner != "auto":
                 raise
     if planner == "auto" and not parsed and microbatches == 1 and batch and batch % machine.devices == 0:
-        try:
-            plans.append(place_data(tasks, machine, batch, io_bytes, microbatches))
-        except PlacementError:
-            pass
+        for split in (lambda: place_data(tasks, machine, batch, io_bytes, microbatches),
+                      lambda: place_hybrid(tasks, machine, batch, io_bytes, cuts or {}, microbatches)):
+            try:
+                plans.append(split())
+            except PlacementError:
+                pass
     if not plans:
         raise PlacementError("no planner found a placement within the devices' memory")
     if parsed:

@@ -41,8 +41,9 @@ def read_plan(directory: Path) -> dict[str, Any]:
 
 
 def device_count(plan: dict[str, Any]) -> int:
-    """Workers an artifact runs on: one per device program, or the data-parallel replicas of one program."""
-    return int(plan.get("data_parallel", 0)) or len(plan.get("devices", [None]))
+    """Workers an artifact runs on: one per device program, or the replicas of a data-parallel or hybrid one."""
+    return (int(plan.get("data_parallel", 0)) or int(plan.get("hybrid", {}).get("replicas", 0))
+            or len(plan.get("devices", [None])))
 
 
 def verify_files(directory: Path, plan: dict[str, Any]) -> None:

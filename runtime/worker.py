@@ -77,12 +77,18 @@ def _run(args, rank: int, world: int, threads: int) -> int:
         inputs = str(io / f"in{k}.npz") if io and (io / f"in{k}.npz").is_file() else args.inputs
         outputs = str(io / f"out{k}.npz") if io else args.outputs
         report = str(io / f"times{k}.json") if io else args.report
-        executor = Executor(artifact, threads=threads, device=rank, comm=comm)
         replicas = int(plan.get("data_parallel", 1))
-        if replicas > 1:
+        if "hybrid" in plan:
+            executor = Executor(artifact, threads=threads, device=0, comm=comm)
+            tail = Executor(artifact, threads=threads, device=1, comm=comm) if rank == 0 else None
+            slices = _input_slices(inputs, executor, world) if rank == 0 else []
+            run_batch = _hybrid_run(_data_parallel_run(executor, comm, rank, world, slices), tail, slices)
+        elif replicas > 1:
+            executor = Executor(artifact, threads=threads, device=rank, comm=comm)
             full = _input_slices(inputs, executor, replicas) if rank == 0 else []
             run_batch = _data_parallel_run(executor, comm, rank, world, full)
         else:
+            executor = Executor(artifact, threads=threads, device=rank, comm=comm)
             microbatches = int(plan.get("microbatches", 1))
             slices = _input_slices(inputs, executor, microbatches) if rank == 0 else [{}] * microbatches
             run_batch = _pipelined_run(executor, slices)
@@ -158,6 +164,23 @@ def _data_parallel_run(executor, comm, rank: int, world: int, slices):
         parts = [outputs] + [receive(output_types, peer, GATHER_TAG) for peer in range(1, world)]
         comm.wait_sends()
         return lambda: parts
+
+    return run_batch
+
+
+def _hybrid_run(run_head, tail, slices):
+    """Hybrid placement: the head data parallel (gathered on rank 0), then rank 0 runs the tail on the
+    whole batch: the gathered values, and the model inputs the tail reads."""
+    def run_batch():
+        parts = run_head()()
+        if tail is None:
+            return lambda: []
+        feeds = {}
+        for name in tail.input_types:
+            source = parts if name in parts[0] else slices
+            feeds[name] = np.concatenate([p[name] for p in source]) if len(source) > 1 else source[0][name]
+        outputs = tail.run(feeds)
+        return lambda: [outputs]
 
     return run_batch
 

@@ -126,3 +126,24 @@ def test_data_placement_refuses_what_it_cannot_do():
     heavy = [Task(t.name, t.op, t.seconds, 100, t.output_bytes, t.inputs) for t in tasks]
     with pytest.raises(PlacementError, match="every weight on every device"):
         place(heavy, small, "data", batch=4)
+
+
+def test_hybrid_keeps_a_heavy_tail_on_one_device_when_replicas_do_not_fit():
+    from passes.collectives import scatter_linear
+
+    link = Link(alpha=1e-4, beta=1e-9)
+    # Eight light "convolutions", then a fully-connected tail with most of the weights.
+    tasks = _chain(10, seconds=4e-3, weights=10)
+    tasks[-1] = Task(tasks[-1].name, "Gemm", 1e-3, 900, 100, tasks[-1].inputs)
+    cuts = {i: 1000 for i in range(1, 10)}
+    roomy = Machine((2000, 2000), link)
+    assert place(tasks, roomy, "auto", batch=8, io_bytes=(8000, 100), cuts=cuts).planner == "data"
+    # Device 1 cannot hold the tail's weights: data placement is out, the hybrid keeps the tail on device 0.
+    tight = Machine((2000, 500), link)
+    plan = place(tasks, tight, "auto", batch=8, io_bytes=(8000, 100), cuts=cuts)
+    assert plan.planner == "hybrid" and plan.cut == 9
+    head = sum(t.seconds for t in tasks[:9]) / 2
+    expected = scatter_linear(link, 2, 8000) + head + scatter_linear(link, 2, 1000) + tasks[-1].seconds
+    assert plan.makespan == pytest.approx(expected) and plan.makespan >= plan.bound
+    with pytest.raises(PlacementError, match="no cut"):
+        place(tasks, tight, "hybrid", batch=8, io_bytes=(8000, 100), cuts={})

@@ -58,13 +58,19 @@ def test_micro_batches_pipeline_through_two_workers(kernel_cache):
     assert_matches_onnxruntime(artifact.run(feeds), run_onnxruntime(batched, feeds))
 
 
-def test_data_placement_splits_the_batch_across_workers(kernel_cache):
+@pytest.mark.parametrize("placement", ["data", "hybrid"])
+def test_data_and_hybrid_placement_split_the_batch_across_workers(placement, kernel_cache):
     model = _resnet()
-    artifact = compile(model.path, batch=8, devices=2, placement="data", cache_dir=kernel_cache, profile=False)
-    assert artifact.devices == 2 and artifact.plan["data_parallel"] == 2
+    artifact = compile(model.path, batch=8, devices=2, placement=placement, cache_dir=kernel_cache, profile=False)
+    assert artifact.devices == 2
     doc = json.loads((artifact.directory / "reports" / "placement.json").read_text())
-    assert doc["planner"] == "data" and all(n["device"] == "all" for n in doc["nodes"].values())
-    assert {(t["from"], t["to"]) for t in doc["transfers"]} == {(0, 1), (1, 0)}
+    assert doc["planner"] == placement and {(t["from"], t["to"]) for t in doc["transfers"]} == {(0, 1), (1, 0)}
+    everywhere = [n["device"] == "all" for n in doc["nodes"].values()]
+    if placement == "data":
+        assert artifact.plan["data_parallel"] == 2 and all(everywhere)
+    else:
+        # The head runs on both workers, the tail (from the cut on) on device 0 only.
+        assert artifact.plan["hybrid"]["replicas"] == 2 and any(everywhere) and not all(everywhere)
     feeds = {"input": np.random.default_rng(1).standard_normal((8, 3, 224, 224)).astype(np.float32)}
     import onnx
 
