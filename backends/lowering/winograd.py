@@ -116,12 +116,28 @@ def conv_winograd(ctx: LowerContext, before, after):
         # round trips of the tiles through memory. The gather stays its own pass.
         for name in ("wino_in_rows", "wino_out_rows"):
             sch.compute_inline(sch.get_sblock(name))
-        for name in ("wino_tiles", "wino_in", "wino_out"):
+        _schedule_gather(sch, tiles_w, big)
+        for name in ("wino_in", "wino_out"):
             _schedule_transform(sch, name, big)
         tiled_gemm(sch, "wino_gemm", rows, big)
         schedule_rows(sch, "wino_result", big, ow % 4 == 0)
 
     return SelfScheduled([out], schedule)
+
+
+def _schedule_gather(sch, tiles_w: int, big: bool) -> None:
+    """The tile gather, one vector per row of tiles: the tile index's divisions fold into the loop
+    indices (a vector over 16 flat tile numbers would divide per lane), reads stride m along the row."""
+    block = sch.get_sblock("wino_tiles")
+    ya, xb, channel, pixel = sch.get_loops(block)
+    row, lanes = sch.split(pixel, [None, tiles_w])
+    sch.reorder(channel, row, ya, xb, lanes)
+    fused = sch.fuse(channel, row)
+    if big:
+        sch.parallel(fused)
+    sch.unroll(ya)
+    sch.unroll(xb)
+    sch.vectorize(lanes)
 
 
 def _schedule_transform(sch, name: str, big: bool) -> None:
