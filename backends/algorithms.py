@@ -16,7 +16,7 @@ import numpy as np
 from ir.types import TensorType
 
 from .kernel import ARG, KernelInput, KernelMember, KernelSpec
-from .lowering.packing import ALGORITHM, plan_packing
+from .lowering.packing import ALGORITHM, conv_blocks, plan_packing
 from .lowering.winograd import applies as winograd_applies
 
 ANCHOR_OPS = ("Conv", "MatMul", "Gemm")
@@ -35,7 +35,10 @@ def algorithms(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[Ten
             return ()
         if target_kind != "llvm":
             return ("direct", "im2col")
-        choices = ("nchwc", "im2col", "direct") if packs else ("direct", "im2col")
+        out_channels, in_channels = constants[1].shape[:2]
+        # Direct writes whole channel blocks straight to the output: the channels must fill them.
+        whole_blocks = out_channels % conv_blocks(out_channels, in_channels)[1] == 0
+        choices = ("nchwc", "im2col") + (("direct",) if whole_blocks else ()) if packs else ("im2col",)
         spatial = constants[1].shape[2:]
         if winograd_applies(spatial, attrs.get("strides") or (1, 1), attrs.get("dilations") or (1, 1)):
             choices += ("winograd",)

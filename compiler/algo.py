@@ -30,7 +30,7 @@ from passes.fuse import FUSED_OP, is_kernel
 from passes.op_patterns import Pattern, pattern
 
 from .distribute import ESTIMATE_BYTES_PER_S, ESTIMATE_FLOPS_PER_S, ProfileDB
-from .program import _Builder
+from .program import ProgramBuilder
 from .sizes import format_bytes
 
 MODES = ("off", "dp", "ilp")
@@ -98,11 +98,13 @@ def _per_sample(node: Node, members: Sequence[Node], outer: Mapping[int, Value],
     """True when the node's batch can run in slices of axis 0: per-sample ops, batch-led activations, aligned slices."""
     if batch < 2:
         return False
-    for value in [v for v in node.inputs if v is not None and id(v) not in derived] + [v for v in node.outputs if v is not None]:
+    activations = [v for v in node.inputs if v is not None and id(v) not in derived]
+    for value in activations + [v for v in node.outputs if v is not None]:
         if not value.type.rank or value.type.shape[0] != batch or (value.type.nbytes // batch) % alignment:
             return False
     for member in members:
-        if member.domain or (member.op_type not in PER_SAMPLE_OPS and pattern(member) not in (Pattern.ELEMWISE, Pattern.BROADCAST)):
+        elementwise = pattern(member) in (Pattern.ELEMWISE, Pattern.BROADCAST)
+        if member.domain or (member.op_type not in PER_SAMPLE_OPS and not elementwise):
             return False
         if member.op_type == "Gemm" and member.attrs.get("transA", 0):
             return False
@@ -131,7 +133,7 @@ class Timing:
     budget_exhausted: bool
 
 
-def time_candidates(layers: Sequence[Layer], builder: _Builder, target, cache: KernelCache, db: ProfileDB,
+def time_candidates(layers: Sequence[Layer], builder: ProgramBuilder, target, cache: KernelCache, db: ProfileDB,
                     budget_s: float | None = None, remeasure: bool = False, runs: int = 5,
                     progress: Callable[[int, int], None] | None = None) -> Timing:
     """Time and size every (algorithm, micro-batch) candidate of every layer.
@@ -166,7 +168,7 @@ def time_candidates(layers: Sequence[Layer], builder: _Builder, target, cache: K
         rows = []
         for (algorithm, size), spec in specs.items():
             ms = db.get(keys[(algorithm, size)], threads)
-            if ms is not None and (runnable or target.kind == "llvm"):
+            if ms is not None:
                 rows.append(Candidate(algorithm, size, ms / 1e3, db.workspace(keys[(algorithm, size)]), True))
         rows += _estimates(layer, rows, {p: db.workspace(k) for p, k in keys.items()})
         measured += sum(r.measured for r in rows)
@@ -191,8 +193,8 @@ def _estimates(layer: Layer, timed: Sequence[Candidate], workspaces: Mapping[tup
                 nearest = min(known, key=lambda c: abs(c.batch - size))
                 work = max(nearest.seconds - ESTIMATE_CALL_S, 0.0) * size / nearest.batch
             else:
-                work = size / layer.batch * max(ESTIMATE_FACTOR.get(algorithm, 2.0) * flops(layer.node) / ESTIMATE_FLOPS_PER_S,
-                                                bytes_moved(layer.node) / ESTIMATE_BYTES_PER_S)
+                compute = ESTIMATE_FACTOR.get(algorithm, 2.0) * flops(layer.node) / ESTIMATE_FLOPS_PER_S
+                work = size / layer.batch * max(compute, bytes_moved(layer.node) / ESTIMATE_BYTES_PER_S)
             seconds = ESTIMATE_CALL_S + work
             rows.append(Candidate(algorithm, size, seconds, workspaces[(algorithm, size)], False))
     return rows
@@ -304,14 +306,16 @@ def report(selection: Selection, timing: Timing) -> dict:
         })
     total = sum(r["chosen"]["seconds"] for r in rows)
     base_rows = [r for r in rows if r["best_single"] is not None]
+    base_total = sum(r["best_single"]["seconds"] for r in base_rows) if len(base_rows) == len(rows) else None
+    # ILP: the layers' workspaces are held together; DP: one at a time, in a shared workspace.
+    workspaces = [r["chosen"]["workspace_bytes"] for r in rows] or [0]
     doc = {
         "mode": selection.mode, "policy": selection.policy,
         "workspace_limit_bytes": selection.limit, "workspace_limit_source": selection.limit_source,
         "layers": rows,
         "total_seconds": total,
-        "best_single_total_seconds": sum(r["best_single"]["seconds"] for r in base_rows) if len(base_rows) == len(rows) else None,
-        # ILP: the layers' workspaces are held together; DP: one at a time, in a shared workspace.
-        "workspace_bytes": (sum if selection.mode == "ilp" else max)([r["chosen"]["workspace_bytes"] for r in rows] or [0]),
+        "best_single_total_seconds": base_total,
+        "workspace_bytes": sum(workspaces) if selection.mode == "ilp" else max(workspaces),
         "profiling": {"measured": timing.measured, "estimated": timing.estimated, "seconds": round(timing.seconds, 3),
                       "budget_exhausted": timing.budget_exhausted},
     }
@@ -325,15 +329,18 @@ def report(selection: Selection, timing: Timing) -> dict:
 def markdown(doc: dict) -> str:
     """reports/algo.md."""
     limit = doc["workspace_limit_bytes"]
+    limit_text = format_bytes(limit) if limit is not None else "none"
+    held = "total" if doc["mode"] == "ilp" else "largest"
     lines = [f"# Algorithm and micro-batch selection ({doc['mode']}, sizes: {doc['policy']})", "",
-             f"Workspace limit: {format_bytes(limit) if limit is not None else 'none'} ({doc['workspace_limit_source']}); "
-             f"{'total' if doc['mode'] == 'ilp' else 'largest'} workspace chosen: {format_bytes(doc['workspace_bytes'])}.",
+             f"Workspace limit: {limit_text} ({doc['workspace_limit_source']}); "
+             f"{held} workspace chosen: {format_bytes(doc['workspace_bytes'])}.",
              f"Candidates: {doc['profiling']['measured']} measured, {doc['profiling']['estimated']} estimated "
              f"({doc['profiling']['seconds']:.1f} s of profiling"
              f"{', budget exhausted' if doc['profiling']['budget_exhausted'] else ''}).", ""]
-    if doc["best_single_total_seconds"]:
-        lines.append(f"Layers total: {1e3 * doc['total_seconds']:.3f} ms chosen vs {1e3 * doc['best_single_total_seconds']:.3f} ms "
-                     f"with the best single algorithm per layer ({doc['best_single_total_seconds'] / doc['total_seconds']:.2f}x).")
+    base = doc["best_single_total_seconds"]
+    if base:
+        lines.append(f"Layers total: {1e3 * doc['total_seconds']:.3f} ms chosen vs {1e3 * base:.3f} ms "
+                     f"with the best single algorithm per layer ({base / doc['total_seconds']:.2f}x).")
     if "ilp" in doc:
         ilp = doc["ilp"]
         lines.append(f"ILP: objective {1e3 * ilp['objective_s']:.3f} ms, LP bound {1e3 * ilp['lp_bound_s']:.3f} ms, "

@@ -87,6 +87,10 @@ def compile(  # noqa: A001 - the contract names it compile
         except ValueError as exc:
             raise CompileError(str(exc)) from None
     passes = _checked_options(devices, microbatches, skip_passes, dump_after, algo_select, batch_policy)
+    selection_options = workspace_limit is not None or profile_budget is not None or batch_policy != "powers-of-two"
+    if algo_select == "off" and selection_options:
+        raise CompileError("--workspace-limit, --batch-policy and --profile-budget choose algorithms: "
+                           "add --algo-select dp or ilp")
     capacity = capacities[0]
     started = time.perf_counter()
     model = ir.load_model(model_or_path)
@@ -164,7 +168,7 @@ def _select_algorithms(graph, spec, program, cache, reports, mode, workspace_lim
                        reprofile, progress):
     """Choose algorithms and micro-batches, write reports/algo.*; the program rebuilt with the choices."""
     from .algo import AlgoSelectionError, find_layers, markdown, report, select, time_candidates
-    from .program import _Builder
+    from .program import ProgramBuilder
 
     if workspace_limit is not None:
         try:
@@ -178,8 +182,7 @@ def _select_algorithms(graph, spec, program, cache, reports, mode, workspace_lim
     else:
         limit, source = None, "none given"
     layers = find_layers(graph, spec.kind, policy)
-    builder = _Builder(spec)
-    builder.steps(graph)
+    builder = ProgramBuilder(spec)
     timing = time_candidates(layers, builder, spec, cache, ProfileDB(), budget, reprofile,
                              progress=progress)
     try:
@@ -377,9 +380,8 @@ def _hybrid(plan, tasks, machine, spec, cache, capacities, graph, replica):
                                f"the device has {format_bytes(capacity)}")
     transfers = Transfers([(v.name, 0, d, v.type.nbytes // devices) for v in graph.inputs for d in range(1, devices)]
                           + [(v.name, d, 0, v.type.nbytes // devices) for v in crossing for d in range(1, devices)])
-    doc = PlacementReport(plan, transfers, machine, tasks, [needs[0]] + [needs[1]] * (devices - 1),
-                          [memories[0].arena_bytes + memories[1].arena_bytes] + [memories[0].arena_bytes] * (devices - 1)
-                          ).to_json()
+    arenas = [memories[0].arena_bytes + memories[1].arena_bytes] + [memories[0].arena_bytes] * (devices - 1)
+    doc = PlacementReport(plan, transfers, machine, tasks, [needs[0]] + [needs[1]] * (devices - 1), arenas).to_json()
     doc["cut"] = {"position": plan.cut, "before_node": graph.nodes[plan.cut].name, "values": [v.name for v in crossing]}
     return programs, doc, graph
 

@@ -46,7 +46,9 @@ class Program:
 Pieces = tuple[tuple[str, int], ...]
 
 
-class _Builder:
+class ProgramBuilder:
+    """Turns nodes into steps and kernel specs; collects the values they touch and the weights they read."""
+
     def __init__(self, target, choices: Mapping[str, Pieces] | None = None):
         self.target = target
         self.choices = choices or {}
@@ -255,7 +257,7 @@ def build_program(graph: Graph, target, device: int | None = None, placement: Ma
     Send/Recv), the program of one `device`: its nodes only; model inputs and
     outputs belong to device 0.
     """
-    builder = _Builder(target, choices)
+    builder = ProgramBuilder(target, choices)
     home = device in (None, HOME_DEVICE)
     inputs = [builder.write(v) for v in graph.inputs] if home else []
     if placement is None:
@@ -271,7 +273,7 @@ def build_program(graph: Graph, target, device: int | None = None, placement: Ma
 def stage_program(graph: Graph, target, nodes: set[str], inputs: list[Value], outputs: list[Value]) -> Program:
     """The program running only `nodes` of `graph` (in order), fed `inputs` and returning `outputs`:
     one side of a cut (hybrid placement)."""
-    builder = _Builder(target)
+    builder = ProgramBuilder(target)
     program_inputs = [builder.write(v) for v in inputs]
     steps = [builder.step(node) for node in graph.nodes if node.name in nodes]
     program_outputs = [builder.read(v) for v in outputs]

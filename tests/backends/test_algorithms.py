@@ -11,7 +11,7 @@ from backends.kernel import build, workspace_bytes
 from backends.target import parse_target
 from compiler.algo import find_layers
 from compiler.pipeline import run_pipeline, select_passes
-from compiler.program import _Builder
+from compiler.program import ProgramBuilder
 from runtime.memory import aligned_copy
 from tests.conftest import run_onnxruntime
 from tests.ir.helpers import F, model
@@ -21,6 +21,7 @@ BATCH = 4
 
 CONVS = {
     "3x3_pad1": dict(channels=(8, 16), size=12, kernel=3, pads=(1, 1, 1, 1), strides=(1, 1), dilations=(1, 1)),
+    "3x3_k18": dict(channels=(5, 18), size=12, kernel=3, pads=(1, 1, 1, 1), strides=(1, 1), dilations=(1, 1)),
     "3x3_odd": dict(channels=(5, 12), size=13, kernel=3, pads=(0, 1, 2, 1), strides=(1, 1), dilations=(1, 1)),
     "3x3_stride2": dict(channels=(8, 16), size=13, kernel=3, pads=(1, 1, 1, 1), strides=(2, 2), dilations=(1, 1)),
     "1x1": dict(channels=(16, 32), size=8, kernel=1, pads=(0, 0, 0, 0), strides=(1, 1), dilations=(1, 1)),
@@ -52,8 +53,7 @@ def run_layer(onnx_model, algorithm: str, size: int, x: np.ndarray) -> np.ndarra
 
     graph, _ = run_pipeline(ir.from_onnx(onnx_model), select_passes([]))
     (layer,) = find_layers(graph, "llvm", "all")
-    builder = _Builder(LLVM)
-    builder.steps(graph)
+    builder = ProgramBuilder(LLVM)
     spec, args = builder.candidate(layer.node, algorithm, size)
     fn = build(spec, LLVM)["main"]
     out_type = layer.node.outputs[0].type
@@ -70,9 +70,9 @@ def run_layer(onnx_model, algorithm: str, size: int, x: np.ndarray) -> np.ndarra
     return out
 
 
-# Winograd runs 3x3 stride-1 convs only.
-CONV_CASES = [(case, a) for case in sorted(CONVS) for a in ("nchwc", "im2col", "direct")] + [
-    (case, "winograd") for case in ("3x3_pad1", "3x3_odd")]
+# Winograd runs 3x3 stride-1 convs only; direct needs whole 16-channel output blocks (not 18 channels).
+CONV_CASES = [(case, a) for case in sorted(CONVS) for a in ("nchwc", "im2col", "direct")
+              if (case, a) != ("3x3_k18", "direct")] + [(case, "winograd") for case in ("3x3_pad1", "3x3_odd", "3x3_k18")]
 
 
 @pytest.mark.parametrize("case,algorithm", CONV_CASES)
@@ -98,8 +98,7 @@ def test_algorithm_choices_and_workspaces():
     graph, _ = run_pipeline(ir.from_onnx(conv_relu_model(**CONVS["3x3_pad1"])), select_passes([]))
     (layer,) = find_layers(graph, "llvm", "powers-of-two")
     assert layer.algorithms == ("nchwc", "im2col", "direct", "winograd") and layer.sizes == (1, 2, 4)
-    builder = _Builder(LLVM)
-    builder.steps(graph)
+    builder = ProgramBuilder(LLVM)
     workspace = {a: workspace_bytes(builder.candidate(layer.node, a, BATCH)[0], LLVM) for a in layer.algorithms}
     assert workspace["direct"] == 0
     # im2col: the (N, C·R·S, OH·OW padded to 16) column matrix and the (N, K, ·) product.
@@ -108,5 +107,7 @@ def test_algorithm_choices_and_workspaces():
     assert 4 * BATCH * 16 * 144 < workspace["nchwc"] < workspace["im2col"]
     half = {a: workspace_bytes(builder.candidate(layer.node, a, 2)[0], LLVM) for a in layer.algorithms}
     assert half["im2col"] * 2 == workspace["im2col"]
+    k18, _ = run_pipeline(ir.from_onnx(conv_relu_model(**CONVS["3x3_k18"])), select_passes([]))
+    assert find_layers(k18, "llvm", "all")[0].algorithms == ("nchwc", "im2col", "winograd")
     assert algorithms("Conv", {"group": 2}, [layer.node.inputs[0].type], [None, np.ones(1)], "llvm") == ()
     assert algorithms("Conv", {}, [layer.node.inputs[0].type], [None, np.ones((16, 8, 3, 3), np.float32)], "cuda") == ("direct", "im2col")

@@ -36,15 +36,14 @@ def test_conv_algorithms_compile_for_cuda_with_nvcc(algorithm, tmp_path):
     from backends.target import parse_target
     from compiler.algo import find_layers
     from compiler.pipeline import run_pipeline, select_passes
-    from compiler.program import _Builder
+    from compiler.program import ProgramBuilder
     from tests.backends.test_algorithms import CONVS, conv_relu_model
 
     target = parse_target("cuda:sm_80")
     graph, _ = run_pipeline(ir.from_onnx(conv_relu_model(**CONVS["3x3_pad1"])), select_passes([]))
     (layer,) = find_layers(graph, "cuda", "powers-of-two")
     assert layer.algorithms == ("direct", "im2col")
-    builder = _Builder(target)
-    builder.steps(graph)
+    builder = ProgramBuilder(target)
     specs = {}
     for size in (layer.batch, 1):
         spec, _ = builder.candidate(layer.node, algorithm, size)

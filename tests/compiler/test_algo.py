@@ -53,8 +53,8 @@ def test_micro_batched_models_at_batch_8_equal_onnxruntime(name, kernel_cache):
 
 def test_ilp_divides_the_budget_and_reports_its_bound(kernel_cache):
     model = _model("mtcnn_onet")
-    artifact = compile(model.path, batch=4, input_shapes=model.input_shapes, algo_select="ilp", workspace_limit="1MiB", profile_budget=0,
-                       cache_dir=kernel_cache)
+    artifact = compile(model.path, batch=4, input_shapes=model.input_shapes, algo_select="ilp", workspace_limit="1MiB",
+                       profile_budget=0, cache_dir=kernel_cache)
     doc = json.loads((artifact.directory / "reports" / "algo.json").read_text())
     assert doc["mode"] == "ilp" and doc["layers"]
     assert sum(row["chosen"]["workspace_bytes"] for row in doc["layers"]) <= 1 << 20
@@ -70,10 +70,11 @@ def test_ilp_divides_the_budget_and_reports_its_bound(kernel_cache):
     ({"algo_select": "ilp"}, "give --workspace-limit or --device-memory"),
     ({"algo_select": "dp", "devices": 2}, "one device"),
     ({"algo_select": "dp", "workspace_limit": "lots"}, "--workspace-limit"),
+    ({"workspace_limit": "8MiB"}, "add --algo-select"),
 ])
 def test_bad_selection_options_fail_clearly(options, message, kernel_cache):
     with pytest.raises(CompileError, match=message):
-        compile(_model("mtcnn_onet").path, batch=2, cache_dir=kernel_cache, profile_budget=0, **options)
+        compile(_model("mtcnn_onet").path, batch=2, cache_dir=kernel_cache, **{"profile_budget": 0, **options})
 
 
 def test_cli_selects_and_reports(kernel_cache, tmp_path):
