@@ -323,6 +323,15 @@ def place_list(tasks: Sequence[Task], machine: Machine, pins=(), microbatches: i
     return plan
 
 
+def _check_batch_split(planner: str, devices: int, batch: int | None, microbatches: int) -> None:
+    """Data and hybrid placement give each device an equal share of the batch, at once."""
+    if microbatches > 1:
+        raise PlacementError(f"{planner} placement gives each device its share of the batch at once; drop --microbatches")
+    if not batch or batch % devices:
+        raise PlacementError(f"{planner} placement splits the batch (axis 0) evenly: batch {batch} is not a multiple of "
+                             f"{devices} devices; use --batch")
+
+
 def place_data(tasks: Sequence[Task], machine: Machine, batch: int | None, io_bytes: tuple[int, int] = (0, 0),
                microbatches: int = 1) -> Placement:
     """Data parallelism: each device runs the whole model on batch/devices samples.
@@ -335,11 +344,7 @@ def place_data(tasks: Sequence[Task], machine: Machine, batch: int | None, io_by
     from .collectives import cost
 
     devices, link = machine.devices, machine.link
-    if microbatches > 1:
-        raise PlacementError("data placement gives each device its share of the batch at once; drop --microbatches")
-    if not batch or batch % devices:
-        raise PlacementError(f"data placement splits the batch (axis 0) evenly: batch {batch} is not a multiple of "
-                             f"{devices} devices; use --batch")
+    _check_batch_split("data", devices, batch, microbatches)
     weights = sum(t.weight_bytes for t in tasks)
     short = [d for d in range(devices) if weights > machine.memory[d]]
     if short:
@@ -376,11 +381,7 @@ def place_hybrid(tasks: Sequence[Task], machine: Machine, batch: int | None, io_
     from .collectives import cost
 
     devices, link = machine.devices, machine.link
-    if microbatches > 1:
-        raise PlacementError("hybrid placement gives each device its share of the batch at once; drop --microbatches")
-    if not batch or batch % devices:
-        raise PlacementError(f"hybrid placement splits the batch (axis 0) evenly: batch {batch} is not a multiple of "
-                             f"{devices} devices; use --batch")
+    _check_batch_split("hybrid", devices, batch, microbatches)
     if not cuts:
         raise PlacementError("hybrid placement found no cut where every value crossing it carries the batch on axis 0")
     scatter, _ = cost("scatter", link, devices, io_bytes[0], "linear")

@@ -116,39 +116,26 @@ def conv_winograd(ctx: LowerContext, before, after):
         # round trips of the tiles through memory. The gather stays its own pass.
         for name in ("wino_in_rows", "wino_out_rows"):
             sch.compute_inline(sch.get_sblock(name))
-        _schedule_gather(sch, tiles_w, big)
+        # The gather runs one vector per row of tiles: the tile index's divisions then fold into the
+        # loop indices (a vector of 16 flat tile numbers would divide per lane); it reads stride m.
+        _schedule_pass(sch, "wino_tiles", tiles_w, big)
         for name in ("wino_in", "wino_out"):
-            _schedule_transform(sch, name, big)
+            _schedule_pass(sch, name, PIXELS, big)
         tiled_gemm(sch, "wino_gemm", rows, big)
         schedule_rows(sch, "wino_result", big, ow % 4 == 0)
 
     return SelfScheduled([out], schedule)
 
 
-def _schedule_gather(sch, tiles_w: int, big: bool) -> None:
-    """The tile gather, one vector per row of tiles: the tile index's divisions fold into the loop
-    indices (a vector over 16 flat tile numbers would divide per lane), reads stride m along the row."""
-    block = sch.get_sblock("wino_tiles")
-    ya, xb, channel, pixel = sch.get_loops(block)
-    row, lanes = sch.split(pixel, [None, tiles_w])
-    sch.reorder(channel, row, ya, xb, lanes)
-    fused = sch.fuse(channel, row)
-    if big:
-        sch.parallel(fused)
-    sch.unroll(ya)
-    sch.unroll(xb)
-    sch.vectorize(lanes)
-
-
-def _schedule_transform(sch, name: str, big: bool) -> None:
-    """(s0, s1, channel, pixel): one vector of pixels per channel, the small s0 × s1 loops unrolled."""
+def _schedule_pass(sch, name: str, lanes: int, big: bool) -> None:
+    """(s0, s1, channel, tile): vectors of `lanes` tiles per channel, the small s0 × s1 loops unrolled."""
     block = sch.get_sblock(name)
-    s0, s1, channel, pixel = sch.get_loops(block)
-    outer, lanes = sch.split(pixel, [None, PIXELS])
-    sch.reorder(channel, outer, s0, s1, lanes)
+    s0, s1, channel, tile = sch.get_loops(block)
+    outer, inner = sch.split(tile, [None, lanes])
+    sch.reorder(channel, outer, s0, s1, inner)
     fused = sch.fuse(channel, outer)
     if big:
         sch.parallel(fused)
     sch.unroll(s0)
     sch.unroll(s1)
-    sch.vectorize(lanes)
+    sch.vectorize(inner)
