@@ -47,8 +47,6 @@ class Artifact:
         if self.devices > 1:
             raise ArtifactError(f"{self.directory}: a {self.devices}-device artifact runs on its workers; use run()")
         if self._executor is None:
-            if self.target != "llvm":
-                raise ArtifactError(f"{self.directory}: compiled for {self.target}; running it needs that device")
             from runtime.executor import Executor
 
             self._executor = Executor(self.directory)

@@ -16,15 +16,18 @@ from ir.types import TensorType, numpy_dtype
 
 from .artifact_files import PLAN_FILE, read_plan, verify_files
 from .errors import ArtifactError, ExecutionError, InputError
-from .memory import aligned_copy, aligned_empty
+from .memory import HostMemory
 
 Op = Callable[[], None]
 
 
 class Executor:
-    """Runs the program of one artifact directory on the host CPU."""
+    """Runs the program of one artifact directory: llvm kernels on host memory, cuda kernels on GPU memory."""
 
-    def __init__(self, directory: str | Path, threads: int | None = None, device: int = 0, comm=None):
+    def __init__(self, directory: str | Path, threads: int | None = None, device: int = 0, comm=None,
+                 memory_device: str | None = None):
+        """`memory_device` ("cpu", "cuda") puts the buffers in TVM memory on that device; by default
+        host numpy memory for llvm artifacts and the GPU for cuda ones."""
         from backends.tvm_env import set_threads, tvm
 
         if threads is not None:
@@ -41,13 +44,13 @@ class Executor:
         self.device = device
         self._comm = comm
         self._arriving: dict[str, tuple[np.ndarray, Callable[[], None]]] = {}
-        self._kernels = self._load_kernels()
-        self._buffers: dict[str, np.ndarray] = {}
-        self._tensors: dict[str, Any] = {}
-        self._types = {name: TensorType.parse(spec) for name, spec in self.plan["values"].items()}
         memory = self.plan.get("memory", {"arena_bytes": 0, "offsets": {}})
         # One arena holds every activation at its planned offset: no allocation per run.
-        self._arena = aligned_empty((max(int(memory["arena_bytes"]), 1),), np.uint8)
+        self._memory = self._make_memory(int(memory["arena_bytes"]), memory_device)
+        self._kernels = self._load_kernels()
+        self._buffers: dict[str, Any] = {}
+        self._tensors: dict[str, Any] = {}
+        self._types = {name: TensorType.parse(spec) for name, spec in self.plan["values"].items()}
         self._offsets: dict[str, int] = memory["offsets"]
         self._load_weights()
         # Steps that read only weights run once, now; the others run on every run.
@@ -55,6 +58,16 @@ class Executor:
             op()
         self._run_steps = [step for step in self.plan["steps"] if not step.get("init")]
         self._ops = self._bind(self._run_steps)
+
+    def _make_memory(self, arena_bytes: int, memory_device: str | None):
+        if memory_device is None and not str(self.plan["target"]).startswith("cuda"):
+            return HostMemory(arena_bytes)
+        from .device_memory import DeviceMemory
+
+        if self._comm is not None:
+            raise ArtifactError(f"{self.directory}: device {self.device} exchanges tensors with other devices; "
+                                "that runs on host memory only (compile multi-device artifacts for llvm)")
+        return DeviceMemory(self._tvm.device(memory_device or "cuda", 0), arena_bytes)
 
     # ---- loading ------------------------------------------------------------
     def _load_kernels(self) -> dict[str, Any]:
@@ -75,33 +88,32 @@ class Executor:
         try:
             with np.load(path, allow_pickle=False) as weights:
                 for name in self.plan["weights"]["names"]:
-                    self._buffers[name] = aligned_copy(weights[name])
+                    self._buffers[name] = self._memory.weight(weights[name])
         except (OSError, ValueError, KeyError) as exc:
             raise ArtifactError(f"{path}: cannot read weights ({exc})") from exc
 
-    def _buffer(self, name: str) -> np.ndarray:
+    def _buffer(self, name: str):
         if name not in self._buffers:
             t = self._types[name]
             dtype = numpy_dtype(t.dtype)
             if name in self._offsets:
-                start = self._offsets[name]
-                self._buffers[name] = self._arena[start:start + t.nbytes].view(dtype).reshape(t.shape)
+                self._buffers[name] = self._memory.at(self._offsets[name], t.shape, dtype)
             else:
-                self._buffers[name] = aligned_empty(t.shape, dtype)
+                self._buffers[name] = self._memory.empty(t.shape, dtype)
         return self._buffers[name]
 
     @property
     def arena_bytes(self) -> int:
         """Size of the activation arena."""
-        return int(self._arena.nbytes)
+        return self._memory.arena_bytes
 
     def poison(self) -> None:
         """Fill the arena with NaN bit patterns: a kernel reading memory nobody wrote gives NaN (a test aid)."""
-        self._arena.fill(0xFF)
+        self._memory.fill(0xFF)
 
     def _tensor(self, name: str):
         if name not in self._tensors:
-            self._tensors[name] = self._tvm.runtime.from_dlpack(self._buffer(name))
+            self._tensors[name] = self._memory.tensor(self._buffer(name))
         return self._tensors[name]
 
     # ---- binding ------------------------------------------------------------
@@ -112,7 +124,7 @@ class Executor:
         kind = step["kind"]
         if kind == "view":
             t = self._types[step["output"]]
-            self._buffers[step["output"]] = self._buffer(step["input"]).reshape(t.shape)
+            self._buffers[step["output"]] = self._memory.reshape(self._buffer(step["input"]), t.shape)
             return _nothing
         if kind == "kernel" and "pieces" in step:
             return self._bind_pieces(step)
@@ -138,7 +150,7 @@ class Executor:
         calls = []
         for piece in step["pieces"]:
             sliced, start, stop = set(piece["sliced"]), piece["start"], piece["start"] + piece["size"]
-            args = [self._tvm.runtime.from_dlpack(self._buffer(n)[start:stop]) if n in sliced else self._tensor(n)
+            args = [self._memory.tensor(self._memory.rows(self._buffer(n), start, stop)) if n in sliced else self._tensor(n)
                     for n in piece["inputs"] + step["outputs"]]
             calls.append((self._kernels[piece["kernel"]], args))
 
@@ -157,12 +169,14 @@ class Executor:
             results = [self._buffer(n) for n in step[key]["results"]]
             branches[key] = (ops, results)
 
+        memory = self._memory
+
         def run_if() -> None:
-            ops, results = branches["then" if bool(condition.reshape(-1)[0]) else "else"]
+            ops, results = branches["then" if bool(memory.read(condition).reshape(-1)[0]) else "else"]
             for op in ops:
                 op()
             for out, result in zip(outputs, results):
-                np.copyto(out, result)
+                memory.copy(out, result)
 
         return run_if
 
@@ -211,13 +225,13 @@ class Executor:
         """
         self._check_inputs(inputs)
         for name in self.plan["inputs"]:
-            np.copyto(self._buffer(name), np.asarray(inputs[name]), casting="no")
+            self._memory.write(self._buffer(name), np.asarray(inputs[name]))
         self._arriving = {}
         for op in self._ops:
             op()
         if self._comm is not None:
             self._comm.wait_sends()
-        local = {name: np.array(self._buffer(name), copy=True) for name in self.plan["outputs"] if name not in self._arriving}
+        local = {name: self._memory.read(self._buffer(name)) for name in self.plan["outputs"] if name not in self._arriving}
         arriving, self._arriving = self._arriving, {}
 
         def outputs() -> dict[str, np.ndarray]:
@@ -235,6 +249,7 @@ class Executor:
             for index, op in enumerate(self._ops):
                 started = time.perf_counter()
                 op()
+                self._memory.sync()
                 samples[index].append(1e3 * (time.perf_counter() - started))
         rows = [(step["node"], step["op"], float(np.median(times))) for step, times in zip(self._run_steps, samples)]
         return sorted(rows, key=lambda row: -row[2])

@@ -39,3 +39,19 @@ def assert_matches_onnxruntime(outputs: dict, expected: list, rtol: float = 1e-3
     for got, want in zip(outputs.values(), expected):
         assert got.shape == want.shape and got.dtype == want.dtype
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+def gpu_available() -> bool:
+    """Whether TVM sees a CUDA GPU here (its CUDA runtime loads only where a driver is installed)."""
+    from backends.tvm_env import tvm
+
+    return bool(tvm().cuda(0).exist)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` are skipped where there is no GPU."""
+    gpu_tests = [item for item in items if "gpu" in item.keywords]
+    if gpu_tests and not gpu_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU; TVM sees none here")
+        for item in gpu_tests:
+            item.add_marker(skip)
