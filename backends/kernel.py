@@ -33,6 +33,9 @@ def schedule_version() -> str:
 
 
 ARG, DATA = "arg", "data"
+# Attributes of a fused kernel whose arguments / results are NCHW[b]c buffers: the channel block of
+# each (0: as typed). Its members see NCHW; the kernel converts at its edges (passes/conv_layout.py).
+ARG_BLOCKS, RESULT_BLOCKS = "tessel_arg_blocks", "tessel_result_blocks"
 
 
 @dataclass(frozen=True)
@@ -199,6 +202,9 @@ def schedule_kernel(spec: KernelSpec, target: TargetSpec):
     te, tir = tvm_mod.te, tvm_mod.tirx
     args = [TensorType.parse(i.type) for i in spec.inputs if i is not None and i.role == ARG]
     placeholders = [te.placeholder(t.shape, t.dtype, name=f"in{k}") for k, t in enumerate(args)]
+    layouts = dict(spec.attrs)
+    arg_tensors = [_unblocked(te, p, b, f"unblock{k}") if b else p
+                   for k, (p, b) in enumerate(zip(placeholders, layouts.get(ARG_BLOCKS) or [0] * len(args)))]
     produced: dict[tuple[int, int], Any] = {}
     members = spec.members()
     anchor = None
@@ -216,7 +222,7 @@ def schedule_kernel(spec: KernelSpec, target: TargetSpec):
             types.append(t)
             data.append(item.data)
             if item.role == ARG:
-                tensors.append(placeholders[source[1]] if source[0] == "arg" else produced[(source[1], source[2])])
+                tensors.append(arg_tensors[source[1]] if source[0] == "arg" else produced[(source[1], source[2])])
             else:
                 tensors.append(_constant_tensor(te, tir, item.data, t, f"const{m}_{index}"))
         out_types = [TensorType.parse(o) if o is not None else None for o in op.outputs]
@@ -241,9 +247,12 @@ def schedule_kernel(spec: KernelSpec, target: TargetSpec):
                 raise LoweringError(f"{op.op_type}: output {index} lowered to shape {list(got)}, expected {list(want.shape)}")
             produced[(m, index)] = tvm_mod.topi.cast(tensor, want.dtype) if tensor.dtype != want.dtype else tensor
     outputs = []
-    for index, ref in enumerate(spec.result_refs()):
+    result_blocks = layouts.get(RESULT_BLOCKS) or [0] * len(spec.result_refs())
+    for index, (ref, block) in enumerate(zip(spec.result_refs(), result_blocks)):
         tensor = produced[ref]
-        if any(tensor is p for p in placeholders) or not isinstance(tensor.op, te.ComputeOp):
+        if block:
+            tensor = _blocked(te, tensor, block, f"block{index}")
+        elif any(tensor is p for p in placeholders) or not isinstance(tensor.op, te.ComputeOp):
             source = tensor
             tensor = te.compute(source.shape, lambda *i, s=source: s[i], name=f"copy{index}")
         outputs.append(tensor)
@@ -253,6 +262,18 @@ def schedule_kernel(spec: KernelSpec, target: TargetSpec):
 
         return cpu.schedule_around(func, *anchor), True
     return func, False
+
+
+def _unblocked(te, blocked, block: int, name: str):
+    """The NCHW view of an NCHW[block]c placeholder (inlined into its readers)."""
+    n, cb, h, w, _ = (int(d) for d in blocked.shape)
+    return te.compute((n, cb * block, h, w), lambda ni, c, y, x: blocked[ni, c // block, y, x, c % block], name=name)
+
+
+def _blocked(te, tensor, block: int, name: str):
+    """An NCHW result written as NCHW[block]c."""
+    n, c, h, w = (int(d) for d in tensor.shape)
+    return te.compute((n, c // block, h, w, block), lambda ni, cb, y, x, ci: tensor[ni, cb * block + ci, y, x], name=name)
 
 
 def _rule(op_type: str):

@@ -3,10 +3,11 @@
 Each measurement runs in a fresh process (thread pools of one runtime skew the
 next on 2 cores). Prints a table with Tessel/onnxruntime ratios and their
 geomean, the speedup fusion gives Tessel (the same pipeline without the fuse
-pass), and how much faster Tessel is than TVM's own pipeline
+pass), the speedup of keeping NCHW[16]c between conv kernels (the same compile
+with `conv_layout="nchw"`), and how much faster Tessel is than TVM's own pipeline
 (`relax.frontend.onnx.from_onnx` + `tvm.compile`) where TVM imports the model.
 
-    python bench/latency.py [MODEL ...] [--runs 20] [--skip-tvm] [--skip-unfused]
+    python bench/latency.py [MODEL ...] [--runs 20] [--skip-tvm] [--skip-unfused] [--skip-nchw]
 """
 from __future__ import annotations
 
@@ -51,16 +52,21 @@ def measure_onnxruntime(model, runs: int) -> float:
     return _median_ms(lambda: session.run(None, feeds), runs)
 
 
-def measure_tessel(model, runs: int, skip_passes=()) -> float:
+def measure_tessel(model, runs: int, skip_passes=(), conv_layout="blocked") -> float:
     from compiler.api import compile as compile_model
 
-    artifact = compile_model(model.path, input_shapes=model.input_shapes, skip_passes=skip_passes)
+    artifact = compile_model(model.path, input_shapes=model.input_shapes, skip_passes=skip_passes,
+                             conv_layout=conv_layout)
     feeds = model.make_inputs()
     return _median_ms(lambda: artifact.run(feeds), runs)
 
 
 def measure_tessel_unfused(model, runs: int) -> float:
     return measure_tessel(model, runs, skip_passes=("fuse",))
+
+
+def measure_tessel_nchw(model, runs: int) -> float:
+    return measure_tessel(model, runs, conv_layout="nchw")
 
 
 def measure_tvm(model, runs: int) -> float:
@@ -81,7 +87,7 @@ def measure_tvm(model, runs: int) -> float:
 
 
 MEASURES = {"onnxruntime": measure_onnxruntime, "tessel": measure_tessel, "tessel_unfused": measure_tessel_unfused,
-            "tvm": measure_tvm}
+            "tessel_nchw": measure_tessel_nchw, "tvm": measure_tvm}
 
 
 def _isolated(kind: str, name: str, runs: int, timeout: float) -> tuple[float | None, str]:
@@ -104,6 +110,7 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--skip-tvm", action="store_true", help="do not measure TVM's own pipeline")
     parser.add_argument("--skip-unfused", action="store_true", help="do not measure Tessel without fusion")
+    parser.add_argument("--skip-nchw", action="store_true", help="do not measure Tessel with NCHW between convs")
     parser.add_argument("--worker", nargs=2, metavar=("KIND", "MODEL"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     corpus = {m.name: m for m in load_corpus()}
@@ -112,29 +119,34 @@ def main(argv=None) -> int:
         print(json.dumps({"ms": MEASURES[kind](corpus[name], args.runs)}))
         return 0
     names = args.models or [m.name for m in corpus.values() if not m.negative and not m.topology]
-    print(f"{'model':<20} {'onnxruntime':>12} {'tvm':>10} {'unfused':>10} {'tessel':>10} {'tessel/ort':>11} "
-          f"{'fusion':>8} {'tvm/tessel':>11}")
-    ratios, tvm_speedups, fusion_speedups = [], [], []
+    print(f"{'model':<20} {'onnxruntime':>12} {'tvm':>10} {'unfused':>10} {'nchw':>10} {'tessel':>10} "
+          f"{'tessel/ort':>11} {'fusion':>8} {'layout':>8} {'tvm/tessel':>11}")
+    ratios, tvm_speedups, fusion_speedups, layout_speedups = [], [], [], []
     for name in names:
         ort_ms, _ = _isolated("onnxruntime", name, args.runs, 300)
         tessel_ms, why = _isolated("tessel", name, args.runs, 1800)
         unfused_ms, _ = (None, "skipped") if args.skip_unfused else _isolated("tessel_unfused", name, args.runs, 1800)
+        nchw_ms, _ = (None, "skipped") if args.skip_nchw else _isolated("tessel_nchw", name, args.runs, 1800)
         tvm_ms, tvm_why = (None, "skipped") if args.skip_tvm else _isolated("tvm", name, max(3, args.runs // 4), TVM_TIMEOUT_S)
         ratio = tessel_ms / ort_ms if tessel_ms and ort_ms else None
         speedup = tvm_ms / tessel_ms if tvm_ms and tessel_ms else None
         fusion = unfused_ms / tessel_ms if unfused_ms and tessel_ms else None
+        layout = nchw_ms / tessel_ms if nchw_ms and tessel_ms else None
         if ratio:
             ratios.append(ratio)
         if speedup:
             tvm_speedups.append(speedup)
         if fusion:
             fusion_speedups.append(fusion)
+        if layout:
+            layout_speedups.append(layout)
 
         def cell(value, width, fmt="{:.2f}"):
             return f"{fmt.format(value) if value is not None else 'n/a':>{width}}"
 
-        print(f"{name:<20} {cell(ort_ms, 12)} {cell(tvm_ms, 10)} {cell(unfused_ms, 10)} {cell(tessel_ms, 10)} {cell(ratio, 11)} "
-              f"{cell(fusion, 8, '{:.2f}x')} {cell(speedup, 11, '{:.1f}x')}"
+        print(f"{name:<20} {cell(ort_ms, 12)} {cell(tvm_ms, 10)} {cell(unfused_ms, 10)} {cell(nchw_ms, 10)} "
+              f"{cell(tessel_ms, 10)} {cell(ratio, 11)} {cell(fusion, 8, '{:.2f}x')} {cell(layout, 8, '{:.2f}x')} "
+              f"{cell(speedup, 11, '{:.1f}x')}"
               + (f"  tessel: {why}" if why else "") + (f"  tvm: {tvm_why}" if tvm_ms is None and not args.skip_tvm else ""),
               flush=True)
     if ratios:
@@ -142,6 +154,9 @@ def main(argv=None) -> int:
     if fusion_speedups:
         print(f"fusion speedup (unfused/fused) geomean over {len(fusion_speedups)} models: "
               f"{math.exp(sum(map(math.log, fusion_speedups)) / len(fusion_speedups)):.2f}x")
+    if layout_speedups:
+        print(f"blocked layout speedup (nchw/blocked) geomean over {len(layout_speedups)} models: "
+              f"{math.exp(sum(map(math.log, layout_speedups)) / len(layout_speedups)):.2f}x")
     if tvm_speedups:
         print(f"tessel vs TVM's pipeline: {min(tvm_speedups):.1f}x to {max(tvm_speedups):.1f}x faster on the {len(tvm_speedups)} models TVM runs")
     return 0

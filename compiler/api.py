@@ -36,6 +36,9 @@ class CompileError(TesselError):
     """The compile request itself is invalid (e.g. an option Tessel does not offer yet)."""
 
 
+CONV_LAYOUTS = ("blocked", "nchw")
+
+
 def compile(  # noqa: A001 - the contract names it compile
     model_or_path,
     *,
@@ -61,6 +64,7 @@ def compile(  # noqa: A001 - the contract names it compile
     workspace_limit: int | str | None = None,
     batch_policy: str = "powers-of-two",
     profile_budget: float | None = None,
+    conv_layout: str = "blocked",
 ) -> Artifact:
     """Compile an ONNX model (path, bytes or ModelProto) for `target` ("llvm" or "cuda:sm_XX").
 
@@ -77,6 +81,8 @@ def compile(  # noqa: A001 - the contract names it compile
     The graph goes through the optimization pipeline (compiler/pipeline.py) less
     `skip_passes`; `verify` checks the graph after every pass; `dump_after` names
     passes after which the graph is written to `reports/after_<pass>.txt` and `.onnx`.
+    `conv_layout` "blocked" keeps activations between conv kernels in NCHW[16]c
+    (passes/conv_layout.py); "nchw" converts at every conv kernel.
     Returns an in-memory Artifact (a temporary directory) to `run` or `save`.
     """
     spec = parse_target(target)
@@ -87,6 +93,9 @@ def compile(  # noqa: A001 - the contract names it compile
         except ValueError as exc:
             raise CompileError(str(exc)) from None
     passes = _checked_options(devices, microbatches, skip_passes, dump_after, algo_select, batch_policy)
+    if conv_layout not in CONV_LAYOUTS:
+        raise CompileError(f"conv_layout={conv_layout!r}: use one of {', '.join(CONV_LAYOUTS)}")
+    blocked = conv_layout == "blocked"
     selection_options = workspace_limit is not None or profile_budget is not None or batch_policy != "powers-of-two"
     if algo_select == "off" and selection_options:
         raise CompileError("--workspace-limit, --batch-policy and --profile-budget choose algorithms: "
@@ -105,7 +114,7 @@ def compile(  # noqa: A001 - the contract names it compile
     (root / "reports").mkdir()
     graph, pass_records = run_pipeline(graph, passes, verify=verify, dump_after=dump_after, dump_dir=root / "reports")
     optimized = time.perf_counter()
-    program = build_program(graph, spec)
+    program = build_program(graph, spec, blocked_layout=blocked)
     if program.unsupported:
         raise LoweringError(f"no {spec.kind} kernels for {len(program.unsupported)} op type(s): " + "; ".join(program.unsupported))
     if devices == 1:
@@ -115,7 +124,7 @@ def compile(  # noqa: A001 - the contract names it compile
     if algo_select != "off":
         program, algo_summary = _select_algorithms(graph, spec, program, cache, root / "reports", algo_select,
                                                    workspace_limit, capacity, batch_policy, profile_budget,
-                                                   reprofile, profile_progress)
+                                                   reprofile, profile_progress, blocked)
     stats = build_kernels(program.kernels, spec, cache, jobs, progress)
     built = time.perf_counter()
     report: dict = {}
@@ -125,7 +134,7 @@ def compile(  # noqa: A001 - the contract names it compile
     else:
         programs, placement_doc, graph = _distribute(graph, program, spec, cache, placement, microbatches, pins,
                                                      capacities, link or load_link(), profile, reprofile,
-                                                     lambda share: _replica(model, input_shapes, share, passes))
+                                                     lambda share: _replica(model, input_shapes, share, passes), blocked)
         extra.update({"placement": placement_doc["planner"]})
         if placement_doc["planner"] == "data":
             extra["data_parallel"] = devices
@@ -154,6 +163,7 @@ def compile(  # noqa: A001 - the contract names it compile
                     "kernels": round(built - optimized, 3)},
         "passes": [record.to_json() for record in pass_records],
         "memory": _memory_summary(memory_reports),
+        "conv_layout": {"mode": conv_layout, "blocked_values": sum(len(p.blocked) for p in programs)},
         **({"algo": algo_summary} if algo_summary else {}),
         **report,
         "tvm_version": tvm_version(),
@@ -165,7 +175,7 @@ def compile(  # noqa: A001 - the contract names it compile
 
 
 def _select_algorithms(graph, spec, program, cache, reports, mode, workspace_limit, capacity, policy, budget,
-                       reprofile, progress):
+                       reprofile, progress, blocked_layout):
     """Choose algorithms and micro-batches, write reports/algo.*; the program rebuilt with the choices."""
     from .algo import AlgoSelectionError, find_layers, markdown, report, select, time_candidates
     from .program import ProgramBuilder
@@ -194,7 +204,7 @@ def _select_algorithms(graph, spec, program, cache, reports, mode, workspace_lim
     (reports / "algo.md").write_text(markdown(doc))
     summary = {k: doc[k] for k in ("mode", "policy", "workspace_limit_bytes", "total_seconds",
                                    "best_single_total_seconds", "workspace_bytes")}
-    return build_program(graph, spec, choices=selection.pieces()), summary
+    return build_program(graph, spec, choices=selection.pieces(), blocked_layout=blocked_layout), summary
 
 
 def _memory_summary(reports: Sequence[dict]) -> dict:
@@ -280,7 +290,7 @@ def _shared_batch(graph) -> int | None:
 
 
 def _distribute(graph, program, spec, cache, placement, microbatches, pins, capacities, link, profile, reprofile,
-                replica):
+                replica, blocked_layout):
     """Place the graph on the devices: measure node times, plan, insert Send/Recv, one program per device.
 
     Returns (programs, placement report, graph run): with `data` placement one
@@ -311,11 +321,11 @@ def _distribute(graph, program, spec, cache, placement, microbatches, pins, capa
     if note:
         plan.notes.append(note)
     if plan.replicated:
-        return _data_parallel(plan, tasks, machine, spec, cache, capacities, replica(devices))
+        return _data_parallel(plan, tasks, machine, spec, cache, capacities, replica(devices), blocked_layout)
     if plan.cut is not None:
-        return _hybrid(plan, tasks, machine, spec, cache, capacities, graph, replica(devices))
+        return _hybrid(plan, tasks, machine, spec, cache, capacities, graph, replica(devices), blocked_layout)
     transfers = insert_transfers(graph, plan.device)
-    programs = [build_program(graph, spec, d, plan.device) for d in range(devices)]
+    programs = [build_program(graph, spec, d, plan.device, blocked_layout=blocked_layout) for d in range(devices)]
     memories = [plan_program_memory(p, spec.kind) for p in programs]
     for d, (p, m) in enumerate(zip(programs, memories)):
         _check_device_memory(m, weight_bytes(p), capacities[d], f"device {d}: ")
@@ -349,7 +359,7 @@ def _batch_cuts(graph, batch: int | None) -> dict[int, list]:
     return cuts
 
 
-def _hybrid(plan, tasks, machine, spec, cache, capacities, graph, replica):
+def _hybrid(plan, tasks, machine, spec, cache, capacities, graph, replica, blocked_layout):
     """Two programs: the nodes before the cut at the replica's batch (every device runs them on its slice), and
     the rest at the whole batch (device 0, fed the gathered values at the cut and the model inputs it reads)."""
     from passes.partition import Transfers
@@ -364,10 +374,12 @@ def _hybrid(plan, tasks, machine, spec, cache, capacities, graph, replica):
                            f"(no node '{missing[0]}'); use --placement data or pipeline")
     crossing = _batch_cuts(graph, _shared_batch(graph))[plan.cut]
     by_name = {v.name: v for node in replica.nodes for v in node.outputs if v is not None}
-    head = stage_program(replica, spec, prefix, list(replica.inputs), [by_name[v.name] for v in crossing])
+    head = stage_program(replica, spec, prefix, list(replica.inputs), [by_name[v.name] for v in crossing],
+                         blocked_layout)
     read_by_tail = {id(v) for node in graph.nodes[plan.cut:] for v in node.dependencies()}
     tail_inputs = crossing + [v for v in graph.inputs if id(v) in read_by_tail or v in graph.outputs]
-    tail = stage_program(graph, spec, {node.name for node in graph.nodes[plan.cut:]}, tail_inputs, list(graph.outputs))
+    tail = stage_program(graph, spec, {node.name for node in graph.nodes[plan.cut:]}, tail_inputs, list(graph.outputs),
+                         blocked_layout)
     programs = [head, tail]
     for program in programs:
         build_kernels(program.kernels, spec, cache)
@@ -386,11 +398,11 @@ def _hybrid(plan, tasks, machine, spec, cache, capacities, graph, replica):
     return programs, doc, graph
 
 
-def _data_parallel(plan, tasks, machine, spec, cache, capacities, graph):
+def _data_parallel(plan, tasks, machine, spec, cache, capacities, graph, blocked_layout):
     """One program at the replica's batch, which every device runs; the scatter and gather as its transfers."""
     from passes.partition import Transfers
 
-    program = build_program(graph, spec)
+    program = build_program(graph, spec, blocked_layout=blocked_layout)
     build_kernels(program.kernels, spec, cache)
     memory = plan_program_memory(program, spec.kind)
     for d, capacity in enumerate(capacities):

@@ -83,7 +83,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
                              pins=args.pin, machine=args.machine, profile=not args.no_profile,
                              reprofile=args.reprofile, algo_select=args.algo_select,
                              workspace_limit=args.workspace_limit, batch_policy=args.batch_policy,
-                             profile_budget=args.profile_budget,
+                             profile_budget=args.profile_budget, conv_layout=args.conv_layout,
                              skip_passes=args.skip_pass,
                              verify=args.verify, dump_after=args.dump_after)
     artifact.save(output, overwrite=args.force)
@@ -245,6 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
                              help="place with FLOP/byte estimates instead of timing the kernels on this machine")
     compile_cmd.add_argument("--reprofile", action="store_true",
                              help="time the kernels again (cached times taken on a busy machine mislead the planner)")
+    compile_cmd.add_argument("--conv-layout", default="blocked", choices=("blocked", "nchw"),
+                             help="activations between conv kernels: kept in NCHW[16]c (blocked) or NCHW")
     compile_cmd.add_argument("--algo-select", default="off", choices=("off", "dp", "ilp"),
                              help="choose each conv/matmul layer's algorithm and micro-batches: per layer within the "
                                   "workspace limit (dp) or with the layers' workspaces together within it (ilp)")

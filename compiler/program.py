@@ -12,13 +12,14 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from backends.kernel import ARG, DATA, FUSED, KernelInput, KernelMember, KernelSpec
+from backends.kernel import ARG, ARG_BLOCKS, DATA, FUSED, RESULT_BLOCKS, KernelInput, KernelMember, KernelSpec
 from backends.lowering import LoweringError, static_inputs, supports
 from backends.algorithms import ANCHOR_OPS, resize_batch
 from backends.lowering.packing import ALGORITHM, plan_packing
 from ir.graph import Graph, Node, Value
 from ir.schema import NONDETERMINISTIC, TESSEL_DOMAIN
 from ir.types import TensorType
+from passes.conv_layout import DEFAULT_ALGORITHM, blocked_type, blocked_values
 from passes.fuse import VIEW_OPS, is_kernel
 from passes.inplace import inplace_inputs
 from passes.partition import HOME_DEVICE, node_device
@@ -40,6 +41,8 @@ class Program:
     unsupported: list[str] = field(default_factory=list)
     # Values computed from weights alone (steps marked "init"): computed once at load, kept with the weights.
     init_values: list[str] = field(default_factory=list)
+    # Values whose buffers hold NCHW[16]c (passes/conv_layout.py): name → channel block.
+    blocked: dict[str, int] = field(default_factory=dict)
 
 
 # A layer's configuration: (algorithm, micro-batch size) pieces, run in order over the batch.
@@ -49,9 +52,11 @@ Pieces = tuple[tuple[str, int], ...]
 class ProgramBuilder:
     """Turns nodes into steps and kernel specs; collects the values they touch and the weights they read."""
 
-    def __init__(self, target, choices: Mapping[str, Pieces] | None = None):
+    def __init__(self, target, choices: Mapping[str, Pieces] | None = None, blocked: Mapping[str, int] | None = None):
         self.target = target
         self.choices = choices or {}
+        # Values kept in NCHW[16]c between conv kernels (passes/conv_layout.py): their buffers hold that layout.
+        self.blocked = blocked or {}
         self.algorithm: str | None = None
         self.kernels: dict[str, KernelSpec] = {}
         self.values: dict[str, str] = {}
@@ -60,13 +65,15 @@ class ProgramBuilder:
 
     def read(self, value: Value) -> str:
         """Note that `value` is read at run time; constants become weights."""
-        self.values[value.name] = value.type.spec()
+        self.write(value)
         if value.is_constant:
             self.weights[value.name] = value.const
         return value.name
 
     def write(self, value: Value) -> str:
-        self.values[value.name] = value.type.spec()
+        """Note that `value` is written at run time, with the type of its buffer."""
+        block = self.blocked.get(value.name)
+        self.values[value.name] = (blocked_type(value.type, block) if block else value.type).spec()
         return value.name
 
     def steps(self, graph: Graph) -> list[dict[str, Any]]:
@@ -101,7 +108,9 @@ class ProgramBuilder:
         return self._with_inplace(node, step, args, outs)
 
     def _with_inplace(self, node: Node, step: dict[str, Any], args: list[str], outs: list[str]) -> dict[str, Any]:
-        inplace = [[outs[0], node.inputs[k].name] for k in inplace_inputs(node) if node.inputs[k].name in args]
+        # Writing over an input element by element needs both in the same layout.
+        inplace = [[outs[0], node.inputs[k].name] for k in inplace_inputs(node) if node.inputs[k].name in args
+                   and self.blocked.get(node.inputs[k].name) == self.blocked.get(outs[0])]
         if inplace:
             step["inplace"] = inplace
         return step
@@ -154,17 +163,32 @@ class ProgramBuilder:
     def _spec(self, node: Node) -> tuple[KernelSpec, list[str]] | None:
         """The node's kernel spec and the value names of its runtime arguments."""
         if node.domain == TESSEL_DOMAIN and node.op_type == FUSED:
-            return self._fused_spec(node)
-        args: list[str] = []
+            made = self._fused_spec(node)
+        else:
+            args: list[str] = []
 
-        def locate(value: Value):
-            args.append(self.read(value))
-            return ("arg", len(args) - 1, 0)
+            def locate(value: Value):
+                args.append(self.read(value))
+                return ("arg", len(args) - 1, 0)
 
-        spec = self._member_spec(node, list(node.inputs), locate)
-        if spec is None:
+            member = self._member_spec(node, list(node.inputs), locate)
+            made = (member[0], args) if member is not None else None
+        if made is None:
             return None
-        return spec[0], args
+        return self._with_blocks(made[0], made[1], [v for v in node.outputs if v is not None]), made[1]
+
+    def _with_blocks(self, spec: KernelSpec, args: list[str], outputs: list[Value]) -> KernelSpec:
+        """The spec with its blocked arguments and results marked (as a fused kernel: its members
+        keep their NCHW types; backends/kernel.py converts at the kernel's edges)."""
+        arg_blocks = tuple(self.blocked.get(name, 0) for name in args)
+        result_blocks = tuple(self.blocked.get(v.name, 0) for v in outputs)
+        if not any(arg_blocks) and not any(result_blocks):
+            return spec
+        members, results = spec.members(), spec.result_refs()
+        attrs = ((ARG_BLOCKS, arg_blocks), (RESULT_BLOCKS, result_blocks))
+        inputs = tuple(KernelInput(self.values[name], ARG) for name in args)
+        types = tuple((blocked_type(v.type, b) if b else v.type).spec() for v, b in zip(outputs, result_blocks))
+        return KernelSpec(FUSED, attrs, inputs, types, members, results)
 
     def _fused_spec(self, node: Node) -> tuple[KernelSpec, list[str]] | None:
         """One kernel for a fused group: each body op a member reading kernel arguments or earlier members."""
@@ -247,8 +271,10 @@ class ProgramBuilder:
 
 
 def build_program(graph: Graph, target, device: int | None = None, placement: Mapping[str, int] | None = None,
-                  choices: Mapping[str, Pieces] | None = None) -> Program:
+                  choices: Mapping[str, Pieces] | None = None, blocked_layout: bool = True) -> Program:
     """The program that runs `graph` on `target` (kernels still to be compiled).
+
+    `blocked_layout` keeps values between conv kernels in NCHW[16]c (passes/conv_layout.py).
 
     `choices` (node name → (algorithm, micro-batch size) pieces, from algorithm
     selection) runs those nodes' batches as slices, each with its own kernel.
@@ -257,7 +283,7 @@ def build_program(graph: Graph, target, device: int | None = None, placement: Ma
     Send/Recv), the program of one `device`: its nodes only; model inputs and
     outputs belong to device 0.
     """
-    builder = ProgramBuilder(target, choices)
+    builder = ProgramBuilder(target, choices, _blocked(graph, target, choices) if blocked_layout else {})
     home = device in (None, HOME_DEVICE)
     inputs = [builder.write(v) for v in graph.inputs] if home else []
     if placement is None:
@@ -267,20 +293,42 @@ def build_program(graph: Graph, target, device: int | None = None, placement: Ma
     outputs = [builder.read(v) for v in graph.outputs] if home else []
     init_values = _mark_init_steps(steps, builder.weights)
     unsupported = [f"{op} (first node '{name}')" for op, name in builder.unsupported.items()]
-    return Program(steps, builder.kernels, builder.values, builder.weights, inputs, outputs, unsupported, init_values)
+    return Program(steps, builder.kernels, builder.values, builder.weights, inputs, outputs, unsupported, init_values,
+                   _used(builder))
 
 
-def stage_program(graph: Graph, target, nodes: set[str], inputs: list[Value], outputs: list[Value]) -> Program:
+def stage_program(graph: Graph, target, nodes: set[str], inputs: list[Value], outputs: list[Value],
+                  blocked_layout: bool = True) -> Program:
     """The program running only `nodes` of `graph` (in order), fed `inputs` and returning `outputs`:
     one side of a cut (hybrid placement)."""
-    builder = ProgramBuilder(target)
+    edges = {v.name for v in inputs} | {v.name for v in outputs}
+    blocked = {name: block for name, block in _blocked(graph, target, None).items()
+               if name not in edges} if blocked_layout else {}
+    builder = ProgramBuilder(target, blocked=blocked)
     program_inputs = [builder.write(v) for v in inputs]
     steps = [builder.step(node) for node in graph.nodes if node.name in nodes]
     program_outputs = [builder.read(v) for v in outputs]
     init_values = _mark_init_steps(steps, builder.weights)
     unsupported = [f"{op} (first node '{name}')" for op, name in builder.unsupported.items()]
     return Program(steps, builder.kernels, builder.values, builder.weights, program_inputs, program_outputs,
-                   unsupported, init_values)
+                   unsupported, init_values, _used(builder))
+
+
+def _used(builder: ProgramBuilder) -> dict[str, int]:
+    """The blocked values this program touches."""
+    return {name: block for name, block in builder.blocked.items() if name in builder.values}
+
+
+def _blocked(graph: Graph, target, choices: Mapping[str, Pieces] | None) -> dict[str, int]:
+    """The values kept in NCHW[16]c between conv kernels (CPU kernels only)."""
+    if target.kind != "llvm":
+        return {}
+    choices = choices or {}
+
+    def algorithms(node: Node) -> set[str]:
+        return {algorithm for algorithm, _ in choices[node.name]} if node.name in choices else {DEFAULT_ALGORITHM}
+
+    return blocked_values(graph, algorithms)
 
 
 def _mark_init_steps(steps: list[dict[str, Any]], weights) -> list[str]:

@@ -44,8 +44,20 @@ def _lanes_for(extent: int) -> int | None:
 
 
 def schedule_rows(sch, name: str, parallel: bool, vectorize: bool) -> None:
-    """A conv's NCHW output block: every axis but the last fused (and parallel), the last vectorized."""
-    loops = sch.get_loops(sch.get_sblock(name))
+    """A conv's NCHW output block: every axis but the last fused (and parallel), the last vectorized.
+
+    When the block writes NCHW[b]c (its result kept blocked for the next conv), the
+    channel loop splits into blocks and the b channels of a pixel are the vector.
+    """
+    block = sch.get_sblock(name)
+    loops = sch.get_loops(block)
+    written = sch.get(block).writes[0].source  # the buffer it writes
+    if len(written.shape) == len(loops) + 1:
+        n, c, *pixels = loops
+        blocks, channels = sch.split(c, [None, int(written.shape[-1])])
+        sch.reorder(n, blocks, *pixels, channels)
+        loops = [n, blocks, *pixels, channels]
+        vectorize = True
     outer = sch.fuse(*loops[:-1])
     if parallel:
         sch.parallel(outer)
