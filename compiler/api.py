@@ -326,6 +326,9 @@ def _distribute(graph, program, spec, cache, placement, microbatches, pins, capa
         return _hybrid(plan, tasks, machine, spec, cache, capacities, graph, replica(devices), blocked_layout)
     transfers = insert_transfers(graph, plan.device)
     programs = [build_program(graph, spec, d, plan.device, blocked_layout=blocked_layout) for d in range(devices)]
+    # A value sent to another device keeps NCHW, so a device's kernels may differ from the one-device program's.
+    for program in programs:
+        build_kernels(program.kernels, spec, cache)
     memories = [plan_program_memory(p, spec.kind) for p in programs]
     for d, (p, m) in enumerate(zip(programs, memories)):
         _check_device_memory(m, weight_bytes(p), capacities[d], f"device {d}: ")

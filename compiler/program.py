@@ -71,7 +71,7 @@ class ProgramBuilder:
         return value.name
 
     def write(self, value: Value) -> str:
-        """Note that `value` is written at run time, with the type of its buffer."""
+        """Record the type of `value`'s buffer (NCHW[16]c where it is kept blocked)."""
         block = self.blocked.get(value.name)
         self.values[value.name] = (blocked_type(value.type, block) if block else value.type).spec()
         return value.name

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..tvm_env import tvm
 from .context import LowerContext, SelfScheduled
-from ..schedules.cpu import MIN_PARALLEL_WORK, schedule_rows, try_step
+from ..schedules.cpu import MIN_PARALLEL_WORK, schedule_rows, try_step, writes_blocks
 from .packing import CONV_BLOCKS, MATMUL_BLOCK
 
 _tvm = tvm()
@@ -91,10 +91,14 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
 
     def schedule(sch) -> None:
         block = sch.get_sblock("conv_nchwc")
+        # An NCHW[16]c result (kept blocked for the next conv) is the tiles' own layout: each tile
+        # goes straight to it with its epilogue, as in `direct`, when the tiles cover the width exactly.
+        tiles_to_output = direct or (ow_padded == ow and writes_blocks(sch, "unpack"))
         # Accumulate each register tile in a small buffer LLVM keeps in registers, then copy it out.
         tile_out = sch.cache_write(block, 0, "global")
         if direct:
             sch.compute_inline(sch.get_sblock("pack"))
+        if tiles_to_output:
             sch.reverse_compute_inline(sch.get_sblock("unpack"))
         ni, ko, y, q, ki, rco, rkh, rkw, rci = sch.get_loops(block)
         qo, qi = sch.split(q, [None, reg_n])
@@ -110,14 +114,16 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
         sch.decompose_reduction(block, rco)
         if direct:
             return
-        sch.vectorize(sch.get_loops(tile_out)[-1])
+        if not tiles_to_output:
+            sch.vectorize(sch.get_loops(tile_out)[-1])
         pack_block = sch.get_sblock("pack")
         loops = sch.get_loops(pack_block)
         outer = sch.fuse(*loops[:3])
         if big:
             sch.parallel(outer)
         try_step(lambda: sch.vectorize(loops[-1]) if icb in (4, 8, 16) else None)
-        schedule_rows(sch, "unpack", big, ow % 4 == 0)
+        if not tiles_to_output:
+            schedule_rows(sch, "unpack", big, ow % 4 == 0)
 
     return SelfScheduled([out], schedule)
 

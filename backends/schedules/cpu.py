@@ -43,6 +43,12 @@ def _lanes_for(extent: int) -> int | None:
     return None
 
 
+def writes_blocks(sch, name: str) -> bool:
+    """Whether block `name` writes an NCHW[b]c buffer: one dimension more than its loops."""
+    block = sch.get_sblock(name)
+    return len(sch.get(block).writes[0].region) == len(sch.get_loops(block)) + 1
+
+
 def schedule_rows(sch, name: str, parallel: bool, vectorize: bool) -> None:
     """A conv's NCHW output block: every axis but the last fused (and parallel), the last vectorized.
 
@@ -51,8 +57,8 @@ def schedule_rows(sch, name: str, parallel: bool, vectorize: bool) -> None:
     """
     block = sch.get_sblock(name)
     loops = sch.get_loops(block)
-    written = sch.get(block).writes[0].source  # the buffer it writes
-    if len(written.shape) == len(loops) + 1:
+    if writes_blocks(sch, name):
+        written = sch.get(block).writes[0].source
         n, c, *pixels = loops
         blocks, channels = sch.split(c, [None, int(written.shape[-1])])
         sch.reorder(n, blocks, *pixels, channels)
