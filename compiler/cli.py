@@ -93,6 +93,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
           f"({report['kernels_cached']} from cache), {report['kernel_calls']} kernel calls per run, "
           f"activations {format_bytes(memory['arena_bytes'])} (bound {format_bytes(memory['bound_bytes'])}), "
           f"weights {format_bytes(memory['weights_bytes'])} -> {output}")
+    if report["conv_layout"]["blocked_values"]:
+        print(f"{report['conv_layout']['blocked_values']} activations kept in NCHW[16]c between conv kernels")
     if "placement" in report:
         placed = report["placement"]
         print(f"placement {placed['planner']} on {report['devices']} devices: predicted "
