@@ -41,7 +41,7 @@ def _median_ms(fn, runs: int) -> float:
     return 1e3 * times[len(times) // 2]
 
 
-def measure_onnxruntime(model, runs: int) -> float:
+def measure_onnxruntime(model, runs: int) -> dict:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -49,27 +49,28 @@ def measure_onnxruntime(model, runs: int) -> float:
     options.log_severity_level = 3
     session = ort.InferenceSession(str(model.path), options, providers=["CPUExecutionProvider"])
     feeds = model.make_inputs()
-    return _median_ms(lambda: session.run(None, feeds), runs)
+    return {"ms": _median_ms(lambda: session.run(None, feeds), runs)}
 
 
-def measure_tessel(model, runs: int, skip_passes=(), conv_layout="blocked") -> float:
+def measure_tessel(model, runs: int, skip_passes=(), conv_layout="blocked") -> dict:
     from compiler.api import compile as compile_model
 
     artifact = compile_model(model.path, input_shapes=model.input_shapes, skip_passes=skip_passes,
                              conv_layout=conv_layout)
     feeds = model.make_inputs()
-    return _median_ms(lambda: artifact.run(feeds), runs)
+    return {"ms": _median_ms(lambda: artifact.run(feeds), runs),
+            "blocked": artifact.report()["conv_layout"]["blocked_values"]}
 
 
-def measure_tessel_unfused(model, runs: int) -> float:
+def measure_tessel_unfused(model, runs: int) -> dict:
     return measure_tessel(model, runs, skip_passes=("fuse",))
 
 
-def measure_tessel_nchw(model, runs: int) -> float:
+def measure_tessel_nchw(model, runs: int) -> dict:
     return measure_tessel(model, runs, conv_layout="nchw")
 
 
-def measure_tvm(model, runs: int) -> float:
+def measure_tvm(model, runs: int) -> dict:
     import numpy as np
     import onnx
     import tvm
@@ -83,15 +84,15 @@ def measure_tvm(model, runs: int) -> float:
     vm = relax.VirtualMachine(executable, tvm.cpu())
     feeds = model.make_inputs()
     inputs = [tvm.runtime.tensor(np.ascontiguousarray(feeds[name])) for name in model.input_shapes]
-    return _median_ms(lambda: vm["main"](*inputs), runs)
+    return {"ms": _median_ms(lambda: vm["main"](*inputs), runs)}
 
 
 MEASURES = {"onnxruntime": measure_onnxruntime, "tessel": measure_tessel, "tessel_unfused": measure_tessel_unfused,
             "tessel_nchw": measure_tessel_nchw, "tvm": measure_tvm}
 
 
-def _isolated(kind: str, name: str, runs: int, timeout: float) -> tuple[float | None, str]:
-    """Run one measurement in a fresh process: (milliseconds or None, why not)."""
+def _isolated(kind: str, name: str, runs: int, timeout: float) -> tuple[dict | None, str]:
+    """Run one measurement in a fresh process: ({"ms": median, ...} or None, why not)."""
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, name, "--runs", str(runs)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
@@ -101,7 +102,11 @@ def _isolated(kind: str, name: str, runs: int, timeout: float) -> tuple[float | 
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or ["failed"])[-1]
         return None, tail[:120]
-    return json.loads(lines[-1])["ms"], ""
+    return json.loads(lines[-1]), ""
+
+
+def _ms(measured: tuple[dict | None, str]) -> float | None:
+    return measured[0]["ms"] if measured[0] else None
 
 
 def main(argv=None) -> int:
@@ -116,18 +121,21 @@ def main(argv=None) -> int:
     corpus = {m.name: m for m in load_corpus()}
     if args.worker:
         kind, name = args.worker
-        print(json.dumps({"ms": MEASURES[kind](corpus[name], args.runs)}))
+        print(json.dumps(MEASURES[kind](corpus[name], args.runs)))
         return 0
     names = args.models or [m.name for m in corpus.values() if not m.negative and not m.topology]
     print(f"{'model':<20} {'onnxruntime':>12} {'tvm':>10} {'unfused':>10} {'nchw':>10} {'tessel':>10} "
-          f"{'tessel/ort':>11} {'fusion':>8} {'layout':>8} {'tvm/tessel':>11}")
+          f"{'tessel/ort':>11} {'fusion':>8} {'blocked':>8} {'layout':>8} {'tvm/tessel':>11}")
     ratios, tvm_speedups, fusion_speedups, layout_speedups = [], [], [], []
     for name in names:
-        ort_ms, _ = _isolated("onnxruntime", name, args.runs, 300)
-        tessel_ms, why = _isolated("tessel", name, args.runs, 1800)
-        unfused_ms, _ = (None, "skipped") if args.skip_unfused else _isolated("tessel_unfused", name, args.runs, 1800)
-        nchw_ms, _ = (None, "skipped") if args.skip_nchw else _isolated("tessel_nchw", name, args.runs, 1800)
-        tvm_ms, tvm_why = (None, "skipped") if args.skip_tvm else _isolated("tvm", name, max(3, args.runs // 4), TVM_TIMEOUT_S)
+        ort_ms = _ms(_isolated("onnxruntime", name, args.runs, 300))
+        tessel, why = _isolated("tessel", name, args.runs, 1800)
+        tessel_ms, blocked = _ms((tessel, why)), (tessel or {}).get("blocked")
+        unfused_ms = None if args.skip_unfused else _ms(_isolated("tessel_unfused", name, args.runs, 1800))
+        # Without blocked activations both layouts compile to the same program: nothing to measure.
+        nchw_ms = None if args.skip_nchw or not blocked else _ms(_isolated("tessel_nchw", name, args.runs, 1800))
+        tvm, tvm_why = (None, "skipped") if args.skip_tvm else _isolated("tvm", name, max(3, args.runs // 4), TVM_TIMEOUT_S)
+        tvm_ms = _ms((tvm, tvm_why))
         ratio = tessel_ms / ort_ms if tessel_ms and ort_ms else None
         speedup = tvm_ms / tessel_ms if tvm_ms and tessel_ms else None
         fusion = unfused_ms / tessel_ms if unfused_ms and tessel_ms else None
@@ -145,7 +153,8 @@ def main(argv=None) -> int:
             return f"{fmt.format(value) if value is not None else 'n/a':>{width}}"
 
         print(f"{name:<20} {cell(ort_ms, 12)} {cell(tvm_ms, 10)} {cell(unfused_ms, 10)} {cell(nchw_ms, 10)} "
-              f"{cell(tessel_ms, 10)} {cell(ratio, 11)} {cell(fusion, 8, '{:.2f}x')} {cell(layout, 8, '{:.2f}x')} "
+              f"{cell(tessel_ms, 10)} {cell(ratio, 11)} {cell(fusion, 8, '{:.2f}x')} "
+              f"{cell(blocked, 8, '{}')} {cell(layout, 8, '{:.2f}x')} "
               f"{cell(speedup, 11, '{:.1f}x')}"
               + (f"  tessel: {why}" if why else "") + (f"  tvm: {tvm_why}" if tvm_ms is None and not args.skip_tvm else ""),
               flush=True)
@@ -155,7 +164,7 @@ def main(argv=None) -> int:
         print(f"fusion speedup (unfused/fused) geomean over {len(fusion_speedups)} models: "
               f"{math.exp(sum(map(math.log, fusion_speedups)) / len(fusion_speedups)):.2f}x")
     if layout_speedups:
-        print(f"blocked layout speedup (nchw/blocked) geomean over {len(layout_speedups)} models: "
+        print(f"blocked layout speedup (nchw/blocked) geomean over the {len(layout_speedups)} models with blocked activations: "
               f"{math.exp(sum(map(math.log, layout_speedups)) / len(layout_speedups)):.2f}x")
     if tvm_speedups:
         print(f"tessel vs TVM's pipeline: {min(tvm_speedups):.1f}x to {max(tvm_speedups):.1f}x faster on the {len(tvm_speedups)} models TVM runs")
