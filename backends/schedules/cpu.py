@@ -16,6 +16,8 @@ VECTOR_LANES = (16, 8, 4)
 # A parallel region costs more than it saves on less work than this (loop iterations × reduction length).
 MIN_PARALLEL_EXTENT = 2
 MIN_PARALLEL_WORK = 16384
+# Pooling rows up to this long with no vector width dividing them accumulate a whole row at once.
+MAX_ROW_TILE = 32
 
 
 def _extent(sch, loop) -> int:
@@ -125,6 +127,12 @@ def _schedule_spatial(sch, block) -> None:
         try_step(lambda: sch.parallel(fused))
 
 
+def _is_pooling(sch, block) -> bool:
+    """Whether `block` is a TOPI pooling window reduction (TOPI tags it with its schedule rule)."""
+    rule = sch.get(block).annotations.get("schedule_rule")
+    return rule is not None and str(rule).startswith("meta_schedule.pool")
+
+
 def _schedule_reduction(sch, block) -> None:
     loops = sch.get_loops(block)
     kinds = _iter_kinds(sch, block)
@@ -153,6 +161,17 @@ def _schedule_reduction(sch, block) -> None:
         try_step(lambda: sch.vectorize(sch.get_loops(tile)[-1]))
         if len(spatial) > 1:
             _parallel(sch, spatial[:-1], work)
+        try_step(lambda: sch.decompose_reduction(block, reduce[0]))
+        return
+    if (_is_pooling(sch, block) and len(spatial) > 1 and extent <= MAX_ROW_TILE
+            and try_step(lambda: sch.reorder(*spatial[:-1], *reduce, last))):
+        # A short row of pooling windows that no vector width divides: accumulate the whole row in
+        # registers (the window loops outside it), one vector of `extent` lanes.
+        tile = sch.cache_write(block, 0, "global")
+        try_step(lambda: sch.vectorize(last))
+        sch.reverse_compute_at(tile, spatial[-2])
+        try_step(lambda: sch.vectorize(sch.get_loops(tile)[-1]))
+        _parallel(sch, spatial[:-1], work)
         try_step(lambda: sch.decompose_reduction(block, reduce[0]))
         return
     if try_step(lambda: sch.reorder(*spatial, *reduce)):
