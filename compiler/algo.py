@@ -26,7 +26,7 @@ from ir.costs import bytes_moved, flops
 from ir.graph import Graph, Node, Value
 from passes.algo_select import (AlgoSelectError, Candidate, Config, ILPResult, best_single, layer_pareto,
                                 micro_batch_sizes, select_ilp)
-from passes.fuse import FUSED_OP, is_kernel
+from passes.fuse import is_kernel, kernel_members
 from passes.op_patterns import Pattern, pattern
 
 from .distribute import ESTIMATE_BYTES_PER_S, ESTIMATE_FLOPS_PER_S, ProfileDB
@@ -68,7 +68,7 @@ def find_layers(graph: Graph, target_kind: str, policy: str) -> list[Layer]:
     for node in graph.nodes:
         if not is_kernel(node) or not node.outputs or node.outputs[0] is None or not node.outputs[0].type.rank:
             continue
-        members, outer = _members(node)
+        members, outer = kernel_members(node)
         anchors = [m for m in members if m.op_type in ANCHOR_OPS and not m.domain]
         if len(anchors) != 1:
             continue
@@ -83,14 +83,6 @@ def find_layers(graph: Graph, target_kind: str, policy: str) -> list[Layer]:
         sizes = tuple(micro_batch_sizes(batch, policy)) if splittable else (batch,)
         layers.append(Layer(node, anchor.op_type, batch, choices, sizes))
     return layers
-
-
-def _members(node: Node) -> tuple[list[Node], dict[int, Value]]:
-    """The ops a kernel node runs, and its body's parameters mapped to the node's inputs."""
-    if node.op_type == FUSED_OP and "body" in node.attrs:
-        body: Graph = node.attrs["body"]
-        return list(body.nodes), {id(p): v for p, v in zip(body.inputs, node.inputs)}
-    return [node], {}
 
 
 def _per_sample(node: Node, members: Sequence[Node], outer: Mapping[int, Value], derived: set[int], batch: int,

@@ -16,6 +16,8 @@ from ir.graph import Graph, Node, Value
 from ir.schema import TESSEL_DOMAIN
 from ir.types import TensorType
 
+from .fuse import is_kernel, kernel_members
+
 BLOCK = 16
 # The conv algorithms whose kernels pack their input and unpack their output in 16-channel blocks.
 PACKED_ALGORITHMS = frozenset({"nchwc", "direct"})
@@ -57,15 +59,12 @@ def blocked_values(graph: Graph, algorithms: Callable[[Node], set[str]] | None =
 
 def _conv_anchor(node: Node) -> tuple[Node, Mapping[int, Value]] | None:
     """The Conv a kernel is built around, with the outer values of its inputs; None for other kernels."""
-    if node.domain == "" and node.op_type == "Conv":
-        return node, {k: v for k, v in enumerate(node.inputs) if v is not None}
-    if node.domain != TESSEL_DOMAIN or node.op_type != "Fused":
+    if node.domain not in ("", TESSEL_DOMAIN) or not is_kernel(node):
         return None
-    body: Graph = node.attrs["body"]
-    convs = [n for n in body.nodes if n.domain == "" and n.op_type == "Conv"]
+    members, outer = kernel_members(node)
+    convs = [m for m in members if m.domain == "" and m.op_type == "Conv"]
     if len(convs) != 1:
         return None
-    outer = {id(param): value for param, value in zip(body.inputs, node.inputs)}
     conv = convs[0]
     return conv, {k: outer.get(id(v), v) for k, v in enumerate(conv.inputs) if v is not None}
 

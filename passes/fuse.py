@@ -243,6 +243,14 @@ def is_kernel(node: Node) -> bool:
     return True
 
 
+def kernel_members(node: Node) -> tuple[list[Node], dict[int, Value]]:
+    """The ops a kernel node runs, and its body's parameters (by id) mapped to the node's inputs."""
+    if node.op_type == FUSED_OP and "body" in node.attrs:
+        body: Graph = node.attrs["body"]
+        return list(body.nodes), {id(p): v for p, v in zip(body.inputs, node.inputs)}
+    return [node], {}
+
+
 def kernel_count(graph: Graph) -> int:
     """Kernel calls one run makes at most (If counts its larger branch; a Fused node is one kernel)."""
     total = 0
