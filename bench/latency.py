@@ -27,16 +27,29 @@ if __package__ in (None, ""):
 from compiler.corpus import load_corpus  # noqa: E402
 
 TVM_TIMEOUT_S = 600
+MIN_SAMPLE_S = 0.005
+WARMUP_S = 0.2
 
 
 def _median_ms(fn, runs: int) -> float:
+    """Median milliseconds per call over `runs` samples, each sample long enough to time.
+
+    A sample repeats the call for at least MIN_SAMPLE_S (a 0.1 ms model timed call by
+    call reads the timer and the scheduler, not the model), after WARMUP_S of calls.
+    """
+    started = time.perf_counter()
     fn()
-    fn()
+    once = time.perf_counter() - started
+    calls = max(1, math.ceil(MIN_SAMPLE_S / max(once, 1e-6)))
+    warm_until = time.perf_counter() + WARMUP_S
+    while time.perf_counter() < warm_until:
+        fn()
     times = []
     for _ in range(runs):
         started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - started) / calls)
     times.sort()
     return 1e3 * times[len(times) // 2]
 
