@@ -1,0 +1,88 @@
+"""`tessel run --check`: compare a run's outputs with onnxruntime's on the original model.
+
+NaN equals NaN at the same position, as IEEE-aware comparisons do (numpy's equal_nan);
+a NaN on one side only is a mismatch, reported by position.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from ir.errors import TesselError
+
+CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4
+
+
+class ReferenceRunError(TesselError):
+    """onnxruntime cannot run the model, so there is nothing to compare with."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """How one output differs from its reference."""
+
+    max_error: float  # over positions where neither side is NaN; equal infinities differ by 0
+    nan_mismatches: int  # positions where exactly one side is NaN
+    first_nan_mismatch: tuple[int, ...] | None
+    ok: bool
+
+
+def compare(got: np.ndarray, want: np.ndarray, rtol: float = CHECK_RTOL, atol: float = CHECK_ATOL) -> Comparison:
+    """Compare an output with its reference: within rtol/atol where both are numbers, NaN where both are NaN."""
+    if got.shape != want.shape:
+        return Comparison(float("inf"), 0, None, False)
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    g_nan, w_nan = np.isnan(g), np.isnan(w)
+    nan_mismatch = g_nan != w_nan
+    numbers = ~(g_nan | w_nan)
+    with np.errstate(invalid="ignore"):
+        difference = np.where(g == w, 0.0, np.abs(g - w))[numbers]  # g == w: equal infinities are no error
+        bound = atol + rtol * np.abs(w[numbers])
+        within = bool(np.all((difference == 0) | (np.isfinite(difference) & (difference <= bound))))
+    positions = np.argwhere(nan_mismatch)
+    return Comparison(max_error=float(difference.max()) if difference.size else 0.0,
+                      nan_mismatches=len(positions),
+                      first_nan_mismatch=tuple(int(i) for i in positions[0]) if len(positions) else None,
+                      ok=within and not len(positions))
+
+
+def reference_outputs(model: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """onnxruntime's outputs of `model` by name; ReferenceRunError (one line) when it cannot run the model."""
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise ReferenceRunError(f"--check needs onnxruntime, which is not installed ({exc}); pip install onnxruntime") from exc
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        return dict(zip(names, session.run(None, dict(inputs))))
+    except Exception as exc:  # onnxruntime's errors share no base class beyond Exception
+        reason = " ".join(str(exc).split())[:300]
+        raise ReferenceRunError(f"--check: onnxruntime cannot run {model} ({reason}); the run's outputs are not "
+                             "compared") from exc
+
+
+def check_outputs(model: Path, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> bool:
+    """Print each output's comparison with onnxruntime and a verdict line; whether all of them match."""
+    reference = reference_outputs(model, inputs)
+    worst, ok = 0.0, True
+    for name, got in outputs.items():
+        if name not in reference:
+            raise ReferenceRunError(f"--check: onnxruntime's outputs of {model} lack '{name}'; the run's outputs are not compared")
+        result = compare(got, reference[name])
+        worst, ok = max(worst, result.max_error), ok and result.ok
+        nan_note = ""
+        if result.nan_mismatches:
+            position = ",".join(map(str, result.first_nan_mismatch))
+            nan_note = (f"; NaN on one side only at {result.nan_mismatches} position(s), first [{position}]: "
+                        f"tessel {got[result.first_nan_mismatch]}, onnxruntime {reference[name][result.first_nan_mismatch]}")
+        shape_note = "" if got.shape == reference[name].shape else f"; shapes differ: {got.shape} vs {reference[name].shape}"
+        print(f"check {name}: max |tessel - onnxruntime| = {result.max_error:.3g}{nan_note}{shape_note}")
+    print(f"check: {'ok' if ok else 'MISMATCH'} (max error {worst:.3g}; rtol {CHECK_RTOL}, atol {CHECK_ATOL}; "
+          "NaN equals NaN at the same position)")
+    return ok
