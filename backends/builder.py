@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import shutil
 import subprocess
 import sys
 import threading
@@ -16,7 +15,7 @@ from ir.errors import TesselError
 
 from .cache import KernelCache
 from .kernel import KernelSpec, build
-from .target import TargetSpec, parse_target, tvm_target
+from .target import TargetSpec, parse_target
 
 # Below this many kernels to compile, starting worker processes (each imports TVM) costs more than it saves.
 MIN_PARALLEL_KERNELS = 4
@@ -49,16 +48,10 @@ def _build_one(spec_doc: dict, target_text: str, cache_root: str, key: str) -> s
 
 
 def _cuda_files(executable, target: TargetSpec) -> dict[str, bytes]:
-    """The CUDA source and, where nvcc exists, its fatbin, kept beside the kernel."""
+    """The CUDA source, kept beside the kernel for reading (the library itself carries the nvcc fatbin)."""
     from .schedules.gpu import cuda_source
-    from .tvm_env import tvm
 
-    source = cuda_source(executable)
-    files = {".cu": source.encode()}
-    if shutil.which("nvcc"):
-        with tvm_target(target):
-            files[".fatbin"] = bytes(tvm().support.nvcc.compile_cuda(source, target_format="fatbin", arch=target.arch, compiler="nvcc"))
-    return files
+    return {".cu": cuda_source(executable).encode()}
 
 
 def build_kernels(

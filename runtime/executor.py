@@ -71,6 +71,10 @@ class Executor:
 
     # ---- loading ------------------------------------------------------------
     def _load_kernels(self) -> dict[str, Any]:
+        if str(self.plan["target"]).startswith("cuda"):
+            from backends.tvm_env import enable_cuda
+
+            enable_cuda()  # a runtime-only TVM registers no CUDA module loader by itself
         kernels = {}
         used = set(_kernel_keys(self.plan["steps"]))
         for key, entry in self.plan["kernels"].items():

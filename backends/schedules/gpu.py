@@ -1,6 +1,10 @@
 """CUDA kernels: dlight's default GPU schedules, then CUDA code generation."""
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
+from ..cuda_binary import export_with_binary
 from ..target import TargetSpec, tvm_target
 from ..tvm_env import tvm
 
@@ -23,11 +27,42 @@ def compile(func, target: TargetSpec, scheduled: bool = False):
     if not any(m.kind == "cuda" for m in executable.mod.imports):
         # An unscheduled PrimFunc silently becomes host code that would read GPU memory on the CPU.
         raise GpuScheduleError("no CUDA kernel was generated (the schedule bound no GPU threads)")
-    return executable
+    return CudaExecutable(executable, target)
+
+
+class CudaExecutable:
+    """A compiled CUDA kernel whose exported library carries the nvcc fatbin, ready to launch.
+
+    Without the NVIDIA driver TVM exports only the CUDA source, which no GPU
+    can load (backends/cuda_binary.py); where nvcc exists the source is
+    compiled here, once, and the library carries the binary.
+    """
+
+    def __init__(self, executable, target: TargetSpec):
+        self.executable = executable
+        self.mod = executable.mod
+        self.source = next(m for m in executable.mod.imports if m.kind == "cuda").inspect_source()
+        self.fatbin: bytes | None = None
+        if shutil.which("nvcc"):
+            with tvm_target(target):
+                self.fatbin = bytes(tvm().support.nvcc.compile_cuda(
+                    self.source, target_format="fatbin", arch=target.arch, compiler="nvcc"))
+
+    def export_library(self, path: str | Path) -> None:
+        """Write the kernel library: host code plus the fatbin (or, without nvcc, TVM's own export)."""
+        if self.fatbin is None:
+            self.executable.export_library(str(path))
+        else:
+            export_with_binary(self.executable, path, self.source, self.fatbin)
+
+    def __getitem__(self, name: str):
+        return self.executable[name]
 
 
 def cuda_source(executable) -> str:
     """The CUDA C source of a compiled CUDA kernel."""
+    if isinstance(executable, CudaExecutable):
+        return executable.source
     return next(m for m in executable.mod.imports if m.kind == "cuda").inspect_source()
 
 
