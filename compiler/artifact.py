@@ -10,18 +10,26 @@ from typing import Any, Mapping
 import numpy as np
 
 from ir.types import TensorType, numpy_dtype
-from runtime.artifact_files import PLAN_FILE, device_count, read_plan, verify_files
+from runtime.artifact_files import (PLAN_FILE, artifact_digest, device_count, parse_expected_digest, read_plan,
+                                    unlisted_files, verify_files)
 from runtime.errors import ArtifactError
 
 
 class Artifact:
     """A compiled model; `run` executes it, `save` writes it to a directory of your choice."""
 
-    def __init__(self, directory: str | Path, staging: tempfile.TemporaryDirectory | None = None):
+    def __init__(self, directory: str | Path, staging: tempfile.TemporaryDirectory | None = None,
+                 expect_sha256: str | None = None):
         self.directory = Path(directory)
         self._staging = staging  # keeps a freshly compiled artifact's temporary directory alive
-        self.plan: dict[str, Any] = read_plan(self.directory)
+        self.plan: dict[str, Any] = read_plan(self.directory, expect_sha256)
         self._executor = None
+
+    @property
+    def sha256(self) -> str:
+        """The digest naming the whole artifact (sha256 of plan.json, which holds every file's hash): publish it
+        beside the artifact, and check it with `load(dir, expect_sha256=...)` or `tessel run --expect-sha256`."""
+        return artifact_digest(self.directory)
 
     @property
     def target(self) -> str:
@@ -116,18 +124,38 @@ class Artifact:
 
 
 def check_destination(destination: Path, overwrite: bool) -> bool:
-    """Whether saving to `destination` replaces an existing artifact; raise ArtifactError when it may not be written."""
-    if not destination.exists() or (destination.is_dir() and not any(destination.iterdir())):
+    """Whether saving to `destination` replaces an existing artifact; raise ArtifactError when it may not be written.
+
+    Only a complete Tessel artifact is replaced: its plan validates and every file outside reports/ is one the
+    plan lists. Anything else (a project that holds a plan.json, an artifact with files added) is refused.
+    """
+    if not destination.exists() and not destination.is_symlink() or (destination.is_dir() and not any(destination.iterdir())):
         return False
     if not overwrite:
         raise ArtifactError(f"{destination}: already exists and is not empty; choose another directory or pass --force")
-    if not (destination / PLAN_FILE).is_file():
-        raise ArtifactError(f"{destination}: exists and is not a Tessel artifact; refusing to replace it")
+    refuse = f"{destination}: --force replaces only a complete Tessel artifact and this is not one"
+    if destination.is_symlink() or not destination.is_dir():
+        raise ArtifactError(f"{refuse} (not a directory); remove it yourself or choose another directory")
+    try:
+        plan = read_plan(destination)
+    except ArtifactError as exc:
+        reason = str(exc).removeprefix(f"{destination}: ").removeprefix(f"{destination / PLAN_FILE}: ")
+        raise ArtifactError(f"{refuse} ({reason}); remove it yourself or choose another directory") from None
+    stray = next(unlisted_files(destination, plan), None)
+    if stray is not None:
+        raise ArtifactError(f"{refuse}: {stray.relative_to(destination)} is not part of it; "
+                            "remove it yourself or choose another directory")
     return True
 
 
-def load(directory: str | Path) -> Artifact:
-    """Open a saved artifact, checking its format and the hashes of its files."""
-    artifact = Artifact(directory)
+def load(directory: str | Path, expect_sha256: str | None = None) -> Artifact:
+    """Open a saved artifact, checking its plan (schema, own hash) and the hashes of its files.
+
+    An artifact is native code: load only what you or a source you trust compiled. `expect_sha256`
+    (64 hex digits, or a file holding them) is the digest published with it (`Artifact.sha256`):
+    any other plan.json is refused before anything is loaded.
+    """
+    expected = parse_expected_digest(expect_sha256) if expect_sha256 is not None else None
+    artifact = Artifact(directory, expect_sha256=expected)
     verify_files(artifact.directory, artifact.plan)
     return artifact

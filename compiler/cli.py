@@ -94,6 +94,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
           f"({report['kernels_cached']} from cache), {report['kernel_calls']} kernel calls per run, "
           f"activations {format_bytes(memory['arena_bytes'])} (bound {format_bytes(memory['bound_bytes'])}), "
           f"weights {format_bytes(memory['weights_bytes'])} -> {output}")
+    print(f"artifact sha256 {artifact.sha256} (publish it; 'tessel run --expect-sha256' checks it)")
     if report["conv_layout"]["blocked_values"]:
         print(f"{report['conv_layout']['blocked_values']} activations kept in NCHW[16]c between conv kernels")
     if "placement" in report:
@@ -147,7 +148,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from .api import load
 
-    artifact = load(args.artifact)
+    artifact = load(args.artifact, expect_sha256=args.expect_sha256)
     outputs_path = _outputs_path(args.outputs) if args.outputs else None
     if outputs_path:  # refused before the run, not after it; write_file checks again
         check_writable(outputs_path.parent, outputs_path.name, overwrite=args.force)
@@ -227,7 +228,9 @@ def _record_measured(artifact, placement: dict, measured) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `tessel` command."""
-    parser = _Parser(prog="tessel", description="Tessel: compile ONNX models for one or many devices.")
+    parser = _Parser(prog="tessel", description="Tessel: compile ONNX models for one or many devices.",
+                     epilog="Trust: an artifact is native code. Run only artifacts that you or a source you trust "
+                            "compiled; check the digest it was published with: tessel run DIR --expect-sha256 SHA256.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     inspect = commands.add_parser("inspect", help="summarize a model: inputs, ops, parameters, FLOPs, memory bound")
     inspect.add_argument("model", help="path of an .onnx model")
@@ -286,6 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--repeat", type=int, default=0, metavar="N", help="time N more runs and print the latency")
     run.add_argument("--check", action="store_true", help="compare with onnxruntime on the original model")
     run.add_argument("--force", action="store_true", help="replace an existing --outputs file")
+    run.add_argument("--expect-sha256", metavar="SHA256", help="refuse the artifact unless its digest is SHA256 "
+                     "(64 hex digits, or a file holding them), as printed by 'tessel compile'")
     run.add_argument("--workers", type=int, metavar="N",
                      help="local workers to spawn (must equal the artifact's devices; default: that many)")
     run.add_argument("--timeout", type=float, default=30.0, metavar="S",

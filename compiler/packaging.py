@@ -8,7 +8,6 @@ kernels and each worker loads only its own.
 """
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -16,7 +15,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from backends.cache import KernelCache
-from runtime.artifact_files import FORMAT, FORMAT_VERSION, PLAN_FILE, file_hash
+from runtime.artifact_files import FORMAT, FORMAT_VERSION, PLAN_FILE, file_hash, sealed_plan_bytes
 
 from .program import Program
 
@@ -35,7 +34,7 @@ def program_section(program: Program, memory, weights_file: str) -> dict[str, An
 
 def write_artifact(root: Path, programs: Sequence[Program], memories: Sequence[Any], target: str,
                    cache: KernelCache, extra: Mapping[str, Any] | None = None) -> None:
-    """Write kernels, weights and plan.json (with the hash of every file it runs from) into `root`.
+    """Write kernels, weights and plan.json (with the hash of every file it runs from, and its own) into `root`.
 
     Reports are not hashed: `tessel run` adds what it measured to them.
     """
@@ -60,4 +59,4 @@ def write_artifact(root: Path, programs: Sequence[Program], memories: Sequence[A
     plan["kernels"] = kernel_entries
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.relative_to(root).parts[0] != "reports")
     plan["hashes"] = {name: file_hash(root / name) for name in files}
-    (root / PLAN_FILE).write_text(json.dumps(plan, indent=1))
+    (root / PLAN_FILE).write_bytes(sealed_plan_bytes(plan))

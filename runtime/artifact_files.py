@@ -1,16 +1,44 @@
-"""The artifact directory's files: the plan and the content hashes that guard them."""
+"""The artifact directory's files: the plan, the hashes that guard them, and the digest that names the whole.
+
+Trust model: an artifact is native code. Its kernels are shared libraries that
+run with the caller's rights as soon as they are loaded, so run only artifacts
+that you, or a source you trust, compiled. What Tessel checks before loading
+anything:
+
+- plan.json carries its own hash (`plan_sha256`, over its canonical JSON): an
+  edit or a damaged byte is refused;
+- plan.json lists the sha256 of every file the runtime reads (kernels, weights,
+  the model, the graph); a file the plan references but does not list, a
+  missing file or a changed one is refused — the plan's list does not decide
+  what gets checked, the references do;
+- every path is a plain relative path that resolves (symbolic links followed)
+  inside the artifact directory;
+- the plan matches its schema (runtime/plan_schema.py);
+- with a published digest (`tessel run --expect-sha256`, `load(dir,
+  expect_sha256=...)`): the sha256 of plan.json's bytes, which `tessel compile`
+  prints. plan.json holds every other file's hash, so this digest pins the
+  whole artifact; it is the only check a forger who rewrites the plan cannot pass.
+"""
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .errors import ArtifactError
+from .plan_schema import path_problem, validate_plan
 
 PLAN_FILE = "plan.json"
 FORMAT = "tessel.artifact"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+SELF_HASH = "plan_sha256"
+# Files the runtime or the CLI read when they are there, beyond those the plan names.
+KNOWN_FILES = ("model.onnx", "graph.json", "input_defaults.npz")
+# No plan of a real model is this large; a larger file is not read into memory.
+MAX_PLAN_BYTES = 256 << 20
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 def file_hash(path: Path) -> str:
@@ -22,21 +50,83 @@ def file_hash(path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_plan(directory: Path) -> dict[str, Any]:
-    """The artifact's plan; raise ArtifactError when it is missing, unreadable or another format."""
-    path = directory / PLAN_FILE
+def canonical_hash(plan: dict[str, Any]) -> str:
+    """The plan's own hash: sha256 of its canonical JSON without the hash field."""
+    body = {key: value for key, value in plan.items() if key != SELF_HASH}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def sealed_plan_bytes(plan: dict[str, Any]) -> bytes:
+    """plan.json's bytes: the plan with its own hash added."""
+    return json.dumps({**plan, SELF_HASH: canonical_hash(plan)}, indent=1).encode()
+
+
+def artifact_digest(directory: Path) -> str:
+    """The digest that names a whole artifact: sha256 of its plan.json bytes (which hold every other file's hash)."""
+    return hashlib.sha256((Path(directory) / PLAN_FILE).read_bytes()).hexdigest()
+
+
+def parse_expected_digest(text: str) -> str:
+    """A published sha256: 64 hex digits, or a file holding them first (as `sha256sum` writes); raise ArtifactError."""
+    candidate = text.strip().lower()
+    if not _DIGEST.fullmatch(candidate):
+        path = Path(text)
+        if not path.is_file():
+            raise ArtifactError(f"--expect-sha256 {text!r}: neither 64 hex digits nor a file holding them")
+        try:
+            candidate = (path.read_text(errors="replace")[:4096].split() or [""])[0].lower()
+        except OSError as exc:
+            raise ArtifactError(f"{text}: cannot read the expected sha256 ({exc.strerror or exc})") from exc
+        if not _DIGEST.fullmatch(candidate):
+            raise ArtifactError(f"{text}: does not start with a sha256 (64 hex digits)")
+    return candidate
+
+
+def inside(directory: Path, relative: str) -> Path:
+    """`directory/relative` once it is sure to stay inside `directory`, symbolic links followed; else ArtifactError."""
+    problem = path_problem(relative)
+    if problem is not None:
+        raise ArtifactError(f"{directory}: {PLAN_FILE} names {problem}; refusing to load it")
+    root = directory.resolve()
+    resolved = (root / relative).resolve()
+    if not resolved.is_relative_to(root):
+        raise ArtifactError(f"{directory / relative}: leads outside the artifact (to {resolved}); refusing to load it")
+    return directory / relative
+
+
+def read_plan(directory: Path, expect_sha256: str | None = None) -> dict[str, Any]:
+    """The artifact's plan, checked: format, version, its own hash, the published digest if given, the schema.
+
+    Raise ArtifactError when it is missing, unreadable, another format, edited or damaged.
+    """
+    directory = Path(directory)
     if not directory.is_dir():
         raise ArtifactError(f"{directory}: no such artifact directory; compile a model with 'tessel compile MODEL -o DIR'")
-    if not path.is_file():
+    if not (directory / PLAN_FILE).is_file():
         raise ArtifactError(f"{directory}: not a Tessel artifact (no {PLAN_FILE})")
+    path = inside(directory, PLAN_FILE)
     try:
-        plan = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ArtifactError(f"{path}: unreadable or corrupt ({exc})") from exc
+        with open(path, "rb") as f:
+            data = f.read(MAX_PLAN_BYTES + 1)
+    except OSError as exc:
+        raise ArtifactError(f"{path}: unreadable ({exc.strerror or exc})") from exc
+    if len(data) > MAX_PLAN_BYTES:
+        raise ArtifactError(f"{path}: larger than {MAX_PLAN_BYTES >> 20} MiB, not a plan Tessel wrote")
+    if expect_sha256 is not None and hashlib.sha256(data).hexdigest() != expect_sha256:
+        raise ArtifactError(f"{directory}: sha256 {hashlib.sha256(data).hexdigest()} is not the expected "
+                            f"{expect_sha256}; this is not the artifact that was published")
+    try:
+        plan = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise ArtifactError(f"{path}: corrupt ({str(exc).splitlines()[0] if str(exc) else 'nested too deeply'})") from None
     if not isinstance(plan, dict) or plan.get("format") != FORMAT:
         raise ArtifactError(f"{path}: not a Tessel artifact plan")
     if plan.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(f"{path}: format version {plan.get('format_version')} is not {FORMAT_VERSION}; recompile the model")
+    if plan.get(SELF_HASH) != canonical_hash(plan):
+        raise ArtifactError(f"{path}: content does not match its {SELF_HASH} (edited or damaged after compiling); "
+                            "recompile the model")
+    validate_plan(plan, str(path))
     return plan
 
 
@@ -46,11 +136,39 @@ def device_count(plan: dict[str, Any]) -> int:
             or len(plan.get("devices", [None])))
 
 
+def referenced_files(directory: Path, plan: dict[str, Any]) -> list[str]:
+    """Every file the runtime reads from this artifact: kernels, weights, and the model and graph where present."""
+    names = {entry["file"] for entry in plan["kernels"].values()}
+    names.update(section["weights"]["file"] for section in [plan, *plan.get("devices", [])])
+    names.update(name for name in KNOWN_FILES if (directory / name).exists() or (directory / name).is_symlink())
+    return sorted(names)
+
+
 def verify_files(directory: Path, plan: dict[str, Any]) -> None:
-    """Check every file the plan lists exists and has its recorded sha256."""
-    for name, expected in plan.get("hashes", {}).items():
-        path = directory / name
+    """Check every file the artifact reads is listed in the plan's hashes, stays inside, and has its sha256.
+
+    The references decide what must be checked, not the hashes map: a reference without a hash is refused.
+    """
+    directory = Path(directory)
+    hashes = plan["hashes"]
+    for name in referenced_files(directory, plan):
+        if name not in hashes:
+            raise ArtifactError(f"{directory / name}: the artifact reads this file but {PLAN_FILE} lists no hash "
+                                "for it (edited plan); recompile the model")
+    for name, expected in hashes.items():
+        path = inside(directory, name)
         if not path.is_file():
             raise ArtifactError(f"{path}: missing from the artifact; recompile the model")
         if file_hash(path) != expected:
             raise ArtifactError(f"{path}: content does not match its hash in {PLAN_FILE} (corrupted or edited); recompile the model")
+
+
+def unlisted_files(directory: Path, plan: dict[str, Any]) -> Iterator[Path]:
+    """Files in the artifact directory that are not its own: outside reports/, neither plan.json nor hashed."""
+    listed = set(plan["hashes"]) | {PLAN_FILE}
+    for path in sorted(Path(directory).rglob("*")):
+        relative = path.relative_to(directory)
+        if relative.parts[0] == "reports" or path.is_dir() and not path.is_symlink():
+            continue
+        if relative.as_posix() not in listed:
+            yield path

@@ -11,6 +11,7 @@ import ctypes
 import numpy as np
 
 from .errors import ArtifactError
+from .memory import check_in_arena
 
 # DLPack type codes (dlpack.h: kDLInt, kDLUInt, kDLFloat, kDLBool).
 _TYPE_CODES = {"i": 0, "u": 1, "f": 2, "b": 6}
@@ -74,7 +75,7 @@ class DeviceMemory:
             raise ArtifactError(f"this artifact's kernels run on {device}, which TVM does not see here "
                                 "(no GPU, or no driver); run it on a machine with one, or compile for llvm")
         self.device = device
-        self._arena = self._tvm.runtime.empty((max(int(arena_bytes), 1),), "uint8", device)
+        self._arena = self._allocate((max(int(arena_bytes), 1),), "uint8", "the activation arena")
         self._views: list[_View] = []  # the DLPack views behind every buffer live as long as the memory
 
     @property
@@ -87,13 +88,25 @@ class DeviceMemory:
         self._views.append(view)
         return self._tvm.runtime.from_dlpack(view)
 
+    def _allocate(self, shape, dtype: str, what: str):
+        try:
+            return self._tvm.runtime.empty(tuple(shape), dtype, self.device)
+        except Exception as exc:  # noqa: BLE001 - TVM reports an allocation failure as its own error type
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+            raise ArtifactError(f"{what}: cannot allocate {nbytes} bytes on {self.device} ({first}); "
+                                "free device memory or recompile with a smaller batch") from None
+
     def at(self, offset: int, shape, dtype):
         """The buffer of `shape` and `dtype` at byte `offset` of the arena."""
+        # A view is a raw device pointer: nothing downstream would notice one outside the arena.
+        check_in_arena(offset, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, self.arena_bytes)
         return self._view(self._arena.data_ptr() + offset, shape, dtype)
 
     def empty(self, shape, dtype):
         """A buffer outside the arena."""
-        return self._tvm.runtime.empty(tuple(shape), str(np.dtype(dtype)), self.device)
+        dtype = str(np.dtype(dtype))
+        return self._allocate(shape, dtype, f"a {dtype}{list(shape)} buffer")
 
     def weight(self, array: np.ndarray):
         """A weight, copied to the device."""
@@ -106,6 +119,9 @@ class DeviceMemory:
     def rows(self, buffer, start: int, stop: int):
         """The slice [start, stop) of axis 0, sharing memory."""
         shape = tuple(buffer.shape)
+        if not 0 <= start <= stop <= (shape[0] if shape else 0):
+            raise ArtifactError(f"rows [{start}, {stop}) of a buffer of {shape[0] if shape else 0} rows; "
+                                "the plan is damaged: recompile the model")
         row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(str(buffer.dtype)).itemsize
         return self._view(buffer.data_ptr() + start * row_bytes, (stop - start,) + shape[1:], str(buffer.dtype))
 
