@@ -191,12 +191,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _print_stream(artifact, measured) -> dict | None:
     """Print the latency of one run and the time per batch streaming --repeat runs, each against the placement's
     prediction; return the placement report (None, with a note, when it cannot be read)."""
-    path = artifact.directory / "reports" / "placement.json"
+    from runtime.safe_write import FileReadError, read_text
+
     try:
-        placement = json.loads(path.read_text())
+        placement = json.loads(read_text(artifact.directory, "reports/placement.json"))
         predictions = (float(placement["predicted_makespan_s"]), float(placement["predicted_steady_s"]))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"note: {path} is unreadable ({exc}); measured times not compared with the placement", file=sys.stderr)
+    except (FileReadError, ValueError, KeyError, TypeError) as exc:
+        print(f"note: measured times not compared with the placement: reports/placement.json is unusable ({exc})",
+              file=sys.stderr)
         return None
     for label, got, predicted in (("latency of one run", measured["latency_s"], predictions[0]),
                                   (f"time per batch over {measured['runs']} streamed runs", measured["seconds_per_batch"],
@@ -308,16 +310,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from runtime.safe_write import FileReadError, read_text
+
     from .api import load
 
     artifact = load(args.artifact)
     report = artifact.report()
     print(f"# {args.artifact}: {report['target']}, {report.get('devices', 1)} device(s), {report['kernel_calls']} kernel calls")
     for name in ("passes.md", "memory.md", "algo.md", "placement.md"):
-        path = artifact.directory / "reports" / name
-        if path.is_file():
-            print()
-            print(path.read_text().rstrip())
+        if not os.path.lexists(artifact.directory / "reports" / name):
+            continue
+        try:
+            text = read_text(artifact.directory, f"reports/{name}")  # never a file a link points to elsewhere
+        except FileReadError as exc:
+            print(f"note: {exc}", file=sys.stderr)
+            continue
+        print()
+        print(text.rstrip())
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Writing a file inside a directory without following symbolic links and without half-written files.
+"""Writing (and reading) a file inside a directory without following symbolic links, and without half-written files.
 
 A write goes to a temporary file beside the target and is renamed over it once
 complete (os.replace), so a reader sees the old file or the new one, never a mix,
@@ -6,7 +6,8 @@ and a failed write leaves the old file as it was. The path below the directory
 is opened one component at a time relative to its parent, with O_NOFOLLOW: a
 symbolic link anywhere below the directory (the file itself included) is
 refused, so a write can never land outside it. The directory itself is the
-caller's choice and may be reached through links.
+caller's choice and may be reached through links. read_text reads the same way,
+so a report in an artifact cannot show a file from elsewhere.
 """
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 class FileWriteError(TesselError):
     """A file may not or cannot be written: it exists, a link leads elsewhere, or the file system refuses."""
+
+
+class FileReadError(TesselError):
+    """A file may not or cannot be read: a link leads elsewhere, or it is missing or unreadable."""
 
 
 def write_file(directory: str | os.PathLike, relative: str | os.PathLike, write: Callable[[BinaryIO], None], *,
@@ -83,19 +88,36 @@ def check_writable(directory: str | os.PathLike, relative: str | os.PathLike, *,
     return target
 
 
-def _checked_parts(target: Path, relative: str | os.PathLike) -> tuple[str, ...]:
+def read_text(directory: str | os.PathLike, relative: str | os.PathLike) -> str:
+    """The UTF-8 text of `directory/relative`, refusing (FileReadError) a symbolic link on the way or at the file."""
+    target = Path(directory) / relative
+    parts = _checked_parts(target, relative, FileReadError, "read")
+    parent_fd = _open_parent(directory, target, parts[:-1], make_dirs=False, error=FileReadError, verb="read")
+    try:
+        _refuse_link(parent_fd, parts[-1], target, None, FileReadError, "read")
+        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=parent_fd)
+        with os.fdopen(fd, "rb") as file:
+            return file.read().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FileReadError(f"{target}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from exc
+    finally:
+        os.close(parent_fd)
+
+
+def _checked_parts(target: Path, relative: str | os.PathLike, error=FileWriteError, verb="write") -> tuple[str, ...]:
     parts = PurePath(relative).parts
     if not parts or PurePath(relative).is_absolute() or any(part in ("..", ".") for part in parts):
-        raise FileWriteError(f"{target}: not a plain relative path inside its directory; refusing to write it")
+        raise error(f"{target}: not a plain relative path inside its directory; refusing to {verb} it")
     return parts
 
 
-def _open_parent(directory: str | os.PathLike, target: Path, parts: tuple[str, ...], make_dirs: bool) -> int:
+def _open_parent(directory: str | os.PathLike, target: Path, parts: tuple[str, ...], make_dirs: bool,
+                 error=FileWriteError, verb="write") -> int:
     """A descriptor of the target's directory, reached from `directory` without following any link."""
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
-        raise FileWriteError(f"{target}: cannot write it ({directory}: {exc.strerror or exc})") from exc
+        raise error(f"{target}: cannot {verb} it ({directory}: {exc.strerror or exc})") from exc
     for index, part in enumerate(parts):
         shown = Path(*parts[:index + 1])
         try:
@@ -104,10 +126,10 @@ def _open_parent(directory: str | os.PathLike, target: Path, parts: tuple[str, .
                     os.mkdir(part, dir_fd=fd)
                 except FileExistsError:
                     pass
-            _refuse_link(fd, part, target, shown)
+            _refuse_link(fd, part, target, shown, error, verb)
             next_fd = os.open(part, _DIRECTORY_FLAGS, dir_fd=fd)
         except OSError as exc:
-            raise FileWriteError(f"{target}: cannot write it ({shown}: {exc.strerror or exc})") from exc
+            raise error(f"{target}: cannot {verb} it ({shown}: {exc.strerror or exc})") from exc
         finally:
             os.close(fd)
         fd = next_fd
@@ -126,7 +148,8 @@ def _check_target(parent_fd: int, name: str, target: Path, overwrite: bool) -> N
         raise FileWriteError(f"{target}: already exists; choose another file or pass --force")
 
 
-def _refuse_link(parent_fd: int, name: str, target: Path, shown: Path | None) -> None:
+def _refuse_link(parent_fd: int, name: str, target: Path, shown: Path | None, error=FileWriteError,
+                 verb: str = "write") -> None:
     """Raise if `name` in the directory `parent_fd` is a symbolic link; `shown` names it, None for the target."""
     try:
         mode = os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode
@@ -134,7 +157,7 @@ def _refuse_link(parent_fd: int, name: str, target: Path, shown: Path | None) ->
         return
     if stat.S_ISLNK(mode):
         what = "is a symbolic link" if shown is None else f"{shown} is a symbolic link"
-        raise FileWriteError(f"{target}: {what}; refusing to write through it (remove the link or choose another path)")
+        raise error(f"{target}: {what}; refusing to {verb} through it (remove the link or choose another path)")
 
 
 def _remove_quietly(name: str, parent_fd: int) -> None:

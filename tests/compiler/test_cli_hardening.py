@@ -247,3 +247,20 @@ def test_repeat_on_a_read_only_artifact_keeps_the_outputs(pipeline_artifact, tmp
     assert {p.name: p.read_bytes() for p in reports.iterdir()} == before
     with np.load(tmp_path / "res.npz") as saved:
         assert saved["y"].shape == (4, 8)
+
+
+def test_report_never_prints_a_file_a_link_points_to(pipeline_artifact, tmp_path, capsys):
+    outside = tmp_path / "secret.txt"
+    outside.write_text("SECRET KEY\n")
+    report = pipeline_artifact / "reports" / "placement.md"
+    saved = report.read_text()
+    report.unlink()
+    report.symlink_to(outside)
+    try:
+        assert main(["report", str(pipeline_artifact)]) == 0
+    finally:
+        report.unlink()
+        report.write_text(saved)
+    captured = capsys.readouterr()
+    assert "SECRET" not in captured.out and "# Memory" in captured.out
+    assert captured.err.count("\n") == 1 and "placement.md: is a symbolic link; refusing to read" in captured.err

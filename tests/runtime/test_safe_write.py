@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.safe_write import FileWriteError, check_writable, write_file, write_text
+from runtime.safe_write import FileReadError, FileWriteError, check_writable, read_text, write_file, write_text
 
 
 @pytest.fixture
@@ -72,3 +72,13 @@ def test_existing_file_needs_overwrite_and_directories_are_made_on_request(tree)
     assert (root / "new" / "deeper" / "file.txt").read_text() == "x"
     with pytest.raises(FileWriteError, match="is a directory"):
         write_text(root, "new", "x")
+
+
+def test_reads_only_files_inside_the_directory(tree):
+    root, _ = tree
+    assert read_text(root, "reports/plain.md") == "old"
+    for relative, message in (("reports/linked.md", "is a symbolic link; refusing to read"),
+                              ("elsewhere/secret.txt", "elsewhere is a symbolic link"),
+                              ("reports/absent.md", "No such file")):
+        with pytest.raises(FileReadError, match=message):
+            read_text(root, relative)
