@@ -144,7 +144,7 @@ def _outputs_path(text: str) -> Path:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from runtime.errors import ArtifactError
-    from runtime.safe_write import check_writable, write_file
+    from runtime.safe_write import check_writable, write_npz
 
     from .api import load
 
@@ -178,7 +178,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if times:
         print(f"latency over {len(times)} runs: median {1e3 * float(np.median(times)):.3f} ms, min {1e3 * min(times):.3f} ms")
     if outputs_path:  # before the reports: a report that cannot be written must not cost the outputs
-        write_file(outputs_path.parent, outputs_path.name, lambda file: np.savez(file, **outputs), overwrite=args.force)
+        write_npz(outputs_path.parent, outputs_path.name, outputs, overwrite=args.force)
     if placement:
         _record_measured(artifact, placement, measured)
     if args.check:

@@ -14,8 +14,12 @@ from __future__ import annotations
 import os
 import secrets
 import stat
+import zipfile
 from pathlib import Path, PurePath
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Mapping
+
+import numpy as np
+from numpy.lib import format as npy_format
 
 from ir.errors import TesselError
 
@@ -71,6 +75,21 @@ def write_bytes(directory: str | os.PathLike, relative: str | os.PathLike, data:
 def write_text(directory: str | os.PathLike, relative: str | os.PathLike, text: str, **options) -> Path:
     """Write UTF-8 text to `directory/relative` atomically, never through a symbolic link (see write_file)."""
     return write_bytes(directory, relative, text.encode("utf-8"), **options)
+
+
+def write_npz(directory: str | os.PathLike, relative: str | os.PathLike, arrays: Mapping[str, np.ndarray],
+              **options) -> Path:
+    """Write arrays by name as an .npz (what numpy.load reads) atomically, never through a symbolic link.
+
+    Unlike numpy.savez(file, **arrays), any name works: an array named 'file' or 'allow_pickle' is saved too.
+    """
+    def write(file: BinaryIO) -> None:
+        with zipfile.ZipFile(file, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+            for name, array in arrays.items():
+                with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                    npy_format.write_array(member, np.asanyarray(array), allow_pickle=False)
+
+    return write_file(directory, relative, write, **options)
 
 
 def check_writable(directory: str | os.PathLike, relative: str | os.PathLike, *, overwrite: bool) -> Path:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.safe_write import FileReadError, FileWriteError, check_writable, read_text, write_file, write_text
+from runtime.safe_write import FileReadError, FileWriteError, check_writable, read_text, write_file, write_npz, write_text
 
 
 @pytest.fixture
@@ -82,3 +82,16 @@ def test_reads_only_files_inside_the_directory(tree):
                               ("reports/absent.md", "No such file")):
         with pytest.raises(FileReadError, match=message):
             read_text(root, relative)
+
+
+def test_npz_keeps_arrays_whatever_their_names(tree):
+    import numpy as np
+
+    root, _ = tree
+    arrays = {"file": np.arange(3), "allow_pickle": np.ones((2, 2), np.float32), "y": np.array(np.nan)}
+    write_npz(root, "out.npz", arrays)
+    with np.load(root / "out.npz", allow_pickle=False) as saved:
+        assert sorted(saved.files) == sorted(arrays)
+        for name, array in arrays.items():
+            np.testing.assert_array_equal(saved[name], array)
+            assert saved[name].dtype == array.dtype
