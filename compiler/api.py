@@ -15,11 +15,11 @@ from backends.lowering import LoweringError
 from backends.target import parse_target
 from backends.tvm_env import version as tvm_version
 from ir.errors import TesselError
-from ir.onnx_import import with_batch
+from ir.onnx_import import input_defaults, with_batch
 from passes.partition import insert_transfers
 from passes.placement import Machine, PlacementError, place
 
-from .artifact import Artifact, load
+from .artifact import Artifact, load, write_input_defaults
 from .distribute import (PlacementReport, ProfileDB, ProfilingFailed, build_tasks, load_link, placement_markdown,
                          profile_steps, read_machine_file)
 from .gantt_png import write_gantt_png
@@ -148,6 +148,7 @@ def compile(  # noqa: A001 - the contract names it compile
     memory_reports = [write_memory_reports(root / "reports", m, weight_bytes(p), suffix="" if d == 0 else f"_device{d}")
                       for d, (p, m) in enumerate(zip(programs, memories))]
     (root / "model.onnx").write_bytes(model.SerializeToString())
+    extra.update(write_input_defaults(root, input_defaults(model)))
     (root / "graph.json").write_text(ir.to_json(graph))
     report = {
         "target": str(spec),

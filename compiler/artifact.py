@@ -15,6 +15,18 @@ from runtime.artifact_files import (PLAN_FILE, artifact_digest, device_count, pa
 from runtime.errors import ArtifactError
 
 
+# Overridable inputs' defaults (initializers that are also graph inputs), listed in plan.json's "input_defaults".
+DEFAULTS_FILE = "input_defaults.npz"
+
+
+def write_input_defaults(root: Path, defaults: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Save the defaults of overridable inputs into the artifact at `root`; the plan.json entry that lists them."""
+    if not defaults:
+        return {}
+    np.savez(root / DEFAULTS_FILE, **defaults)
+    return {"input_defaults": sorted(defaults)}
+
+
 class Artifact:
     """A compiled model; `run` executes it, `save` writes it to a directory of your choice."""
 
@@ -80,7 +92,15 @@ class Artifact:
             from runtime.launch import run_local
 
             return run_local(self.directory, self.devices, self.check_inputs(inputs), timeout=timeout)[0]
-        return self.executor().run(inputs)
+        return self.executor().run(self.with_defaults(inputs))
+
+    def with_defaults(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The inputs, plus the default (the model's initializer) of every overridable input not given."""
+        missing = [name for name in self.plan.get("input_defaults", []) if name not in inputs]
+        if not missing:
+            return dict(inputs)
+        with np.load(self.directory / DEFAULTS_FILE, allow_pickle=False) as defaults:
+            return {**{name: defaults[name] for name in missing}, **inputs}
 
     def batch_input_types(self) -> dict[str, TensorType]:
         """Input name → type of one whole batch (micro-batched artifacts run several micro-batches)."""
@@ -95,6 +115,7 @@ class Artifact:
         """Inputs checked against the whole-batch types before any worker starts."""
         from runtime.errors import InputError
 
+        inputs = self.with_defaults(inputs)
         expected = {name: (t.shape, numpy_dtype(t.dtype)) for name, t in self.batch_input_types().items()}
         if set(inputs) != set(expected):
             raise InputError(f"inputs do not match the model: it takes {', '.join(sorted(expected))}, got {', '.join(sorted(inputs))}")

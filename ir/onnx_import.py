@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 import os
+import warnings
 from collections import ChainMap, Counter
 from typing import Any, Mapping, Sequence
 
@@ -26,12 +27,14 @@ from .evaluate import evaluate
 from .graph import Graph, Value
 from .onnx_normalize import RENAMED, ImportProblem, RawNode, normalize
 from .schema import CANONICAL_OPSET, TESSEL_DOMAIN, InferenceFailure, get_schema, same_form_as_canonical, unsupported_reason
-from .types import TensorType, dtype_from_onnx, numpy_dtype, onnx_type_name
+from .types import TensorType, dtype_from_onnx, dtype_to_onnx, numpy_dtype, onnx_type_name
 from .verify import verify
 
 MIN_OPSET = 7
 # A node whose inputs are all constants is folded when its outputs hold at most this many elements.
 FOLD_LIMIT = 1 << 16
+# A node over an empty input (its result known from shapes alone) is folded up to this many output elements.
+EMPTY_FOLD_LIMIT = 1 << 24
 
 InputShapes = Mapping[str, Sequence[int]]
 
@@ -53,12 +56,48 @@ def load_model(model_or_path: "onnx.ModelProto | bytes | str | os.PathLike") -> 
     except OSError as exc:
         raise ModelLoadError(f"{path}: cannot read: {exc.strerror}") from exc
     model = _parse(data, path)
-    if any(external_data_helper.uses_external_data(t) for t in all_initializers(model.graph)):
+    external = [t for t in all_initializers(model.graph) if external_data_helper.uses_external_data(t)]
+    if external:
+        check_external_data(external, os.path.dirname(os.path.abspath(path)), path)
         try:
             onnx.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
         except (OSError, ValueError, onnx.checker.ValidationError) as exc:
             raise ModelLoadError(f"{path}: cannot load external tensor data: {exc}") from exc
     return model
+
+
+def check_external_data(tensors: Sequence[onnx.TensorProto], base_dir: str, where: str) -> None:
+    """Raise ModelLoadError unless each tensor's external data is a file inside `base_dir` holding exactly the
+    tensor's bytes, all of which fit in memory — checked from file sizes before anything is read."""
+    total = 0
+    for tensor in tensors:
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        name = f"{where}: tensor '{tensor.name}'"
+        location = info.get("location", "")
+        parts = location.replace("\\", "/").split("/")
+        if not location or os.path.isabs(location) or any(part in ("", ".", "..") for part in parts):
+            raise ModelLoadError(f"{name}: external data location {location!r} is not a plain relative path "
+                                 "beside the model; the model is damaged or unsafe")
+        file = os.path.join(base_dir, location)
+        if not os.path.realpath(file).startswith(os.path.realpath(base_dir) + os.sep) or not os.path.isfile(file):
+            raise ModelLoadError(f"{name}: external data file '{location}' is missing or outside the model's directory; "
+                                 "keep the data files beside the model")
+        try:
+            offset, length = int(info.get("offset", 0)), info.get("length")
+            length = int(length) if length is not None else None
+            itemsize = numpy_dtype(dtype_from_onnx(tensor.data_type)).itemsize
+        except (ValueError, KeyError):
+            raise ModelLoadError(f"{name}: external data has a malformed offset, length or element type") from None
+        expected = int(np.prod([int(d) for d in tensor.dims], dtype=object)) * itemsize
+        available = os.path.getsize(file) - offset
+        length = available if length is None else length
+        if offset < 0 or length < 0 or length > available or length != expected or min(tensor.dims, default=0) < 0:
+            raise ModelLoadError(f"{name}: external data claims {length} bytes at offset {offset} of '{location}' "
+                                 f"({max(available, 0)} there), the tensor needs {expected}; the data file is damaged or not this model's")
+        total += expected
+    if total > physical_memory():
+        raise ModelLoadError(f"{where}: external tensor data takes {_size(total)}, more than this machine's memory "
+                             f"({_size(physical_memory())})")
 
 
 def _parse(data: bytes, where: str) -> onnx.ModelProto:
@@ -194,6 +233,84 @@ def _unsupported_reason(op_type: str, domain: str, opset: int | None) -> str | N
     return None
 
 
+def newest_opset() -> int:
+    """The newest default-domain opset Tessel reads: the newest the installed onnx package defines."""
+    return defs.onnx_opset_version()
+
+
+def check_versions(model: onnx.ModelProto) -> None:
+    """Raise ModelImportError when the model's IR version or default opset is outside what Tessel reads."""
+    if model.ir_version > onnx.IR_VERSION:
+        raise ModelImportError(f"model has ONNX IR version {model.ir_version}; the newest Tessel reads is {onnx.IR_VERSION} "
+                               "— save the model with an older onnx package")
+    opset = default_opset(model)
+    if opset is None:
+        return
+    if opset < MIN_OPSET:
+        raise ModelImportError(
+            f"model imports ONNX opset {opset}; Tessel reads opset {MIN_OPSET} and newer — convert it with onnx.version_converter"
+        )
+    if opset > newest_opset():
+        raise ModelImportError(f"model imports ONNX opset {opset}; the newest Tessel reads is {newest_opset()} "
+                               f"(opsets {MIN_OPSET}-{newest_opset()}) — export the model at an older opset")
+
+
+def check_unique_names(proto: onnx.GraphProto, outer: frozenset[str] = frozenset()) -> None:
+    """Raise ModelImportError unless every value is defined once (ONNX's single static assignment) and node names
+    are unique, in `proto` and its subgraphs.
+
+    As in onnx.checker, a node output may not reuse a name of an enclosing graph either;
+    an initializer may share its name with a graph input (it is then the input's default).
+    """
+    graph = f"graph '{proto.name or 'main'}'"
+    defined: dict[str, str] = {}
+
+    def define(name: str, what: str, shadowing_outer: bool) -> None:
+        first = defined.get(name) or ("a value of an enclosing graph" if shadowing_outer and name in outer else None)
+        if first is not None:
+            raise ModelImportError(f"{graph}: value '{name}' is defined twice ({first} and {what}); ONNX requires every "
+                                   "name to be defined once — fix the exporter or rename one of them")
+        defined[name] = what
+
+    for vi in proto.input:
+        define(vi.name, f"graph input '{vi.name}'", shadowing_outer=False)
+    inputs = set(defined)
+    initializers: set[str] = set()
+    for tensor in proto.initializer:
+        if tensor.name in initializers:
+            raise ModelImportError(f"{graph}: two initializers are named '{tensor.name}'; rename one of them")
+        initializers.add(tensor.name)
+        if tensor.name not in inputs:
+            define(tensor.name, f"initializer '{tensor.name}'", shadowing_outer=False)
+    node_names: dict[str, int] = {}
+    for index, node in enumerate(proto.node):
+        label = f"output of node '{node.name or f'#{index}'}' ({node.op_type})"
+        if node.name:
+            if node.name in node_names:
+                raise ModelImportError(f"{graph}: two nodes are named '{node.name}' (nodes #{node_names[node.name]} and "
+                                       f"#{index}); node names must be unique — rename one of them")
+            node_names[node.name] = index
+        for name in node.output:
+            if name:
+                define(name, label, shadowing_outer=True)
+    scope = outer | frozenset(defined)
+    for node in proto.node:
+        for sub in onnx_subgraphs(node):
+            check_unique_names(sub, scope)
+
+
+def input_defaults(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Initializers that are also graph inputs, by name: defaults the caller may override.
+
+    As in onnxruntime, only from ONNX IR version 4 on: before it, exporters listed every
+    initializer among the inputs, and those are constants.
+    """
+    if model.ir_version < 4:
+        return {}
+    inputs = {vi.name for vi in model.graph.input}
+    return {t.name: _tensor_array(t, f"initializer '{t.name}'") for t in model.graph.initializer if t.name in inputs}
+
+
 def from_onnx(model_or_path: "onnx.ModelProto | bytes | str | os.PathLike", input_shapes: InputShapes | None = None) -> Graph:
     """Import an ONNX model as a verified Tessel graph in which every tensor has a static shape.
 
@@ -209,6 +326,8 @@ def from_onnx(model_or_path: "onnx.ModelProto | bytes | str | os.PathLike", inpu
         raise
     except RecursionError as exc:
         raise ModelImportError(f"{importer.where}: subgraphs nest too deeply") from exc
+    except MemoryError:
+        raise ModelImportError(f"{importer.where}: not enough memory to import the model") from None
     except Exception as exc:  # a malformed model must never surface as a Python error
         detail = (str(exc).strip().splitlines() or [""])[0]
         raise ModelImportError(f"{importer.where}: malformed model ({type(exc).__name__}: {detail})") from exc
@@ -238,21 +357,20 @@ class _Importer:
 
     # ---- graphs -----------------------------------------------------------
     def import_model(self, model: onnx.ModelProto, input_shapes: dict[str, Sequence[int]]) -> Graph:
+        check_versions(model)
         unsupported = find_unsupported(model)
         if unsupported:
             raise UnsupportedModelError(unsupported)
         opset = default_opset(model)
-        if opset is not None and opset < MIN_OPSET:
-            raise ModelImportError(
-                f"model imports ONNX opset {opset}; Tessel reads opset {MIN_OPSET} and newer — convert it with onnx.version_converter"
-            )
         self.opset = opset or CANONICAL_OPSET
         proto = model.graph
         if proto.sparse_initializer:
             raise ModelImportError(f"graph '{proto.name}': sparse initializers are not supported")
+        check_unique_names(proto)
         graph = Graph(proto.name or "main")
-        initializer_names = {t.name for t in proto.initializer}
-        real_inputs = [vi for vi in proto.input if vi.name not in initializer_names]
+        defaults = input_defaults(model)
+        frozen = {t.name for t in proto.initializer} - set(defaults)
+        real_inputs = [vi for vi in proto.input if vi.name not in frozen]
         unknown = sorted(set(input_shapes) - {vi.name for vi in real_inputs})
         if unknown:
             names = ", ".join(repr(vi.name) for vi in real_inputs) or "none"
@@ -260,15 +378,20 @@ class _Importer:
         scope: dict[str, Value] = {}
         for vi in real_inputs:
             self.where = f"input '{vi.name}'"
-            scope[vi.name] = graph.add_input(vi.name, _input_type(vi, input_shapes.get(vi.name)))
-        self._add_initializers(proto, graph, scope)
+            if vi.name in defaults:
+                scope[vi.name] = graph.add_input(vi.name, _default_input_type(vi, defaults[vi.name], input_shapes.get(vi.name)))
+            else:
+                scope[vi.name] = graph.add_input(vi.name, _input_type(vi, input_shapes.get(vi.name)))
+        self._add_initializers(proto, graph, scope, skip=set(defaults))
         self._import_body(proto, graph, scope)
         self._bind_outputs(proto, graph, scope)
         _drop_unused_constants(graph)
         return graph
 
-    def _add_initializers(self, proto: onnx.GraphProto, graph: Graph, scope) -> None:
+    def _add_initializers(self, proto: onnx.GraphProto, graph: Graph, scope, skip: set[str] = frozenset()) -> None:
         for tensor in proto.initializer:
+            if tensor.name in skip:
+                continue
             self.where = f"initializer '{tensor.name}'"
             scope[tensor.name] = graph.add_constant(tensor.name, _tensor_array(tensor, self.where))
 
@@ -374,6 +497,9 @@ class _Importer:
             attrs = schema.make_attributes(raw.attrs, self.where)
         except (ValueError, TypeError) as exc:
             raise ModelImportError(str(exc) if str(exc).startswith(self.where) else f"{self.where}: {exc}") from exc
+        if raw.op_type == "Concat" and any(v is not None and v.type.numel for v in raw.inputs):
+            # Empty parts add nothing; kernels need not handle them.
+            raw.inputs = [v for v in raw.inputs if v is not None and v.type.numel]
         types = [v.type if v is not None else None for v in raw.inputs]
         data = [v.const if v is not None else None for v in raw.inputs]
         try:
@@ -384,27 +510,60 @@ class _Importer:
                 + ", ".join(str(t) if t is not None else "-" for t in types)
             ) from exc
         out_types = [t if name else None for t, name in zip(out_types, raw.outputs)]
+        self._check_sizes(out_types)
         folded = self._fold(schema, attrs, raw, out_types)
         if folded is not None:
             return [graph.add_constant(name, array) if name else None for name, array in zip(raw.outputs, folded)]
         node = graph.add_node(raw.op_type, raw.inputs, attrs, out_types, name=raw.name, output_names=raw.outputs)
         return list(node.outputs)
 
+    def _check_sizes(self, out_types: Sequence[TensorType | None]) -> None:
+        """Raise ModelImportError when an output could never be allocated (a Tile or ConstantOfShape gone wild)."""
+        limit = physical_memory()
+        for index, t in enumerate(out_types):
+            if t is not None and t.nbytes > limit:
+                raise ModelImportError(f"{self.where}: output {index} would be {t} ({_size(t.nbytes)}), more than this "
+                                       f"machine's memory ({_size(limit)}); check the shapes or repeats it is given")
+
     def _fold(self, schema, attrs, raw: RawNode, out_types) -> list[np.ndarray | None] | None:
-        """Output arrays when the node can be computed now, else None."""
+        """Output arrays when the node can be computed now, else None.
+
+        That is when its inputs are constants, or empty (an empty tensor holds no data, so a
+        reduction or MatMul over an empty axis has a result known from the shapes alone),
+        and when every output is empty.
+        """
         if raw.op_type == "Shape":
             shape = np.asarray(raw.inputs[0].type.shape, np.int64)
             return [shape[slice(attrs.get("start", 0), attrs.get("end"))]]
         if raw.op_type == "Size":
             return [np.asarray(raw.inputs[0].type.numel, np.int64)]
-        inputs_constant = all(v is None or v.is_constant for v in raw.inputs)
-        small = sum(t.numel for t in out_types if t is not None) <= FOLD_LIMIT
-        if not (inputs_constant and small and schema.deterministic and not any(isinstance(v, Graph) for v in attrs.values())):
+        has_graph = any(isinstance(v, Graph) for v in attrs.values())
+        if not has_graph and all(t is None or t.numel == 0 for t in out_types):
+            return [np.empty(t.shape, numpy_dtype(t.dtype)) if t is not None else None for t in out_types]
+        over_empty = any(v is not None and not v.is_constant and v.type.numel == 0 for v in raw.inputs)
+        inputs_known = all(v is None or v.is_constant or v.type.numel == 0 for v in raw.inputs)
+        numel = sum(t.numel for t in out_types if t is not None)
+        if not (inputs_known and schema.deterministic and not has_graph):
             return None
+        if not over_empty and numel > FOLD_LIMIT:
+            return None
+        if over_empty and numel > EMPTY_FOLD_LIMIT:
+            raise ModelImportError(f"{self.where}: computes {numel} elements over an empty input at compile time, "
+                                   f"more than {EMPTY_FOLD_LIMIT}; give the input a non-empty shape")
+        inputs = [None if v is None else v.const if v.is_constant else np.empty(v.type.shape, numpy_dtype(v.type.dtype))
+                  for v in raw.inputs]
         try:
-            arrays = evaluate(schema, attrs, [v.const if v is not None else None for v in raw.inputs], len(raw.outputs))
-        except Exception:  # the reference evaluator lacks a few cases; the node then runs at run time
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # numpy's "mean of empty slice" and the like
+                arrays = evaluate(schema, attrs, inputs, len(raw.outputs))
+        except Exception as exc:  # the reference evaluator lacks a few cases; the node then runs at run time
+            if over_empty:
+                detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise ModelImportError(f"{self.where}: undefined over an empty input "
+                                       f"({', '.join(str(v.type) for v in raw.inputs if v is not None)}): {detail}") from exc
             return None
+        if over_empty and raw.op_type == "ReduceMean":
+            arrays = [np.zeros_like(a) for a in arrays]  # onnxruntime's mean of nothing is 0 (the reference says NaN)
         result = []
         for array, out_type in zip(arrays, out_types):
             if out_type is None:
@@ -414,6 +573,21 @@ class _Importer:
                 raise ModelImportError(f"{self.where}: folded value has shape {list(array.shape)}, inference said {out_type}")
             result.append(array.astype(numpy_dtype(out_type.dtype), copy=False))
         return result
+
+
+def physical_memory() -> int:
+    """Bytes of memory this machine has: no tensor larger can ever be allocated."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 48
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
 
 
 def _unreachable_branch(name: str, parent: Graph, model: Graph, message: str) -> Graph:
@@ -517,6 +691,23 @@ def _input_type(vi: onnx.ValueInfoProto, bound: Sequence[int] | None) -> TensorT
                 f"input '{name}' axis {axis} is {label}; give its size: --input-shape {name}={hint} with each N a size"
             )
     return TensorType(dtype, tuple(declared))
+
+
+def _default_input_type(vi: onnx.ValueInfoProto, default: np.ndarray, bound: Sequence[int] | None) -> TensorType:
+    """The type of a graph input whose initializer is its default: the default's, which the declared type must admit."""
+    value_type = TensorType.of(default)
+    tensor = vi.type.tensor_type
+    declared = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+    admits = (vi.type.HasField("tensor_type") and tensor.elem_type == dtype_to_onnx(value_type.dtype)
+              and (not tensor.HasField("shape") or (len(declared) == value_type.rank
+                                                    and all(d in (None, v) for d, v in zip(declared, value_type.shape)))))
+    if not admits:
+        raise ModelImportError(f"input '{vi.name}': its initializer (its default value) is {value_type}, which the "
+                               "declared input type does not admit; make the two agree")
+    if bound is not None and _check_bound_shape(vi.name, bound) != value_type.shape:
+        raise ShapeBindingError(f"input '{vi.name}' has a default (its initializer) of shape {_dims(value_type.shape)}; "
+                                f"the given shape {_dims(tuple(bound))} differs")
+    return value_type
 
 
 def _check_bound_shape(name: str, shape: Sequence[int]) -> tuple[int, ...]:

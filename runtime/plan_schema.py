@@ -144,6 +144,8 @@ def _check_plan(plan: Any) -> None:
     workers = max(len(sections) - 1, int(top.get("data_parallel", 1)), int(top.get("hybrid", {}).get("replicas", 1)))
     for prefix, section in sections:
         _check_section(section, prefix, kernels, workers)
+    if "input_defaults" in top:
+        _names(top["input_defaults"], "input_defaults", dict.fromkeys(top["inputs"]))
 
 
 def _check_section(section: dict, prefix: str, kernels: Mapping, workers: int) -> None:
