@@ -16,6 +16,7 @@ from ir.types import TensorType, numpy_dtype
 
 from .artifact_files import PLAN_FILE, read_plan, verify_files
 from .errors import ArtifactError, ExecutionError, InputError
+from .graph_names import member_name
 from .memory import HostMemory
 
 Op = Callable[[], None]
@@ -135,7 +136,14 @@ class Executor:
         if kind == "kernel":
             fn = self._kernels[step["kernel"]]
             args = [self._tensor(n) for n in step["inputs"] + step["outputs"]]
-            return lambda: fn(*args)
+
+            def run_kernel() -> None:
+                try:
+                    fn(*args)
+                except IndexError as exc:
+                    raise self._index_error(step, step["inputs"], exc) from None
+
+            return run_kernel
         if kind == "if":
             return self._bind_if(step)
         if kind in ("send", "recv"):
@@ -159,10 +167,32 @@ class Executor:
             calls.append((self._kernels[piece["kernel"]], args))
 
         def run_pieces() -> None:
-            for fn, args in calls:
-                fn(*args)
+            for (fn, args), piece in zip(calls, step["pieces"]):
+                try:
+                    fn(*args)
+                except IndexError as exc:
+                    raise self._index_error(step, piece["inputs"], exc) from None
 
         return run_pieces
+
+    def _index_error(self, step: dict[str, Any], arg_names: list[str], exc: IndexError) -> Exception:
+        """The one-line error for a kernel whose index check failed (other IndexErrors pass unchanged)."""
+        from backends.lowering.index_checks import parse_check
+
+        check = parse_check(str(exc))
+        if check is None:
+            return exc
+        indices = arg_names[check.arg]
+        values = self._memory.read(self._buffer(indices)).reshape(-1)
+        bad = values[(values < -check.bound) | (values >= check.bound)]
+        index = f"index {int(bad[0])}" if bad.size else "an index"
+        # Constants a fused group holds are named '<group>/<name>' in the plan.
+        group = f"{step['node']}/"
+        data = "its data" if check.data is None else f"'{arg_names[check.data].removeprefix(group)}'"
+        node = member_name(self.directory, step["node"], check.op, indices)
+        return ExecutionError(
+            f"node '{node}': {index} out of range [{-check.bound}, {check.bound - 1}] on axis {check.axis} of {data}; "
+            f"{check.op} indices (from '{indices.removeprefix(group)}') must lie in that range")
 
     def _bind_if(self, step: dict[str, Any]) -> Op:
         condition = self._buffer(step["condition"])

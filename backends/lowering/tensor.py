@@ -5,6 +5,7 @@ import numpy as np
 
 from ..tvm_env import tvm
 from .context import LowerContext
+from .index_checks import check_attrs, index_check, position
 
 _tvm = tvm()
 te, topi, tir = _tvm.te, _tvm.topi, _tvm.tirx
@@ -79,28 +80,27 @@ def _slice(ctx: LowerContext):
 def _gather(ctx: LowerContext):
     data, indices = ctx.input(0), ctx.input(1)
     axis = _axis(ctx.attr("axis", 0), len(data.shape))
-    dim = data.shape[axis]
+    dim = int(data.shape[axis])
     index_rank = len(indices.shape)
+    check = index_check(ctx, indices, dim, axis, data)
 
     def compute(*i):
-        idx = indices[tuple(i[axis:axis + index_rank])]
-        idx = tir.Select(idx < 0, idx + tir.Cast(idx.dtype, dim), idx)
-        return data[(*i[:axis], idx, *i[axis + index_rank:])]
+        at = position(indices, i[axis:axis + index_rank], dim, check)
+        return data[(*i[:axis], at, *i[axis + index_rank:])]
 
-    return [te.compute(ctx.out_shape(), compute, name="gather")]
+    return [te.compute(ctx.out_shape(), compute, name="gather", attrs=check_attrs(check))]
 
 
 def _gather_elements(ctx: LowerContext):
     data, indices = ctx.input(0), ctx.input(1)
     axis = _axis(ctx.attr("axis", 0), len(data.shape))
-    dim = data.shape[axis]
+    dim = int(data.shape[axis])
+    check = index_check(ctx, indices, dim, axis, data)
 
     def compute(*i):
-        idx = indices[tuple(i)]
-        idx = tir.Select(idx < 0, idx + tir.Cast(idx.dtype, dim), idx)
-        return data[(*i[:axis], idx, *i[axis + 1:])]
+        return data[(*i[:axis], position(indices, i, dim, check), *i[axis + 1:])]
 
-    return [te.compute(ctx.out_shape(), compute, name="gather_elements")]
+    return [te.compute(ctx.out_shape(), compute, name="gather_elements", attrs=check_attrs(check))]
 
 
 def _expand(ctx: LowerContext):

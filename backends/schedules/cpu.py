@@ -3,10 +3,12 @@
 Injective producers are inlined into their consumers. Every remaining block
 runs its outer spatial loops in parallel; a block's innermost spatial loop is
 vectorized, and a reduction block moves its reduction loops inside so the
-vectorized spatial tile accumulates in registers.
+vectorized spatial tile accumulates in registers. Index arguments that a
+Gather-like block asked to check are asserted in range before the kernel body.
 """
 from __future__ import annotations
 
+from ..lowering.index_checks import CHECK_ATTR, IndexCheck, add_index_checks
 from ..tvm_env import tvm
 
 _tvm = tvm()
@@ -72,10 +74,15 @@ def schedule_rows(sch, name: str, parallel: bool, vectorize: bool) -> None:
     try_step(lambda: sch.vectorize(loops[-1]) if vectorize else None)
 
 
-def schedule(func):
-    """A scheduled copy of `func` (a PrimFunc) for CPU."""
+def schedule(func, index_checks: bool = True):
+    """A scheduled copy of `func` (a PrimFunc) for CPU.
+
+    With the index checks its Gather-like blocks ask for (lowering/index_checks.py);
+    `index_checks=False` leaves them out, to measure what they cost (bench/index_checks.py).
+    """
     sch = s_tir.Schedule(func)
     root = sch.get_sblock("root")
+    checks = _index_checks(sch, root) if index_checks else []
     for block in reversed(sch.get_child_blocks(root)):
         feeds_reduction = any(any(_iter_kinds(sch, c)) for c in sch.get_consumers(block))
         # A padding or layout stage inlined into a reduction puts bounds checks in its inner loop.
@@ -86,7 +93,17 @@ def schedule(func):
             _schedule_reduction(sch, block)
         else:
             _schedule_spatial(sch, block)
-    return sch.mod["main"]
+    return add_index_checks(sch.mod["main"], checks)
+
+
+def _index_checks(sch, root) -> list[IndexCheck]:
+    """The index checks the kernel's blocks ask for (read before inlining moves their reads elsewhere)."""
+    checks: list[IndexCheck] = []
+    for block in sch.get_child_blocks(root):
+        text = sch.get(block).annotations.get(CHECK_ATTR)
+        if text is not None and IndexCheck.parse(str(text)) not in checks:
+            checks.append(IndexCheck.parse(str(text)))
+    return checks
 
 
 def _parallel(sch, loops, work: int) -> None:
@@ -190,6 +207,7 @@ def schedule_around(func, anchor_schedule, anchor_blocks: frozenset[str]):
     """
     sch = s_tir.Schedule(func)
     root = sch.get_sblock("root")
+    checks = _index_checks(sch, root)
 
     def others():
         return [b for b in sch.get_child_blocks(root) if sch.get(b).name_hint not in anchor_blocks]
@@ -207,4 +225,4 @@ def schedule_around(func, anchor_schedule, anchor_blocks: frozenset[str]):
             _schedule_reduction(sch, block)
         else:
             _schedule_spatial(sch, block)
-    return sch.mod["main"]
+    return add_index_checks(sch.mod["main"], checks)

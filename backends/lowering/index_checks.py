@@ -1,0 +1,173 @@
+"""Run-time checks of index inputs: an index outside [-n, n-1] stops the kernel, it never reads out of bounds.
+
+A Gather-like rule asks `checked_index` for the position to read. When the
+indices are a kernel argument, unchanged or through views and integer casts,
+and the kernel runs on the CPU, its compute carries a `CHECK_ATTR` annotation
+describing the check; the CPU schedule then puts a loop of assertions over that
+argument before the kernel body (`add_index_checks`). A failed assertion comes
+out of the kernel call as an exception whose message `parse_check` reads back;
+the executor turns it into one line naming the node and the bad index.
+Anywhere else (indices computed inside the kernel, GPU kernels) the position
+is clamped into range: a wrong index then reads an element of the same tensor,
+never memory outside it.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+CHECK_ATTR = "tessel_index_check"
+# The assertion's message starts with this; the rest is `IndexCheck.describe()`.
+MARKER = "tessel index check:"
+_FIELDS = re.compile(r"(\w+)=([^;]*)")
+
+
+@dataclass(frozen=True)
+class IndexCheck:
+    """One checked index input: kernel argument `arg` must lie in [-bound, bound-1] (`op`'s axis `axis` of argument `data`)."""
+
+    op: str
+    arg: int
+    bound: int
+    axis: int
+    data: int | None
+
+    def describe(self) -> str:
+        """The check as 'key=value;...' text (the annotation and the assertion message carry it)."""
+        data = "" if self.data is None else str(self.data)
+        return f"op={self.op};arg={self.arg};bound={self.bound};axis={self.axis};data={data}"
+
+    @classmethod
+    def parse(cls, text: str) -> "IndexCheck":
+        """Read what `describe` wrote."""
+        fields = dict(_FIELDS.findall(text))
+        data = fields.get("data", "")
+        return cls(fields["op"], int(fields["arg"]), int(fields["bound"]), int(fields["axis"]), int(data) if data else None)
+
+
+def parse_check(message: str) -> IndexCheck | None:
+    """The check a failed kernel call reports in its error message, or None when the failure is another one."""
+    at = message.find(MARKER)
+    if at < 0:
+        return None
+    try:
+        return IndexCheck.parse(message[at + len(MARKER):].splitlines()[0])
+    except (KeyError, ValueError):
+        return None
+
+
+def _tvm():
+    from ..tvm_env import tvm
+
+    return tvm()
+
+
+def argument_of(tensor) -> int | None:
+    """The kernel argument whose elements are exactly `tensor`'s values (through views and integer casts), or None.
+
+    Kernel arguments are TE placeholders named `in<k>` (backends/kernel.py).
+    """
+    te = _tvm().te
+    while True:
+        op = tensor.op
+        if isinstance(op, te.PlaceholderOp):
+            match = re.fullmatch(r"in(\d+)", op.name)
+            return int(match.group(1)) if match else None
+        if not isinstance(op, te.ComputeOp) or len(op.input_tensors) != 1 or not _keeps_values(op, tensor.dtype):
+            return None
+        tensor = op.input_tensors[0]
+
+
+# TOPI ops that only move or repeat their input's elements (Slice is not one: it drops some).
+_VIEWS = ("T_reshape", "T_squeeze", "T_expand_dims", "T_transpose", "T_broadcast_to")
+
+
+def _keeps_values(op, dtype) -> bool:
+    """Whether `op` (one input) yields exactly its input's values: a view, a copy, or a cast between integer types."""
+    tir = _tvm().tirx
+    source = op.input_tensors[0]
+    if op.name in _VIEWS:
+        return source.dtype == dtype
+    if op.name != "compute" or len(op.body) != 1:
+        return False
+    body = op.body[0]
+    if isinstance(body, tir.Cast):
+        if not (str(source.dtype).startswith("int") and str(dtype).startswith("int")):
+            return False
+        body = body.value
+    loads = getattr(body, "op", None)
+    if loads is None or loads.name != "te.tensor_load":
+        return False
+    axes = [iv.var for iv in op.axis]
+    indices = list(body.args[1:])
+    return len(indices) == len(axes) and all(i.same_as(a) for i, a in zip(indices, axes))
+
+
+def index_check(ctx, indices, dim: int, axis: int, data) -> IndexCheck | None:
+    """The run-time check of a rule's indices (input 1, read along `axis` of `data`, of length `dim`), or None
+    where the kernel cannot check them (`position` then clamps). Constant indices are checked now."""
+    constant = ctx.data(1)
+    if constant is not None:
+        _check_constant(ctx, constant, dim, axis)
+        return None
+    arg = argument_of(indices)
+    if ctx.gpu or arg is None:
+        return None
+    return IndexCheck(ctx.op_type, arg, dim, axis, argument_of(data))
+
+
+def check_attrs(check: IndexCheck | None) -> dict[str, str]:
+    """The attributes of the compute that reads with the check (the CPU schedule reads them)."""
+    return {CHECK_ATTR: check.describe()} if check is not None else {}
+
+
+def position(indices, coordinates, dim: int, check: IndexCheck | None):
+    """Where the index `indices[coordinates]` reads on an axis of length `dim`: negative values count from
+    its end; unchecked indices are clamped into the axis."""
+    tir = _tvm().tirx
+    index = indices[tuple(coordinates)]
+    dim_expr = tir.const(dim, indices.dtype)
+    wrapped = tir.Select(index < 0, index + dim_expr, index)
+    if check is not None:
+        return wrapped
+    return tir.max(tir.min(wrapped, dim_expr - 1), tir.const(0, indices.dtype))
+
+
+def _check_constant(ctx, values, dim: int, axis: int) -> None:
+    """Compile-time indices out of range fail the compile (they would fail every run)."""
+    flat = values.reshape(-1)
+    bad = flat[(flat < -dim) | (flat >= dim)]
+    if bad.size:
+        raise ctx.fail(f"constant index {int(bad[0])} out of range [{-dim}, {dim - 1}] on axis {axis}")
+
+
+def add_index_checks(func, checks: list[IndexCheck]):
+    """`func` (a scheduled PrimFunc) with a loop of assertions per check before its body."""
+    if not checks:
+        return func
+    tvm = _tvm()
+    tir, s_tir = tvm.tirx, tvm.s_tir
+    params = {p.name: p for p in func.params}
+    statements = [_assertions(tir, params[f"in{c.arg}"], c) for c in checks]
+    realize = func.body
+    block = realize.block
+    body = tir.SeqStmt([*statements, block.body])
+    block = s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body, block.init,
+                         block.alloc_buffers, block.match_buffers, block.annotations)
+    return func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, block))
+
+
+def _assertions(tir, buffer, check: IndexCheck):
+    """for each element v of `buffer`: assert -bound <= v < bound (TVM raises the message as IndexError)."""
+    from tvm.ir import StringImm
+
+    shape = [int(d) for d in buffer.shape]
+    loop_vars = [tir.Var(f"check{k}", "int32") for k in range(len(shape))]
+    value = tir.BufferLoad(buffer, loop_vars)
+    bound = tir.const(check.bound, str(buffer.dtype))
+    inside = tir.all(value >= -bound, value < bound)
+    # AssertStmt's Python constructor passes its arguments in the wrong order in TVM 0.27: call the FFI directly.
+    stmt = tir._ffi_api.AssertStmt(inside, StringImm("IndexError"), [StringImm(MARKER + check.describe())], None)
+    for var, extent in reversed(list(zip(loop_vars, shape))):
+        stmt = tir.For(var, 0, extent, tir.ForKind.SERIAL, stmt)
+    return stmt

@@ -1,0 +1,99 @@
+"""What the run-time index checks cost: one model's latency with and without them, interleaved in one process.
+
+Compiles the model (default minigpt_small), then builds every kernel that checks
+its indices a second time without the checks. One executor runs both programs on
+the same memory, alternating in rounds, so the machine's load drifts equally over
+both; prints the median milliseconds per run of each and their ratio.
+
+    python bench/index_checks.py [MODEL] [--rounds 30] [--threads N]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):
+    sys.path.insert(0, str(ROOT))
+
+from compiler.corpus import load_corpus  # noqa: E402
+
+MIN_SAMPLE_S = 0.02
+
+
+def unchecked_kernels(executor, cache_dir: Path, out_dir: Path) -> dict[str, object]:
+    """Key → the kernel built without its index checks, for each kernel of the program that has checks."""
+    from backends.kernel import KernelSpec, schedule_kernel
+    from backends.lowering.index_checks import CHECK_ATTR
+    from backends.schedules import cpu
+    from backends.target import parse_target
+    from backends.tvm_env import tvm
+
+    target = parse_target(executor.plan["target"])
+    kernels = {}
+    for key in executor.plan["kernels"]:
+        spec = KernelSpec.from_json(json.loads((cache_dir / f"{key}.json").read_text()))
+        func, scheduled = schedule_kernel(spec, target)
+        if scheduled or CHECK_ATTR not in func.script():
+            continue  # hand-scheduled kernels hold no Gather; the others have nothing to leave out
+        library = out_dir / f"{key}.so"
+        tvm().compile(cpu.schedule(func, index_checks=False), target="llvm").export_library(str(library))
+        kernels[key] = tvm().runtime.load_module(str(library))["main"]
+    return kernels
+
+
+def per_run_ms(run) -> float:
+    """Milliseconds per call over one sample of at least MIN_SAMPLE_S."""
+    calls, started = 0, time.perf_counter()
+    while time.perf_counter() - started < MIN_SAMPLE_S:
+        run()
+        calls += 1
+    return 1e3 * (time.perf_counter() - started) / calls
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure and print the A/B table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", nargs="?", default="minigpt_small")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    from compiler.api import compile
+    from runtime.executor import Executor
+
+    model = next(m for m in load_corpus() if m.name == args.model)
+    with tempfile.TemporaryDirectory() as tmp:
+        cache, artifact_dir = Path(tmp) / "cache", Path(tmp) / "artifact"
+        compile(str(model.path), input_shapes=model.input_shapes, cache_dir=cache, profile=False).save(str(artifact_dir))
+        executor = Executor(artifact_dir, threads=args.threads)
+        unchecked = unchecked_kernels(executor, cache, Path(tmp))
+        if not unchecked:
+            print(f"{args.model}: no kernel checks indices")
+            return 1
+        inputs = model.make_inputs()
+        checked_ops = executor._ops
+        executor._kernels.update(unchecked)
+        unchecked_ops = executor._bind(executor._run_steps)
+        variants = {"checked": checked_ops, "unchecked": unchecked_ops}
+        samples: dict[str, list[float]] = {name: [] for name in variants}
+        for round_index in range(args.rounds + 2):
+            order = list(variants) if round_index % 2 == 0 else list(reversed(variants))
+            for name in order:
+                executor._ops = variants[name]
+                ms = per_run_ms(lambda: executor.run(inputs))
+                if round_index >= 2:  # the first rounds warm caches and thread pools
+                    samples[name].append(ms)
+    medians = {name: sorted(values)[len(values) // 2] for name, values in samples.items()}
+    print(f"{args.model}: {len(unchecked)} kernel(s) check indices; {args.rounds} interleaved rounds (measured)")
+    for name, ms in medians.items():
+        print(f"  {name:9s} {ms:.4f} ms per run (median)")
+    print(f"  checked / unchecked = {medians['checked'] / medians['unchecked']:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

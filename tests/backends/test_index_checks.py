@@ -1,0 +1,139 @@
+"""Index inputs are checked at run time: out of range is one error naming the node and the index, never a read outside."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from backends.lowering.index_checks import IndexCheck, parse_check
+from compiler.api import compile
+from runtime.errors import ExecutionError
+from tests.conftest import CORPUS, run_onnxruntime
+
+WEIGHT = np.arange(40, dtype=np.float32).reshape(10, 4)
+
+
+def _model(nodes, inputs, output_shape, initializers=(WEIGHT,)):
+    graph = helper.make_graph(
+        nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, output_shape)],
+        [numpy_helper.from_array(w, "w") for w in initializers])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _gather_model():
+    node = helper.make_node("Gather", ["w", "i"], ["y"], axis=0, name="Gather_3")
+    return _model([node], [helper.make_tensor_value_info("i", TensorProto.INT64, [3])], [3, 4])
+
+
+def _gather_elements_model():
+    node = helper.make_node("GatherElements", ["w", "i"], ["y"], axis=0, name="GatherElements_1")
+    return _model([node], [helper.make_tensor_value_info("i", TensorProto.INT64, [2, 4])], [2, 4])
+
+
+def _embedding_model():
+    """int32 token ids → Cast → Gather → Add: one fused kernel whose indices pass a cast."""
+    nodes = [
+        helper.make_node("Cast", ["ids"], ["ids64"], to=TensorProto.INT64, name="cast_ids"),
+        helper.make_node("Gather", ["w", "ids64"], ["rows"], axis=0, name="embed"),
+        helper.make_node("Add", ["rows", "pos"], ["y"], name="add_pos"),
+    ]
+    inputs = [helper.make_tensor_value_info("ids", TensorProto.INT32, [1, 3]),
+              helper.make_tensor_value_info("pos", TensorProto.FLOAT, [1, 3, 4])]
+    return _model(nodes, inputs, [1, 3, 4])
+
+
+@pytest.fixture(scope="module")
+def gather(kernel_cache):
+    return compile(_gather_model(), input_shapes={"i": (3,)}, cache_dir=kernel_cache)
+
+
+@pytest.mark.parametrize("bad", [10, 2**31, -11, -(2**40)])
+def test_gather_out_of_range_is_one_error_naming_node_and_index(gather, bad):
+    with pytest.raises(ExecutionError) as error:
+        gather.run({"i": np.array([bad, 0, 0], dtype=np.int64)})
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(f"node 'Gather_3': index {bad} out of range [-10, 9] on axis 0 of 'w'")
+
+
+def test_gather_in_range_and_negative_indices_equal_onnxruntime(gather):
+    i = np.array([9, -1, -10], dtype=np.int64)
+    got = gather.run({"i": i})["y"]
+    np.testing.assert_array_equal(got, run_onnxruntime(_gather_model(), {"i": i})[0])
+
+
+def test_gather_elements_checks_every_index(kernel_cache):
+    artifact = compile(_gather_elements_model(), input_shapes={"i": (2, 4)}, cache_dir=kernel_cache)
+    good = np.array([[0, -1, 3, 9], [-10, 2, 2, 1]], dtype=np.int64)
+    np.testing.assert_array_equal(artifact.run({"i": good})["y"],
+                                  run_onnxruntime(_gather_elements_model(), {"i": good})[0])
+    for bad in (10, 2**31):
+        indices = good.copy()
+        indices[1, 3] = bad
+        with pytest.raises(ExecutionError, match=rf"^node 'GatherElements_1': index {bad} out of range \[-10, 9\]"):
+            artifact.run({"i": indices})
+
+
+def test_fused_embedding_checks_its_token_ids_through_a_cast(kernel_cache):
+    artifact = compile(_embedding_model(), input_shapes={"ids": (1, 3), "pos": (1, 3, 4)}, cache_dir=kernel_cache)
+    pos = np.ones((1, 3, 4), np.float32)
+    ids = np.array([[3, -2, 0]], dtype=np.int32)
+    np.testing.assert_array_equal(artifact.run({"ids": ids, "pos": pos})["y"],
+                                  run_onnxruntime(_embedding_model(), {"ids": ids, "pos": pos})[0])
+    with pytest.raises(ExecutionError, match=r"^node 'embed': index 1000 out of range \[-10, 9\] on axis 0 of 'w'"):
+        artifact.run({"ids": np.array([[3, 1000, 0]], dtype=np.int32), "pos": pos})
+
+
+def test_indices_computed_inside_a_kernel_are_clamped_into_the_tensor(kernel_cache):
+    nodes = [helper.make_node("Add", ["i", "one"], ["shifted"], name="shift"),
+             helper.make_node("Gather", ["w", "shifted"], ["y"], axis=0, name="lookup")]
+    model = _model(nodes, [helper.make_tensor_value_info("i", TensorProto.INT64, [3])], [3, 4],
+                   initializers=(WEIGHT,))
+    model.graph.initializer.append(numpy_helper.from_array(np.array(1, dtype=np.int64), "one"))
+    artifact = compile(model, input_shapes={"i": (3,)}, cache_dir=kernel_cache)
+    got = artifact.run({"i": np.array([2**40, -(2**40), 0], dtype=np.int64)})["y"]
+    np.testing.assert_array_equal(got, WEIGHT[[9, 0, 1]])
+
+
+def test_the_cli_reports_a_bad_index_in_one_line_with_exit_2(gather, tmp_path):
+    gather.save(str(tmp_path / "gather.tessel"))
+    np.savez(tmp_path / "bad.npz", i=np.array([2**31, 0, 0], dtype=np.int64))
+    result = subprocess.run([sys.executable, "-m", "compiler.cli", "run", str(tmp_path / "gather.tessel"),
+                             "--inputs", str(tmp_path / "bad.npz")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "node 'Gather_3': index 2147483648 out of range [-10, 9]" in result.stderr
+
+
+def test_check_description_round_trips_and_foreign_errors_are_not_checks():
+    check = IndexCheck("Gather", 1, 4096, 0, 0)
+    assert parse_check("tessel index check:" + check.describe()) == check
+    assert parse_check("tessel index check:" + IndexCheck("GatherElements", 0, 5, 2, None).describe()).data is None
+    assert parse_check("list index out of range") is None
+
+
+MINIGPT = next(m for m in CORPUS if m.name == "minigpt_small")
+
+
+@pytest.fixture(scope="module")
+def minigpt(kernel_cache):
+    return compile(str(MINIGPT.path), input_shapes=MINIGPT.input_shapes, cache_dir=kernel_cache, profile=False)
+
+
+@pytest.mark.parametrize("token", [5000, 100000])
+def test_minigpt_rejects_token_ids_outside_its_vocabulary(minigpt, token):
+    ids = MINIGPT.make_inputs()["input_ids"]
+    ids[0, 5] = token
+    with pytest.raises(ExecutionError, match=rf"index {token} out of range \[-4096, 4095\] on axis 0 of 'wte.weight'"):
+        minigpt.run({"input_ids": ids})
+
+
+def test_minigpt_valid_token_ids_equal_onnxruntime(minigpt):
+    feeds = MINIGPT.make_inputs()
+    feeds["input_ids"][0, :2] = [4095, 0]
+    got = minigpt.run(feeds)
+    want = run_onnxruntime(str(MINIGPT.path), feeds)
+    np.testing.assert_allclose(list(got.values())[0], want[0], rtol=1e-3, atol=1e-4)
