@@ -1,25 +1,56 @@
 """A kernel-build worker process: reads one JSON request per line, builds, replies one line.
 
-Run by `backends.builder` as `python -m backends.build_worker TARGET CACHE_DIR`.
-Requests are {"key": ..., "spec": ...}; replies are {"key": ..., "error": null or text}.
+Run by `backends.builder` as `python -m backends.build_worker`. Every kernel is
+compiled here, never in the compiling process, so a crash inside TVM (a deep
+recursion, a segfault) ends this process only and the builder reports it.
+Requests are {"key", "spec", "target", "cache"}; replies are {"key", "error": null or text}.
 """
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 
-from .builder import _build_one
+from .cache import KernelCache
+from .kernel import KernelSpec, build
+from .target import TargetSpec, parse_target, tvm_target
 
 
-def main(argv: list[str]) -> int:
-    target, cache_root = argv
+def build_one(spec_doc: dict, target_text: str, cache_root: str, key: str) -> str | None:
+    """Build and cache one kernel; the error text when it fails."""
+    target = parse_target(target_text)
+    spec = KernelSpec.from_json(spec_doc)
+    try:
+        executable = build(spec, target)
+        extra = _cuda_files(executable, target) if target.is_gpu else None
+        KernelCache(cache_root).store(key, spec, executable, extra)
+    except Exception as exc:  # noqa: BLE001 - reported per kernel, all at once
+        return (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+    return None
+
+
+def _cuda_files(executable, target: TargetSpec) -> dict[str, bytes]:
+    """The CUDA source and, where nvcc exists, its fatbin, kept beside the kernel."""
+    from .schedules.gpu import cuda_source
+    from .tvm_env import tvm
+
+    source = cuda_source(executable)
+    files = {".cu": source.encode()}
+    if shutil.which("nvcc"):
+        with tvm_target(target):
+            files[".fatbin"] = bytes(tvm().support.nvcc.compile_cuda(source, target_format="fatbin", arch=target.arch, compiler="nvcc"))
+    return files
+
+
+def main() -> int:
+    """Serve build requests from stdin until it closes."""
     for line in sys.stdin:
         request = json.loads(line)
-        error = _build_one(request["spec"], target, cache_root, request["key"])
+        error = build_one(request["spec"], request["target"], request["cache"], request["key"])
         sys.stdout.write(json.dumps({"key": request["key"], "error": error}) + "\n")
         sys.stdout.flush()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

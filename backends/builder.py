@@ -1,11 +1,21 @@
-"""Compiling the distinct kernels of a model, in parallel across cores, through the cache."""
+"""Compiling the distinct kernels of a model in build-worker processes, through the cache.
+
+Every kernel compiles in a child process (`python -m backends.build_worker`),
+never in the compiling one: a crash inside TVM ends a worker and becomes one
+error line naming the kernel, and the compile goes on to report it. Workers
+stay up between builds (each imports TVM, about a second) and stop after
+IDLE_SECONDS without work, or when this process exits.
+"""
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,11 +24,17 @@ from typing import Callable
 from ir.errors import TesselError
 
 from .cache import KernelCache
-from .kernel import KernelSpec, build
-from .target import TargetSpec, parse_target
+from .kernel import KernelSpec
+from .target import TargetSpec
 
-# Below this many kernels to compile, starting worker processes (each imports TVM) costs more than it saves.
-MIN_PARALLEL_KERNELS = 4
+# Idle workers are stopped after this long; the builds of one compile come well within it.
+IDLE_SECONDS = 10.0
+# How long a worker told to stop may take to exit before it is killed.
+STOP_SECONDS = 5.0
+# Op names shown for a fused kernel in an error line.
+MAX_OPS_NAMED = 6
+# The module a worker process runs (`python -m`); tests substitute one that crashes on purpose.
+WORKER_MODULE = "backends.build_worker"
 
 
 class KernelBuildError(TesselError):
@@ -27,31 +43,17 @@ class KernelBuildError(TesselError):
 
 @dataclass(frozen=True)
 class BuildStats:
-    """What a build did: kernels wanted, found in the cache, and compiled."""
+    """What a build did: kernels wanted, found intact in the cache, compiled, and damaged entries rebuilt."""
 
     kernels: int
     cached: int
     compiled: int
+    rebuilt: int = 0
 
 
-def _build_one(spec_doc: dict, target_text: str, cache_root: str, key: str) -> str | None:
-    """Build and cache one kernel; the error text when it fails (runs in a worker process)."""
-    target = parse_target(target_text)
-    spec = KernelSpec.from_json(spec_doc)
-    try:
-        executable = build(spec, target)
-        extra = _cuda_files(executable, target) if target.is_gpu else None
-        KernelCache(cache_root).store(key, spec, executable, extra)
-    except Exception as exc:  # noqa: BLE001 - reported per kernel, all at once
-        return f"{spec.op_type}: {(str(exc).strip().splitlines() or [type(exc).__name__])[-1]}"
-    return None
-
-
-def _cuda_files(executable, target: TargetSpec) -> dict[str, bytes]:
-    """The CUDA source, kept beside the kernel for reading (the library itself carries the nvcc fatbin)."""
-    from .schedules.gpu import cuda_source
-
-    return {".cu": cuda_source(executable).encode()}
+def warn_on_stderr(message: str) -> None:
+    """Print a warning line for the user."""
+    print(f"tessel: warning: {message}", file=sys.stderr, flush=True)
 
 
 def build_kernels(
@@ -60,51 +62,95 @@ def build_kernels(
     cache: KernelCache,
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    warn: Callable[[str], None] = warn_on_stderr,
 ) -> BuildStats:
-    """Make sure every kernel in `specs` (by key) is in the cache; compile the missing ones.
+    """Make sure every kernel in `specs` (by key) is intact in the cache; compile the missing ones.
 
-    Several kernels compile at once in worker processes (`python -m backends.build_worker`),
-    one per core by default.
+    Each cache entry used is checked against the hashes stored with it; a damaged
+    one is rebuilt and reported once through `warn`. Kernels compile in worker
+    processes, one per core by default.
     """
-    missing = [key for key in specs if not cache.has(key)]
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(missing)))
+    missing, damaged = [], {}
+    for key in specs:
+        if not cache.has(key):
+            missing.append(key)
+        elif (problem := cache.damage(key)) is not None:
+            damaged[key] = problem
+            cache.discard(key)
+            missing.append(key)
+    if damaged:
+        warn(_damage_line(damaged, specs, cache))
+    errors = sorted(_compile_in_workers({key: specs[key] for key in missing}, target, cache, jobs, progress))
+    if errors:
+        raise KernelBuildError(f"{len(errors)} kernel(s) failed to build: " + "; ".join(errors[:8])
+                               + (f"; and {len(errors) - 8} more" if len(errors) > 8 else ""))
+    return BuildStats(len(specs), len(specs) - len(missing), len(missing), len(damaged))
+
+
+def describe_kernel(key: str, spec: KernelSpec) -> str:
+    """`kernel <key> (<ops>, <n> inputs)`: which kernel, and the ops it runs."""
+    ops: list[str] = []
+    for member in spec.members():
+        if member.spec.op_type not in ops:
+            ops.append(member.spec.op_type)
+    named = "+".join(ops[:MAX_OPS_NAMED]) + ("+..." if len(ops) > MAX_OPS_NAMED else "")
+    count = sum(1 for i in spec.inputs if i is not None)
+    return f"kernel {key} ({named}, {count} input{'s' if count != 1 else ''})"
+
+
+def _damage_line(damaged: dict[str, str], specs: dict[str, KernelSpec], cache: KernelCache) -> str:
+    listed = "; ".join(f"{describe_kernel(key, specs[key])}: {why}" for key, why in list(damaged.items())[:4])
+    more = f"; and {len(damaged) - 4} more" if len(damaged) > 4 else ""
+    return (f"{len(damaged)} damaged kernel cache entr{'y' if len(damaged) == 1 else 'ies'} in {cache.root} "
+            f"rebuilt ({listed}{more})")
+
+
+def _compile_in_workers(specs: dict[str, KernelSpec], target: TargetSpec, cache: KernelCache,
+                        jobs: int | None, progress: Callable[[int, int], None] | None) -> list[str]:
+    """Compile `specs` on up to `jobs` workers at once; one error line per kernel that failed."""
+    counter = _Counter(len(specs), progress)
+    if not specs:
+        return []
+    work: queue.Queue = queue.Queue()
+    for key in specs:
+        work.put(key)
     errors: list[str] = []
-    counter = _Counter(len(missing), progress)
-    if len(missing) < MIN_PARALLEL_KERNELS or jobs == 1:
-        for key in missing:
-            error = _build_one(specs[key].to_json(), str(target), str(cache.root), key)
-            if error:
-                errors.append(error)
-            counter.step()
-    else:
-        work: queue.Queue = queue.Queue()
-        for key in missing:
-            work.put(key)
-        lock = threading.Lock()
+    lock = threading.Lock()
+    pool = _pool()
 
-        def drive() -> None:
-            with _Worker(target, cache) as worker:
-                while True:
-                    try:
-                        key = work.get_nowait()
-                    except queue.Empty:
-                        return
-                    error = worker.build(key, specs[key])
-                    with lock:
-                        if error:
-                            errors.append(error)
-                        counter.step()
+    def drive() -> None:
+        worker = None
+        try:
+            while True:
+                try:
+                    key = work.get_nowait()
+                except queue.Empty:
+                    return
+                worker = worker or pool.acquire()
+                error = worker.build(key, specs[key], target, cache)
+                if not worker.alive:
+                    cache.discard_staging(worker.pid)
+                    pool.release(worker)
+                    worker = None
+                with lock:
+                    if error:
+                        errors.append(f"{describe_kernel(key, specs[key])}: {error}")
+                    counter.step()
+        finally:
+            if worker is not None:
+                pool.release(worker)
 
-        threads = [threading.Thread(target=drive, daemon=True) for _ in range(jobs)]
+    count = max(1, min(jobs or os.cpu_count() or 1, len(specs)))
+    threads = [threading.Thread(target=drive, daemon=True) for _ in range(count)]
+    try:
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-    if errors:
-        unique = sorted(set(errors))
-        raise KernelBuildError(f"{len(errors)} kernel(s) failed to build: " + "; ".join(unique[:8])
-                               + (f"; and {len(unique) - 8} more" if len(unique) > 8 else ""))
-    return BuildStats(len(specs), len(specs) - len(missing), len(missing))
+    except BaseException:
+        pool.kill_busy()  # interrupted: no worker goes on compiling for nobody
+        raise
+    return errors
 
 
 class _Counter:
@@ -122,35 +168,152 @@ class _Counter:
 class _Worker:
     """A `python -m backends.build_worker` process: one JSON request line in, one reply line out."""
 
-    def __init__(self, target: TargetSpec, cache: KernelCache):
+    def __init__(self):
         env = dict(os.environ, TVM_NUM_THREADS="1")
+        # Its stderr (TVM's messages before a crash) goes to an unlinked file: read on death, never left behind.
+        self.stderr = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "backends.build_worker", str(target), str(cache.root)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+            [sys.executable, "-m", WORKER_MODULE],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env,
             cwd=str(Path(__file__).resolve().parent.parent),
         )
+        self.pid = self.process.pid
 
-    def build(self, key: str, spec: KernelSpec) -> str | None:
+    @property
+    def alive(self) -> bool:
+        """True while the process runs."""
+        return self.process.poll() is None
+
+    def build(self, key: str, spec: KernelSpec, target: TargetSpec, cache: KernelCache) -> str | None:
         """Compile one kernel in the worker; the error text, or None."""
+        request = {"key": key, "spec": spec.to_json(), "target": str(target), "cache": os.path.abspath(cache.root)}
         try:
-            self.process.stdin.write(json.dumps({"key": key, "spec": spec.to_json()}) + "\n")
+            self.process.stdin.write(json.dumps(request) + "\n")
             self.process.stdin.flush()
             reply = self.process.stdout.readline()
-        except OSError as exc:
-            return f"{spec.op_type}: build worker failed ({exc})"
-        if not reply:
-            return f"{spec.op_type}: build worker exited (code {self.process.poll()})"
-        return json.loads(reply).get("error")
+        except (OSError, ValueError):
+            reply = ""
+        if reply:
+            return json.loads(reply).get("error")
+        return self._death()
 
-    def __enter__(self) -> "_Worker":
-        return self
+    def _death(self) -> str:
+        """Why the worker ended without replying (it is reaped here)."""
+        code = self.process.wait()
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"TVM crashed while compiling it ({name}: {signal.strsignal(-code) or 'killed'})"
+        last = self._last_error_line()
+        return f"the build worker exited with code {code} while compiling it" + (f": {last}" if last else "")
 
-    def __exit__(self, *exc) -> None:
+    def _last_error_line(self) -> str:
+        self.stderr.seek(0)
+        lines = [line.strip() for line in self.stderr.read().decode(errors="replace").splitlines() if line.strip()]
+        return lines[-1] if lines else ""
+
+    def stop(self, kill: bool = False) -> None:
+        """End the process: close its input (it exits when done), or kill it; then reap it."""
+        if kill and self.alive:
+            self.process.kill()
+        for stream in (self.process.stdin, self.process.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
         try:
-            self.process.stdin.close()
-        except OSError:
-            pass
-        self.process.wait()
+            self.process.wait(timeout=STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.stderr.close()
+
+
+class _Pool:
+    """The build workers of this process: idle ones wait for the next build, busy ones compile."""
+
+    def __init__(self):
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.idle: list[_Worker] = []
+        self.busy: set[_Worker] = set()
+        self.timer: threading.Timer | None = None
+
+    def acquire(self) -> _Worker:
+        """An idle live worker, else a new one."""
+        with self.lock:
+            while self.idle:
+                worker = self.idle.pop()
+                if worker.alive:
+                    self.busy.add(worker)
+                    return worker
+                worker.stop()
+            worker = _Worker()
+            self.busy.add(worker)
+            return worker
+
+    def release(self, worker: _Worker) -> None:
+        """Back to the idle workers when it is alive (stopped after IDLE_SECONDS unused), else reaped."""
+        with self.lock:
+            self.busy.discard(worker)
+            if not worker.alive:
+                worker.stop()
+                return
+            self.idle.append(worker)
+            if self.timer is not None:
+                self.timer.cancel()
+            # The timer restarts at every release, so when it fires every idle worker has been idle that long.
+            self.timer = threading.Timer(IDLE_SECONDS, self.stop_idle)
+            self.timer.daemon = True
+            self.timer.start()
+
+    def stop_idle(self) -> None:
+        """Stop every idle worker."""
+        with self.lock:
+            idle, self.idle = self.idle, []
+        for worker in idle:
+            worker.stop()
+
+    def kill_busy(self) -> None:
+        """Kill the workers compiling now (their drivers see them die and hand them back)."""
+        with self.lock:
+            busy = list(self.busy)
+        for worker in busy:
+            if worker.alive:
+                worker.process.kill()
+
+    def close(self) -> None:
+        """Stop every worker (at exit)."""
+        if self.timer is not None:
+            self.timer.cancel()
+        self.kill_busy()
+        self.stop_idle()
+
+
+_POOL: _Pool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> _Pool:
+    """This process's pool (a forked child starts its own: the parent's workers are not its to use)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL.pid != os.getpid():
+            _POOL = _Pool()
+        return _POOL
+
+
+def stop_build_workers() -> None:
+    """Stop this process's build workers now (they also stop when idle, and at exit)."""
+    with _POOL_LOCK:
+        pool = _POOL
+    if pool is not None and pool.pid == os.getpid():
+        pool.close()
+
+
+atexit.register(stop_build_workers)
 
 
 class ProgressBar:
