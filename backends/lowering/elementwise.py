@@ -1,8 +1,16 @@
-"""Elementwise and broadcasting ops."""
+"""Elementwise and broadcasting ops.
+
+Floating-point results follow IEEE 754 as ONNX does: a NaN operand of Max, Min,
+Relu or Clip gives NaN (TVM's max and min keep the other operand, as LLVM's
+maxnum does), and a product with a compile-time zero stays NaN for a NaN or
+infinite factor (TVM's simplifier would fold `x * 0` to 0).
+"""
 from __future__ import annotations
 
 import math
 from functools import reduce
+
+import numpy as np
 
 from ..tvm_env import tvm
 from .context import LowerContext
@@ -40,12 +48,40 @@ def _sigmoid(x):
     return topi.divide(one, topi.add(one, _exp(topi.negative(x))))
 
 
+def _nan_max(a, b):
+    """max(a, b) that is NaN when either is (broadcasting): a when a > b or a is NaN, else b."""
+    if not _is_float(a.dtype):
+        return topi.maximum(a, b)
+    return topi.where(topi.logical_or(topi.greater(a, b), topi.isnan(a)), a, b)
+
+
+def _nan_min(a, b):
+    """min(a, b) that is NaN when either is (broadcasting)."""
+    if not _is_float(a.dtype):
+        return topi.minimum(a, b)
+    return topi.where(topi.logical_or(topi.less(a, b), topi.isnan(a)), a, b)
+
+
+def _at_least(x, bound):
+    """max(x, bound) for a constant bound that is a number: a NaN x stays NaN (it fails the comparison)."""
+    return _map(x, lambda v: tir.Select(v < bound, bound, v), "at_least")
+
+
+def _at_most(x, bound):
+    """min(x, bound) for a constant bound that is a number: a NaN x stays NaN."""
+    return _map(x, lambda v: tir.Select(v > bound, bound, v), "at_most")
+
+
+def _relu(x):
+    return _at_least(x, _const(0, x.dtype))
+
+
 def _unary(fn):
     return lambda ctx: [fn(ctx.input(0), ctx)]
 
 
 UNARY = {
-    "Relu": _unary(lambda x, c: topi.nn.relu(x)),
+    "Relu": _unary(lambda x, c: _relu(x)),
     "Neg": _unary(lambda x, c: topi.negative(x)),
     "Abs": _unary(lambda x, c: topi.abs(x)),
     "Exp": _unary(lambda x, c: _exp(x)),
@@ -80,7 +116,7 @@ UNARY = {
 
 def _hard_sigmoid(x, alpha: float, beta: float):
     linear = topi.add(topi.multiply(x, _const(alpha, x.dtype)), _const(beta, x.dtype))
-    return topi.maximum(_const(0.0, x.dtype), topi.minimum(_const(1.0, x.dtype), linear))
+    return _at_least(_at_most(linear, _const(1.0, x.dtype)), _const(0.0, x.dtype))
 
 
 def _gelu(x, approximate: str):
@@ -120,6 +156,28 @@ def _pow(ctx: LowerContext):
     return [topi.power(a, b)]
 
 
+def _multiply(ctx: LowerContext):
+    """a * b; a compile-time zero factor is written as IEEE's result (NaN for NaN or infinite x, else a zero
+    with the product's sign), which TVM's simplifier cannot fold to 0."""
+    a, b = ctx.input(0), ctx.input(1)
+    if _is_float(a.dtype):
+        for k, x in ((1, a), (0, b)):
+            zero = ctx.data(k)
+            if zero is not None and zero.size == 1 and float(zero.reshape(-1)[0]) == 0.0:
+                negative = bool(np.signbit(zero.reshape(-1)[0]))
+                return topi.broadcast_to(_times_zero(x, negative), ctx.out_shape())
+    return topi.multiply(a, b)
+
+
+def _times_zero(x, negative: bool):
+    """x * 0 (x * -0 when `negative`), elementwise."""
+    def compute(v):
+        signed = -v if negative else v
+        return tir.Select(tir.isfinite(v), tir.copysign(_const(0.0, x.dtype), signed), _const(float("nan"), x.dtype))
+
+    return _map(x, compute, "times_zero")
+
+
 def _binary(fn):
     return lambda ctx: [fn(ctx.input(0), ctx.input(1))]
 
@@ -127,7 +185,7 @@ def _binary(fn):
 BINARY = {
     "Add": _binary(topi.add),
     "Sub": _binary(topi.subtract),
-    "Mul": _binary(topi.multiply),
+    "Mul": lambda ctx: [_multiply(ctx)],
     "Div": _div,
     "Mod": _mod,
     "Pow": _pow,
@@ -159,13 +217,24 @@ def _where(ctx: LowerContext):
     return [topi.where(ctx.input(0), ctx.input(1), ctx.input(2))]
 
 
+def _largest_finite(dtype) -> float:
+    if str(dtype) == "bfloat16":
+        return 3.3895313892515355e38
+    return float(np.finfo(str(dtype)).max)
+
+
 def _clip(ctx: LowerContext):
+    """ONNX's omitted bounds are the type's lowest and highest finite values (infinities clip to them)."""
     x = ctx.input(0)
     low, high = ctx.input(1), ctx.input(2)
     if low is not None:
-        x = topi.maximum(x, topi.reshape(low, ()) if len(low.shape) else low)
+        x = _nan_max(x, topi.reshape(low, ()) if len(low.shape) else low)
+    elif _is_float(x.dtype):
+        x = _at_least(x, _const(-_largest_finite(x.dtype), x.dtype))
     if high is not None:
-        x = topi.minimum(x, topi.reshape(high, ()) if len(high.shape) else high)
+        x = _nan_min(x, topi.reshape(high, ()) if len(high.shape) else high)
+    elif _is_float(x.dtype):
+        x = _at_most(x, _const(_largest_finite(x.dtype), x.dtype))
     return [x if x is not ctx.input(0) else topi.identity(x)]
 
 
@@ -177,8 +246,8 @@ def _cast(ctx: LowerContext):
 
 
 OTHER = {
-    "Max": _variadic(topi.maximum),
-    "Min": _variadic(topi.minimum),
+    "Max": _variadic(_nan_max),
+    "Min": _variadic(_nan_min),
     "Sum": _variadic(topi.add),
     "Mean": _mean,
     "Where": _where,

@@ -8,7 +8,6 @@ Gather-like block asked to check are asserted in range before the kernel body.
 """
 from __future__ import annotations
 
-from ..lowering.index_checks import CHECK_ATTR, IndexCheck, add_index_checks
 from ..tvm_env import tvm
 
 _tvm = tvm()
@@ -93,17 +92,27 @@ def schedule(func, index_checks: bool = True):
             _schedule_reduction(sch, block)
         else:
             _schedule_spatial(sch, block)
-    return add_index_checks(sch.mod["main"], checks)
+    return _with_index_checks(sch.mod["main"], checks)
 
 
-def _index_checks(sch, root) -> list[IndexCheck]:
+def _index_checks(sch, root) -> list:
     """The index checks the kernel's blocks ask for (read before inlining moves their reads elsewhere)."""
+    # Imported here: the lowering package imports this module (fast.py) while it initialises.
+    from ..lowering.index_checks import CHECK_ATTR, IndexCheck
+
     checks: list[IndexCheck] = []
     for block in sch.get_child_blocks(root):
         text = sch.get(block).annotations.get(CHECK_ATTR)
         if text is not None and IndexCheck.parse(str(text)) not in checks:
             checks.append(IndexCheck.parse(str(text)))
     return checks
+
+
+def _with_index_checks(func, checks: list):
+    """`func` with the assertions of `checks` before its body."""
+    from ..lowering.index_checks import add_index_checks
+
+    return add_index_checks(func, checks)
 
 
 def _parallel(sch, loops, work: int) -> None:
@@ -225,4 +234,4 @@ def schedule_around(func, anchor_schedule, anchor_blocks: frozenset[str]):
             _schedule_reduction(sch, block)
         else:
             _schedule_spatial(sch, block)
-    return add_index_checks(sch.mod["main"], checks)
+    return _with_index_checks(sch.mod["main"], checks)
