@@ -183,15 +183,14 @@ class Executor:
         if check is None:
             return exc
         indices = arg_names[check.arg]
-        values = self._memory.read(self._buffer(indices)).reshape(-1)
-        bad = values[(values < -check.bound) | (values >= check.bound)]
-        index = f"index {int(bad[0])}" if bad.size else "an index"
+        bad = check.first_violation(self._memory.read(self._buffer(indices)))
+        index, bound, axis = bad if bad is not None else ("?", check.bounds[0], check.axis)
         # Constants a fused group holds are named '<group>/<name>' in the plan.
         group = f"{step['node']}/"
         data = "its data" if check.data is None else f"'{arg_names[check.data].removeprefix(group)}'"
         node = member_name(self.directory, step["node"], check.op, indices)
         return ExecutionError(
-            f"node '{node}': {index} out of range [{-check.bound}, {check.bound - 1}] on axis {check.axis} of {data}; "
+            f"node '{node}': index {index} out of range [{-bound}, {bound - 1}] on axis {axis} of {data}; "
             f"{check.op} indices (from '{indices.removeprefix(group)}') must lie in that range")
 
     def _bind_if(self, step: dict[str, Any]) -> Op:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import numpy as np
+
 CHECK_ATTR = "tessel_index_check"
 # The assertion's message starts with this; the rest is `IndexCheck.describe()`.
 MARKER = "tessel index check:"
@@ -24,25 +26,43 @@ _FIELDS = re.compile(r"(\w+)=([^;]*)")
 
 @dataclass(frozen=True)
 class IndexCheck:
-    """One checked index input: kernel argument `arg` must lie in [-bound, bound-1] (`op`'s axis `axis` of argument `data`)."""
+    """One checked index input: kernel argument `arg` of `op` indexes axis `axis` of argument `data`.
+
+    With one bound n, every index must lie in [-n, n-1]. With several (GatherND),
+    the indices' last axis holds coordinates: component j indexes axis `axis + j`
+    and must lie within `bounds[j]`.
+    """
 
     op: str
     arg: int
-    bound: int
+    bounds: tuple[int, ...]
     axis: int
     data: int | None
 
     def describe(self) -> str:
         """The check as 'key=value;...' text (the annotation and the assertion message carry it)."""
         data = "" if self.data is None else str(self.data)
-        return f"op={self.op};arg={self.arg};bound={self.bound};axis={self.axis};data={data}"
+        bounds = ",".join(map(str, self.bounds))
+        return f"op={self.op};arg={self.arg};bounds={bounds};axis={self.axis};data={data}"
 
     @classmethod
     def parse(cls, text: str) -> "IndexCheck":
         """Read what `describe` wrote."""
         fields = dict(_FIELDS.findall(text))
         data = fields.get("data", "")
-        return cls(fields["op"], int(fields["arg"]), int(fields["bound"]), int(fields["axis"]), int(data) if data else None)
+        bounds = tuple(int(b) for b in fields["bounds"].split(","))
+        return cls(fields["op"], int(fields["arg"]), bounds, int(fields["axis"]), int(data) if data else None)
+
+    def first_violation(self, values: np.ndarray) -> tuple[int, int, int] | None:
+        """(index, its bound, the data axis it indexes) of the first value of the index argument out of range."""
+        width = len(self.bounds)
+        rows = values.reshape(-1, width)
+        limits = np.asarray(self.bounds, dtype=np.int64)
+        bad = np.argwhere((rows < -limits) | (rows >= limits))
+        if not bad.size:
+            return None
+        row, column = bad[0]
+        return int(rows[row, column]), self.bounds[column], self.axis + int(column)
 
 
 def parse_check(message: str) -> IndexCheck | None:
@@ -103,17 +123,18 @@ def _keeps_values(op, dtype) -> bool:
     return len(indices) == len(axes) and all(i.same_as(a) for i, a in zip(indices, axes))
 
 
-def index_check(ctx, indices, dim: int, axis: int, data) -> IndexCheck | None:
-    """The run-time check of a rule's indices (input 1, read along `axis` of `data`, of length `dim`), or None
-    where the kernel cannot check them (`position` then clamps). Constant indices are checked now."""
+def index_check(ctx, indices, bounds: tuple[int, ...], axis: int, data) -> IndexCheck | None:
+    """The run-time check of a rule's indices (input 1, indexing `data` from `axis` on, within `bounds`: one
+    for every index, or one per component of the indices' last axis), or None where the kernel cannot check
+    them (`position` then clamps). Constant indices are checked now."""
     constant = ctx.data(1)
     if constant is not None:
-        _check_constant(ctx, constant, dim, axis)
+        _check_constant(ctx, IndexCheck(ctx.op_type, 1, bounds, axis, None), constant)
         return None
     arg = argument_of(indices)
     if ctx.gpu or arg is None:
         return None
-    return IndexCheck(ctx.op_type, arg, dim, axis, argument_of(data))
+    return IndexCheck(ctx.op_type, arg, bounds, axis, argument_of(data))
 
 
 def check_attrs(check: IndexCheck | None) -> dict[str, str]:
@@ -133,12 +154,12 @@ def position(indices, coordinates, dim: int, check: IndexCheck | None):
     return tir.max(tir.min(wrapped, dim_expr - 1), tir.const(0, indices.dtype))
 
 
-def _check_constant(ctx, values, dim: int, axis: int) -> None:
+def _check_constant(ctx, check: IndexCheck, values: np.ndarray) -> None:
     """Compile-time indices out of range fail the compile (they would fail every run)."""
-    flat = values.reshape(-1)
-    bad = flat[(flat < -dim) | (flat >= dim)]
-    if bad.size:
-        raise ctx.fail(f"constant index {int(bad[0])} out of range [{-dim}, {dim - 1}] on axis {axis}")
+    bad = check.first_violation(values)
+    if bad is not None:
+        index, bound, axis = bad
+        raise ctx.fail(f"constant index {index} out of range [{-bound}, {bound - 1}] on axis {axis}")
 
 
 def add_index_checks(func, checks: list[IndexCheck]):
@@ -162,9 +183,12 @@ def _assertions(tir, buffer, check: IndexCheck):
     from tvm.ir import StringImm
 
     shape = [int(d) for d in buffer.shape]
+    dtype = str(buffer.dtype)
     loop_vars = [tir.Var(f"check{k}", "int32") for k in range(len(shape))]
     value = tir.BufferLoad(buffer, loop_vars)
-    bound = tir.const(check.bound, str(buffer.dtype))
+    bound = tir.const(check.bounds[-1], dtype)
+    for component in range(len(check.bounds) - 2, -1, -1):  # per coordinate along the last axis
+        bound = tir.Select(loop_vars[-1] == component, tir.const(check.bounds[component], dtype), bound)
     inside = tir.all(value >= -bound, value < bound)
     # AssertStmt's Python constructor passes its arguments in the wrong order in TVM 0.27: call the FFI directly.
     stmt = tir._ffi_api.AssertStmt(inside, StringImm("IndexError"), [StringImm(MARKER + check.describe())], None)

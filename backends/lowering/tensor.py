@@ -1,4 +1,8 @@
-"""Data movement ops: transpose, concat, split, slice, gather, expand, tile, pad, resize, fills."""
+"""Data movement ops: transpose, concat, split, slice, gathers, one-hot, expand, tile, pad, resize, fills.
+
+Gathers read through `index_checks`: an index out of range fails the run (or, where the kernel cannot
+check it, is clamped), never a read outside the tensor.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -82,7 +86,7 @@ def _gather(ctx: LowerContext):
     axis = _axis(ctx.attr("axis", 0), len(data.shape))
     dim = int(data.shape[axis])
     index_rank = len(indices.shape)
-    check = index_check(ctx, indices, dim, axis, data)
+    check = index_check(ctx, indices, (dim,), axis, data)
 
     def compute(*i):
         at = position(indices, i[axis:axis + index_rank], dim, check)
@@ -95,12 +99,48 @@ def _gather_elements(ctx: LowerContext):
     data, indices = ctx.input(0), ctx.input(1)
     axis = _axis(ctx.attr("axis", 0), len(data.shape))
     dim = int(data.shape[axis])
-    check = index_check(ctx, indices, dim, axis, data)
+    check = index_check(ctx, indices, (dim,), axis, data)
 
     def compute(*i):
         return data[(*i[:axis], position(indices, i, dim, check), *i[axis + 1:])]
 
     return [te.compute(ctx.out_shape(), compute, name="gather_elements", attrs=check_attrs(check))]
+
+
+def _gather_nd(ctx: LowerContext):
+    """out[i..., rest...] = data[batch..., indices[i..., 0], ..., indices[i..., k-1], rest...]."""
+    data, indices = ctx.input(0), ctx.input(1)
+    batch = ctx.attr("batch_dims", 0)
+    dims = [int(d) for d in data.shape]
+    width = int(indices.shape[-1])
+    positions = len(indices.shape) - 1
+    bounds = tuple(dims[batch:batch + width])
+    check = index_check(ctx, indices, bounds, batch, data)
+
+    def compute(*o):
+        at = [position(indices, (*o[:positions], j), bounds[j], check) for j in range(width)]
+        return data[(*o[:batch], *at, *o[positions:])]
+
+    return [te.compute(ctx.out_shape(), compute, name="gather_nd", attrs=check_attrs(check))]
+
+
+def _one_hot(ctx: LowerContext):
+    """`on` where the (wrapped) index equals the position along `axis`, else `off`; an index outside
+    [-depth, depth-1] gives a row of `off` (ONNX), so nothing is read by index."""
+    indices, values = ctx.input(0), ctx.input(2)
+    out_shape = ctx.out_shape()
+    axis = _axis(ctx.attr("axis", -1), len(out_shape))
+    depth = out_shape[axis]
+    dtype = ctx.out_dtype()
+    zero = (0,) * len(values.shape[:-1])
+
+    def compute(*o):
+        index = indices[(*o[:axis], *o[axis + 1:])]
+        wrapped = tir.Select(index < 0, index + tir.const(depth, indices.dtype), index)
+        hit = wrapped == tir.Cast(indices.dtype, o[axis])
+        return tir.Select(hit, tir.Cast(dtype, values[(*zero, 1)]), tir.Cast(dtype, values[(*zero, 0)]))
+
+    return [te.compute(out_shape, compute, name="one_hot")]
 
 
 def _expand(ctx: LowerContext):
@@ -279,6 +319,8 @@ RULES = {
     "Slice": _slice,
     "Gather": _gather,
     "GatherElements": _gather_elements,
+    "GatherND": _gather_nd,
+    "OneHot": _one_hot,
     "Expand": _expand,
     "Tile": _tile,
     "Pad": _pad,
@@ -302,4 +344,5 @@ STATIC_INPUTS = {
     "Trilu": {1},
     "Expand": {1},
     "ConstantOfShape": {0},
+    "OneHot": {1},
 }

@@ -109,10 +109,55 @@ def test_the_cli_reports_a_bad_index_in_one_line_with_exit_2(gather, tmp_path):
 
 
 def test_check_description_round_trips_and_foreign_errors_are_not_checks():
-    check = IndexCheck("Gather", 1, 4096, 0, 0)
+    check = IndexCheck("Gather", 1, (4096,), 0, 0)
     assert parse_check("tessel index check:" + check.describe()) == check
-    assert parse_check("tessel index check:" + IndexCheck("GatherElements", 0, 5, 2, None).describe()).data is None
+    assert parse_check("tessel index check:" + IndexCheck("GatherND", 0, (5, 7), 2, None).describe()).bounds == (5, 7)
     assert parse_check("list index out of range") is None
+
+
+def test_first_violation_names_the_component_of_a_coordinate():
+    check = IndexCheck("GatherND", 0, (2, 10), 1, 0)
+    assert check.first_violation(np.array([[1, 9], [-2, -10]])) is None
+    assert check.first_violation(np.array([[1, 9], [1, 10]])) == (10, 10, 2)
+    assert check.first_violation(np.array([[-3, 0], [1, 10]])) == (-3, 2, 1)
+
+
+def _gather_nd_model(batch_dims, indices_shape, output_shape):
+    node = helper.make_node("GatherND", ["w", "i"], ["y"], batch_dims=batch_dims, name="gather_nd")
+    return _model([node], [helper.make_tensor_value_info("i", TensorProto.INT64, indices_shape)], output_shape,
+                  initializers=(WEIGHT.reshape(2, 5, 4),))
+
+
+def test_gather_nd_checks_each_coordinate_against_its_axis(kernel_cache):
+    model = _gather_nd_model(0, [3, 2], [3, 4])
+    artifact = compile(model, input_shapes={"i": (3, 2)}, cache_dir=kernel_cache)
+    good = np.array([[1, 4], [-1, -5], [0, 3]], dtype=np.int64)
+    np.testing.assert_array_equal(artifact.run({"i": good})["y"], run_onnxruntime(model, {"i": good})[0])
+    for bad, message in (([[0, 5]], r"index 5 out of range \[-5, 4\] on axis 1"), ([[2, 0]], r"index 2 out of range \[-2, 1\] on axis 0")):
+        indices = np.concatenate([good[:2], np.array(bad, dtype=np.int64)])
+        with pytest.raises(ExecutionError, match=rf"^node 'gather_nd': {message} of 'w'"):
+            artifact.run({"i": indices})
+
+
+def test_gather_nd_with_batch_dims_equals_onnxruntime(kernel_cache):
+    model = _gather_nd_model(1, [2, 1], [2, 4])
+    artifact = compile(model, input_shapes={"i": (2, 1)}, cache_dir=kernel_cache)
+    indices = np.array([[3], [-2]], dtype=np.int64)
+    np.testing.assert_array_equal(artifact.run({"i": indices})["y"], run_onnxruntime(model, {"i": indices})[0])
+    with pytest.raises(ExecutionError, match=r"index 5 out of range \[-5, 4\] on axis 1"):
+        artifact.run({"i": np.array([[0], [5]], dtype=np.int64)})
+
+
+def test_one_hot_out_of_range_gives_a_row_of_off_values_as_onnx_says(kernel_cache):
+    node = helper.make_node("OneHot", ["i", "depth", "values"], ["y"], axis=-1)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("i", TensorProto.INT64, [5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 4])],
+        [numpy_helper.from_array(np.array(4, np.int64), "depth"), numpy_helper.from_array(np.array([-1, 2], np.float32), "values")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    artifact = compile(model, input_shapes={"i": (5,)}, cache_dir=kernel_cache)
+    indices = np.array([0, -1, 4, -5, 2**40], dtype=np.int64)
+    np.testing.assert_array_equal(artifact.run({"i": indices})["y"], run_onnxruntime(model, {"i": indices})[0])
 
 
 MINIGPT = next(m for m in CORPUS if m.name == "minigpt_small")
