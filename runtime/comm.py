@@ -5,12 +5,53 @@ through DLPack, so gloo reads and writes the arena directly. Sends are
 asynchronous (the sender goes on computing) and are waited for at the end of
 each run; a receive blocks until its tensor arrives or the process group's
 timeout passes, and then fails naming the rank, the tensor and the peer.
+Joining the group is bounded by the same timeout (`join_group`).
 """
 from __future__ import annotations
+
+import os
+import sys
+import threading
+from datetime import timedelta
 
 import numpy as np
 
 from .errors import ExecutionError
+
+
+def join_group(rank: int, world: int, timeout_s: float, exit_status: int = 1) -> None:
+    """Join the gloo process group (rendezvous at MASTER_ADDR:MASTER_PORT) within `timeout_s`, or print one
+    line and leave the process with `exit_status`.
+
+    torch bounds most of the rendezvous by the group's timeout, but not everything: a client of the
+    TCPStore that reaches a listener which never answers (a stopped rank 0, another program on
+    MASTER_PORT) waits forever in the store's handshake. A watchdog thread bounds the whole join (torch
+    waits without the GIL); it leaves with os._exit, because the stuck call cannot be interrupted.
+    """
+    import torch.distributed as dist
+
+    joined = threading.Event()
+    lock = threading.Lock()
+    where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+
+    def give_up() -> None:
+        with lock:
+            if joined.is_set():
+                return
+            print(f"tessel worker: rank {rank}: no rendezvous with the other {world - 1} worker(s) at {where} "
+                  f"within {timeout_s:g} s (--timeout); check that rank 0 runs there and nothing else holds "
+                  f"MASTER_PORT", file=sys.stderr, flush=True)
+            os._exit(exit_status)
+
+    watchdog = threading.Timer(timeout_s, give_up)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+    finally:
+        with lock:
+            joined.set()
+        watchdog.cancel()
 
 
 class TorchComm:

@@ -15,7 +15,7 @@ import json
 import os
 import sys
 import time
-from datetime import timedelta
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +61,7 @@ def _run(args, rank: int, world: int, threads: int) -> int:
     import torch.distributed as dist
 
     from runtime.artifact_files import device_count, read_plan
-    from runtime.comm import TorchComm
+    from runtime.comm import TorchComm, join_group
     from runtime.errors import ArtifactError
     from runtime.executor import Executor
 
@@ -70,7 +70,7 @@ def _run(args, rank: int, world: int, threads: int) -> int:
         devices = device_count(plan)
         if world != devices:
             raise ArtifactError(f"{artifact}: the artifact has {devices} device(s) but {world} worker(s) were started")
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=args.timeout))
+    join_group(rank, world, args.timeout, EXIT_FAILED)
     comm = TorchComm(rank, args.timeout)
     for k, (artifact, plan) in enumerate(zip(args.artifacts, plans)):
         io = Path(args.io_dir) if args.io_dir else None
@@ -104,9 +104,7 @@ def _run(args, rank: int, world: int, threads: int) -> int:
             latency = time.perf_counter() - started
         dist.barrier()
         started = time.perf_counter()
-        waits = [run_batch() for _ in range(args.repeat)]
-        for wait in waits:
-            wait()
+        _stream(run_batch, args.repeat, STREAM_WINDOW_PER_WORKER * world)
         streamed = (time.perf_counter() - started) / args.repeat if args.repeat else None
         dist.barrier()
         if rank == 0:
@@ -119,6 +117,22 @@ def _run(args, rank: int, world: int, threads: int) -> int:
                                                     "runs": args.repeat, "workers": world, "threads": threads}))
     dist.destroy_process_group()
     return 0
+
+
+# Batches in flight while streaming: enough to fill every stage of the pipeline, few enough that a
+# rank whose outputs arrive from a peer does not pile up a receive buffer per run (--repeat 100000).
+STREAM_WINDOW_PER_WORKER = 2
+
+
+def _stream(run_batch, runs: int, window: int) -> None:
+    """Start `runs` batches back to back, waiting for the oldest whenever `window` are in flight."""
+    in_flight = deque()
+    for _ in range(runs):
+        in_flight.append(run_batch())
+        if len(in_flight) > window:
+            in_flight.popleft()()
+    while in_flight:
+        in_flight.popleft()()
 
 
 def _pipelined_run(executor, slices):
