@@ -15,7 +15,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from backends.cache import KernelCache
+from ir.types import TensorType
 from runtime.artifact_files import FORMAT, FORMAT_VERSION, PLAN_FILE, file_hash, sealed_plan_bytes
+from runtime.plan_schema import all_steps, kernel_calls
 
 from .program import Program
 
@@ -30,6 +32,18 @@ def program_section(program: Program, memory, weights_file: str) -> dict[str, An
         "memory": {"alignment": memory.alignment, "arena_bytes": memory.arena_bytes, "offsets": memory.offsets},
         "steps": program.steps,
     }
+
+
+def kernel_signatures(programs: Sequence[Program]) -> dict[str, list[str]]:
+    """Each called kernel's argument types (inputs, then outputs): the loader checks every call against them."""
+    signatures: dict[str, list[str]] = {}
+    for program in programs:
+        types = {name: TensorType.parse(spec) for name, spec in program.values.items()}
+        for step in all_steps(program.steps):
+            if step["kind"] == "kernel":
+                for key, arguments in kernel_calls(step, types):
+                    signatures.setdefault(key, arguments)
+    return signatures
 
 
 def write_artifact(root: Path, programs: Sequence[Program], memories: Sequence[Any], target: str,
@@ -47,6 +61,8 @@ def write_artifact(root: Path, programs: Sequence[Program], memories: Sequence[A
                 if source.is_file():
                     shutil.copyfile(source, root / "kernels" / f"{key}{suffix}")
             kernel_entries[key] = {"file": f"kernels/{key}.so", "op": spec.op_type}
+    for key, signature in kernel_signatures(programs).items():
+        kernel_entries[key]["signature"] = signature
     sections = []
     for device, (program, memory) in enumerate(zip(programs, memories)):
         weights_file = "weights.npz" if len(programs) == 1 else f"weights_{device}.npz"

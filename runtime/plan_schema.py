@@ -125,6 +125,8 @@ def _check_plan(plan: Any) -> None:
         entry = _dict(entry, f"kernels['{key}']")
         plain_relative_path(_field(entry, "file", f"kernels['{key}']"), f"kernels['{key}'].file")
         _str(_field(entry, "op", f"kernels['{key}']"), f"kernels['{key}'].op")
+        for k, spec in enumerate(_list(entry.get("signature", []), f"kernels['{key}'].signature")):
+            _str(spec, f"kernels['{key}'].signature[{k}]")
     hashes = _dict(_field(top, "hashes", "plan"), "hashes")
     for name, digest in hashes.items():
         plain_relative_path(name, f"hashes['{name}']")
@@ -227,6 +229,33 @@ def _check_kernel_step(step: dict, at: str, types: Mapping[str, TensorType], ker
             rows = types[name].shape[0] if types[name].rank else 0
             if stop > rows:
                 raise _Invalid(where, f"rows [{start}, {stop}) of '{name}', which has {rows}")
+    # TVM checks each call too, but as a traceback in the middle of a run; here it is one line before any.
+    for key, arguments in kernel_calls(step, types):
+        signature = kernels[key].get("signature")
+        if arguments != signature:
+            raise _Invalid(at, f"passes ({', '.join(arguments)}) to kernel '{key}', which takes "
+                               f"({', '.join(signature) if signature is not None else 'no recorded signature'})")
+
+
+def kernel_calls(step: Mapping[str, Any], types: Mapping[str, TensorType]) -> Iterator[tuple[str, list[str]]]:
+    """(kernel, argument types: inputs then outputs) of each call a kernel step makes: the whole step,
+    or each micro-batch piece on its rows of axis 0."""
+    if "pieces" not in step:
+        yield step["kernel"], [types[name].spec() for name in step["inputs"] + step["outputs"]]
+        return
+    for piece in step["pieces"]:
+        sliced = set(piece["sliced"])
+        yield piece["kernel"], [TensorType(types[name].dtype, (piece["size"],) + types[name].shape[1:]).spec()
+                                if name in sliced else types[name].spec() for name in piece["inputs"] + step["outputs"]]
+
+
+def all_steps(steps: list) -> Iterator[Mapping[str, Any]]:
+    """Every step, those inside `if` branches included."""
+    for step in steps:
+        yield step
+        if step["kind"] == "if":
+            yield from all_steps(step["then"]["steps"])
+            yield from all_steps(step["else"]["steps"])
 
 
 def _check_view_step(step: dict, at: str, types: Mapping[str, TensorType]) -> None:

@@ -202,6 +202,8 @@ def test_one_edited_offset_is_refused_even_with_the_hash_recomputed(artifact, ca
     (lambda plan: plan["steps"][0].update(kind="load_library"), "unknown step kind"),
     (lambda plan: plan["steps"][0].update(inputs=["nowhere"]), "'nowhere' is not a value"),
     (lambda plan: plan["steps"][0].update(kernel="other"), "not in the plan's kernels"),
+    (lambda plan: plan["steps"][0]["inputs"].append(plan["steps"][0]["inputs"][0]), "which takes"),
+    (lambda plan: plan["steps"][1].update(kernel=plan["steps"][0]["kernel"]), "which takes"),
     (lambda plan: plan.pop("memory"), "missing field 'memory'"),
     (lambda plan: plan.update(kernels=[]), "kernels: must be an object"),
     (lambda plan: plan["hashes"].update({"weights.npz": "00"}), "64 lowercase hex"),
@@ -213,7 +215,7 @@ def test_one_edited_offset_is_refused_even_with_the_hash_recomputed(artifact, ca
     (lambda plan: plan["memory"].update(arena_bytes=1 << 40), "need at most"),
     (lambda plan: plan["values"].update(h="float32[4294967296,4294967296]"), "more than"),
 ], ids=["arena-string", "offset-float", "offset-bool", "steps-object", "bad-type", "unknown-kind", "unknown-value",
-        "unknown-kernel", "no-memory", "kernels-list", "short-hash", "negative-offset", "huge-offset",
+        "unknown-kernel", "extra-argument", "other-kernel", "no-memory", "kernels-list", "short-hash", "negative-offset", "huge-offset",
         "offset-past-arena", "misaligned-offset", "huge-arena", "arena-beyond-buffers", "huge-value"])
 def test_damaged_plan_is_refused_with_one_line(artifact, foreign_library, capsys, change, expected):
     library, marker = foreign_library
@@ -231,13 +233,15 @@ def test_plan_json_that_is_not_a_plan_is_refused(artifact, capsys, text):
 
 
 def test_validator_allows_views_and_in_place_outputs():
-    plan = {"target": "llvm", "kernels": {"k": {"file": "kernels/k.so", "op": "Relu"}}, "hashes": {},
+    kernels = {"k": {"file": "kernels/k.so", "op": "Relu", "signature": ["float32[16]", "float32[16]"]},
+               "m": {"file": "kernels/m.so", "op": "Relu", "signature": ["float32[4,4]", "float32[16]"]}}
+    plan = {"target": "llvm", "kernels": kernels, "hashes": {},
             "inputs": ["x"], "outputs": ["z"], "weights": {"file": "weights.npz", "names": []},
             "values": {"x": "float32[16]", "y": "float32[16]", "v": "float32[4,4]", "z": "float32[16]"},
             "steps": [{"kind": "kernel", "node": "a", "op": "Relu", "kernel": "k", "inputs": ["x"], "outputs": ["y"],
                        "inplace": [["y", "x"]]},
                       {"kind": "view", "node": "b", "op": "Reshape", "input": "y", "output": "v"},
-                      {"kind": "kernel", "node": "c", "op": "Relu", "kernel": "k", "inputs": ["v"], "outputs": ["z"]}],
+                      {"kind": "kernel", "node": "c", "op": "Relu", "kernel": "m", "inputs": ["v"], "outputs": ["z"]}],
             "memory": {"alignment": 64, "arena_bytes": 128, "offsets": {"x": 0, "y": 0, "v": 0, "z": 64}}}
     validate_plan(plan, "plan.json")
     plan["steps"][0].pop("inplace")
@@ -274,6 +278,20 @@ def test_arena_too_large_to_allocate_is_one_line():
     with pytest.raises(ArtifactError, match="needs .* bytes but this machine has") as caught:
         HostMemory(1 << 50)
     assert "\n" not in str(caught.value)
+
+
+def test_arena_larger_than_this_machine_is_one_line(artifact, capsys):
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    huge = -(-2 * ram // 64) * 64
+
+    def grow(plan: Plan) -> None:
+        # A buffer larger than the RAM, past the others: the plan stays valid, only the allocation can fail.
+        plan["values"]["pad"] = f"uint8[{huge}]"
+        plan["memory"]["offsets"]["pad"] = 128
+        plan["memory"]["arena_bytes"] = 128 + huge
+
+    reseal(artifact, grow)
+    assert "this machine has" in run_refused(artifact, capsys)
 
 
 def test_host_buffer_outside_the_arena_is_refused():
