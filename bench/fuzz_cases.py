@@ -328,8 +328,9 @@ def random_inputs(types: dict[str, tuple[tuple[int, ...], np.dtype]], rng: rando
                 if np.issubdtype(dtype, np.integer):
                     info = np.iinfo(dtype)
                     value = min(max(value, info.min), info.max)
-                flat[rng.randrange(flat.size)] = value
-            notes.append(f"{name} edge {flat[:6].tolist()}")
+                at = rng.randrange(flat.size)
+                flat[at] = value
+                notes.append(f"{name}.flat[{at}] = {flat[at]}")
         inputs[name] = array
     if rng.random() < 0.05:
         inputs["unexpected"] = np.zeros(2, np.float32)
