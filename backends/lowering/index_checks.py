@@ -163,7 +163,12 @@ def _check_constant(ctx, check: IndexCheck, values: np.ndarray) -> None:
 
 
 def add_index_checks(func, checks: list[IndexCheck]):
-    """`func` (a scheduled PrimFunc) with a loop of assertions per check before its body."""
+    """`func` (a scheduled PrimFunc made from TE) with a loop of assertions per check before its body."""
+    return prepend_index_checks(func, checks)
+
+
+def prepend_index_checks(func, checks: list[IndexCheck]):
+    """`func` with a loop of assertions per check before its body (inside its root block, if it has one)."""
     if not checks:
         return func
     tvm = _tvm()
@@ -171,6 +176,8 @@ def add_index_checks(func, checks: list[IndexCheck]):
     params = {p.name: p for p in func.params}
     statements = [_assertions(tir, params[f"in{c.arg}"], c) for c in checks]
     realize = func.body
+    if not isinstance(realize, s_tir.SBlockRealize):
+        return func.with_body(tir.SeqStmt([*statements, realize]))
     block = realize.block
     body = tir.SeqStmt([*statements, block.body])
     block = s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body, block.init,

@@ -1,4 +1,4 @@
-"""Index inputs are checked at run time: out of range is one error naming the node and the index, never a read outside."""
+"""Index inputs are checked at run time: out of range is one error naming the node and the index, never an access outside."""
 from __future__ import annotations
 
 import subprocess
@@ -182,3 +182,53 @@ def test_minigpt_valid_token_ids_equal_onnxruntime(minigpt):
     got = minigpt.run(feeds)
     want = run_onnxruntime(str(MINIGPT.path), feeds)
     np.testing.assert_allclose(list(got.values())[0], want[0], rtol=1e-3, atol=1e-4)
+
+
+SCATTER_UPDATES = -np.arange(1, 9, dtype=np.float32).reshape(2, 4)
+
+
+def _scatter_model(node, indices_shape, updates_shape):
+    inputs = [helper.make_tensor_value_info("i", TensorProto.INT64, indices_shape),
+              helper.make_tensor_value_info("u", TensorProto.FLOAT, updates_shape)]
+    model = _model([node], inputs, [10, 4])
+    model.opset_import[0].version = 18
+    return model
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "max"])
+def test_scatter_elements_writes_in_range_and_refuses_out_of_range(reduction, kernel_cache):
+    node = helper.make_node("ScatterElements", ["w", "i", "u"], ["y"], axis=0, reduction=reduction, name="scatter")
+    model = _scatter_model(node, [2, 4], [2, 4])
+    artifact = compile(model, input_shapes={"i": (2, 4), "u": (2, 4)}, cache_dir=kernel_cache)
+    indices = np.array([[0, -1, 3, 9], [2, 2, -10, 5]], dtype=np.int64)
+    feeds = {"i": indices, "u": SCATTER_UPDATES}
+    np.testing.assert_array_equal(artifact.run(feeds)["y"], run_onnxruntime(model, feeds)[0])
+    indices[1, 2] = 2**31
+    with pytest.raises(ExecutionError, match=r"^node 'scatter': index 2147483648 out of range \[-10, 9\] on axis 0 of 'w'"):
+        artifact.run(feeds)
+
+
+def test_scatter_nd_writes_in_range_and_refuses_out_of_range(kernel_cache):
+    node = helper.make_node("ScatterND", ["w", "i", "u"], ["y"], name="scatter_nd")
+    model = _scatter_model(node, [2, 1], [2, 4])
+    artifact = compile(model, input_shapes={"i": (2, 1), "u": (2, 4)}, cache_dir=kernel_cache)
+    feeds = {"i": np.array([[3], [-1]], dtype=np.int64), "u": SCATTER_UPDATES}
+    np.testing.assert_array_equal(artifact.run(feeds)["y"], run_onnxruntime(model, feeds)[0])
+    feeds["i"] = np.array([[3], [-11]], dtype=np.int64)
+    with pytest.raises(ExecutionError, match=r"^node 'scatter_nd': index -11 out of range \[-10, 9\] on axis 0 of 'w'"):
+        artifact.run(feeds)
+
+
+INDEX_NODE_TESTS = [
+    "test_gather_2d_indices", "test_gather_elements_negative_indices", "test_gathernd_example_int32_batch_dim1",
+    "test_gathernd_example_float32", "test_scatter_elements_with_duplicate_indices",
+    "test_scatter_elements_with_negative_indices", "test_scatter_elements_with_reduction_min", "test_scatternd_add",
+    "test_scatternd_multiply", "test_scatternd_max_with_element_indices",
+]
+
+
+@pytest.mark.parametrize("name", INDEX_NODE_TESTS)
+def test_onnx_node_tests_of_index_ops(name, kernel_cache):
+    from tests.backends.test_kernel import test_onnx_node_test_through_the_backend
+
+    test_onnx_node_test_through_the_backend(name, kernel_cache)
