@@ -24,10 +24,16 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import zipfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from numpy.lib import format as npy_format
+
+from ir.types import TensorType, numpy_dtype
+
 from .errors import ArtifactError
+from .memory import physical_memory
 from .plan_schema import path_problem, validate_plan
 
 PLAN_FILE = "plan.json"
@@ -161,6 +167,49 @@ def verify_files(directory: Path, plan: dict[str, Any]) -> None:
             raise ArtifactError(f"{path}: missing from the artifact; recompile the model")
         if file_hash(path) != expected:
             raise ArtifactError(f"{path}: content does not match its hash in {PLAN_FILE} (corrupted or edited); recompile the model")
+    for section in [plan, *plan.get("devices", [])]:
+        check_weights(directory / section["weights"]["file"], section)
+
+
+def check_weights(path: Path, section: dict[str, Any]) -> None:
+    """The weights file holds every array the section names, with the type the plan gives it, and fits in memory.
+
+    Only CRCs and .npy headers are read: a damaged archive or one claiming huge arrays is refused before loading.
+    """
+    try:
+        headers = _npz_headers(path)
+    except (OSError, ValueError, EOFError, NotImplementedError, zipfile.BadZipFile) as exc:
+        raise ArtifactError(f"{path}: not a readable weights archive ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+                            "recompile the model") from None
+    total = 0
+    for name in section["weights"]["names"]:
+        want = TensorType.parse(section["values"][name])
+        if headers.get(name) != (want.shape, numpy_dtype(want.dtype)):
+            have = "no such array" if name not in headers else f"{headers[name][1]}{list(headers[name][0])}"
+            raise ArtifactError(f"{path}: weight '{name}' is {have}, the plan declares {want.spec()}; recompile the model")
+        total += want.nbytes
+    ram = physical_memory()
+    if ram is not None and total > ram:
+        raise ArtifactError(f"{path}: weights need {total} bytes but this machine has {ram} bytes of memory")
+
+
+def _npz_headers(path: Path) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """(shape, dtype) of each C-ordered array of an .npz, from its headers (after a CRC check of every member)."""
+    readers = {(1, 0): npy_format.read_array_header_1_0, (2, 0): npy_format.read_array_header_2_0}
+    headers = {}
+    with zipfile.ZipFile(path) as archive:
+        damaged = archive.testzip()  # every member's CRC: the loader must not meet a bad one mid-load
+        if damaged is not None:
+            raise ValueError(f"array '{damaged}' fails its CRC check")
+        for member in archive.namelist():
+            with archive.open(member) as stream:
+                version = npy_format.read_magic(stream)
+                if version not in readers:
+                    raise ValueError(f"array '{member}' is in .npy format {version}")
+                shape, fortran_order, dtype = readers[version](stream)
+            if not fortran_order:
+                headers[member.removesuffix(".npy")] = (tuple(shape), dtype)
+    return headers
 
 
 def unlisted_files(directory: Path, plan: dict[str, Any]) -> Iterator[Path]:

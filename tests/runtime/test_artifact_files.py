@@ -187,6 +187,24 @@ def test_plan_json_symlink_out_of_the_artifact_is_refused(artifact, tmp_path, ca
     assert "leads outside the artifact" in run_refused(artifact, capsys)
 
 
+@pytest.mark.parametrize("damage", ["other shape", "missing array", "not a zip", "truncated"])
+def test_weights_that_do_not_match_the_plan_are_refused_even_with_the_hash_recomputed(artifact, capsys, damage):
+    path = artifact / "weights.npz"
+    with np.load(path) as original:
+        arrays = dict(original)
+    name = next(iter(arrays))
+    if damage == "other shape":
+        np.savez(path, **{**arrays, name: np.zeros((1 << 20,), np.float32)})
+    elif damage == "missing array":
+        np.savez(path, **{"other": arrays[name]})
+    elif damage == "not a zip":
+        path.write_bytes(b"not an archive")
+    else:
+        path.write_bytes(path.read_bytes()[:100])
+    reseal(artifact, lambda plan: plan["hashes"].update({"weights.npz": file_hash(path)}))
+    assert "weights.npz" in run_refused(artifact, capsys)
+
+
 # ---- the arena and the schema -------------------------------------------------
 def test_one_edited_offset_is_refused_even_with_the_hash_recomputed(artifact, capsys):
     reseal(artifact, lambda plan: plan["memory"]["offsets"].update(s=plan["memory"]["offsets"]["h"]))
