@@ -232,3 +232,14 @@ def test_onnx_node_tests_of_index_ops(name, kernel_cache):
     from tests.backends.test_kernel import test_onnx_node_test_through_the_backend
 
     test_onnx_node_test_through_the_backend(name, kernel_cache)
+
+
+def test_a_worker_of_a_data_parallel_run_reports_the_bad_index(kernel_cache):
+    nodes = [helper.make_node("Gather", ["w", "i"], ["rows"], axis=0, name="embed"),
+             helper.make_node("Relu", ["rows"], ["y"], name="relu")]
+    model = _model(nodes, [helper.make_tensor_value_info("i", TensorProto.INT64, [4, 3])], [4, 3, 4])
+    artifact = compile(model, input_shapes={"i": (4, 3)}, cache_dir=kernel_cache, devices=2, placement="data", profile=False)
+    indices = np.zeros((4, 3), dtype=np.int64)
+    indices[3, 1] = 12  # in the second half of the batch: rank 1's slice
+    with pytest.raises(ExecutionError, match=r"^rank 1: node 'embed': index 12 out of range \[-10, 9\] on axis 0 of 'w'"):
+        artifact.run({"i": indices})
