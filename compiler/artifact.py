@@ -13,6 +13,7 @@ from ir.types import TensorType, numpy_dtype
 from runtime.artifact_files import (PLAN_FILE, artifact_digest, device_count, parse_expected_digest, read_plan,
                                     unlisted_files, verify_files)
 from runtime.errors import ArtifactError
+from runtime.signature import Signature
 
 
 # Overridable inputs' defaults (initializers that are also graph inputs), listed in plan.json's "input_defaults".
@@ -31,10 +32,10 @@ class Artifact:
     """A compiled model; `run` executes it, `save` writes it to a directory of your choice."""
 
     def __init__(self, directory: str | Path, staging: tempfile.TemporaryDirectory | None = None,
-                 expect_sha256: str | None = None):
+                 expect_sha256: str | None = None, signature: Signature | None = None):
         self.directory = Path(directory)
         self._staging = staging  # keeps a freshly compiled artifact's temporary directory alive
-        self.plan: dict[str, Any] = read_plan(self.directory, expect_sha256)
+        self.plan: dict[str, Any] = read_plan(self.directory, expect_sha256, signature)
         self._executor = None
 
     @property
@@ -169,14 +170,15 @@ def check_destination(destination: Path, overwrite: bool) -> bool:
     return True
 
 
-def load(directory: str | Path, expect_sha256: str | None = None) -> Artifact:
+def load(directory: str | Path, expect_sha256: str | None = None, signature: Signature | None = None) -> Artifact:
     """Open a saved artifact, checking its plan (schema, own hash) and the hashes of its files.
 
     An artifact is native code: load only what you or a source you trust compiled. `expect_sha256`
-    (64 hex digits, or a file holding them) is the digest published with it (`Artifact.sha256`):
-    any other plan.json is refused before anything is loaded.
+    (64 hex digits, or a file holding them) is the digest published with it (`Artifact.sha256`);
+    `signature` a detached OpenSSH signature of its plan.json (runtime/signature.py). Any other
+    plan.json is refused before anything is loaded.
     """
     expected = parse_expected_digest(expect_sha256) if expect_sha256 is not None else None
-    artifact = Artifact(directory, expect_sha256=expected)
+    artifact = Artifact(directory, expect_sha256=expected, signature=signature)
     verify_files(artifact.directory, artifact.plan)
     return artifact

@@ -17,7 +17,8 @@ anything:
 - with a published digest (`tessel run --expect-sha256`, `load(dir,
   expect_sha256=...)`): the sha256 of plan.json's bytes, which `tessel compile`
   prints. plan.json holds every other file's hash, so this digest pins the
-  whole artifact; it is the only check a forger who rewrites the plan cannot pass.
+  whole artifact; it and a detached signature of plan.json (`load(dir,
+  signature=...)`) are the checks a forger who rewrites the plan cannot pass.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from ir.types import TensorType, numpy_dtype
 from .errors import ArtifactError
 from .memory import physical_memory
 from .plan_schema import path_problem, validate_plan
+from .signature import Signature, verify_signature
 
 PLAN_FILE = "plan.json"
 FORMAT = "tessel.artifact"
@@ -100,8 +102,9 @@ def inside(directory: Path, relative: str) -> Path:
     return directory / relative
 
 
-def read_plan(directory: Path, expect_sha256: str | None = None) -> dict[str, Any]:
-    """The artifact's plan, checked: format, version, its own hash, the published digest if given, the schema.
+def read_plan(directory: Path, expect_sha256: str | None = None, signature: Signature | None = None) -> dict[str, Any]:
+    """The artifact's plan, checked: format, version, its own hash, the published digest and the detached
+    signature if given (runtime/signature.py), the schema.
 
     Raise ArtifactError when it is missing, unreadable, another format, edited or damaged.
     """
@@ -121,6 +124,8 @@ def read_plan(directory: Path, expect_sha256: str | None = None) -> dict[str, An
     if expect_sha256 is not None and hashlib.sha256(data).hexdigest() != expect_sha256:
         raise ArtifactError(f"{directory}: sha256 {hashlib.sha256(data).hexdigest()} is not the expected "
                             f"{expect_sha256}; this is not the artifact that was published")
+    if signature is not None:
+        verify_signature(data, signature)
     try:
         plan = json.loads(data)
     except (ValueError, RecursionError) as exc:
@@ -213,8 +218,9 @@ def _npz_headers(path: Path) -> dict[str, tuple[tuple[int, ...], Any]]:
 
 
 def unlisted_files(directory: Path, plan: dict[str, Any]) -> Iterator[Path]:
-    """Files in the artifact directory that are not its own: outside reports/, neither plan.json nor hashed."""
-    listed = set(plan["hashes"]) | {PLAN_FILE}
+    """Files in the artifact directory that are not its own: outside reports/, neither plan.json, its signature
+    (`ssh-keygen -Y sign` writes plan.json.sig beside it) nor hashed."""
+    listed = set(plan["hashes"]) | {PLAN_FILE, f"{PLAN_FILE}.sig"}
     for path in sorted(Path(directory).rglob("*")):
         relative = path.relative_to(directory)
         if relative.parts[0] == "reports" or path.is_dir() and not path.is_symlink():

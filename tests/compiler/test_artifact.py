@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from compiler.artifact import check_destination, load
 from compiler.cli import main
 from runtime.artifact_files import PLAN_FILE, artifact_digest
 from runtime.errors import ArtifactError
+from runtime.signature import NAMESPACE, Signature
 from tests.ir.helpers import F, model
 
 
@@ -108,6 +110,29 @@ def test_load_checks_the_published_digest(saved, tmp_path):
         load(saved, expect_sha256="f" * 64)
     with pytest.raises(ArtifactError, match="neither 64 hex digits"):
         load(saved, expect_sha256=str(tmp_path / "missing.sha256"))
+
+
+def test_load_checks_a_detached_ssh_signature(saved, tmp_path):
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("no ssh-keygen")
+    directory = Path(shutil.copytree(saved, tmp_path / "art"))
+    key = tmp_path / "key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    subprocess.run(["ssh-keygen", "-q", "-Y", "sign", "-f", str(key), "-n", NAMESPACE, str(directory / PLAN_FILE)],
+                   check=True, capture_output=True)
+    signers = tmp_path / "allowed_signers"
+    signers.write_text(f"builder@example.org {(tmp_path / 'key.pub').read_text().split(' ', 2)[0]} "
+                       f"{(tmp_path / 'key.pub').read_text().split(' ', 2)[1]}\n")
+    signature = Signature(directory / "plan.json.sig", signers, "builder@example.org")
+    assert load(directory, signature=signature).sha256 == artifact_digest(directory)
+    assert check_destination(directory, overwrite=True)  # the signature belongs to the artifact
+    with pytest.raises(ArtifactError, match="not a valid signature .* by 'someone@else'"):
+        load(directory, signature=Signature(signature.signature, signers, "someone@else"))
+    plan = json.loads((directory / PLAN_FILE).read_text())
+    (directory / PLAN_FILE).write_text(json.dumps(plan, indent=2))  # same content, other bytes: not what was signed
+    with pytest.raises(ArtifactError, match="not a valid signature") as caught:
+        load(directory, signature=signature)
+    assert "\n" not in str(caught.value)
 
 
 def test_help_states_the_trust_model(capsys):
