@@ -5,7 +5,8 @@ with its share of the cores. Every worker is watched: once one fails, the
 others get a short grace period to exit on their own (a dead peer breaks their
 connections at once; a stopped or stuck one makes their receives give up after
 --timeout), then the whole group is killed and reaped, so no process outlives
-the launch. The first failing worker's line becomes the error.
+the launch. The first failing worker's line becomes the error. A worker also
+leaves by itself once the launching process is gone (killed with SIGKILL).
 
 SIGTERM, SIGINT and SIGHUP to the launching process stop the workers too and
 remove the run's scratch directory (inputs, outputs, logs) before the launch
@@ -80,7 +81,8 @@ def run_local_many(directories: Sequence[str | Path], workers: int,
             for rank in range(workers):
                 stop.check()
                 env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(workers), "LOCAL_WORLD_SIZE": str(workers),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TESSEL_THREADS": str(threads)}
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TESSEL_THREADS": str(threads),
+                       "TESSEL_LAUNCHER_PID": str(os.getpid())}
                 log = open(scratch / f"rank{rank}.log", "w+")
                 logs.append(log)
                 processes.append(subprocess.Popen(

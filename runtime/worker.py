@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -44,6 +45,8 @@ def main(argv=None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     threads = int(os.environ.get("TESSEL_THREADS", str(max(1, (os.cpu_count() or 1) // local_world))))
+    if LAUNCHER_ENV in os.environ:
+        _leave_with_the_launcher(int(os.environ[LAUNCHER_ENV]), rank)
     try:
         return _run(args, rank, world, threads)
     except KeyboardInterrupt:
@@ -55,6 +58,23 @@ def main(argv=None) -> int:
         print(f"tessel worker: {message}", file=sys.stderr, flush=True)
         # Leave without tearing down the process group: a dead peer would make that hang.
         os._exit(EXIT_FAILED)
+
+
+# Set by runtime.launch: the pid of the launching process, which this worker must not outlive.
+LAUNCHER_ENV = "TESSEL_LAUNCHER_PID"
+LAUNCHER_POLL_S = 1.0
+
+
+def _leave_with_the_launcher(launcher: int, rank: int) -> None:
+    """Exit as soon as the launcher is gone (killed with SIGKILL, it can stop nobody): the worker runs in
+    its own session, so nothing else would end it before its peers' receives time out, if ever."""
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(LAUNCHER_POLL_S)
+        print(f"tessel worker: rank {rank}: the launcher (pid {launcher}) is gone; stopping", file=sys.stderr, flush=True)
+        os._exit(EXIT_FAILED)
+
+    threading.Thread(target=watch, name="tessel-launcher-watch", daemon=True).start()
 
 
 def _run(args, rank: int, world: int, threads: int) -> int:

@@ -19,10 +19,11 @@ from compiler.api import compile
 from runtime import launch
 from runtime.errors import ExecutionError
 from runtime.launch import GRACE_S, LaunchInterrupted, run_local
+from runtime.worker import LAUNCHER_POLL_S
 
 ROOT = Path(__file__).resolve().parents[2]
 # Worker startup (import torch) on a busy machine, before a test may act on the workers.
-STARTUP_S = 120
+STARTUP_S = 300
 # Slack for polling, killing and reaping on busy cores.
 SLACK_S = 4
 
@@ -105,10 +106,20 @@ def _gone(pid: int) -> bool:
     return False
 
 
+def _ended(pid: int) -> bool:
+    """The process has exited (gone, or a zombie its new parent has yet to reap)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 def _kill_if_alive(pids) -> None:
     for pid in pids:
-        if not _gone(pid):
+        try:
             os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _meanwhile(artifact: Path, action, give_up_s: float) -> dict:
@@ -202,6 +213,23 @@ def test_sigterm_to_tessel_run_stops_the_workers_and_removes_the_scratch_directo
     assert all(_gone(pid) for pid in workers)
     assert _scratch_dirs(tmp_path) == []
 
+
+
+def test_workers_leave_when_the_launcher_is_killed_outright(pipeline_artifact, tmp_path):
+    run = subprocess.Popen([sys.executable, "-m", "compiler.cli", "run", str(pipeline_artifact.directory),
+                            "--repeat", "100000"], cwd=ROOT, env={**os.environ, "TMPDIR": str(tmp_path)},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers = []
+    try:
+        workers = _wait_for_workers(run.pid, pipeline_artifact.directory)
+        run.kill()
+        run.wait()
+        deadline = time.monotonic() + LAUNCHER_POLL_S + 2 * SLACK_S
+        while time.monotonic() < deadline and not all(_ended(pid) for pid in workers):
+            time.sleep(0.1)
+        assert all(_ended(pid) for pid in workers)
+    finally:
+        _kill_if_alive(workers)
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP], ids=["SIGINT", "SIGHUP"])
 def test_a_stop_signal_during_run_local_raises_and_restores_the_callers_handler(signum, pipeline_artifact, tmp_path):
