@@ -5,8 +5,8 @@ MASTER_ADDR and MASTER_PORT (torchrun sets all four; `tessel run` sets them for
 local workers on 127.0.0.1). Rank r runs device r's program; rank 0 reads the
 inputs (an .npz, or random ones), splits them into micro-batches, and writes
 the outputs. With data placement every rank runs the same program on its
-slice of the batch, which rank 0 scatters and whose outputs it gathers. Any failure — a kernel error, a peer that died, a tensor that did
-not arrive within --timeout — prints one line naming this rank and exits 1.
+slice of the batch, which rank 0 scatters and whose outputs it gathers. Any failure — a kernel error, a peer that died, a rendezvous or
+a tensor not done within --timeout, the launcher gone — prints one line naming this rank and exits 1.
 """
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def _parser() -> argparse.ArgumentParser:
                         "outputs to DIR/out<k>.npz, times to DIR/times<k>.json")
     parser.add_argument("--repeat", type=int, default=0, metavar="N",
                         help="after the first run, stream N more back to back and time them")
-    parser.add_argument("--timeout", type=float, default=30.0, metavar="S", help="seconds to wait for a peer")
+    parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                        help="seconds to wait for the rendezvous and for each transfer from a peer")
     parser.add_argument("--report", metavar="TIMES.json", help="where rank 0 writes the measured times")
     return parser
 
