@@ -42,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    # torch's C++ log would add a screen of retry warnings and backtraces to the one line a failure prints
+    # (read when torch loads, hence before any import of it; set it yourself to see them).
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))

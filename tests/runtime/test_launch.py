@@ -253,13 +253,15 @@ def test_a_stop_signal_during_run_local_raises_and_restores_the_callers_handler(
     assert _scratch_dirs(tmp_path) == []
 
 
-def test_a_rank_started_directly_honours_the_timeout_against_a_silent_listener(pipeline_artifact):
-    # Listening without ever accepting: the kernel completes the client's connect, nobody ever answers.
-    with socket.socket() as silent:
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(8)
-        env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(silent.getsockname()[1])}
+@pytest.mark.parametrize("listening", [True, False], ids=["silent-listener", "nobody-listening"])
+def test_a_rank_started_directly_honours_the_timeout_in_rendezvous(listening, pipeline_artifact):
+    # A silent listener never accepts: the kernel completes the client's connect, and nobody ever answers.
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        port = holder.getsockname()[1]
+        if listening:
+            holder.listen(8)
+        env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         started = time.monotonic()
         worker = subprocess.Popen([sys.executable, "-m", "runtime.worker", str(pipeline_artifact.directory),
                                    "--timeout", "3"], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True,
