@@ -182,12 +182,20 @@ class Executor:
         check = parse_check(str(exc))
         if check is None:
             return exc
-        indices = arg_names[check.arg]
-        bad = check.first_violation(self._memory.read(self._buffer(indices)))
-        index, bound, axis = bad if bad is not None else ("?", check.bounds[0], check.axis)
         # Constants a fused group holds are named '<group>/<name>' in the plan.
         group = f"{step['node']}/"
         data = "its data" if check.data is None else f"'{arg_names[check.data].removeprefix(group)}'"
+        if check.arg < 0:  # computed inside the kernel: the values are gone, the range is known
+            bounds = check.bounds
+            where = (f"[{-bounds[0]}, {bounds[0] - 1}] on axis {check.axis}" if len(bounds) == 1 else
+                     f"of axes {check.axis}..{check.axis + len(bounds) - 1} (sizes {', '.join(map(str, bounds))})")
+            node = member_name(self.directory, step["node"], check.op, "")
+            return ExecutionError(
+                f"node '{node}': an index computed in kernel '{step['node']}' is out of range {where} of {data}; "
+                f"{check.op} indices must lie in that range")
+        indices = arg_names[check.arg]
+        bad = check.first_violation(self._memory.read(self._buffer(indices)))
+        index, bound, axis = bad if bad is not None else ("?", check.bounds[0], check.axis)
         node = member_name(self.directory, step["node"], check.op, indices)
         return ExecutionError(
             f"node '{node}': index {index} out of range [{-bound}, {bound - 1}] on axis {axis} of {data}; "

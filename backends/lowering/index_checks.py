@@ -1,15 +1,17 @@
 """Run-time checks of index inputs: an index outside [-n, n-1] stops the kernel, it never reads out of bounds.
 
-A Gather-like rule asks `checked_index` for the position to read. When the
-indices are a kernel argument, unchanged or through views and integer casts,
-and the kernel runs on the CPU, its compute carries a `CHECK_ATTR` annotation
-describing the check; the CPU schedule then puts a loop of assertions over that
-argument before the kernel body (`add_index_checks`). A failed assertion comes
-out of the kernel call as an exception whose message `parse_check` reads back;
-the executor turns it into one line naming the node and the bad index.
-Anywhere else (indices computed inside the kernel, GPU kernels) the position
-is clamped into range: a wrong index then reads an element of the same tensor,
-never memory outside it.
+A Gather-like rule asks `checked_indices` for its check and the tensor to read
+indices from, and `position` for each position to read. Indices that are a
+kernel argument (unchanged, or through views and integer casts) are asserted
+before the kernel body: the rule's compute carries a `CHECK_ATTR` annotation
+describing the check, and the CPU schedule puts a loop of assertions over that
+argument first (`add_index_checks`). Indices computed inside the kernel are
+stored in a buffer of the kernel's (a block carrying the annotation) and
+asserted after the body, their reads clamped meanwhile. A failed assertion
+comes out of the kernel call as an exception whose message `parse_check` reads
+back; the executor turns it into one line naming the node and the bad index.
+GPU kernels clamp every read: a wrong index then reads an element of the same
+tensor, never memory outside it.
 """
 from __future__ import annotations
 
@@ -38,6 +40,9 @@ class IndexCheck:
     bounds: tuple[int, ...]
     axis: int
     data: int | None
+    # Indices computed inside the kernel (arg -1) are stored in this buffer of the kernel's and asserted
+    # after its body (each read clamped meanwhile); set by the schedule, not part of the description.
+    buffer: str = ""
 
     def describe(self) -> str:
         """The check as 'key=value;...' text (the annotation and the assertion message carry it)."""
@@ -123,33 +128,42 @@ def _keeps_values(op, dtype) -> bool:
     return len(indices) == len(axes) and all(i.same_as(a) for i, a in zip(indices, axes))
 
 
-def index_check(ctx, indices, bounds: tuple[int, ...], axis: int, data) -> IndexCheck | None:
-    """The run-time check of a rule's indices (input 1, indexing `data` from `axis` on, within `bounds`: one
-    for every index, or one per component of the indices' last axis), or None where the kernel cannot check
-    them (`position` then clamps). Constant indices are checked now."""
+def checked_indices(ctx, indices, bounds: tuple[int, ...], axis: int, data):
+    """(check, tensor to read the indices from) for a rule's indices (input 1, indexing `data` from `axis` on,
+    within `bounds`: one for every index, or one per component of the indices' last axis).
+
+    Indices that are a kernel argument are asserted before the kernel body. Indices computed inside the
+    kernel are first stored (a block carrying the check) and asserted after the body; `position` clamps
+    their reads meanwhile. On a GPU the check is None: `position` clamps. Constant indices are checked now.
+    """
     constant = ctx.data(1)
     if constant is not None:
         _check_constant(ctx, IndexCheck(ctx.op_type, 1, bounds, axis, None), constant)
-        return None
+        return None, indices
+    if ctx.gpu:
+        return None, indices
     arg = argument_of(indices)
-    if ctx.gpu or arg is None:
-        return None
-    return IndexCheck(ctx.op_type, arg, bounds, axis, argument_of(data))
+    if arg is not None:
+        return IndexCheck(ctx.op_type, arg, bounds, axis, argument_of(data)), indices
+    check = IndexCheck(ctx.op_type, -1, bounds, axis, argument_of(data))
+    stored = _tvm().te.compute(indices.shape, lambda *i: indices(*i), name="checked_indices",
+                               attrs={CHECK_ATTR: check.describe()})
+    return check, stored
 
 
 def check_attrs(check: IndexCheck | None) -> dict[str, str]:
     """The attributes of the compute that reads with the check (the CPU schedule reads them)."""
-    return {CHECK_ATTR: check.describe()} if check is not None else {}
+    return {CHECK_ATTR: check.describe()} if check is not None and check.arg >= 0 else {}
 
 
 def position(indices, coordinates, dim: int, check: IndexCheck | None):
     """Where the index `indices[coordinates]` reads on an axis of length `dim`: negative values count from
-    its end; unchecked indices are clamped into the axis."""
+    its end; indices not asserted before the body are clamped into the axis."""
     tir = _tvm().tirx
     index = indices[tuple(coordinates)]
     dim_expr = tir.const(dim, indices.dtype)
     wrapped = tir.Select(index < 0, index + dim_expr, index)
-    if check is not None:
+    if check is not None and check.arg >= 0:
         return wrapped
     return tir.max(tir.min(wrapped, dim_expr - 1), tir.const(0, indices.dtype))
 
@@ -168,18 +182,21 @@ def add_index_checks(func, checks: list[IndexCheck]):
 
 
 def prepend_index_checks(func, checks: list[IndexCheck]):
-    """`func` with a loop of assertions per check before its body (inside its root block, if it has one)."""
+    """`func` with a loop of assertions per check before its body (inside its root block, if it has one);
+    the checks of indices stored in one of its buffers go after the body."""
     if not checks:
         return func
     tvm = _tvm()
     tir, s_tir = tvm.tirx, tvm.s_tir
     params = {p.name: p for p in func.params}
-    statements = [_assertions(tir, params[f"in{c.arg}"], c) for c in checks]
+    before = [_assertions(tir, params[f"in{c.arg}"], c) for c in checks if c.arg >= 0]
     realize = func.body
     if not isinstance(realize, s_tir.SBlockRealize):
-        return func.with_body(tir.SeqStmt([*statements, realize]))
+        return func.with_body(tir.SeqStmt([*before, realize])) if before else func
     block = realize.block
-    body = tir.SeqStmt([*statements, block.body])
+    stored = {b.name: b for b in block.alloc_buffers}
+    after = [_assertions(tir, stored[c.buffer], c) for c in checks if c.arg < 0 and c.buffer in stored]
+    body = tir.SeqStmt([*before, block.body, *after])
     block = s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body, block.init,
                          block.alloc_buffers, block.match_buffers, block.annotations)
     return func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, block))

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..tvm_env import tvm
 from .context import LowerContext
-from .index_checks import check_attrs, index_check, position
+from .index_checks import check_attrs, checked_indices, position
 
 _tvm = tvm()
 te, topi, tir = _tvm.te, _tvm.topi, _tvm.tirx
@@ -86,7 +86,7 @@ def _gather(ctx: LowerContext):
     axis = _axis(ctx.attr("axis", 0), len(data.shape))
     dim = int(data.shape[axis])
     index_rank = len(indices.shape)
-    check = index_check(ctx, indices, (dim,), axis, data)
+    check, indices = checked_indices(ctx, indices, (dim,), axis, data)
 
     def compute(*i):
         at = position(indices, i[axis:axis + index_rank], dim, check)
@@ -99,7 +99,7 @@ def _gather_elements(ctx: LowerContext):
     data, indices = ctx.input(0), ctx.input(1)
     axis = _axis(ctx.attr("axis", 0), len(data.shape))
     dim = int(data.shape[axis])
-    check = index_check(ctx, indices, (dim,), axis, data)
+    check, indices = checked_indices(ctx, indices, (dim,), axis, data)
 
     def compute(*i):
         return data[(*i[:axis], position(indices, i, dim, check), *i[axis + 1:])]
@@ -115,7 +115,7 @@ def _gather_nd(ctx: LowerContext):
     width = int(indices.shape[-1])
     positions = len(indices.shape) - 1
     bounds = tuple(dims[batch:batch + width])
-    check = index_check(ctx, indices, bounds, batch, data)
+    check, indices = checked_indices(ctx, indices, bounds, batch, data)
 
     def compute(*o):
         at = [position(indices, (*o[:positions], j), bounds[j], check) for j in range(width)]

@@ -8,6 +8,8 @@ Gather-like block asked to check are asserted in range before the kernel body.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from ..tvm_env import tvm
 
 _tvm = tvm()
@@ -85,7 +87,7 @@ def schedule(func, index_checks: bool = True):
     for block in reversed(sch.get_child_blocks(root)):
         feeds_reduction = any(any(_iter_kinds(sch, c)) for c in sch.get_consumers(block))
         # A padding or layout stage inlined into a reduction puts bounds checks in its inner loop.
-        if not any(_iter_kinds(sch, block)) and not feeds_reduction:
+        if not any(_iter_kinds(sch, block)) and not feeds_reduction and not _stores_indices(sch, block):
             try_step(lambda b=block: sch.compute_inline(b))
     for block in sch.get_child_blocks(root):
         if any(_iter_kinds(sch, block)):
@@ -96,16 +98,30 @@ def schedule(func, index_checks: bool = True):
 
 
 def _index_checks(sch, root) -> list:
-    """The index checks the kernel's blocks ask for (read before inlining moves their reads elsewhere)."""
+    """The index checks the kernel's blocks ask for (read before inlining moves their reads elsewhere);
+    a check of indices the kernel computes names the buffer its block stores them in."""
     # Imported here: the lowering package imports this module (fast.py) while it initialises.
     from ..lowering.index_checks import CHECK_ATTR, IndexCheck
 
     checks: list[IndexCheck] = []
     for block in sch.get_child_blocks(root):
         text = sch.get(block).annotations.get(CHECK_ATTR)
-        if text is not None and IndexCheck.parse(str(text)) not in checks:
-            checks.append(IndexCheck.parse(str(text)))
+        if text is None:
+            continue
+        check = IndexCheck.parse(str(text))
+        if check.arg < 0:
+            check = dataclasses.replace(check, buffer=sch.get(block).writes[0].source.name)
+        if check not in checks:
+            checks.append(check)
     return checks
+
+
+def _stores_indices(sch, block) -> bool:
+    """Whether `block` stores computed indices for a check after the body (it must not be inlined)."""
+    from ..lowering.index_checks import CHECK_ATTR, IndexCheck
+
+    text = sch.get(block).annotations.get(CHECK_ATTR)
+    return text is not None and IndexCheck.parse(str(text)).arg < 0
 
 
 def _with_index_checks(func, checks: list):
@@ -224,10 +240,11 @@ def schedule_around(func, anchor_schedule, anchor_blocks: frozenset[str]):
     for block in reversed(others()):
         feeds_reduction = any(any(_iter_kinds(sch, c)) for c in sch.get_consumers(block))
         # Inlined into the anchor's reduction, a producer would run in its innermost loop.
-        if not any(_iter_kinds(sch, block)) and not feeds_reduction:
+        if not any(_iter_kinds(sch, block)) and not feeds_reduction and not _stores_indices(sch, block):
             try_step(lambda b=block: sch.compute_inline(b))
     for block in others():
-        try_step(lambda b=block: sch.reverse_compute_inline(b))
+        if not _stores_indices(sch, block):
+            try_step(lambda b=block: sch.reverse_compute_inline(b))
     anchor_schedule(sch)
     for block in others():
         if any(_iter_kinds(sch, block)):

@@ -87,15 +87,17 @@ def test_fused_embedding_checks_its_token_ids_through_a_cast(kernel_cache):
         artifact.run({"ids": np.array([[3, 1000, 0]], dtype=np.int32), "pos": pos})
 
 
-def test_indices_computed_inside_a_kernel_are_clamped_into_the_tensor(kernel_cache):
+def test_indices_computed_inside_a_kernel_are_checked_after_it(kernel_cache):
     nodes = [helper.make_node("Add", ["i", "one"], ["shifted"], name="shift"),
              helper.make_node("Gather", ["w", "shifted"], ["y"], axis=0, name="lookup")]
-    model = _model(nodes, [helper.make_tensor_value_info("i", TensorProto.INT64, [3])], [3, 4],
-                   initializers=(WEIGHT,))
+    model = _model(nodes, [helper.make_tensor_value_info("i", TensorProto.INT64, [3])], [3, 4])
     model.graph.initializer.append(numpy_helper.from_array(np.array(1, dtype=np.int64), "one"))
     artifact = compile(model, input_shapes={"i": (3,)}, cache_dir=kernel_cache)
-    got = artifact.run({"i": np.array([2**40, -(2**40), 0], dtype=np.int64)})["y"]
-    np.testing.assert_array_equal(got, WEIGHT[[9, 0, 1]])
+    good = np.array([8, -11, 0], dtype=np.int64)
+    np.testing.assert_array_equal(artifact.run({"i": good})["y"], run_onnxruntime(model, {"i": good})[0])
+    with pytest.raises(ExecutionError, match=r"^node 'lookup': an index computed in kernel '.+' is out of range "
+                                             r"\[-10, 9\] on axis 0 of 'w'"):
+        artifact.run({"i": np.array([2**40, 0, 0], dtype=np.int64)})
 
 
 def test_the_cli_reports_a_bad_index_in_one_line_with_exit_2(gather, tmp_path):
