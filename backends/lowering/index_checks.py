@@ -177,11 +177,6 @@ def _check_constant(ctx, check: IndexCheck, values: np.ndarray) -> None:
 
 
 def add_index_checks(func, checks: list[IndexCheck]):
-    """`func` (a scheduled PrimFunc made from TE) with a loop of assertions per check before its body."""
-    return prepend_index_checks(func, checks)
-
-
-def prepend_index_checks(func, checks: list[IndexCheck]):
     """`func` with a loop of assertions per check before its body (inside its root block, if it has one);
     the checks of indices stored in one of its buffers go after the body."""
     if not checks:

@@ -12,7 +12,7 @@ import contextlib
 
 from ..tvm_env import tvm
 from .context import LowerContext
-from .index_checks import IndexCheck, prepend_index_checks
+from .index_checks import IndexCheck, add_index_checks
 from .rnn import PrimFuncResult
 
 _tvm = tvm()
@@ -102,7 +102,7 @@ def _scatter(ctx: LowerContext, nd: bool):
         checks.append(IndexCheck(ctx.op_type, arg_numbers[1], bounds, axis, arg_numbers.get(0)))
     else:
         _constant_check(ctx, IndexCheck(ctx.op_type, 1, bounds, axis, None))
-    return [PrimFuncResult(prepend_index_checks(func, checks))]
+    return [PrimFuncResult(add_index_checks(func, checks))]
 
 
 RULES = {
