@@ -353,9 +353,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MemoryError:
         print("tessel: error: out of memory; use smaller inputs or a machine with more memory", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("tessel: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        # A stop signal during a launch says which signal and what was cleaned up; Ctrl-C elsewhere has no text.
+        print(f"tessel: {exc or 'interrupted'}", file=sys.stderr)
+        return 128 + getattr(exc, "signum", 2)
 
 
 if __name__ == "__main__":
