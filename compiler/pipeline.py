@@ -14,8 +14,10 @@ from passes.cse import CSE
 from passes.dce import DCE
 from passes.fuse import FUSE, kernel_count
 from passes.simplify import SIMPLIFY
+from passes.split_variadic import SPLIT_VARIADIC
 
-PIPELINE: tuple[Pass, ...] = (SIMPLIFY, CONSTANT_FOLD, CSE, DCE, FUSE)
+# Variadic ops are split right after simplification, so no later pass or kernel sees thousands of inputs.
+PIPELINE: tuple[Pass, ...] = (SIMPLIFY, SPLIT_VARIADIC, CONSTANT_FOLD, CSE, DCE, FUSE)
 PASS_NAMES = tuple(p.name for p in PIPELINE)
 
 
