@@ -276,7 +276,7 @@ def summarize(results: list[dict], elapsed: float) -> str:
 
     lines = [f"{len(results)} cases in {elapsed:.0f} s ({len(results) / max(elapsed, 1e-9):.1f}/s)"]
     totals = Counter(r["outcome"] for r in results)
-    lines.append("outcomes: " + ", ".join(f"{k} {totals.get(k, 0)}" for k in ("ok", "clean", "mismatch", *BAD)))
+    lines.append("outcomes: " + ", ".join(f"{k} {totals.get(k, 0)}" for k in ("ok", "clean", "mismatch", *BAD, "fuzzer error")))
     by_family: dict[str, Counter] = defaultdict(Counter)
     for r in results:
         by_family[r["family"]][r["outcome"]] += 1

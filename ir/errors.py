@@ -6,8 +6,16 @@ what to do; the CLI prints it as is and exits with code 2.
 from __future__ import annotations
 
 
+# Characters that break a line (str.splitlines, terminals) or drive a terminal: a message quotes names from
+# models, plans and files as they are, so these are shown escaped and the message stays one line.
+_ONE_LINE = str.maketrans({c: repr(c)[1:-1] for c in [*map(chr, range(32)), "\x7f", "\x85", "\u2028", "\u2029"]})
+
+
 class TesselError(Exception):
-    """Base class of every error Tessel raises on purpose."""
+    """Base class of every error Tessel raises on purpose; its message is always one line."""
+
+    def __str__(self) -> str:
+        return super().__str__().translate(_ONE_LINE)
 
 
 class ModelLoadError(TesselError):
