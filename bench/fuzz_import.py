@@ -132,15 +132,20 @@ READY_TIMEOUT = 300.0
 
 
 def compile_bases(directory: Path) -> list[str]:
-    """Compile the seed models (bench/fuzz_cases.py) into artifacts under `directory`; their names."""
+    """Compile the seed models (bench/fuzz_cases.py) into artifacts under `directory`, and the MLP as a
+    two-device pipeline (named with the MULTI_DEVICE prefix: its runs launch worker processes); their names."""
     import compiler
     from bench.fuzz_cases import seed_models
+    from bench.fuzz_worker import MULTI_DEVICE
 
     directory.mkdir(parents=True, exist_ok=True)
+    seeds = seed_models()
+    builds = [(name, model, {}) for name, model in seeds.items()]
+    builds.append((f"{MULTI_DEVICE}mlp", seeds["mlp"], {"devices": 2, "placement": "pipeline", "profile": False}))
     names = []
-    for name, model in seed_models().items():
+    for name, model, options in builds:
         try:
-            compiler.compile(model.SerializeToString()).save(directory / name)
+            compiler.compile(model.SerializeToString(), **options).save(directory / name)
         except ir.TesselError as exc:
             print(f"seed model {name} does not compile ({exc}); left out", file=sys.stderr)
             continue

@@ -18,6 +18,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sys
 import time
 import traceback
@@ -30,7 +31,10 @@ FAMILIES = (("import", 0.385), ("load", 0.30), ("run", 0.30), ("compile", 0.015)
 TIMEOUTS = {"import": 30.0, "load": 30.0, "run": 30.0, "compile": 120.0}
 # What a case may never do; "mismatch" (a result onnxruntime disagrees with) and "fuzzer error" (a case the
 # fuzzer itself failed to make) are reported beside them.
-BAD = ("crash", "traceback", "hang", "write outside", "leftover", "messy error", "other exit")
+BAD = ("crash", "traceback", "hang", "write outside", "leftover", "process left", "messy error", "other exit")
+# Base artifacts whose runs launch local worker processes (seconds each): a few cases take one.
+MULTI_DEVICE = "pipeline2_"
+MULTI_DEVICE_SHARE = 0.02
 OUTSIDE_FILES = {"victim.md": b"# not Tessel's\n", "victim.so": b"\x7fELF not a library\n", "victim.npz": b"PK not inputs"}
 
 
@@ -74,7 +78,9 @@ class Worker:
 
         self.root = root
         self.seeds = seed_models()
-        self.bases = sorted(p.name for p in (root / "bases").iterdir())
+        names = sorted(p.name for p in (root / "bases").iterdir())
+        self.bases = [n for n in names if not n.startswith(MULTI_DEVICE)]
+        self.multi_device = [n for n in names if n.startswith(MULTI_DEVICE)]
         self._corpus = None
         self._types: dict[str, dict] = {}
         self._warm_up()
@@ -102,12 +108,15 @@ class Worker:
             outcome, detail = "fuzzer error", traceback.format_exc().strip().splitlines()[-1]
         if family == "compile":
             gc.collect()  # a freshly compiled artifact holds its staging directory until collected (slow: only here)
-        outcome, detail = self._check_side_effects(outcome, detail)
+        outcome, detail = self._check_side_effects(outcome, detail, family)
         _remove(case)
         return {"index": index, "family": family, "outcome": outcome, "detail": detail,
                 "seconds": round(time.perf_counter() - started, 3)}
 
-    def _check_side_effects(self, outcome: str, detail: str) -> tuple[str, str]:
+    def _check_side_effects(self, outcome: str, detail: str, family: str) -> tuple[str, str]:
+        left_running = _stray_processes() if family in ("load", "run") else []
+        if left_running:
+            return "process left", f"{', '.join(left_running[:3])} still running after the case ({detail})"
         now = watch_snapshot(self.root)
         if now != self.baseline:
             changed = sorted(k for k in set(now) | set(self.baseline) if now.get(k) != self.baseline.get(k))
@@ -153,7 +162,7 @@ class Worker:
     def _load(self, rng: random.Random, case: Path) -> tuple[str, str]:
         from bench.fuzz_cases import copy_artifact, mutate_artifact
 
-        base = rng.choice(self.bases)
+        base = self._base(rng)
         copy_artifact(self.root / "bases" / base, case / "art")
         what = mutate_artifact(case / "art", self.root / "outside", rng)
         args = ["run", str(case / "art"), "--outputs", str(case / "out.npz")]
@@ -165,12 +174,17 @@ class Worker:
     def _run(self, rng: random.Random, case: Path) -> tuple[str, str]:
         from bench.fuzz_cases import copy_artifact, random_inputs, write_npz
 
-        base = rng.choice(self.bases)
+        base = self._base(rng)
         copy_artifact(self.root / "bases" / base, case / "art")
         inputs, what = random_inputs(self._input_types(base), rng)
         damage = write_npz(case / "in.npz", inputs, rng)
         outcome, detail = _cli("run", str(case / "art"), "--inputs", str(case / "in.npz"), "--check")
         return outcome, f"{base}, {damage or what}: {detail}"
+
+    def _base(self, rng: random.Random) -> str:
+        if self.multi_device and rng.random() < MULTI_DEVICE_SHARE:
+            return rng.choice(self.multi_device)
+        return rng.choice(self.bases)
 
     def _input_types(self, base: str) -> dict:
         if base not in self._types:
@@ -180,6 +194,53 @@ class Worker:
             artifact = compiler.load(self.root / "bases" / base)
             self._types[base] = {n: (t.shape, numpy_dtype(t.dtype)) for n, t in artifact.batch_input_types().items()}
         return self._types[base]
+
+
+def _stray_processes(grace: float = 3.0) -> list[str]:
+    """Processes a run left behind: this worker's children (orphans included: the worker is their subreaper)
+    still alive `grace` seconds after the case, killed once named. Kernel build workers are the builder's pool."""
+    deadline = time.monotonic() + grace
+    while True:
+        _reap()
+        alive = {pid: cmd for pid, cmd in _children().items() if "build_worker" not in cmd}
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    time.sleep(0.05)
+    _reap()
+    return [f"pid {pid} ({cmd[:60]})" for pid, cmd in alive.items()]
+
+
+def _children() -> dict[int, str]:
+    me, found = os.getpid(), {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[1]) == me and fields[0] != "Z":
+                found[int(entry)] = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _reap() -> None:
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+def _become_subreaper() -> None:
+    """Orphaned descendants (workers a launcher failed to stop) become this process's children, to be seen."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
 def _cli(*args: str) -> tuple[str, str]:
@@ -234,6 +295,7 @@ def serve(root: Path) -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     os.dup2(log, 2)
     faulthandler.enable()  # a crash leaves the Python stack in the log
+    _become_subreaper()
     worker = Worker(root)
     protocol.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
