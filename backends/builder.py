@@ -126,9 +126,13 @@ def _compile_in_workers(specs: dict[str, KernelSpec], target: TargetSpec, cache:
                     key = work.get_nowait()
                 except queue.Empty:
                     return
-                worker = worker or pool.acquire()
-                error = worker.build(key, specs[key], target, cache)
-                if not worker.alive:
+                try:
+                    worker = worker or pool.acquire()
+                except OSError as exc:
+                    error = f"cannot start a build worker ({exc.strerror or exc})"
+                else:
+                    error = worker.build(key, specs[key], target, cache)
+                if worker is not None and not worker.alive:
                     cache.discard_staging(worker.pid)
                     pool.release(worker)
                     worker = None
@@ -172,11 +176,15 @@ class _Worker:
         env = dict(os.environ, TVM_NUM_THREADS="1")
         # Its stderr (TVM's messages before a crash) goes to an unlinked file: read on death, never left behind.
         self.stderr = tempfile.TemporaryFile()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", WORKER_MODULE],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env,
-            cwd=str(Path(__file__).resolve().parent.parent),
-        )
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", WORKER_MODULE],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env,
+                cwd=str(Path(__file__).resolve().parent.parent),
+            )
+        except OSError:
+            self.stderr.close()
+            raise
         self.pid = self.process.pid
 
     @property
@@ -214,21 +222,27 @@ class _Worker:
         lines = [line.strip() for line in self.stderr.read().decode(errors="replace").splitlines() if line.strip()]
         return lines[-1] if lines else ""
 
-    def stop(self, kill: bool = False) -> None:
-        """End the process: close its input (it exits when done), or kill it; then reap it."""
-        if kill and self.alive:
-            self.process.kill()
+    def close_input(self) -> None:
+        """Close its input: an idle worker then exits."""
         for stream in (self.process.stdin, self.process.stdout):
             try:
                 stream.close()
             except OSError:
                 pass
+
+    def reap(self) -> None:
+        """Wait for the process to end (killing it after STOP_SECONDS) and release its files."""
         try:
             self.process.wait(timeout=STOP_SECONDS)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
         self.stderr.close()
+
+    def stop(self) -> None:
+        """End the process and reap it."""
+        self.close_input()
+        self.reap()
 
 
 class _Pool:
@@ -274,7 +288,9 @@ class _Pool:
         with self.lock:
             idle, self.idle = self.idle, []
         for worker in idle:
-            worker.stop()
+            worker.close_input()  # all at once: they shut down in parallel
+        for worker in idle:
+            worker.reap()
 
     def kill_busy(self) -> None:
         """Kill the workers compiling now (their drivers see them die and hand them back)."""
