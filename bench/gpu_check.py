@@ -46,17 +46,36 @@ TORCH_MODELS = ("resnet18", "resnet18_b16")  # the cases also timed in PyTorch e
 
 # ---- pack (CPU machine) -------------------------------------------------------------------------
 def _cases():
-    """(case name, corpus model, batch or None, inputs) for every non-negative corpus model, and ResNet-18 at 16."""
-    from compiler.corpus import fill, load_corpus
+    """(case name, corpus model, batch or None, input recipe) for every non-negative corpus model, and ResNet-18 at 16.
+
+    A recipe is what the corpus says to fill each input with, in order, from one seed: the device makes the same
+    arrays (checked by their hash) instead of carrying them (ResNet-18's batch of 16 alone is 9.6 MB).
+    """
+    from compiler.corpus import load_corpus
 
     for model in load_corpus():
         if model.negative:
             continue
-        yield model.name, model, None, model.make_inputs()
+        specs = [[name, spec["fill"], spec["dtype"], list(spec["shape"])] for name, spec in model.inputs.items()]
+        yield model.name, model, None, {"seed": 0, "inputs": specs}
         if model.name == "resnet18":
-            rng = np.random.default_rng(0)
-            inputs = {n: fill(spec["fill"], spec["dtype"], (16, *spec["shape"][1:]), rng) for n, spec in model.inputs.items()}
-            yield "resnet18_b16", model, 16, inputs
+            yield "resnet18_b16", model, 16, {"seed": 0, "inputs": [[n, f, d, [16, *s[1:]]] for n, f, d, s in specs]}
+
+
+def make_inputs(recipe: dict) -> dict[str, np.ndarray]:
+    """The inputs a recipe describes (the corpus fills, drawn in order from one generator)."""
+    from compiler.corpus import fill
+
+    rng = np.random.default_rng(recipe["seed"])
+    return {name: fill(how, dtype, tuple(shape), rng) for name, how, dtype, shape in recipe["inputs"]}
+
+
+def _inputs_digest(inputs: dict[str, np.ndarray]) -> str:
+    digest = hashlib.sha256()
+    for name, value in inputs.items():
+        digest.update(name.encode() + str(value.dtype).encode() + str(value.shape).encode())
+        digest.update(np.ascontiguousarray(value).tobytes())
+    return digest.hexdigest()
 
 
 def _reference(model_path: Path, inputs: dict[str, np.ndarray], batch: int | None) -> dict[str, np.ndarray]:
@@ -169,15 +188,16 @@ def pack(target: str, out: Path, limit_mib: float, only: list[str] | None, cache
     fixed_bytes = (shared / "tvm_runtime.tar.gz").stat().st_size + wheel.stat().st_size
     budget = int(limit_mib * 2**20) - fixed_bytes
     cases, blobs = [], {}
-    for name, model, batch, inputs in _cases():
+    for name, model, batch, recipe in _cases():
         if only and name not in only:
             continue
+        inputs = make_inputs(recipe)
         started = time.perf_counter()
         artifact = tessel_compile(model.path, target=target, input_shapes=model.input_shapes, batch=batch,
                                   cache_dir=str(cache_dir) if cache_dir else None)
         files = _artifact_files(artifact.directory)
         expected = _reference(model.path, inputs, batch)
-        files["case/inputs.npz"] = _npz_bytes(inputs)
+        files["case/inputs.json"] = json.dumps({**recipe, "sha256": _inputs_digest(inputs)}).encode()
         files["case/expected.npz"] = _npz_bytes(expected)
         if name in TORCH_MODELS and _torch_weights(files) is None:
             files["case/torch_weights.npz"] = _npz_bytes(_onnx_weights(model.path))
@@ -291,14 +311,18 @@ def _load_npz(path: Path) -> dict[str, np.ndarray]:
 
 
 def _compare(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> tuple[bool, float]:
+    """Whether every output equals its reference (NaN equal to NaN at the same places), and the largest error
+    (infinite where NaN or infinity stands on one side only)."""
     ok, worst = True, 0.0
     for name, expected in want.items():
         actual = got[name]
         if actual.shape != expected.shape:
             return False, float("inf")
         if actual.size:
-            worst = max(worst, float(np.max(np.abs(actual.astype(np.float64) - expected.astype(np.float64)))))
-        ok = ok and bool(np.allclose(actual, expected, rtol=RTOL, atol=ATOL))
+            difference = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
+            both_nan = np.isnan(actual) & np.isnan(expected) if actual.dtype.kind == "f" else False
+            worst = max(worst, float(np.max(np.where(both_nan, 0.0, np.nan_to_num(difference, nan=np.inf)))))
+        ok = ok and bool(np.allclose(actual, expected, rtol=RTOL, atol=ATOL, equal_nan=True))
     return ok, worst
 
 
@@ -335,7 +359,7 @@ def _torch_row(weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], ex
     return {"torch_ms": _time_ms(call), "torch_matches": ok, "torch_max_error": error}
 
 
-def run(parts: list[Path], json_path: Path | None) -> int:
+def run(parts: list[Path], json_path: Path | None, dump_to: Path | None = None) -> int:
     """Verify and time every case of the parts on this machine's GPU; 0 when every model matches."""
     scratch = Path(tempfile.mkdtemp(prefix="tessel-gpu-check-"))
     try:
@@ -356,7 +380,7 @@ def run(parts: list[Path], json_path: Path | None) -> int:
         for part in parts:
             plan = json.loads((part / "cases.json").read_text())
             for case in plan["cases"]:
-                rows.append(_check_case(part, case, scratch / case["name"], Executor))
+                rows.append(_check_case(part, case, scratch / case["name"], Executor, dump_to))
                 _print_row(rows[-1])
         ok = all(r.get("matches") for r in rows)
         print(f"{sum(bool(r.get('matches')) for r in rows)} of {len(rows)} models equal onnxruntime's CPU outputs "
@@ -368,11 +392,52 @@ def run(parts: list[Path], json_path: Path | None) -> int:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _check_case(part: Path, case: dict, folder: Path, executor_cls) -> dict:
+DUMP_ELEMENTS = 1 << 13  # larger values are dumped as an even sample of this many elements (the device returns a few MB)
+
+
+def dump_steps(executor, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every value each top-level kernel step writes, read right after the step (the arena reuses its bytes later),
+    by value name; values over DUMP_ELEMENTS as an even sample. A debugging aid: comparing a device's dump with
+    one made elsewhere finds the first kernel that goes wrong."""
+    executor.run(inputs)
+    for name in executor.plan["inputs"]:
+        executor._memory.write(executor._buffer(name), np.asarray(inputs[name]))  # noqa: SLF001
+    arrays = {}
+    for step, op in zip(executor._run_steps, executor._ops):  # noqa: SLF001 - reads the executor's own bindings
+        op()
+        if step["kind"] != "kernel":
+            continue
+        for name in step["outputs"]:
+            value = np.asarray(executor._memory.read(executor._buffer(name))).reshape(-1)  # noqa: SLF001
+            arrays[name] = value[::max(1, value.size // DUMP_ELEMENTS)].copy()
+    return arrays
+
+
+def compare_dumps(device: Path, reference: Path) -> list[tuple[str, float, str]]:
+    """(value, max error, note) for every value both dumps hold, in the device dump's step order."""
+    rows = []
+    with np.load(device, allow_pickle=False) as got, np.load(reference, allow_pickle=False) as want:
+        for name in got.files:
+            if name not in want.files:
+                continue
+            a, b = got[name], want[name]
+            if a.shape != b.shape:
+                rows.append((name, float("inf"), f"{a.shape} vs {b.shape}"))
+                continue
+            _, error = _compare({"v": a}, {"v": b})
+            scale = float(np.max(np.abs(b[np.isfinite(b)]))) if np.isfinite(b).any() else 0.0
+            rows.append((name, error, f"nan {int(np.isnan(a).sum())}/{int(np.isnan(b).sum())}, |ref| max {scale:.3g}"))
+    return rows
+
+
+def _check_case(part: Path, case: dict, folder: Path, executor_cls, dump_to: Path | None = None) -> dict:
     row = {"model": case["name"]}
     try:
         directory = _materialize(part, case, folder)
-        inputs = _load_npz(directory / "case/inputs.npz")
+        recipe = json.loads((directory / "case/inputs.json").read_text())
+        inputs = make_inputs(recipe)
+        if _inputs_digest(inputs) != recipe["sha256"]:
+            raise RuntimeError("this machine's numpy draws other inputs from the recipe than the packing machine did")
         expected = _load_npz(directory / "case/expected.npz")
         executor = executor_cls(directory)
         worst, ok = 0.0, True
@@ -381,6 +446,8 @@ def _check_case(part: Path, case: dict, folder: Path, executor_cls) -> dict:
             good, error = _compare(executor.run(inputs), expected)
             ok, worst = ok and good, max(worst, error)
         row.update(matches=ok, max_error=worst, tessel_ms=_time_ms(lambda: executor.run(inputs)))
+        if dump_to is not None:
+            np.savez_compressed(dump_to / f"{case['name']}.npz", **dump_steps(executor, inputs))
         if case["name"].startswith(TORCH_MODELS):
             files = {n: (directory / n).read_bytes() for n in ("weights.npz", "case/torch_weights.npz") if (directory / n).exists()}
             row.update(_torch_row(_torch_weights(files), inputs, expected))
@@ -416,11 +483,19 @@ def main(argv: list[str] | None = None) -> int:
     r = commands.add_parser("run", help="verify and time the packed models (GPU machine)")
     r.add_argument("parts", nargs="+", type=Path)
     r.add_argument("--json", type=Path)
+    r.add_argument("--dump", type=Path, help="also write every kernel step's outputs per model into this folder")
+    d = commands.add_parser("compare-dump", help="the error of every value two dumps share, in step order")
+    d.add_argument("device", type=Path)
+    d.add_argument("reference", type=Path)
     args = parser.parse_args(argv)
     if args.command == "pack":
         pack(args.target, args.out, args.limit_mib, args.models, args.cache_dir, args.python, args.force_algorithm)
         return 0
-    return run(args.parts, args.json)
+    if args.command == "compare-dump":
+        for name, error, note in compare_dumps(args.device, args.reference):
+            print(f"{error:10.3g}  {name}  ({note})")
+        return 0
+    return run(args.parts, args.json, args.dump)
 
 
 if __name__ == "__main__":

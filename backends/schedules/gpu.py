@@ -1,6 +1,7 @@
 """CUDA kernels: dlight's default GPU schedules, then CUDA code generation."""
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -44,6 +45,9 @@ class CudaExecutable:
         self.source = next(m for m in executable.mod.imports if m.kind == "cuda").inspect_source()
         self.fatbin: bytes | None = None
         if shutil.which("nvcc"):
+            # IEEE arithmetic as ONNX defines it: --use_fast_math (TVM's default) makes powf(x, 2) NaN for x < 0
+            # (oww_melspectrogram's power spectrum on an H100) and flushes denormals.
+            os.environ["TVM_CUDA_NVCC_NO_FAST_MATH"] = "1"
             with tvm_target(target):
                 self.fatbin = bytes(tvm().support.nvcc.compile_cuda(
                     self.source, target_format="fatbin", arch=target.arch, compiler="nvcc"))
@@ -82,5 +86,29 @@ def _dlight_schedule(func, cuda):
         if space is None:
             continue
         schedule = space[0] if isinstance(space, list) else space
+        _scalar_bool_loads(schedule)
         return schedule.mod["main"].with_attr("tirx.is_scheduled", True)
     return func
+
+
+def _blocks(schedule, block):
+    for child in schedule.get_child_blocks(block):
+        yield child
+        yield from _blocks(schedule, child)
+
+
+def _scalar_bool_loads(schedule) -> None:
+    """Unroll, instead of vectorize, every loop around a block that reads a bool buffer.
+
+    TVM 0.27's CUDA code generator loads a vector of n bools as n 16-bit lanes
+    (`*(ushort2*)(mask + i)` for two bools): each lane then holds two
+    neighbouring bools and the mask reads true where either is (minigpt_small's
+    causal mask on an H100). Scalar loads are right.
+    """
+    tirx = tvm().tirx
+    for block in _blocks(schedule, schedule.get_sblock("root")):
+        if not any(str(getattr(region.source, "dtype", "")) == "bool" for region in schedule.get(block).reads):
+            continue
+        for loop in schedule.get_loops(block):
+            if schedule.get(loop).kind == tirx.ForKind.VECTORIZED:
+                schedule.unroll(loop)
