@@ -8,6 +8,9 @@ path, every arena buffer lies inside the arena on an aligned offset, and no two
 buffers live at the same step share bytes — except where the memory planner
 lets them (a view shares its source's buffer; a kernel declaring an output
 in place of an input may write over that input when it dies at that step).
+Every value a step reads is written before it (an input, a weight or an earlier
+step's output), and every output of the program by its end: an emptied or
+reordered step list would otherwise run and return whatever its buffers held.
 """
 from __future__ import annotations
 
@@ -170,6 +173,7 @@ def _check_section(section: dict, prefix: str, kernels: Mapping, workers: int) -
     _names(_field(weights, "names", f"{prefix}weights"), f"{prefix}weights.names", types)
     steps = _list(_field(section, "steps", where), f"{prefix}steps")
     _check_steps(steps, f"{prefix}steps", types, kernels, workers)
+    _check_dataflow(section, prefix)
     _check_arena(_dict(_field(section, "memory", where), f"{prefix}memory"), f"{prefix}memory", section, types)
 
 
@@ -270,6 +274,76 @@ def _kernel_key(key: Any, where: str, kernels: Mapping) -> str:
     if _str(key, where) not in kernels:
         raise _Invalid(where, f"kernel '{key}' is not in the plan's kernels")
     return key
+
+
+# ---- the dataflow -----------------------------------------------------------
+def _check_dataflow(section: dict, prefix: str) -> None:
+    """Each value read after it is written; each output written by the end (a device program's own outputs)."""
+    weights = set(section["weights"]["names"])
+    written = set(section["inputs"]) | weights
+    if _check_reads(section["steps"], f"{prefix}steps", written, weights, []):
+        for k, name in enumerate(section["outputs"]):
+            if name not in written:
+                raise _Invalid(f"{prefix}outputs[{k}]", f"output '{name}' is never written by any step")
+
+
+def _check_reads(steps: list, where: str, written: set, constant: set | None, added: list) -> bool:
+    """Walk `steps` in order: what each reads must be in `written`, then what it writes joins it (and `added`,
+    when new). `constant` (top level only) holds what an "init" step may read: the runtime runs those at load,
+    before any input. False when a `fail` step stops the walk: nothing after it runs."""
+    for index, step in enumerate(steps):
+        at = f"{where}[{index}]"
+        kind = step["kind"]
+        if kind == "fail":
+            return False
+        init = constant is not None and step.get("init", False)
+        available = constant if init else written
+        for field, name in _reads(step):
+            if name not in available:
+                problem = "is neither a weight nor an earlier init step's output (init steps run at load)" if init \
+                    else "is read before any step writes it"
+                raise _Invalid(f"{at}.{field}", f"'{name}' {problem}")
+        if kind == "if":
+            for branch in ("then", "else"):
+                # A branch reads what is written outside; what it writes is its own and gone after it.
+                inner: list[str] = []
+                if _check_reads(step[branch]["steps"], f"{at}.{branch}.steps", written, None, inner):
+                    for k, name in enumerate(step[branch]["results"]):
+                        if name not in written:
+                            raise _Invalid(f"{at}.{branch}.results[{k}]", f"'{name}' is never written in the branch")
+                written.difference_update(inner)
+        for name in _writes(step):
+            if name not in written:
+                written.add(name)
+                added.append(name)
+            if init:
+                constant.add(name)
+    return True
+
+
+def _reads(step: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """(field, value name) of each value a step reads before it runs (an `if`: its condition)."""
+    kind = step["kind"]
+    if kind == "kernel":
+        yield from ((f"inputs[{k}]", name) for k, name in enumerate(step["inputs"]))
+        for p, piece in enumerate(step.get("pieces", ())):
+            yield from ((f"pieces[{p}].inputs[{k}]", name) for k, name in enumerate(piece["inputs"]))
+    elif kind == "view":
+        yield "input", step["input"]
+    elif kind == "send":
+        yield "tensor", step["tensor"]
+    elif kind == "if":
+        yield "condition", step["condition"]
+
+
+def _writes(step: Mapping[str, Any]) -> list[str]:
+    """The values a step writes."""
+    kind = step["kind"]
+    if kind in ("kernel", "if"):
+        return step["outputs"]
+    if kind in ("view", "recv"):
+        return [step["output"]]
+    return []
 
 
 # ---- the arena --------------------------------------------------------------

@@ -271,6 +271,39 @@ def test_validator_allows_views_and_in_place_outputs():
         validate_plan(plan, "plan.json")
 
 
+@pytest.mark.parametrize("change, expected", [
+    (lambda plan: plan.update(steps=[]), "outputs[0]: output 'y' is never written by any step"),
+    (lambda plan: plan["steps"].reverse(), "steps[0].inputs[0]: 's' is read before any step writes it"),
+    (lambda plan: plan["steps"].pop(), "output 'y' is never written"),
+], ids=["steps-emptied", "steps-reversed", "last-step-dropped"])
+def test_steps_out_of_dataflow_order_are_refused_even_with_the_hash_recomputed(artifact, capsys, change, expected):
+    reseal(artifact, change)
+    line = run_refused(artifact, capsys)
+    assert expected in line and "recompile the model" in line
+
+
+def test_validator_follows_the_dataflow_through_branches_receives_and_init_steps():
+    kernels = {"k": {"file": "kernels/k.so", "op": "Relu", "signature": ["float32[4]", "float32[4]"]}}
+    kernel = {"kind": "kernel", "op": "Relu", "kernel": "k"}
+    plan = {"target": "llvm", "kernels": kernels, "hashes": {},
+            "inputs": ["c", "x"], "outputs": ["z"], "weights": {"file": "weights.npz", "names": ["w"]},
+            "values": {name: "float32[4]" for name in ("x", "w", "u", "r", "t", "e", "z")} | {"c": "bool[]"},
+            "steps": [{**kernel, "node": "a", "inputs": ["w"], "outputs": ["u"], "init": True},
+                      {"kind": "recv", "node": "b", "op": "Recv", "output": "r", "from": 0, "tag": 1},
+                      {"kind": "if", "node": "i", "op": "If", "condition": "c", "outputs": ["z"],
+                       "then": {"steps": [{**kernel, "node": "t", "inputs": ["r"], "outputs": ["t"]}], "results": ["t"]},
+                       "else": {"steps": [{**kernel, "node": "e", "inputs": ["u"], "outputs": ["e"]}], "results": ["e"]}}],
+            "memory": {"alignment": 64, "arena_bytes": 0, "offsets": {}}}
+    validate_plan(plan, "plan.json")
+    plan["steps"][2]["else"]["results"] = ["t"]  # the other branch's value
+    with pytest.raises(ArtifactError, match=r"steps\[2\]\.else\.results\[0\]: 't' is never written in the branch"):
+        validate_plan(plan, "plan.json")
+    plan["steps"][2]["else"]["results"] = ["e"]
+    plan["steps"][0]["inputs"] = ["x"]  # an init step runs at load, before any input
+    with pytest.raises(ArtifactError, match=r"steps\[0\]\.inputs\[0\]: 'x' is neither a weight"):
+        validate_plan(plan, "plan.json")
+
+
 # ---- the published digest -----------------------------------------------------
 def test_expect_sha256_accepts_the_published_digest_and_refuses_another(compiled, tmp_path, capsys):
     digest = artifact_digest(compiled)
