@@ -7,6 +7,7 @@ from .fast import conv_packed, matmul_packed
 from .im2col import conv_im2col
 from .winograd import conv_winograd
 from .packing import ALGORITHM, CONV_BLOCKS, MATMUL_BLOCK
+from .reduce import NAN_MAX, lowest, nan_reduce
 
 _tvm = tvm()
 te, topi, tir = _tvm.te, _tvm.topi, _tvm.tirx
@@ -176,12 +177,14 @@ def _pool(kind: str):
         before, after = _window_pads(ctx, _dims(x)[2:], list(ctx.out_shape()[2:]), kernel, strides, dilations)
         ceil = bool(ctx.attr("ceil_mode", 0))
         include = bool(ctx.attr("count_include_pad", 0))
-        if spatial == 1:
-            out = topi.nn.pool1d(x, kernel, strides, dilations, before + after, kind, ceil, "NCW", include)
-        elif spatial == 2:
-            out = topi.nn.pool2d(x, kernel, strides, dilations, before + after, kind, ceil, "NCHW", include)
-        else:
+        if spatial not in (1, 2):
             raise ctx.fail(f"{spatial}-D pooling is not supported (1-D and 2-D are)")
+        if kind == "max":
+            out = _nan_max_pool(x, kernel, strides, dilations, before, list(ctx.out_shape()))
+        elif spatial == 1:
+            out = topi.nn.pool1d(x, kernel, strides, dilations, before + after, kind, ceil, "NCW", include)
+        else:
+            out = topi.nn.pool2d(x, kernel, strides, dilations, before + after, kind, ceil, "NCHW", include)
         if tuple(int(d) for d in out.shape) != tuple(ctx.out_shape()):
             raise ctx.fail(f"pooling gives shape {_dims(out)}, ONNX says {list(ctx.out_shape())}")
         return [out] + [None] * (len(ctx.output_types) - 1)
@@ -189,12 +192,32 @@ def _pool(kind: str):
     return rule
 
 
+def _nan_max_pool(x, kernel, strides, dilations, before, out_shape):
+    """MaxPool over the trailing axes of (N, C, ...) that is NaN when its window holds a NaN (TOPI's kept or dropped
+    it by its place in the window): one reduction whose combine is a compare and a select per lane, so it vectorizes
+    as TOPI's does. Padding is -inf (TOPI pads the type's finite minimum, which beat a window of -inf); the block
+    carries TOPI's pooling schedule rule, so the CPU schedule treats it as the pooling it is."""
+    in_dims = _dims(x)[2:]
+    needed = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out_shape[2:], strides, kernel, dilations)]
+    pad_after = [max(n - i - b, 0) for n, i, b in zip(needed, in_dims, before)]
+    if any(before) or any(pad_after):
+        x = topi.nn.pad(x, [0, 0] + list(before), [0, 0] + pad_after, pad_value=lowest(x.dtype), name="pool_pad")
+    window = [te.reduce_axis((0, k), name=f"k{i}") for i, k in enumerate(kernel)]
+
+    def body(n, c, *pos):
+        at = [p * s + w * d for p, s, w, d in zip(pos, strides, window, dilations)]
+        return NAN_MAX(x[(n, c, *at)], axis=window)
+
+    return te.compute(out_shape, body, name="nan_max_pool", tag="pool_max",
+                      attrs={"schedule_rule": "meta_schedule.pool_max"})
+
+
 def _global_pool(kind: str):
     def rule(ctx: LowerContext):
         x = ctx.input(0)
         axes = list(range(2, len(x.shape)))
         if kind == "max":
-            return [topi.max(x, axes, True)]
+            return [nan_reduce(NAN_MAX, x, axes, True)]
         count = 1
         for d in _dims(x)[2:]:
             count *= d

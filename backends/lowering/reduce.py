@@ -1,4 +1,9 @@
-"""Reductions over axes, arg-reductions, softmax family."""
+"""Reductions over axes, arg-reductions, softmax family.
+
+Max and Min reductions are NaN when any reduced element is, as NumPy's and ONNX's
+reference are: TVM's max and min keep whichever operand their comparison picks,
+so a NaN survived or vanished depending on where it fell in the reduction order.
+"""
 from __future__ import annotations
 
 from ..tvm_env import tvm
@@ -16,6 +21,42 @@ def _axes(ctx: LowerContext) -> list[int] | None:
     if data is None or data.size == 0:
         return [] if ctx.attr("noop_with_empty_axes", 0) else None
     return sorted({int(a) + rank if a < 0 else int(a) for a in data.reshape(-1)})
+
+
+def _nan_keeping(prefer):
+    """Combine of a reduction that keeps `acc` when `prefer(acc, value)` holds or acc is NaN, else `value`: a NaN
+    on either side wins in any order, at the cost of one compare and one select per lane."""
+    return lambda acc, value: tir.Select(tir.any(prefer(acc, value), tir.isnan(acc)), acc, value)
+
+
+def lowest(dtype):
+    """The value below every other of `dtype`: -inf for floats (the type's finite minimum would win over -inf)."""
+    return tir.const(float("-inf"), dtype) if str(dtype).startswith("float") else tir.min_value(dtype)
+
+
+def highest(dtype):
+    """The value above every other of `dtype`: +inf for floats."""
+    return tir.const(float("inf"), dtype) if str(dtype).startswith("float") else tir.max_value(dtype)
+
+
+NAN_MAX = te.comm_reducer(_nan_keeping(lambda a, b: a > b), lowest, name="nan_max")
+NAN_MIN = te.comm_reducer(_nan_keeping(lambda a, b: a < b), highest, name="nan_min")
+
+
+def nan_reduce(reducer, x, axes: list[int] | None, keep: bool):
+    """`reducer` (NAN_MAX or NAN_MIN) over `axes` (None: all), the reduced axes kept as size-1 dimensions or dropped."""
+    rank = len(x.shape)
+    axes = list(range(rank)) if axes is None else axes
+    reduce_axes = {a: te.reduce_axis((0, x.shape[a]), name=f"r{a}") for a in axes}
+    kept = [d for d in range(rank) if d not in reduce_axes]
+
+    def body(*index):
+        out_index = dict(zip(range(rank), index)) if keep else dict(zip(kept, index))
+        at = [reduce_axes[d] if d in reduce_axes else out_index[d] for d in range(rank)]
+        return reducer(x[tuple(at)], axis=list(reduce_axes.values()))
+
+    shape = [1 if d in reduce_axes else x.shape[d] for d in range(rank)] if keep else [x.shape[d] for d in kept]
+    return te.compute(shape, body, name="nan_reduce")
 
 
 def _reduce(combine):
@@ -45,8 +86,8 @@ def _mean(x, axes, keep, ctx):
 RULES = {
     "ReduceSum": _reduce(lambda x, a, k, c: topi.sum(x, a, k)),
     "ReduceMean": _reduce(_mean),
-    "ReduceMax": _reduce(lambda x, a, k, c: topi.max(x, a, k)),
-    "ReduceMin": _reduce(lambda x, a, k, c: topi.min(x, a, k)),
+    "ReduceMax": _reduce(lambda x, a, k, c: nan_reduce(NAN_MAX, x, a, k)),
+    "ReduceMin": _reduce(lambda x, a, k, c: nan_reduce(NAN_MIN, x, a, k)),
     "ReduceProd": _reduce(lambda x, a, k, c: topi.prod(x, a, k)),
     "ReduceL1": _reduce(lambda x, a, k, c: topi.sum(topi.abs(x), a, k)),
     "ReduceL2": _reduce(lambda x, a, k, c: topi.sqrt(topi.sum(topi.multiply(x, x), a, k))),
