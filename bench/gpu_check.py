@@ -327,11 +327,16 @@ def _compare(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> tuple[b
 
 
 def _time_ms(call, seconds: float = 1.0, warmup: int = 3) -> float:
-    """Median milliseconds of `call` (which must finish its GPU work before returning)."""
+    """Median milliseconds of `call` (which must finish its GPU work before returning): at least 10 samples
+    over `seconds`, or 3 when one call takes longer than that."""
     for _ in range(warmup):
+        started = time.perf_counter()
         call()
+        if time.perf_counter() - started > seconds:
+            break
+    slow = time.perf_counter() - started > seconds
     samples, deadline = [], time.perf_counter() + seconds
-    while time.perf_counter() < deadline or len(samples) < 10:
+    while time.perf_counter() < deadline or len(samples) < (3 if slow else 10):
         started = time.perf_counter()
         call()
         samples.append((time.perf_counter() - started) * 1e3)
@@ -356,10 +361,17 @@ def _torch_row(weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], ex
     with torch.no_grad():
         got = call().cpu().numpy()
     ok, error = _compare({"y": got}, {"y": next(iter(expected.values()))})
-    return {"torch_ms": _time_ms(call), "torch_matches": ok, "torch_max_error": error}
+    tf32_ms = _time_ms(call)  # PyTorch's default: cuDNN may run float32 convs on TF32 tensor cores
+    allowed = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        fp32_ms = _time_ms(call)
+    finally:
+        torch.backends.cudnn.allow_tf32 = allowed
+    return {"torch_ms": tf32_ms, "torch_fp32_ms": fp32_ms, "torch_matches": ok, "torch_max_error": error}
 
 
-def run(parts: list[Path], json_path: Path | None, dump_to: Path | None = None) -> int:
+def run(parts: list[Path], json_path: Path | None, dump_to: Path | None = None, profile: bool = False) -> int:
     """Verify and time every case of the parts on this machine's GPU; 0 when every model matches."""
     scratch = Path(tempfile.mkdtemp(prefix="tessel-gpu-check-"))
     try:
@@ -380,7 +392,7 @@ def run(parts: list[Path], json_path: Path | None, dump_to: Path | None = None) 
         for part in parts:
             plan = json.loads((part / "cases.json").read_text())
             for case in plan["cases"]:
-                rows.append(_check_case(part, case, scratch / case["name"], Executor, dump_to))
+                rows.append(_check_case(part, case, scratch / case["name"], Executor, dump_to, profile))
                 _print_row(rows[-1])
         ok = all(r.get("matches") for r in rows)
         print(f"{sum(bool(r.get('matches')) for r in rows)} of {len(rows)} models equal onnxruntime's CPU outputs "
@@ -430,7 +442,8 @@ def compare_dumps(device: Path, reference: Path) -> list[tuple[str, float, str]]
     return rows
 
 
-def _check_case(part: Path, case: dict, folder: Path, executor_cls, dump_to: Path | None = None) -> dict:
+def _check_case(part: Path, case: dict, folder: Path, executor_cls, dump_to: Path | None = None,
+                profile: bool = False) -> dict:
     row = {"model": case["name"]}
     try:
         directory = _materialize(part, case, folder)
@@ -448,6 +461,8 @@ def _check_case(part: Path, case: dict, folder: Path, executor_cls, dump_to: Pat
         row.update(matches=ok, max_error=worst, tessel_ms=_time_ms(lambda: executor.run(inputs)))
         if dump_to is not None:
             np.savez_compressed(dump_to / f"{case['name']}.npz", **dump_steps(executor, inputs))
+        if profile:
+            row["slowest_steps"] = executor.profile(inputs, runs=5)[:6]
         if case["name"].startswith(TORCH_MODELS):
             files = {n: (directory / n).read_bytes() for n in ("weights.npz", "case/torch_weights.npz") if (directory / n).exists()}
             row.update(_torch_row(_torch_weights(files), inputs, expected))
@@ -462,7 +477,8 @@ def _print_row(row: dict) -> None:
         return
     torch_part = ""
     if "torch_ms" in row:
-        torch_part = (f"  torch eager {row['torch_ms']:8.3f} ms  tessel/torch {row['tessel_ms'] / row['torch_ms']:5.2f}"
+        torch_part = (f"  torch eager {row['torch_ms']:8.3f} ms (TF32 allowed; {row['torch_fp32_ms']:.3f} ms strict f32)"
+                      f"  tessel/torch {row['tessel_ms'] / row['torch_ms']:5.2f} ({row['tessel_ms'] / row['torch_fp32_ms']:.2f})"
                       f"  (torch {'matches' if row['torch_matches'] else 'DIFFERS'})")
     print(f"{row['model']:22s} {'ok     ' if row['matches'] else 'MISMATCH'} max error {row['max_error']:9.3g}  "
           f"tessel {row['tessel_ms']:8.3f} ms{torch_part}", flush=True)
@@ -484,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("parts", nargs="+", type=Path)
     r.add_argument("--json", type=Path)
     r.add_argument("--dump", type=Path, help="also write every kernel step's outputs per model into this folder")
+    r.add_argument("--profile", action="store_true", help="also time each step (the slowest go into the JSON)")
     d = commands.add_parser("compare-dump", help="the error of every value two dumps share, in step order")
     d.add_argument("device", type=Path)
     d.add_argument("reference", type=Path)
@@ -495,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, error, note in compare_dumps(args.device, args.reference):
             print(f"{error:10.3g}  {name}  ({note})")
         return 0
-    return run(args.parts, args.json, args.dump)
+    return run(args.parts, args.json, args.dump, args.profile)
 
 
 if __name__ == "__main__":

@@ -75,3 +75,15 @@ def test_profile_times_every_step(kernel_cache):
     rows = Executor(artifact.directory).profile({"x": np.ones((2, 3), np.float32), "c": np.array(True)}, runs=3)
     assert [(node, op) for node, op, _ in rows] == [(s["node"], s["op"]) for s in artifact.plan["steps"]]
     assert all(ms >= 0 for _, _, ms in rows)
+
+
+def test_profile_starts_every_pass_from_the_inputs(kernel_cache):
+    """silero_vad's sample rate decides its If; the arena reuses the rate's bytes later in the run, so a profile
+    pass that did not write the inputs again took the branch that cannot run."""
+    from runtime.executor import Executor
+    from tests.conftest import POSITIVE
+
+    silero = next(m for m in POSITIVE if m.name == "silero_vad")
+    artifact = compile(silero.path, input_shapes=silero.input_shapes, cache_dir=kernel_cache)
+    rows = Executor(artifact.directory).profile(silero.make_inputs(), runs=2)
+    assert len(rows) == len(artifact.plan["steps"]) and all(ms >= 0 for _, _, ms in rows)
