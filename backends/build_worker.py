@@ -8,12 +8,11 @@ Requests are {"key", "spec", "target", "cache"}; replies are {"key", "error": nu
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 
 from .cache import KernelCache
 from .kernel import KernelSpec, build
-from .target import TargetSpec, parse_target, tvm_target
+from .target import TargetSpec, parse_target
 
 
 def build_one(spec_doc: dict, target_text: str, cache_root: str, key: str) -> str | None:
@@ -30,16 +29,10 @@ def build_one(spec_doc: dict, target_text: str, cache_root: str, key: str) -> st
 
 
 def _cuda_files(executable, target: TargetSpec) -> dict[str, bytes]:
-    """The CUDA source and, where nvcc exists, its fatbin, kept beside the kernel."""
+    """The CUDA source, kept beside the kernel for reading (the library itself carries the nvcc fatbin)."""
     from .schedules.gpu import cuda_source
-    from .tvm_env import tvm
 
-    source = cuda_source(executable)
-    files = {".cu": source.encode()}
-    if shutil.which("nvcc"):
-        with tvm_target(target):
-            files[".fatbin"] = bytes(tvm().support.nvcc.compile_cuda(source, target_format="fatbin", arch=target.arch, compiler="nvcc"))
-    return files
+    return {".cu": cuda_source(executable).encode()}
 
 
 def main() -> int:

@@ -56,7 +56,7 @@ def write_artifact(root: Path, programs: Sequence[Program], memories: Sequence[A
     kernel_entries = {}
     for program in programs:
         for key, spec in program.kernels.items():
-            for suffix in (".so", ".cu", ".fatbin"):
+            for suffix in (".so", ".cu"):
                 source = cache.root / f"{key}{suffix}"
                 if source.is_file():
                     shutil.copyfile(source, root / "kernels" / f"{key}{suffix}")
