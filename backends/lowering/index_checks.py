@@ -213,4 +213,7 @@ def _assertions(tir, buffer, check: IndexCheck):
     stmt = tir._ffi_api.AssertStmt(inside, StringImm("IndexError"), [StringImm(MARKER + check.describe())], None)
     for var, extent in reversed(list(zip(loop_vars, shape))):
         stmt = tir.For(var, 0, extent, tir.ForKind.SERIAL, stmt)
-    return stmt
+    # TVM's UnrollLoop counts stores, not assertions: a loop of assertions looks free and is unrolled
+    # whole (a million indices took minutes to compile). A negative step budget keeps it a loop.
+    return tir.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, stmt.body,
+                   annotations={"pragma_auto_unroll_max_step": tir.IntImm("int32", -1)})

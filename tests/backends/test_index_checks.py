@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -98,6 +99,28 @@ def test_indices_computed_inside_a_kernel_are_checked_after_it(kernel_cache):
     with pytest.raises(ExecutionError, match=r"^node 'lookup': an index computed in kernel '.+' is out of range "
                                              r"\[-10, 9\] on axis 0 of 'w'"):
         artifact.run({"i": np.array([2**40, 0, 0], dtype=np.int64)})
+
+
+@pytest.mark.parametrize("computed", [False, True], ids=["argument", "computed"])
+def test_a_million_indices_compile_in_seconds_and_are_all_checked(computed, kernel_cache):
+    """The fuzzer's case 7931: TVM unrolled the loop of assertions whole (minutes of build for 2**20 indices)."""
+    count = 2**20
+    nodes = [helper.make_node("Gather", ["w", "j" if computed else "i"], ["rows"], axis=0, name="lookup"),
+             helper.make_node("ReduceMax", ["rows"], ["y"], keepdims=0, name="top")]
+    if computed:
+        nodes.insert(0, helper.make_node("Add", ["i", "one"], ["j"], name="shift"))
+    model = _model(nodes, [helper.make_tensor_value_info("i", TensorProto.INT64, [1, count])], [])
+    model.graph.initializer.append(numpy_helper.from_array(np.array(1, dtype=np.int64), "one"))
+    started = time.monotonic()
+    artifact = compile(model, input_shapes={"i": (1, count)}, cache_dir=kernel_cache)
+    assert time.monotonic() - started < 60
+    good = np.random.default_rng(7931).integers(-11 if computed else -10, 9 if computed else 10, (1, count))
+    np.testing.assert_array_equal(artifact.run({"i": good})["y"], run_onnxruntime(model, {"i": good})[0])
+    bad = good.copy()
+    bad[0, -1] = 10
+    said = r"an index computed in kernel '.+' is" if computed else r"index 10"
+    with pytest.raises(ExecutionError, match=rf"^node 'lookup': {said} out of range \[-10, 9\] on axis 0 of 'w'"):
+        artifact.run({"i": bad})
 
 
 def test_the_cli_reports_a_bad_index_in_one_line_with_exit_2(gather, tmp_path):
