@@ -16,7 +16,7 @@ from datetime import timedelta
 
 import numpy as np
 
-from .errors import ExecutionError
+from .errors import PeerError
 
 
 def join_group(rank: int, world: int, timeout_s: float, exit_status: int = 1) -> None:
@@ -74,14 +74,14 @@ class TorchComm:
         try:
             self._pending.append((self._dist.isend(self._tensor(array), dst=peer, tag=tag), name, peer))
         except RuntimeError as exc:
-            raise ExecutionError(f"rank {self.rank}: cannot send tensor '{name}' to rank {peer} ({_reason(exc)})") from None
+            raise PeerError(f"rank {self.rank}: cannot send tensor '{name}' to rank {peer} ({_reason(exc)})") from None
 
     def recv(self, array: np.ndarray, peer: int, tag: int, name: str) -> None:
         """Receive into `array` from `peer`, waiting at most the timeout."""
         try:
             self._dist.recv(self._tensor(array), src=peer, tag=tag)
         except RuntimeError as exc:
-            raise ExecutionError(f"rank {self.rank}: gave up waiting for tensor '{name}' from rank {peer} "
+            raise PeerError(f"rank {self.rank}: gave up waiting for tensor '{name}' from rank {peer} "
                                  f"after at most {self.timeout_s:.0f} s ({_reason(exc)})") from None
 
     def start_recv(self, array: np.ndarray, peer: int, tag: int, name: str):
@@ -89,13 +89,13 @@ class TorchComm:
         try:
             work = self._dist.irecv(self._tensor(array), src=peer, tag=tag)
         except RuntimeError as exc:
-            raise ExecutionError(f"rank {self.rank}: cannot receive tensor '{name}' from rank {peer} ({_reason(exc)})") from None
+            raise PeerError(f"rank {self.rank}: cannot receive tensor '{name}' from rank {peer} ({_reason(exc)})") from None
 
         def wait() -> None:
             try:
                 work.wait()
             except RuntimeError as exc:
-                raise ExecutionError(f"rank {self.rank}: gave up waiting for tensor '{name}' from rank {peer} "
+                raise PeerError(f"rank {self.rank}: gave up waiting for tensor '{name}' from rank {peer} "
                                      f"after at most {self.timeout_s:.0f} s ({_reason(exc)})") from None
 
         return wait
@@ -107,7 +107,7 @@ class TorchComm:
             try:
                 work.wait()
             except RuntimeError as exc:
-                raise ExecutionError(f"rank {self.rank}: sending tensor '{name}' to rank {peer} failed ({_reason(exc)})") from None
+                raise PeerError(f"rank {self.rank}: sending tensor '{name}' to rank {peer} failed ({_reason(exc)})") from None
 
 
 def _reason(exc: BaseException) -> str:

@@ -28,7 +28,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .errors import ExecutionError
+from .errors import PEER_PREFIX, WORKER_PREFIX, ExecutionError
 
 # After one worker failed, the others have this long to exit on their own before they are killed.
 GRACE_S = 5.0
@@ -179,12 +179,14 @@ def _kill(processes: list[subprocess.Popen]) -> None:
 
 def _failure_line(scratch: Path, processes: list[subprocess.Popen], failed: list[int], overdue: list[int],
                   allowed_s: float) -> str:
-    """The clearest line about the failure: the first failed worker's own message, else how it ended."""
-    for rank in failed:
-        lines = (scratch / f"rank{rank}.log").read_text(errors="replace").splitlines()
-        ours = [line for line in lines if line.startswith("tessel worker: ")]
-        if ours:
-            return ours[-1].removeprefix("tessel worker: ")
+    """The clearest line about the failure: the first failed worker's own message (a worker that failed only
+    because a peer did comes after every other), else how it ended."""
+    logs = {rank: (scratch / f"rank{rank}.log").read_text(errors="replace").splitlines() for rank in failed}
+    for prefix in (WORKER_PREFIX, PEER_PREFIX):
+        for rank in failed:
+            ours = [line for line in logs[rank] if line.startswith(prefix)]
+            if ours:
+                return ours[-1].removeprefix(prefix)
     if not failed:
         return (f"rank {overdue[0]}: still running {allowed_s:.0f} s after another worker finished; "
                 f"stopped it (raise --timeout if it needs longer)")

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.errors import PEER_PREFIX, WORKER_PREFIX, PeerError
+
 EXIT_FAILED = 1
 
 
@@ -59,7 +61,8 @@ def main(argv=None) -> int:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if not message.startswith("rank "):
             message = f"rank {rank}: {message}"
-        print(f"tessel worker: {message}", file=sys.stderr, flush=True)
+        # A transfer that failed because of another worker is marked: the launcher prefers that worker's own line.
+        print(f"{PEER_PREFIX if isinstance(exc, PeerError) else WORKER_PREFIX}{message}", file=sys.stderr, flush=True)
         # Leave without tearing down the process group: a dead peer would make that hang.
         os._exit(EXIT_FAILED)
 

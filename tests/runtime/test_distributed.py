@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from compiler.api import compile
+from runtime.errors import PEER_PREFIX
 from runtime.launch import free_port, run_local, run_local_many
 from tests.conftest import POSITIVE, assert_matches_onnxruntime, run_onnxruntime
 
@@ -115,7 +116,7 @@ def test_a_killed_worker_stops_the_others_with_a_clear_message(kernel_cache, tmp
                 os.killpg(p.pid, signal.SIGKILL)
     assert procs[0].returncode != 0 and waited <= 10 + 5
     lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("tessel worker: rank 0:") and "rank 1" in lines[0], err
+    assert len(lines) == 1 and lines[0].startswith(PEER_PREFIX + "rank 0:") and "rank 1" in lines[0], err
     assert "tensor '" in lines[0]
     assert _pids_alive([p.pid for p in procs]) == []
 
