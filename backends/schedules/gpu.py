@@ -26,9 +26,18 @@ def compile(func, target: TargetSpec, scheduled: bool = False):
     tvm_mod = tvm()
     cuda = tvm_target(target)
     with cuda:  # nvcc reads the architecture from the current target
-        if not scheduled:
-            func = _dlight_schedule(func, cuda)
-        executable = tvm_mod.compile(tvm_mod.IRModule({"main": func}), target=cuda)
+        executable, error = None, None
+        for candidate in [func] if scheduled else _dlight_schedules(func, cuda):
+            try:
+                executable = tvm_mod.compile(tvm_mod.IRModule({"main": candidate}), target=cuda)
+                break
+            except Exception as exc:  # noqa: BLE001 - a schedule TVM cannot lower falls back to the next rule's
+                # (dlight's cross-thread Reduction cannot lower a NaN-propagating max: no matching reducer)
+                error = exc
+        if executable is None:
+            if error is not None:
+                raise error
+            executable = tvm_mod.compile(tvm_mod.IRModule({"main": func}), target=cuda)
     if not any(m.kind == "cuda" for m in executable.mod.imports):
         # An unscheduled PrimFunc silently becomes host code that would read GPU memory on the CPU.
         raise GpuScheduleError("no CUDA kernel was generated (the schedule bound no GPU threads)")
@@ -74,11 +83,12 @@ def cuda_source(executable) -> str:
     return next(m for m in executable.mod.imports if m.kind == "cuda").inspect_source()
 
 
-def _dlight_schedule(func, cuda):
-    """The first of dlight's GPU rules that applies; a rule that fails on a fused kernel is skipped.
+def _dlight_schedules(func, cuda):
+    """The kernel as each of dlight's GPU rules that applies schedules it, in the rules' order of preference.
 
-    (dlight's own pass stops at the first rule that raises: its GEMV analysis
-    asserts on a fused gather feeding a matrix-vector product.)
+    A rule that fails on a fused kernel is skipped (dlight's own pass stops at
+    the first rule that raises: its GEMV analysis asserts on a fused gather
+    feeding a matrix-vector product).
     """
     dl = tvm().s_tir.dlight
     rules = (dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())
@@ -95,13 +105,15 @@ def _dlight_schedule(func, cuda):
             continue
         schedule = space[0] if isinstance(space, list) else space
         _scalar_bool_loads(schedule)
-        return schedule.mod["main"].with_attr("tirx.is_scheduled", True)
-    return func
+        yield schedule.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
 def _has_block(func, name: str) -> bool:
-    schedule = tvm().s_tir.Schedule(func)
-    return any(schedule.get(block).name_hint == name for block in _blocks(schedule, schedule.get_sblock("root")))
+    try:
+        schedule = tvm().s_tir.Schedule(func)
+        return any(schedule.get(block).name_hint == name for block in _blocks(schedule, schedule.get_sblock("root")))
+    except Exception:  # noqa: BLE001 - a hand-written kernel without the block tree TE makes has no such block
+        return False
 
 
 def _blocks(schedule, block):
