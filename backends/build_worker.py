@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Callable
 
 from .cache import KernelCache
 from .kernel import KernelSpec, build
-from .target import TargetSpec, parse_target
+from .target import parse_target
 
 
 def build_one(spec_doc: dict, target_text: str, cache_root: str, key: str) -> str | None:
@@ -21,25 +22,19 @@ def build_one(spec_doc: dict, target_text: str, cache_root: str, key: str) -> st
     spec = KernelSpec.from_json(spec_doc)
     try:
         executable = build(spec, target)
-        extra = _cuda_files(executable, target) if target.is_gpu else None
+        # A CUDA kernel's source is kept beside it for reading (the library itself carries the nvcc fatbin).
+        extra = {".cu": executable.source.encode()} if target.is_gpu else None
         KernelCache(cache_root).store(key, spec, executable, extra)
     except Exception as exc:  # noqa: BLE001 - reported per kernel, all at once
         return (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
     return None
 
 
-def _cuda_files(executable, target: TargetSpec) -> dict[str, bytes]:
-    """The CUDA source, kept beside the kernel for reading (the library itself carries the nvcc fatbin)."""
-    from .schedules.gpu import cuda_source
-
-    return {".cu": cuda_source(executable).encode()}
-
-
-def main() -> int:
-    """Serve build requests from stdin until it closes."""
+def main(handle: Callable[[dict, str, str, str], str | None] = build_one) -> int:
+    """Serve build requests from stdin until it closes, each by `handle` (build_one; a test passes another)."""
     for line in sys.stdin:
         request = json.loads(line)
-        error = build_one(request["spec"], request["target"], request["cache"], request["key"])
+        error = handle(request["spec"], request["target"], request["cache"], request["key"])
         sys.stdout.write(json.dumps({"key": request["key"], "error": error}) + "\n")
         sys.stdout.flush()
     return 0

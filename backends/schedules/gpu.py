@@ -26,7 +26,7 @@ def compile(func, target: TargetSpec, scheduled: bool = False):
     tvm_mod = tvm()
     cuda = tvm_target(target)
     with cuda:  # nvcc reads the architecture from the current target
-        executable, error = None, None
+        error = None
         for candidate in [func] if scheduled else _dlight_schedules(func, cuda):
             try:
                 executable = tvm_mod.compile(tvm_mod.IRModule({"main": candidate}), target=cuda)
@@ -34,10 +34,8 @@ def compile(func, target: TargetSpec, scheduled: bool = False):
             except Exception as exc:  # noqa: BLE001 - a schedule TVM cannot lower falls back to the next rule's
                 # (dlight's cross-thread Reduction cannot lower a NaN-propagating max: no matching reducer)
                 error = exc
-        if executable is None:
-            if error is not None:
-                raise error
-            executable = tvm_mod.compile(tvm_mod.IRModule({"main": func}), target=cuda)
+        else:
+            raise error
     if not any(m.kind == "cuda" for m in executable.mod.imports):
         # An unscheduled PrimFunc silently becomes host code that would read GPU memory on the CPU.
         raise GpuScheduleError("no CUDA kernel was generated (the schedule bound no GPU threads)")
@@ -76,15 +74,9 @@ class CudaExecutable:
         return self.executable[name]
 
 
-def cuda_source(executable) -> str:
-    """The CUDA C source of a compiled CUDA kernel."""
-    if isinstance(executable, CudaExecutable):
-        return executable.source
-    return next(m for m in executable.mod.imports if m.kind == "cuda").inspect_source()
-
-
 def _dlight_schedules(func, cuda):
-    """The kernel as each of dlight's GPU rules that applies schedules it, in the rules' order of preference.
+    """The kernel as each of dlight's GPU rules that applies schedules it, in the rules' order of preference;
+    the kernel as it is when none applies (compile then finds it binds no GPU thread).
 
     A rule that fails on a fused kernel is skipped (dlight's own pass stops at
     the first rule that raises: its GEMV analysis asserts on a fused gather
@@ -96,6 +88,7 @@ def _dlight_schedules(func, cuda):
         # dlight's Matmul rule computes a transposed conv with one output channel wrong (ppocr_v4_det's last
         # ConvTranspose on an H100: most outputs lost their sum); the other rules are right.
         rules = rules[1:]
+    applied = False
     for rule in rules:
         try:
             space = rule.apply(func, cuda, False)
@@ -105,7 +98,10 @@ def _dlight_schedules(func, cuda):
             continue
         schedule = space[0] if isinstance(space, list) else space
         _scalar_bool_loads(schedule)
+        applied = True
         yield schedule.mod["main"].with_attr("tirx.is_scheduled", True)
+    if not applied:
+        yield func
 
 
 def _has_block(func, name: str) -> bool:
