@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ir.types import TensorType
+from tessel.ir.types import TensorType
 
 from .kernel import ARG, KernelInput, KernelMember, KernelSpec
 from .lowering.packing import ALGORITHM, conv_blocks, plan_packing

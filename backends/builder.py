@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ir.errors import TesselError
+from tessel import IMPORT_ROOT
+from tessel.ir.errors import TesselError
 
 from .cache import KernelCache
 from .kernel import KernelSpec
@@ -34,7 +35,7 @@ STOP_SECONDS = 5.0
 # Op names shown for a fused kernel in an error line.
 MAX_OPS_NAMED = 6
 # The module a worker process runs (`python -m`); tests substitute one that crashes on purpose.
-WORKER_MODULE = "backends.build_worker"
+WORKER_MODULE = "tessel.backends.build_worker"
 
 
 class KernelBuildError(TesselError):
@@ -180,7 +181,7 @@ class _Worker:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", WORKER_MODULE],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env,
-                cwd=str(Path(__file__).resolve().parent.parent),
+                cwd=str(IMPORT_ROOT),
             )
         except OSError:
             self.stderr.close()

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ir.types import TensorType, numpy_dtype
+from tessel.ir.types import TensorType, numpy_dtype
 
 from .target import TargetSpec
 from .tvm_env import version as tvm_version

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ir.errors import TesselError
+from tessel.ir.errors import TesselError
 
 
 class TargetError(TesselError):

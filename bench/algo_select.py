@@ -26,10 +26,10 @@ if __package__ in (None, ""):
 
 import numpy as np  # noqa: E402
 
-from compiler.api import compile as compile_model  # noqa: E402
-from compiler.corpus import load_corpus  # noqa: E402
-from passes.algo_select import Config, select_ilp  # noqa: E402
-from runtime.launch import run_local  # noqa: E402
+from tessel.compiler.api import compile as compile_model  # noqa: E402
+from tessel.compiler.corpus import load_corpus  # noqa: E402
+from tessel.passes.algo_select import Config, select_ilp  # noqa: E402
+from tessel.runtime.launch import run_local  # noqa: E402
 
 
 def ilp_benchmark(layers: int = 50, configs: int = 20) -> None:
@@ -56,7 +56,7 @@ def onnxruntime_ms(path: Path, batch: int, feeds: dict, runs: int) -> float:
     import onnx
     import onnxruntime as ort
 
-    from ir.onnx_import import with_batch
+    from tessel.ir.onnx_import import with_batch
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = os.cpu_count() or 1

@@ -22,10 +22,10 @@ if __package__ in (None, ""):
 
 import numpy as np  # noqa: E402
 
-from compiler.api import compile as compile_model  # noqa: E402
-from compiler.corpus import load_corpus  # noqa: E402
-from compiler.distribute import cache_root  # noqa: E402
-from runtime.launch import run_local  # noqa: E402
+from tessel.compiler.api import compile as compile_model  # noqa: E402
+from tessel.compiler.corpus import load_corpus  # noqa: E402
+from tessel.compiler.distribute import cache_root  # noqa: E402
+from tessel.runtime.launch import run_local  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args(argv)
     if not (cache_root() / "link.json").is_file():
-        from runtime.calibrate import calibrate
+        from tessel.runtime.calibrate import calibrate
 
         alpha, beta, _ = calibrate()
         print(f"calibrated link: alpha {1e6 * alpha:.1f} us, beta {1e9 * beta:.3f} ns/B")

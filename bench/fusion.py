@@ -17,9 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
-import ir  # noqa: E402
-from compiler.corpus import load_corpus  # noqa: E402
-from compiler.pipeline import PIPELINE, run_pipeline  # noqa: E402
+from tessel import ir  # noqa: E402
+from tessel.compiler.corpus import load_corpus  # noqa: E402
+from tessel.compiler.pipeline import PIPELINE, run_pipeline  # noqa: E402
 
 # The models whose kernel count fusion must at least halve (issue: graph passes).
 HEADLINE = ("resnet18", "yolov8n_320", "ppocr_v4_det", "minigpt_small")

@@ -222,7 +222,7 @@ def mutate_artifact(directory: Path, outside: Path, rng: random.Random) -> str:
     target.write_bytes(bytes(data))
     if target.name != "plan.json" and rng.random() < 0.5 and not target.suffix == ".so":
         # The attacker rehashes the data files it edited and reseals the plan: only validation can stop this.
-        from runtime.artifact_files import file_hash
+        from tessel.runtime.artifact_files import file_hash
 
         plan = json.loads((directory / "plan.json").read_text())
         if isinstance(plan.get("hashes"), dict) and relative in plan["hashes"]:
@@ -234,7 +234,7 @@ def mutate_artifact(directory: Path, outside: Path, rng: random.Random) -> str:
 
 def _write_plan(directory: Path, plan: Any, reseal: bool) -> None:
     try:
-        from runtime.artifact_files import SELF_HASH, sealed_plan_bytes
+        from tessel.runtime.artifact_files import SELF_HASH, sealed_plan_bytes
     except ImportError:  # an older runtime without a sealed plan
         reseal = False
     if reseal and isinstance(plan, dict):

@@ -39,8 +39,8 @@ if __package__ in (None, ""):
 
 import onnx  # noqa: E402
 
-import ir  # noqa: E402
-from compiler.corpus import CorpusModel, load_corpus  # noqa: E402
+from tessel import ir  # noqa: E402
+from tessel.compiler.corpus import CorpusModel, load_corpus  # noqa: E402
 
 # Models small enough that thousands of imports stay quick.
 FUZZ_MODEL_BYTES = 600_000
@@ -134,7 +134,7 @@ READY_TIMEOUT = 300.0
 def compile_bases(directory: Path) -> list[str]:
     """Compile the seed models (bench/fuzz_cases.py) into artifacts under `directory`, and the MLP as a
     two-device pipeline (named with the MULTI_DEVICE prefix: its runs launch worker processes); their names."""
-    import compiler
+    from tessel import compiler
     from bench.fuzz_cases import seed_models
     from bench.fuzz_worker import MULTI_DEVICE
 

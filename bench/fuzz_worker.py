@@ -132,7 +132,7 @@ class Worker:
 
     # ---- families ------------------------------------------------------------------------------------
     def _import(self, rng: random.Random, case: Path) -> tuple[str, str]:
-        import ir
+        from tessel import ir
         from bench.fuzz_import import fuzz_models, mutate
 
         if self._corpus is None:
@@ -188,8 +188,8 @@ class Worker:
 
     def _input_types(self, base: str) -> dict:
         if base not in self._types:
-            import compiler
-            from ir.types import numpy_dtype
+            from tessel import compiler
+            from tessel.ir.types import numpy_dtype
 
             artifact = compiler.load(self.root / "bases" / base)
             self._types[base] = {n: (t.shape, numpy_dtype(t.dtype)) for n, t in artifact.batch_input_types().items()}
@@ -245,7 +245,7 @@ def _become_subreaper() -> None:
 
 def _cli(*args: str) -> tuple[str, str]:
     """Run `tessel ARGS` in this process as the command would; classify its exit."""
-    from compiler.cli import main
+    from tessel.compiler.cli import main
 
     err, out = io.StringIO(), io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):

@@ -51,7 +51,7 @@ def _cases():
     A recipe is what the corpus says to fill each input with, in order, from one seed: the device makes the same
     arrays (checked by their hash) instead of carrying them (ResNet-18's batch of 16 alone is 9.6 MB).
     """
-    from compiler.corpus import load_corpus
+    from tessel.compiler.corpus import load_corpus
 
     for model in load_corpus():
         if model.negative:
@@ -64,7 +64,7 @@ def _cases():
 
 def make_inputs(recipe: dict) -> dict[str, np.ndarray]:
     """The inputs a recipe describes (the corpus fills, drawn in order from one generator)."""
-    from compiler.corpus import fill
+    from tessel.compiler.corpus import fill
 
     rng = np.random.default_rng(recipe["seed"])
     return {name: fill(how, dtype, tuple(shape), rng) for name, how, dtype, shape in recipe["inputs"]}
@@ -145,7 +145,7 @@ def _artifact_files(directory: Path) -> dict[str, bytes]:
     The model copy, the graph and the kernels' CUDA sources stay behind: the
     executor never reads them, and they would triple what the device must carry.
     """
-    from runtime.artifact_files import KNOWN_FILES, PLAN_FILE, read_plan, referenced_files, sealed_plan_bytes
+    from tessel.runtime.artifact_files import KNOWN_FILES, PLAN_FILE, read_plan, referenced_files, sealed_plan_bytes
 
     plan = read_plan(directory)
     needed = [name for name in referenced_files(directory, plan) if name not in KNOWN_FILES]
@@ -158,7 +158,7 @@ def _artifact_files(directory: Path) -> dict[str, bytes]:
 def _force_algorithm(algorithm: str) -> None:
     """Bench only: every conv and matmul kernel compiled with `algorithm` (to time the algorithms against each other
     on the GPU, where the profile database cannot be filled from this machine)."""
-    from compiler import program
+    from tessel.compiler import program
 
     original = program.ProgramBuilder.__init__
 
@@ -173,7 +173,7 @@ def pack(target: str, out: Path, limit_mib: float, only: list[str] | None, cache
          python: str = "312", algorithm: str | None = None) -> list[Path]:
     """Compile, compute references and write the parts; returns their folders."""
     os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
-    from compiler.api import compile as tessel_compile
+    from tessel.compiler.api import compile as tessel_compile
 
     if algorithm:
         _force_algorithm(algorithm)
@@ -376,8 +376,8 @@ def run(parts: list[Path], json_path: Path | None, dump_to: Path | None = None, 
     scratch = Path(tempfile.mkdtemp(prefix="tessel-gpu-check-"))
     try:
         _install_runtime(parts[0], scratch / "site")
-        from backends.tvm_env import enable_cuda, tvm
-        from runtime.executor import Executor
+        from tessel.backends.tvm_env import enable_cuda, tvm
+        from tessel.runtime.executor import Executor
 
         tvm_module = tvm()
         on_gpu = any(json.loads((p / "cases.json").read_text())["target"].startswith("cuda") for p in parts)

@@ -22,18 +22,18 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
-from compiler.corpus import load_corpus  # noqa: E402
+from tessel.compiler.corpus import load_corpus  # noqa: E402
 
 MIN_SAMPLE_S = 0.02
 
 
 def unchecked_kernels(executor, cache_dir: Path, out_dir: Path) -> dict[str, object]:
     """Key → the kernel built without its index checks, for each kernel of the program that has checks."""
-    from backends.kernel import KernelSpec, schedule_kernel
-    from backends.lowering.index_checks import CHECK_ATTR
-    from backends.schedules import cpu
-    from backends.target import parse_target
-    from backends.tvm_env import tvm
+    from tessel.backends.kernel import KernelSpec, schedule_kernel
+    from tessel.backends.lowering.index_checks import CHECK_ATTR
+    from tessel.backends.schedules import cpu
+    from tessel.backends.target import parse_target
+    from tessel.backends.tvm_env import tvm
 
     target = parse_target(executor.plan["target"])
     kernels = {}
@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-time", action="store_true",
                         help="time with the process's CPU clock (with --threads 1: immune to other processes' load)")
     args = parser.parse_args(argv)
-    from compiler.api import compile
-    from runtime.executor import Executor
+    from tessel.compiler.api import compile
+    from tessel.runtime.executor import Executor
 
     model = next(m for m in load_corpus() if m.name == args.model)
     with tempfile.TemporaryDirectory() as tmp:

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
-from compiler.corpus import load_corpus  # noqa: E402
+from tessel.compiler.corpus import load_corpus  # noqa: E402
 
 TVM_TIMEOUT_S = 600
 MIN_SAMPLE_S = 0.005
@@ -66,7 +66,7 @@ def measure_onnxruntime(model, runs: int) -> dict:
 
 
 def measure_tessel(model, runs: int, skip_passes=(), conv_layout="blocked") -> dict:
-    from compiler.api import compile as compile_model
+    from tessel.compiler.api import compile as compile_model
 
     artifact = compile_model(model.path, input_shapes=model.input_shapes, skip_passes=skip_passes,
                              conv_layout=conv_layout)

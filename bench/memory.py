@@ -21,12 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
-import ir  # noqa: E402
-from backends.target import parse_target  # noqa: E402
-from compiler.corpus import load_corpus  # noqa: E402
-from compiler.memory import plan_program_memory  # noqa: E402
-from compiler.pipeline import run_pipeline  # noqa: E402
-from compiler.program import build_program  # noqa: E402
+from tessel import ir  # noqa: E402
+from tessel.backends.target import parse_target  # noqa: E402
+from tessel.compiler.corpus import load_corpus  # noqa: E402
+from tessel.compiler.memory import plan_program_memory  # noqa: E402
+from tessel.compiler.pipeline import run_pipeline  # noqa: E402
+from tessel.compiler.program import build_program  # noqa: E402
 
 TVM_TIMEOUT_S = 900
 MIB = 2**20

@@ -25,7 +25,7 @@ import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 from onnx.backend.test.case.node import collect_testcases  # noqa: E402
 
-import ir  # noqa: E402
+from tessel import ir  # noqa: E402
 
 OUTCOMES = ("pass", "unsupported", "import", "verify", "export", "runtime", "mismatch", "ort-cannot-run-original")
 

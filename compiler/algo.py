@@ -17,17 +17,17 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from backends.algorithms import ANCHOR_OPS, algorithms
-from backends.builder import build_kernels
-from backends.cache import KernelCache
-from backends.kernel import ARG, KernelSpec, workspace_bytes
-from ir.analysis import weight_derived
-from ir.costs import bytes_moved, flops
-from ir.graph import Graph, Node, Value
-from passes.algo_select import (AlgoSelectError, Candidate, Config, ILPResult, best_single, layer_pareto,
+from tessel.backends.algorithms import ANCHOR_OPS, algorithms
+from tessel.backends.builder import build_kernels
+from tessel.backends.cache import KernelCache
+from tessel.backends.kernel import ARG, KernelSpec, workspace_bytes
+from tessel.ir.analysis import weight_derived
+from tessel.ir.costs import bytes_moved, flops
+from tessel.ir.graph import Graph, Node, Value
+from tessel.passes.algo_select import (AlgoSelectError, Candidate, Config, ILPResult, best_single, layer_pareto,
                                 micro_batch_sizes, select_ilp)
-from passes.fuse import is_kernel, kernel_members
-from passes.op_patterns import Pattern, pattern
+from tessel.passes.fuse import is_kernel, kernel_members
+from tessel.passes.op_patterns import Pattern, pattern
 
 from .distribute import ESTIMATE_BYTES_PER_S, ESTIMATE_FLOPS_PER_S, ProfileDB
 from .program import ProgramBuilder
@@ -135,7 +135,7 @@ def time_candidates(layers: Sequence[Layer], builder: ProgramBuilder, target, ca
     seconds are spent (the rest are estimated). Workspace bytes are read from
     the scheduled kernels. Only llvm kernels can run here; cuda ones are estimated.
     """
-    from backends.tvm_env import threads as tvm_threads
+    from tessel.backends.tvm_env import threads as tvm_threads
 
     threads = tvm_threads()
     started = time.perf_counter()
@@ -194,10 +194,10 @@ def _estimates(layer: Layer, timed: Sequence[Candidate], workspaces: Mapping[tup
 
 def _time_kernel(library, spec: KernelSpec, runs: int) -> float:
     """Median milliseconds of one call of a compiled kernel on random data."""
-    from backends.tvm_env import tvm
-    from ir.types import TensorType, numpy_dtype
-    from runtime.inputs import random_input
-    from runtime.memory import aligned_copy
+    from tessel.backends.tvm_env import tvm
+    from tessel.ir.types import TensorType, numpy_dtype
+    from tessel.runtime.inputs import random_input
+    from tessel.runtime.memory import aligned_copy
 
     tvm_mod = tvm()
     fn = tvm_mod.runtime.load_module(str(library))["main"]

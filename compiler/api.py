@@ -8,16 +8,16 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-import ir
-from backends.builder import build_kernels
-from backends.cache import KernelCache
-from backends.lowering import LoweringError
-from backends.target import parse_target
-from backends.tvm_env import version as tvm_version
-from ir.errors import TesselError
-from ir.onnx_import import input_defaults, with_batch
-from passes.partition import insert_transfers
-from passes.placement import Machine, PlacementError, place
+from tessel import ir
+from tessel.backends.builder import build_kernels
+from tessel.backends.cache import KernelCache
+from tessel.backends.lowering import LoweringError
+from tessel.backends.target import parse_target
+from tessel.backends.tvm_env import version as tvm_version
+from tessel.ir.errors import TesselError
+from tessel.ir.onnx_import import input_defaults, with_batch
+from tessel.passes.partition import insert_transfers
+from tessel.passes.placement import Machine, PlacementError, place
 
 from .artifact import Artifact, load, write_input_defaults
 from .distribute import (PlacementReport, ProfileDB, ProfilingFailed, build_tasks, load_link, placement_markdown,
@@ -220,7 +220,7 @@ def _memory_summary(reports: Sequence[dict]) -> dict:
 
 def _checked_options(devices: int, microbatches: int, skip_passes: Sequence[str], dump_after: Sequence[str],
                      algo_select: str = "off", batch_policy: str = "powers-of-two"):
-    from passes.algo_select import POLICIES
+    from tessel.passes.algo_select import POLICIES
 
     from .algo import MODES
 
@@ -341,7 +341,7 @@ def _distribute(graph, program, spec, cache, placement, microbatches, pins, capa
 def _batch_cuts(graph, batch: int | None) -> dict[int, list]:
     """Cut position i (nodes[:i] | nodes[i:]) → the values crossing it, where every one of them carries the
     batch on axis 0 and is computed from the inputs (so its slices can be gathered)."""
-    from ir.analysis import weight_derived
+    from tessel.ir.analysis import weight_derived
 
     if not batch:
         return {}
@@ -366,7 +366,7 @@ def _batch_cuts(graph, batch: int | None) -> dict[int, list]:
 def _hybrid(plan, tasks, machine, spec, cache, capacities, graph, replica, blocked_layout):
     """Two programs: the nodes before the cut at the replica's batch (every device runs them on its slice), and
     the rest at the whole batch (device 0, fed the gathered values at the cut and the model inputs it reads)."""
-    from passes.partition import Transfers
+    from tessel.passes.partition import Transfers
 
     from .program import stage_program
 
@@ -404,7 +404,7 @@ def _hybrid(plan, tasks, machine, spec, cache, capacities, graph, replica, block
 
 def _data_parallel(plan, tasks, machine, spec, cache, capacities, graph, blocked_layout):
     """One program at the replica's batch, which every device runs; the scatter and gather as its transfers."""
-    from passes.partition import Transfers
+    from tessel.passes.partition import Transfers
 
     program = build_program(graph, spec, blocked_layout=blocked_layout)
     build_kernels(program.kernels, spec, cache)

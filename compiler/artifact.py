@@ -9,11 +9,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ir.types import TensorType, numpy_dtype
-from runtime.artifact_files import (PLAN_FILE, artifact_digest, device_count, parse_expected_digest, read_plan,
+from tessel.ir.types import TensorType, numpy_dtype
+from tessel.runtime.artifact_files import (PLAN_FILE, artifact_digest, device_count, parse_expected_digest, read_plan,
                                     unlisted_files, verify_files)
-from runtime.errors import ArtifactError
-from runtime.signature import Signature
+from tessel.runtime.errors import ArtifactError
+from tessel.runtime.signature import Signature
 
 
 # Overridable inputs' defaults (initializers that are also graph inputs), listed in plan.json's "input_defaults".
@@ -68,7 +68,7 @@ class Artifact:
         if self.devices > 1:
             raise ArtifactError(f"{self.directory}: a {self.devices}-device artifact runs on its workers; use run()")
         if self._executor is None:
-            from runtime.executor import Executor
+            from tessel.runtime.executor import Executor
 
             self._executor = Executor(self.directory)
         return self._executor
@@ -90,7 +90,7 @@ class Artifact:
         A multi-device artifact launches its local workers (one process per device) for the run.
         """
         if self.devices > 1 or self.microbatches > 1:
-            from runtime.launch import run_local
+            from tessel.runtime.launch import run_local
 
             return run_local(self.directory, self.devices, self.check_inputs(inputs), timeout=timeout)[0]
         return self.executor().run(self.with_defaults(inputs))
@@ -114,7 +114,7 @@ class Artifact:
 
     def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Inputs checked against the whole-batch types before any worker starts."""
-        from runtime.errors import InputError
+        from tessel.runtime.errors import InputError
 
         inputs = self.with_defaults(inputs)
         expected = {name: (t.shape, numpy_dtype(t.dtype)) for name, t in self.batch_input_types().items()}

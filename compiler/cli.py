@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ir.errors import ShapeBindingError, TesselError, UnsupportedModelError
+from tessel.ir.errors import ShapeBindingError, TesselError, UnsupportedModelError
 
 from .pipeline import PASS_NAMES
 from .sizes import format_bytes
@@ -68,7 +68,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    from backends.builder import ProgressBar, stderr_progress
+    from tessel.backends.builder import ProgressBar, stderr_progress
 
     from .api import compile as compile_model
     from .artifact import check_destination
@@ -115,7 +115,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
 def _check_writable_directory(output: Path) -> None:
     """Refuse an artifact directory whose nearest existing ancestor cannot be written (read-only, no permission)."""
-    from runtime.errors import ArtifactError
+    from tessel.runtime.errors import ArtifactError
 
     ancestor = output.absolute().parent
     while not ancestor.exists() and ancestor != ancestor.parent:
@@ -128,7 +128,7 @@ def _check_writable_directory(output: Path) -> None:
 
 
 def _read_inputs(path: str | None, artifact) -> dict[str, np.ndarray]:
-    from runtime.inputs import random_input, read_npz_inputs
+    from tessel.runtime.inputs import random_input, read_npz_inputs
 
     if path is None:
         rng = np.random.default_rng(0)
@@ -143,8 +143,8 @@ def _outputs_path(text: str) -> Path:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from runtime.errors import ArtifactError
-    from runtime.safe_write import check_writable, write_npz
+    from tessel.runtime.errors import ArtifactError
+    from tessel.runtime.safe_write import check_writable, write_npz
 
     from .api import load
 
@@ -158,7 +158,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     inputs = _read_inputs(args.inputs, artifact)
     measured, times = None, []
     if artifact.devices > 1 or artifact.microbatches > 1:
-        from runtime.launch import run_local
+        from tessel.runtime.launch import run_local
 
         print(f"running on {artifact.devices} local workers", file=sys.stderr)
         outputs, measured = run_local(artifact.directory, artifact.devices, artifact.check_inputs(inputs),
@@ -191,7 +191,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _print_stream(artifact, measured) -> dict | None:
     """Print the latency of one run and the time per batch streaming --repeat runs, each against the placement's
     prediction; return the placement report (None, with a note, when it cannot be read)."""
-    from runtime.safe_write import FileReadError, read_text
+    from tessel.runtime.safe_write import FileReadError, read_text
 
     try:
         placement = json.loads(read_text(artifact.directory, "reports/placement.json"))
@@ -211,7 +211,7 @@ def _print_stream(artifact, measured) -> dict | None:
 def _record_measured(artifact, placement: dict, measured) -> None:
     """Add the measured times to reports/placement.json and .md, atomically and never through a link;
     an artifact that cannot be written (read-only) keeps its reports, with one note line."""
-    from runtime.safe_write import FileWriteError, write_text
+    from tessel.runtime.safe_write import FileWriteError, write_text
 
     from .distribute import placement_markdown
 
@@ -228,11 +228,22 @@ def _record_measured(artifact, placement: dict, measured) -> None:
     print(f"measured times added to {artifact.directory / 'reports' / 'placement.md'}")
 
 
+def version_line() -> str:
+    """Tessel's version, the TVM it builds kernels with and the ONNX opset it imports models into."""
+    from tessel import __version__
+    from tessel.backends.tvm_env import version as tvm_version
+    from tessel.ir.schema import CANONICAL_OPSET
+
+    return f"tessel {__version__} (TVM {tvm_version()}, ONNX opset {CANONICAL_OPSET})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `tessel` command."""
     parser = _Parser(prog="tessel", description="Tessel: compile ONNX models for one or many devices.",
                      epilog="Trust: an artifact is native code. Run only artifacts that you or a source you trust "
                             "compiled; check the digest it was published with: tessel run DIR --expect-sha256 SHA256.")
+    parser.add_argument("--version", action="version", version=version_line(),
+                        help="print Tessel's, TVM's and the ONNX opset versions")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     inspect = commands.add_parser("inspect", help="summarize a model: inputs, ops, parameters, FLOPs, memory bound")
     inspect.add_argument("model", help="path of an .onnx model")
@@ -310,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from runtime.safe_write import FileReadError, read_text
+    from tessel.runtime.safe_write import FileReadError, read_text
 
     from .api import load
 
@@ -331,7 +342,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from runtime.calibrate import calibrate
+    from tessel.runtime.calibrate import calibrate
 
     alpha, beta, path = calibrate(args.repeat)
     print(f"link: alpha {1e6 * alpha:.1f} us, beta {1e9 * beta:.3f} ns/byte ({1 / beta / 1e9:.2f} GB/s) -> {path}")

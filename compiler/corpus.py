@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ir.errors import TesselError
+from tessel.ir.errors import TesselError
 
 DEFAULT_MODELS_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "models"
 

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ir.costs import bytes_moved, flops
-from ir.graph import Graph, Node
-from passes.fuse import is_kernel
-from passes.partition import Transfers
-from passes.placement import Link, Machine, Placement, Task
+from tessel import IMPORT_ROOT
+from tessel.ir.costs import bytes_moved, flops
+from tessel.ir.graph import Graph, Node
+from tessel.passes.fuse import is_kernel
+from tessel.passes.partition import Transfers
+from tessel.passes.placement import Link, Machine, Placement, Task
 
 from .sizes import format_bytes
 
@@ -172,9 +173,9 @@ def profile_steps(artifact_dir: Path, program_steps: Sequence[dict[str, Any]], t
 
         with tempfile.TemporaryDirectory(prefix="tessel-profile-") as scratch:
             out = Path(scratch) / "times.json"
-            done = subprocess.run([sys.executable, "-m", "runtime.profile", str(Path(artifact_dir).resolve()),
+            done = subprocess.run([sys.executable, "-m", "tessel.runtime.profile", str(Path(artifact_dir).resolve()),
                                    "--threads", str(threads), "--runs", str(runs), "--out", str(out)],
-                                  capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+                                  capture_output=True, text=True, cwd=IMPORT_ROOT)
             if done.returncode != 0:
                 # Random inputs can drive a model where it cannot run (an If into a branch that fails at
                 # these shapes): then every node time is an estimate.

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from ir.types import TensorType
-from passes.memory_plan import CUDA_ALIGNMENT, DEFAULT_ALIGNMENT, MemoryPlan, StepUse, plan_memory
+from tessel.ir.types import TensorType
+from tessel.passes.memory_plan import CUDA_ALIGNMENT, DEFAULT_ALIGNMENT, MemoryPlan, StepUse, plan_memory
 
 from .program import Program
 from .sizes import format_bytes

@@ -8,10 +8,10 @@ from typing import Any, Mapping, Sequence
 
 import onnx
 
-import ir
-from ir.analysis import constant_stats, max_live_bytes, op_histogram, total_bytes_moved, total_flops
-from ir.onnx_import import all_initializers, default_opset, find_unsupported, walk_onnx_nodes
-from ir.types import dtype_from_onnx, onnx_type_name
+from tessel import ir
+from tessel.ir.analysis import constant_stats, max_live_bytes, op_histogram, total_bytes_moved, total_flops
+from tessel.ir.onnx_import import all_initializers, default_opset, find_unsupported, walk_onnx_nodes
+from tessel.ir.types import dtype_from_onnx, onnx_type_name
 
 
 def _tensor_stats(tensors) -> dict[str, int]:

@@ -14,10 +14,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from backends.cache import KernelCache
-from ir.types import TensorType
-from runtime.artifact_files import FORMAT, FORMAT_VERSION, PLAN_FILE, file_hash, sealed_plan_bytes
-from runtime.plan_schema import all_steps, kernel_calls
+from tessel.backends.cache import KernelCache
+from tessel.ir.types import TensorType
+from tessel.runtime.artifact_files import FORMAT, FORMAT_VERSION, PLAN_FILE, file_hash, sealed_plan_bytes
+from tessel.runtime.plan_schema import all_steps, kernel_calls
 
 from .program import Program
 

@@ -6,15 +6,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-import ir
-from ir.graph import Graph
-from passes.base import Pass
-from passes.constant_fold import CONSTANT_FOLD
-from passes.cse import CSE
-from passes.dce import DCE
-from passes.fuse import FUSE, kernel_count
-from passes.simplify import SIMPLIFY
-from passes.split_variadic import SPLIT_VARIADIC
+from tessel import ir
+from tessel.ir.graph import Graph
+from tessel.passes.base import Pass
+from tessel.passes.constant_fold import CONSTANT_FOLD
+from tessel.passes.cse import CSE
+from tessel.passes.dce import DCE
+from tessel.passes.fuse import FUSE, kernel_count
+from tessel.passes.simplify import SIMPLIFY
+from tessel.passes.split_variadic import SPLIT_VARIADIC
 
 # Variadic ops are split right after simplification, so no later pass or kernel sees thousands of inputs.
 PIPELINE: tuple[Pass, ...] = (SIMPLIFY, SPLIT_VARIADIC, CONSTANT_FOLD, CSE, DCE, FUSE)

@@ -12,17 +12,17 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from backends.kernel import ARG, ARG_BLOCKS, DATA, FUSED, RESULT_BLOCKS, KernelInput, KernelMember, KernelSpec
-from backends.lowering import LoweringError, static_inputs, supports
-from backends.algorithms import ANCHOR_OPS, resize_batch
-from backends.lowering.packing import ALGORITHM, plan_packing
-from ir.graph import Graph, Node, Value
-from ir.schema import NONDETERMINISTIC, TESSEL_DOMAIN
-from ir.types import TensorType
-from passes.conv_layout import DEFAULT_ALGORITHM, blocked_type, blocked_values
-from passes.fuse import VIEW_OPS, is_kernel
-from passes.inplace import inplace_inputs
-from passes.partition import HOME_DEVICE, node_device
+from tessel.backends.kernel import ARG, ARG_BLOCKS, DATA, FUSED, RESULT_BLOCKS, KernelInput, KernelMember, KernelSpec
+from tessel.backends.lowering import LoweringError, static_inputs, supports
+from tessel.backends.algorithms import ANCHOR_OPS, resize_batch
+from tessel.backends.lowering.packing import ALGORITHM, plan_packing
+from tessel.ir.graph import Graph, Node, Value
+from tessel.ir.schema import NONDETERMINISTIC, TESSEL_DOMAIN
+from tessel.ir.types import TensorType
+from tessel.passes.conv_layout import DEFAULT_ALGORITHM, blocked_type, blocked_values
+from tessel.passes.fuse import VIEW_OPS, is_kernel
+from tessel.passes.inplace import inplace_inputs
+from tessel.passes.partition import HOME_DEVICE, node_device
 
 # Packed copies of constant weights are stored under the weight's name plus this suffix and their shape.
 PACKED_SUFFIX = "::packed"

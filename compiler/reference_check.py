@@ -11,7 +11,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ir.errors import TesselError
+from tessel.ir.errors import TesselError
 
 CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4
 

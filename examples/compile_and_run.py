@@ -13,14 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler.api import compile, load
-from compiler.corpus import models_dir
+import tessel
+from tessel.compiler.corpus import models_dir
 
 
 def main(argv: list[str]) -> int:
     model = Path(argv[0]) if argv else models_dir() / "resnet18.onnx"
     destination = Path(argv[1]) if len(argv) > 1 else Path(tempfile.mkdtemp(prefix="tessel-example-")) / "resnet18"
-    artifact = compile(model, target="llvm", input_shapes={"input": (1, 3, 224, 224)})
+    artifact = tessel.compile(model, target="llvm", input_shapes={"input": (1, 3, 224, 224)})
     print(f"inputs: {artifact.inputs}  outputs: {artifact.outputs}")
     image = np.random.default_rng(0).random((1, 3, 224, 224), dtype=np.float32)
     scores = artifact.run({"input": image})["output"]
@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
     artifact.run({"input": image})
     print(f"top-5 classes: {np.argsort(scores[0])[::-1][:5].tolist()}  latency: {1e3 * (time.perf_counter() - started):.1f} ms")
     saved = artifact.save(destination)
-    again = load(saved).run({"input": image})["output"]
+    again = tessel.load(saved).run({"input": image})["output"]
     print(f"saved to {saved}; reloaded run matches: {bool(np.array_equal(again, scores))}")
     return 0
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from ir.graph import Graph, Node, Value
-from ir.schema import get_schema
+from tessel.ir.graph import Graph, Node, Value
+from tessel.ir.schema import get_schema
 
 # Ops that must run even when nothing reads their outputs, and must never be merged.
 SIDE_EFFECT_OPS = frozenset({"Send", "Recv", "Unreachable"})

@@ -11,10 +11,10 @@ import functools
 
 import numpy as np
 
-from ir.evaluate import evaluate
-from ir.graph import Graph, Node
-from ir.schema import get_schema
-from ir.types import numpy_dtype
+from tessel.ir.evaluate import evaluate
+from tessel.ir.graph import Graph, Node
+from tessel.ir.schema import get_schema
+from tessel.ir.types import numpy_dtype
 
 from .base import Pass, PassResult, graphs_in, is_pure, retire
 

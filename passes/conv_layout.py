@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-from ir.graph import Graph, Node, Value
-from ir.schema import TESSEL_DOMAIN
-from ir.types import TensorType
+from tessel.ir.graph import Graph, Node, Value
+from tessel.ir.schema import TESSEL_DOMAIN
+from tessel.ir.types import TensorType
 
 from .fuse import is_kernel, kernel_members
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ir.graph import Graph, Node, Value
+from tessel.ir.graph import Graph, Node, Value
 
 from .base import Pass, PassResult, can_replace, graphs_in, is_pure, retire
 

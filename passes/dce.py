@@ -1,7 +1,7 @@
 """Dead-code elimination: remove nodes and constants nothing reads."""
 from __future__ import annotations
 
-from ir.graph import Graph
+from tessel.ir.graph import Graph
 
 from .base import SIDE_EFFECT_OPS, Pass, PassResult, unread, graphs_in
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.graph import Node, Value
+from tessel.ir.graph import Node, Value
 
 from .base import add_op, retire, single_user
 

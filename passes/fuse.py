@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ir.graph import Graph, Node, Value
-from ir.schema import TESSEL_DOMAIN, get_schema
+from tessel.ir.graph import Graph, Node, Value
+from tessel.ir.schema import TESSEL_DOMAIN, get_schema
 
 from .base import Pass, PassResult, graphs_in
 from .op_patterns import Pattern, pattern
@@ -224,7 +224,7 @@ def fuse(graph: Graph) -> PassResult:
 def _check_acyclic(graph: Graph) -> None:
     import networkx as nx
 
-    from ir.errors import VerificationError
+    from tessel.ir.errors import VerificationError
 
     view = graph.to_networkx()
     if not nx.is_directed_acyclic_graph(view):

@@ -9,8 +9,8 @@ writes out[i]); x feeding the conv itself does not.
 """
 from __future__ import annotations
 
-from ir.graph import Graph, Node, Value
-from ir.schema import TESSEL_DOMAIN
+from tessel.ir.graph import Graph, Node, Value
+from tessel.ir.schema import TESSEL_DOMAIN
 
 from .fuse import FUSED_OP
 from .op_patterns import Pattern, pattern

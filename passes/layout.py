@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.graph import Node, Value
+from tessel.ir.graph import Node, Value
 
 from .base import add_op, can_replace, retire, single_user
 from .op_patterns import ELEMENTWISE_OPS, OUT_EWISE_FUSABLE_OPS, REDUCTION_OPS

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from ir.graph import Node
+from tessel.ir.graph import Node
 
 
 class Pattern(IntEnum):

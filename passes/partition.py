@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ir.graph import Graph, Node, Value
-from ir.schema import TESSEL_DOMAIN, get_schema
+from tessel.ir.graph import Graph, Node, Value
+from tessel.ir.schema import TESSEL_DOMAIN, get_schema
 
 HOME_DEVICE = 0
 TRANSFER_OPS = frozenset({"Send", "Recv"})

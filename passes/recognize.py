@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ir.graph import Node, Value
+from tessel.ir.graph import Node, Value
 
 from .base import add_op, constant_scalar, retire, single_user
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ir.graph import Graph, Node
+from tessel.ir.graph import Graph, Node
 
 from .base import Pass, PassResult, can_replace, graphs_in, retire
 from .fold_batchnorm import fold_batchnorm

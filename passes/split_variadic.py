@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.graph import Graph, Node, Value
-from ir.types import numpy_dtype
+from tessel.ir.graph import Graph, Node, Value
+from tessel.ir.types import numpy_dtype
 
 from .base import Pass, PassResult, add_op, graphs_in, retire
 

@@ -31,7 +31,7 @@ from typing import Any, Iterator
 
 from numpy.lib import format as npy_format
 
-from ir.types import TensorType, numpy_dtype
+from tessel.ir.types import TensorType, numpy_dtype
 
 from .errors import ArtifactError
 from .memory import physical_memory

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tessel import IMPORT_ROOT
+
 SIZES = (4, 1 << 10, 16 << 10, 128 << 10, 1 << 20, 4 << 20, 16 << 20)
 
 
@@ -24,9 +26,9 @@ def calibrate(repeat: int = 20) -> tuple[float, float, Path]:
     """Run the ping-pong on two local workers; store and return (alpha, beta, cache path)."""
     import subprocess
 
-    from compiler.distribute import save_link
-    from runtime.errors import ExecutionError
-    from runtime.launch import free_port
+    from tessel.compiler.distribute import save_link
+    from tessel.runtime.errors import ExecutionError
+    from tessel.runtime.launch import free_port
 
     with tempfile.TemporaryDirectory(prefix="tessel-calibrate-") as scratch:
         result = Path(scratch) / "samples.json"
@@ -34,9 +36,9 @@ def calibrate(repeat: int = 20) -> tuple[float, float, Path]:
         processes = []
         for rank in range(2):
             env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-            processes.append(subprocess.Popen([sys.executable, "-m", "runtime.calibrate", str(result), str(repeat)], env=env,
+            processes.append(subprocess.Popen([sys.executable, "-m", "tessel.runtime.calibrate", str(result), str(repeat)], env=env,
                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                              cwd=Path(__file__).resolve().parent.parent))
+                                              cwd=IMPORT_ROOT))
         for p in processes:
             try:
                 _, err = p.communicate(timeout=300)

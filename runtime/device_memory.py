@@ -68,7 +68,7 @@ class DeviceMemory:
     """Buffers in the memory of `device` (a tvm.runtime.Device); kernels take them as they are."""
 
     def __init__(self, device, arena_bytes: int):
-        from backends.tvm_env import tvm
+        from tessel.backends.tvm_env import tvm
 
         self._tvm = tvm()
         if not device.exist:

@@ -1,7 +1,7 @@
 """Errors the runtime raises on purpose."""
 from __future__ import annotations
 
-from ir.errors import TesselError
+from tessel.ir.errors import TesselError
 
 # How a worker prints its failure on stderr, for the launcher to pick the line that explains a failed run.
 WORKER_PREFIX = "tessel worker: "

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ir.types import TensorType, numpy_dtype
+from tessel.ir.types import TensorType, numpy_dtype
 
 from .artifact_files import PLAN_FILE, read_plan, verify_files
 from .errors import ArtifactError, ExecutionError, InputError
@@ -29,7 +29,7 @@ class Executor:
                  memory_device: str | None = None):
         """`memory_device` ("cpu", "cuda") puts the buffers in TVM memory on that device; by default
         host numpy memory for llvm artifacts and the GPU for cuda ones."""
-        from backends.tvm_env import set_threads, tvm
+        from tessel.backends.tvm_env import set_threads, tvm
 
         if threads is not None:
             set_threads(threads)
@@ -73,7 +73,7 @@ class Executor:
     # ---- loading ------------------------------------------------------------
     def _load_kernels(self) -> dict[str, Any]:
         if str(self.plan["target"]).startswith("cuda"):
-            from backends.tvm_env import enable_cuda
+            from tessel.backends.tvm_env import enable_cuda
 
             enable_cuda()  # a runtime-only TVM registers no CUDA module loader by itself
         kernels = {}
@@ -177,7 +177,7 @@ class Executor:
 
     def _index_error(self, step: dict[str, Any], arg_names: list[str], exc: IndexError) -> Exception:
         """The one-line error for a kernel whose index check failed (other IndexErrors pass unchanged)."""
-        from backends.lowering.index_checks import parse_check
+        from tessel.backends.lowering.index_checks import parse_check
 
         check = parse_check(str(exc))
         if check is None:

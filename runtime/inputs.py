@@ -7,7 +7,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from numpy.lib import format as npy_format
 
-from ir.types import TensorType, numpy_dtype
+from tessel.ir.types import TensorType, numpy_dtype
 
 from .errors import InputError
 

@@ -28,6 +28,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from tessel import IMPORT_ROOT
+
 from .errors import PEER_PREFIX, WORKER_PREFIX, ExecutionError
 
 # After one worker failed, the others have this long to exit on their own before they are killed.
@@ -86,9 +88,9 @@ def run_local_many(directories: Sequence[str | Path], workers: int,
                 log = open(scratch / f"rank{rank}.log", "w+")
                 logs.append(log)
                 processes.append(subprocess.Popen(
-                    [sys.executable, "-m", "runtime.worker", *(str(Path(d).resolve()) for d in directories), *command_tail],
+                    [sys.executable, "-m", "tessel.runtime.worker", *(str(Path(d).resolve()) for d in directories), *command_tail],
                     env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                    cwd=Path(__file__).resolve().parent.parent))
+                    cwd=IMPORT_ROOT))
             failed, overdue = _wait(processes, timeout, stop)
         finally:
             _kill(processes)

@@ -70,7 +70,7 @@ class HostMemory:
     """
 
     def __init__(self, arena_bytes: int):
-        from backends.tvm_env import tvm
+        from tessel.backends.tvm_env import tvm
 
         self._tvm = tvm()
         self._arena = allocate(max(int(arena_bytes), 1), "the activation arena")

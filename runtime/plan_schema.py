@@ -18,7 +18,7 @@ import re
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any, Iterator, Mapping
 
-from ir.types import TensorType
+from tessel.ir.types import TensorType
 
 from .errors import ArtifactError
 

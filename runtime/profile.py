@@ -21,11 +21,11 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    from backends.tvm_env import set_threads
+    from tessel.backends.tvm_env import set_threads
 
     set_threads(args.threads)
-    from runtime.inputs import random_input
-    from runtime.executor import Executor
+    from tessel.runtime.inputs import random_input
+    from tessel.runtime.executor import Executor
 
     executor = Executor(args.artifact)
     rng = np.random.default_rng(0)

@@ -21,7 +21,7 @@ from typing import BinaryIO, Callable, Mapping
 import numpy as np
 from numpy.lib import format as npy_format
 
-from ir.errors import TesselError
+from tessel.ir.errors import TesselError
 
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 

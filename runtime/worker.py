@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.errors import PEER_PREFIX, WORKER_PREFIX, PeerError
+from tessel.runtime.errors import PEER_PREFIX, WORKER_PREFIX, PeerError
 
 EXIT_FAILED = 1
 
@@ -87,10 +87,10 @@ def _leave_with_the_launcher(launcher: int, rank: int) -> None:
 def _run(args, rank: int, world: int, threads: int) -> int:
     import torch.distributed as dist
 
-    from runtime.artifact_files import device_count, read_plan
-    from runtime.comm import TorchComm, join_group
-    from runtime.errors import ArtifactError
-    from runtime.executor import Executor
+    from tessel.runtime.artifact_files import device_count, read_plan
+    from tessel.runtime.comm import TorchComm, join_group
+    from tessel.runtime.errors import ArtifactError
+    from tessel.runtime.executor import Executor
 
     plans = [read_plan(Path(a)) for a in args.artifacts]
     for artifact, plan in zip(args.artifacts, plans):
@@ -178,7 +178,7 @@ SCATTER_TAG, GATHER_TAG = 1 << 20, 1 << 21
 def _data_parallel_run(executor, comm, rank: int, world: int, slices):
     """One batch split across the replicas: rank 0 scatters slice r to rank r, every rank runs its
     slice, rank 0 gathers the outputs (slices in rank order)."""
-    from ir.types import numpy_dtype
+    from tessel.ir.types import numpy_dtype
 
     input_types, output_types = executor.input_types, executor.output_types
 
@@ -228,7 +228,7 @@ def _hybrid_run(run_head, tail, slices):
 
 def _input_slices(path, executor, microbatches: int) -> list[dict[str, np.ndarray]]:
     """The inputs (full batch) split into micro-batches along axis 0."""
-    from runtime.inputs import random_input
+    from tessel.runtime.inputs import random_input
 
     if path:
         with np.load(path, allow_pickle=False) as data:

@@ -5,7 +5,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from compiler.corpus import CorpusModel, load_corpus
+from tessel.compiler.corpus import CorpusModel, load_corpus
 
 CORPUS = load_corpus()  # raises CorpusMissingError with a clear message when ../shared/models is absent
 POSITIVE = [m for m in CORPUS if not m.negative]
@@ -43,7 +43,7 @@ def assert_matches_onnxruntime(outputs: dict, expected: list, rtol: float = 1e-3
 
 def gpu_available() -> bool:
     """Whether TVM sees a CUDA GPU here (its CUDA runtime loads only where a driver is installed)."""
-    from backends.tvm_env import tvm
+    from tessel.backends.tvm_env import tvm
 
     return bool(tvm().cuda(0).exist)
 

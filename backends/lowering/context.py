@@ -6,8 +6,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ir.errors import TesselError
-from ir.types import TensorType
+from tessel.ir.errors import TesselError
+from tessel.ir.types import TensorType
 
 
 class LoweringError(TesselError):

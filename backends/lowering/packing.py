@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ir.types import TensorType
+from tessel.ir.types import TensorType
 
 # Attribute names the packed kernels read (they are not ONNX attributes).
 CONV_BLOCKS = "tessel_conv_blocks"

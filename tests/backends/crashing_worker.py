@@ -5,7 +5,7 @@ import os
 import signal
 import sys
 
-from backends import build_worker
+from tessel.backends import build_worker
 
 
 def build_or_crash(spec: dict, target: str, cache: str, key: str) -> str | None:

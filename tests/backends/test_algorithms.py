@@ -5,14 +5,14 @@ import numpy as np
 import pytest
 from onnx import helper
 
-import ir
-from backends.algorithms import algorithms
-from backends.kernel import build, workspace_bytes
-from backends.target import parse_target
-from compiler.algo import find_layers
-from compiler.pipeline import run_pipeline, select_passes
-from compiler.program import ProgramBuilder
-from runtime.memory import aligned_copy
+from tessel import ir
+from tessel.backends.algorithms import algorithms
+from tessel.backends.kernel import build, workspace_bytes
+from tessel.backends.target import parse_target
+from tessel.compiler.algo import find_layers
+from tessel.compiler.pipeline import run_pipeline, select_passes
+from tessel.compiler.program import ProgramBuilder
+from tessel.runtime.memory import aligned_copy
 from tests.conftest import run_onnxruntime
 from tests.ir.helpers import F, model
 
@@ -49,7 +49,7 @@ def matmul_model():
 
 def run_layer(onnx_model, algorithm: str, size: int, x: np.ndarray) -> np.ndarray:
     """Run the model's one layer with `algorithm` over micro-batches of `size` (kernel by kernel, as the runtime does)."""
-    from backends.tvm_env import tvm
+    from tessel.backends.tvm_env import tvm
 
     graph, _ = run_pipeline(ir.from_onnx(onnx_model), select_passes([]))
     (layer,) = find_layers(graph, "llvm", "all")

@@ -10,11 +10,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from backends import builder
-from backends.builder import KernelBuildError, build_kernels, stop_build_workers
-from backends.cache import KernelCache
-from backends.kernel import ARG, KernelInput, KernelSpec
-from backends.target import parse_target
+from tessel.backends import builder
+from tessel.backends.builder import KernelBuildError, build_kernels, stop_build_workers
+from tessel.backends.cache import KernelCache
+from tessel.backends.kernel import ARG, KernelInput, KernelSpec
+from tessel.backends.target import parse_target
 
 TARGET = parse_target("llvm")
 CRASHING_WORKER = "tests.backends.crashing_worker"

@@ -13,11 +13,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from backends.builder import build_kernels
-from backends.cache import KernelCache
-from backends.kernel import ARG, KernelInput, KernelSpec
-from backends.target import parse_target
-from compiler.api import load
+from tessel.backends.builder import build_kernels
+from tessel.backends.cache import KernelCache
+from tessel.backends.kernel import ARG, KernelInput, KernelSpec
+from tessel.backends.target import parse_target
+from tessel.compiler.api import load
 
 TARGET = parse_target("llvm")
 REPO = Path(__file__).resolve().parents[2]
@@ -100,7 +100,7 @@ def test_tessel_compile_rebuilds_a_truncated_cached_library_and_the_artifact_run
     env = dict(os.environ, TESSEL_CACHE_DIR=str(cache_dir))
 
     def compile_to(name: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "compiler.cli", "compile", str(model), "-o", str(tmp_path / name)],
+        return subprocess.run([sys.executable, "-m", "tessel.compiler.cli", "compile", str(model), "-o", str(tmp_path / name)],
                               capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
 
     first = compile_to("a")

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from compiler.api import compile
+from tessel.compiler.api import compile
 from tests.conftest import POSITIVE, by_name
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -36,13 +36,13 @@ def test_corpus_model_compiles_for_cuda_with_nvcc(model, tmp_path_factory):
 @needs_nvcc
 @pytest.mark.parametrize("algorithm", ["direct", "im2col"])
 def test_conv_algorithms_compile_for_cuda_with_nvcc(algorithm, tmp_path):
-    import ir
-    from backends.builder import build_kernels
-    from backends.cache import KernelCache
-    from backends.target import parse_target
-    from compiler.algo import find_layers
-    from compiler.pipeline import run_pipeline, select_passes
-    from compiler.program import ProgramBuilder
+    from tessel import ir
+    from tessel.backends.builder import build_kernels
+    from tessel.backends.cache import KernelCache
+    from tessel.backends.target import parse_target
+    from tessel.compiler.algo import find_layers
+    from tessel.compiler.pipeline import run_pipeline, select_passes
+    from tessel.compiler.program import ProgramBuilder
     from tests.backends.test_algorithms import CONVS, conv_relu_model
 
     target = parse_target("cuda:sm_80")

@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from backends.cuda_binary import CudaBinaryError, replace_cuda_binary
+from tessel.backends.cuda_binary import CudaBinaryError, replace_cuda_binary
 
 U64 = struct.Struct("<Q")
 

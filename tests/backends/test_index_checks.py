@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from backends.lowering.index_checks import IndexCheck, parse_check
-from compiler.api import compile
-from runtime.errors import ExecutionError
+from tessel.backends.lowering.index_checks import IndexCheck, parse_check
+from tessel.compiler.api import compile
+from tessel.runtime.errors import ExecutionError
 from tests.conftest import CORPUS, run_onnxruntime
 
 WEIGHT = np.arange(40, dtype=np.float32).reshape(10, 4)
@@ -126,7 +126,7 @@ def test_a_million_indices_compile_in_seconds_and_are_all_checked(computed, kern
 def test_the_cli_reports_a_bad_index_in_one_line_with_exit_2(gather, tmp_path):
     gather.save(str(tmp_path / "gather.tessel"))
     np.savez(tmp_path / "bad.npz", i=np.array([2**31, 0, 0], dtype=np.int64))
-    result = subprocess.run([sys.executable, "-m", "compiler.cli", "run", str(tmp_path / "gather.tessel"),
+    result = subprocess.run([sys.executable, "-m", "tessel.compiler.cli", "run", str(tmp_path / "gather.tessel"),
                              "--inputs", str(tmp_path / "bad.npz")], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1

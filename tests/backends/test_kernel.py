@@ -7,10 +7,10 @@ import pytest
 from onnx import numpy_helper
 from onnx.backend.test.case.node import collect_testcases
 
-from backends.kernel import ARG, DATA, KernelInput, KernelSpec
-from backends.lowering import RULES
-from backends.target import TargetError, TargetSpec, parse_target
-from compiler.api import compile
+from tessel.backends.kernel import ARG, DATA, KernelInput, KernelSpec
+from tessel.backends.lowering import RULES
+from tessel.backends.target import TargetError, TargetSpec, parse_target
+from tessel.compiler.api import compile
 
 CASES = {c.name: c for c in collect_testcases()}
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.api import compile
+from tessel.compiler.api import compile
 from tests.conftest import run_onnxruntime
 
 X = np.array([[np.nan, np.inf, -np.inf, 1.5, -2.0, 0.0, -0.0, np.nan]], np.float32)

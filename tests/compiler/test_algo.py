@@ -10,9 +10,9 @@ import numpy as np
 import onnx
 import pytest
 
-from compiler.api import CompileError, compile
-from ir.onnx_import import with_batch
-from runtime.executor import Executor
+from tessel.compiler.api import CompileError, compile
+from tessel.ir.onnx_import import with_batch
+from tessel.runtime.executor import Executor
 from tests.conftest import POSITIVE, assert_matches_onnxruntime, run_onnxruntime
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,21 +80,21 @@ def test_bad_selection_options_fail_clearly(options, message, kernel_cache):
 
 def test_cli_selects_and_reports(kernel_cache, tmp_path):
     out = tmp_path / "art"
-    done = subprocess.run([sys.executable, "-m", "compiler.cli", "compile", str(_model("mtcnn_onet").path), "-o", str(out),
+    done = subprocess.run([sys.executable, "-m", "tessel.compiler.cli", "compile", str(_model("mtcnn_onet").path), "-o", str(out),
                            "--batch", "4", "--algo-select", "dp", "--workspace-limit", "64KiB", "--profile-budget", "0"],
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert "algorithms (dp)" in done.stdout and (out / "reports" / "algo.md").is_file()
-    report = subprocess.run([sys.executable, "-m", "compiler.cli", "report", str(out)], capture_output=True, text=True,
+    report = subprocess.run([sys.executable, "-m", "tessel.compiler.cli", "report", str(out)], capture_output=True, text=True,
                             cwd=ROOT)
     assert "# Algorithm and micro-batch selection (dp" in report.stdout
-    bad = subprocess.run([sys.executable, "-m", "compiler.cli", "compile", str(_model("mtcnn_onet").path), "-o",
+    bad = subprocess.run([sys.executable, "-m", "tessel.compiler.cli", "compile", str(_model("mtcnn_onet").path), "-o",
                           str(tmp_path / "bad"), "--algo-select", "ilp"], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "bad").exists()
 
 
 def test_profile_times_go_stale(tmp_path):
-    from compiler.distribute import PROFILE_MAX_AGE_S, ProfileDB
+    from tessel.compiler.distribute import PROFILE_MAX_AGE_S, ProfileDB
 
     path = tmp_path / "profiles.json"
     db = ProfileDB(path, now=1000.0)

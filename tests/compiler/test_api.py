@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from compiler.api import CompileError, compile, load
-from runtime.errors import ArtifactError
+from tessel.compiler.api import CompileError, compile, load
+from tessel.runtime.errors import ArtifactError
 from tests.conftest import POSITIVE, assert_matches_onnxruntime, by_name, run_onnxruntime
 
 
@@ -57,7 +57,7 @@ def test_bad_placement_options_are_refused(options, match, tmp_path):
 
 
 def test_the_package_offers_compile_and_load():
-    import compiler
-    from compiler import api
+    from tessel import compiler
+    from tessel.compiler import api
 
     assert compiler.compile is api.compile and compiler.load is api.load

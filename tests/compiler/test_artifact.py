@@ -11,12 +11,12 @@ import onnx
 import pytest
 from onnx import helper
 
-from compiler.api import compile as compile_model
-from compiler.artifact import check_destination, load
-from compiler.cli import main
-from runtime.artifact_files import PLAN_FILE, artifact_digest
-from runtime.errors import ArtifactError
-from runtime.signature import NAMESPACE, Signature
+from tessel.compiler.api import compile as compile_model
+from tessel.compiler.artifact import check_destination, load
+from tessel.compiler.cli import main
+from tessel.runtime.artifact_files import PLAN_FILE, artifact_digest
+from tessel.runtime.errors import ArtifactError
+from tessel.runtime.signature import NAMESPACE, Signature
 from tests.ir.helpers import F, model
 
 

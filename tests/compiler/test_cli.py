@@ -11,9 +11,9 @@ import onnx
 import pytest
 from onnx import helper
 
-from compiler.cli import main, parse_input_shape
-from compiler.model_summary import summarize
-from ir.errors import ShapeBindingError
+from tessel.compiler.cli import main, parse_input_shape
+from tessel.compiler.model_summary import summarize
+from tessel.ir.errors import ShapeBindingError
 from tests.conftest import CORPUS, by_name
 from tests.ir.helpers import F, model
 
@@ -40,7 +40,7 @@ def test_inspect_parameters_equal_initializer_elements(entry):
 
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "compiler.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "tessel.compiler.cli", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_inspect_json_on_a_corpus_model():

@@ -12,9 +12,9 @@ import pytest
 from numpy.lib import format as npy_format
 from onnx import helper
 
-from compiler.api import compile as compile_model
-from compiler.cli import main
-from compiler.reference_check import compare
+from tessel.compiler.api import compile as compile_model
+from tessel.compiler.cli import main
+from tessel.compiler.reference_check import compare
 from tests.ir.helpers import F, model
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-import compiler
+from tessel import compiler
 from tests.ir.helpers import F, model
 
 X = np.array([10, 20], np.float32)
@@ -23,7 +23,7 @@ def _defaulted_model(path):
 
 
 def _cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "compiler.cli", *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+    return subprocess.run([sys.executable, "-m", "tessel.compiler.cli", *args], capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
 def test_default_is_used_unless_the_caller_overrides_it(tmp_path):

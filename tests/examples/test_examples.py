@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from compiler.corpus import models_dir
+from tessel.compiler.corpus import models_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
-import ir
-from ir import Attributes, Graph, TensorType
-from ir.analysis import max_live_bytes, op_histogram, total_bytes_moved, total_flops
-from ir.costs import bytes_moved, flops
+from tessel import ir
+from tessel.ir import Attributes, Graph, TensorType
+from tessel.ir.analysis import max_live_bytes, op_histogram, total_bytes_moved, total_flops
+from tessel.ir.costs import bytes_moved, flops
 from tests.conftest import POSITIVE
 
 

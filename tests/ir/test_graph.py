@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import ir
-from ir import Attributes, Graph, TensorType
+from tessel import ir
+from tessel.ir import Attributes, Graph, TensorType
 
 T = TensorType("float32", (2, 3))
 

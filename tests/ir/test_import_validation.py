@@ -9,9 +9,9 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-import ir
-from ir.errors import ModelImportError, ModelLoadError, ShapeBindingError
-from ir.onnx_import import input_defaults, newest_opset
+from tessel import ir
+from tessel.ir.errors import ModelImportError, ModelLoadError, ShapeBindingError
+from tessel.ir.onnx_import import input_defaults, newest_opset
 
 from .helpers import F, I64, model
 

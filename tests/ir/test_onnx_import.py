@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-import ir
+from tessel import ir
 from tests.conftest import run_onnxruntime
 from tests.ir.helpers import F, I64, model
 

@@ -5,7 +5,7 @@ import numpy as np
 import onnx
 import pytest
 
-import ir
+from tessel import ir
 from tests.conftest import NEGATIVE, POSITIVE, by_name, run_onnxruntime
 
 

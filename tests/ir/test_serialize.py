@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-import ir
-from ir.printer import format_graph
-from ir.serialize import from_json, to_json
+from tessel import ir
+from tessel.ir.printer import format_graph
+from tessel.ir.serialize import from_json, to_json
 from tests.conftest import POSITIVE, by_name
 
 SMALL = [m for m in POSITIVE if m.name in ("silero_vad", "mtcnn_onet", "minigpt_small", "gru_classifier")]

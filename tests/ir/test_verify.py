@@ -1,9 +1,9 @@
 """The verifier catches each kind of broken graph."""
 from __future__ import annotations
 
-import ir
-from ir import Attributes, Graph, TensorType
-from ir.graph import Value
+from tessel import ir
+from tessel.ir import Attributes, Graph, TensorType
+from tessel.ir.graph import Value
 
 T = TensorType("float32", (2, 3))
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-import ir
-from compiler.corpus import CorpusModel
-from compiler.pipeline import PIPELINE
-from ir.graph import Graph
+from tessel import ir
+from tessel.compiler.corpus import CorpusModel
+from tessel.compiler.pipeline import PIPELINE
+from tessel.ir.graph import Graph
 from tests.conftest import run_onnxruntime
 from tests.ir.helpers import model
 

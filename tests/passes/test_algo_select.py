@@ -5,7 +5,7 @@ import time
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from passes.algo_select import (AlgoSelectError, Candidate, Config, best_single, layer_pareto, micro_batch_sizes,
+from tessel.passes.algo_select import (AlgoSelectError, Candidate, Config, best_single, layer_pareto, micro_batch_sizes,
                                 pareto, select_ilp)
 
 ALGORITHMS = ("direct", "nchwc", "im2col")

@@ -1,9 +1,9 @@
 """α-β costs of collectives: the textbook formulas and which algorithm wins when."""
 import pytest
 
-from passes.collectives import (allgather_recursive_doubling, allgather_ring, allreduce_halving_doubling,
+from tessel.passes.collectives import (allgather_recursive_doubling, allgather_ring, allreduce_halving_doubling,
                                 allreduce_ring, cost, scatter_binomial, scatter_linear)
-from passes.placement import Link
+from tessel.passes.placement import Link
 
 LINK = Link(alpha=1e-5, beta=1e-9)
 

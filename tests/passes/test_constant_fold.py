@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 
-from passes.constant_fold import DEFAULT_LIMIT_BYTES, constant_fold
+from tessel.passes.constant_fold import DEFAULT_LIMIT_BYTES, constant_fold
 from tests.conftest import POSITIVE
 from tests.ir.helpers import F
 

@@ -6,13 +6,13 @@ import json
 import numpy as np
 from onnx import helper
 
-import ir
-from backends.kernel import ARG_BLOCKS, RESULT_BLOCKS
-from compiler.api import compile
-from backends.target import parse_target
-from compiler.pipeline import run_pipeline, select_passes
-from compiler.program import build_program
-from passes.conv_layout import blocked_values
+from tessel import ir
+from tessel.backends.kernel import ARG_BLOCKS, RESULT_BLOCKS
+from tessel.compiler.api import compile
+from tessel.backends.target import parse_target
+from tessel.compiler.pipeline import run_pipeline, select_passes
+from tessel.compiler.program import build_program
+from tessel.passes.conv_layout import blocked_values
 from tests.conftest import assert_matches_onnxruntime, run_onnxruntime
 from tests.ir.helpers import F, model
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 
-from passes.cse import cse
+from tessel.passes.cse import cse
 from tests.conftest import POSITIVE
 from tests.ir.helpers import F
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 
-from passes.dce import dce
+from tessel.passes.dce import dce
 from tests.conftest import POSITIVE
 from tests.ir.helpers import F
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from onnx import helper
 
-import ir
-from compiler.api import compile
-from passes.fuse import FUSED_OP, fuse, kernel_count
+from tessel import ir
+from tessel.compiler.api import compile
+from tessel.passes.fuse import FUSED_OP, fuse, kernel_count
 from tests.conftest import POSITIVE, assert_matches_onnxruntime, run_onnxruntime
 from tests.ir.helpers import F
 

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import ir
-from backends.target import parse_target
-from compiler.api import compile
-from compiler.memory import plan_program_memory
-from compiler.pipeline import run_pipeline
-from compiler.program import build_program
-from passes.memory_plan import STRATEGIES, Storage, StepUse, plan_memory
+from tessel import ir
+from tessel.backends.target import parse_target
+from tessel.compiler.api import compile
+from tessel.compiler.memory import plan_program_memory
+from tessel.compiler.pipeline import run_pipeline
+from tessel.compiler.program import build_program
+from tessel.passes.memory_plan import STRATEGIES, Storage, StepUse, plan_memory
 from tests.conftest import POSITIVE, by_name
 
 MIB = 1 << 20
@@ -132,7 +132,7 @@ def test_repeated_runs_allocate_no_activation_memory(kernel_cache):
 
 def test_device_memory_too_small_fails_with_the_peak(kernel_cache):
     model = next(m for m in POSITIVE if m.name == "mtcnn_onet")
-    from compiler.api import CompileError
+    from tessel.compiler.api import CompileError
 
     with pytest.raises(CompileError, match=r"missing; the activation peak is at node '.*' \(.*\) with '.*'"):
         compile(model.path, input_shapes=model.input_shapes, cache_dir=kernel_cache, device_memory="64KiB")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 
-from passes.partition import insert_transfers, node_device
+from tessel.passes.partition import insert_transfers, node_device
 from tests.ir.helpers import F
 
 from .helpers import assert_graph_matches, graph_of, model

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from passes.placement import Link, Machine, PlacementError, Task, lower_bound, place, simulate
+from tessel.passes.placement import Link, Machine, PlacementError, Task, lower_bound, place, simulate
 
 LINK = Link(alpha=1e-4, beta=1e-9)
 
@@ -97,7 +97,7 @@ def test_ten_thousand_nodes_on_64_devices_in_under_ten_seconds():
 
 
 def test_data_placement_divides_the_work_and_pays_the_scatter_and_gather():
-    from passes.collectives import scatter_linear
+    from tessel.passes.collectives import scatter_linear
 
     tasks = _chain(10, seconds=4e-3)
     link = Link(alpha=1e-4, beta=1e-9)
@@ -129,7 +129,7 @@ def test_data_placement_refuses_what_it_cannot_do():
 
 
 def test_hybrid_keeps_a_heavy_tail_on_one_device_when_replicas_do_not_fit():
-    from passes.collectives import scatter_linear
+    from tessel.passes.collectives import scatter_linear
 
     link = Link(alpha=1e-4, beta=1e-9)
     # Eight light "convolutions", then a fully-connected tail with most of the weights.

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-import ir
-from compiler.api import compile
-from compiler.pipeline import PIPELINE, run_pipeline
+from tessel import ir
+from tessel.compiler.api import compile
+from tessel.compiler.pipeline import PIPELINE, run_pipeline
 from tests.conftest import assert_matches_onnxruntime, run_onnxruntime
 from tests.ir.helpers import F
 

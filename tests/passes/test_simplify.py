@@ -6,8 +6,8 @@ import math
 import numpy as np
 from onnx import helper
 
-from passes.simplify import simplify
-from passes.dce import dce
+from tessel.passes.simplify import simplify
+from tessel.passes.dce import dce
 from tests.conftest import POSITIVE
 from tests.ir.helpers import F
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from compiler.api import compile
-from passes.split_variadic import MAX_FAN_IN, split_variadic
+from tessel.compiler.api import compile
+from tessel.passes.split_variadic import MAX_FAN_IN, split_variadic
 from tests.conftest import assert_matches_onnxruntime, run_onnxruntime
 from tests.ir.helpers import F
 

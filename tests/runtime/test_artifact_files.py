@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from compiler.api import compile as compile_model
-from compiler.cli import main
-from runtime.artifact_files import PLAN_FILE, SELF_HASH, artifact_digest, file_hash, read_plan, sealed_plan_bytes
-from runtime.errors import ArtifactError
-from runtime.memory import HostMemory
-from runtime.plan_schema import validate_plan
+from tessel.compiler.api import compile as compile_model
+from tessel.compiler.cli import main
+from tessel.runtime.artifact_files import PLAN_FILE, SELF_HASH, artifact_digest, file_hash, read_plan, sealed_plan_bytes
+from tessel.runtime.errors import ArtifactError
+from tessel.runtime.memory import HostMemory
+from tessel.runtime.plan_schema import validate_plan
 from tests.ir.helpers import F, model
 
 Plan = dict[str, Any]
@@ -358,7 +358,7 @@ def test_cli_run_of_a_foreign_kernel_path_exits_2_in_a_fresh_process(artifact, f
         kernel_entry(plan)["file"] = str(library)
 
     reseal(artifact, point)
-    result = subprocess.run([sys.executable, "-m", "compiler.cli", "run", str(artifact)], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "tessel.compiler.cli", "run", str(artifact)], capture_output=True,
                             text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert "not a plain relative path" in result.stderr and not marker.exists()

@@ -6,17 +6,17 @@ import shutil
 import numpy as np
 import pytest
 
-from compiler.api import compile
-from runtime.device_memory import DeviceMemory
-from runtime.errors import ArtifactError
-from runtime.executor import Executor
+from tessel.compiler.api import compile
+from tessel.runtime.device_memory import DeviceMemory
+from tessel.runtime.errors import ArtifactError
+from tessel.runtime.executor import Executor
 from tests.conftest import POSITIVE, assert_matches_onnxruntime, gpu_available, run_onnxruntime
 from tests.runtime.test_executor import _if_model
 
 
 @pytest.fixture
 def memory():
-    from backends.tvm_env import tvm
+    from tessel.backends.tvm_env import tvm
 
     return DeviceMemory(tvm().cpu(0), 1024)
 

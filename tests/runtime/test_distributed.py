@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compiler.api import compile
-from runtime.errors import PEER_PREFIX
-from runtime.launch import free_port, run_local, run_local_many
+from tessel.compiler.api import compile
+from tessel.runtime.errors import PEER_PREFIX
+from tessel.runtime.launch import free_port, run_local, run_local_many
 from tests.conftest import POSITIVE, assert_matches_onnxruntime, run_onnxruntime
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ def test_micro_batches_pipeline_through_two_workers(kernel_cache):
     feeds = {"input": np.random.default_rng(0).standard_normal((8, 3, 224, 224)).astype(np.float32)}
     import onnx
 
-    from ir.onnx_import import with_batch
+    from tessel.ir.onnx_import import with_batch
 
     batched = with_batch(onnx.load(str(model.path)), 8)
     assert_matches_onnxruntime(artifact.run(feeds), run_onnxruntime(batched, feeds))
@@ -75,7 +75,7 @@ def test_data_and_hybrid_placement_split_the_batch_across_workers(placement, ker
     feeds = {"input": np.random.default_rng(1).standard_normal((8, 3, 224, 224)).astype(np.float32)}
     import onnx
 
-    from ir.onnx_import import with_batch
+    from tessel.ir.onnx_import import with_batch
 
     batched = with_batch(onnx.load(str(model.path)), 8)
     assert_matches_onnxruntime(artifact.run(feeds), run_onnxruntime(batched, feeds))
@@ -100,7 +100,7 @@ def test_a_killed_worker_stops_the_others_with_a_clear_message(kernel_cache, tmp
     for rank in range(2):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "TESSEL_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, "-m", "runtime.worker", str(artifact.directory), "--repeat", "100000",
+        procs.append(subprocess.Popen([sys.executable, "-m", "tessel.runtime.worker", str(artifact.directory), "--repeat", "100000",
                                        "--timeout", "10"], env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True,
                                       start_new_session=True))
     try:
@@ -124,14 +124,14 @@ def test_a_killed_worker_stops_the_others_with_a_clear_message(kernel_cache, tmp
 def test_launch_leaves_no_process_behind_when_a_worker_fails(kernel_cache, tmp_path):
     model = _resnet()
     artifact = compile(model.path, input_shapes=model.input_shapes, devices=2, placement="pipeline", cache_dir=kernel_cache)
-    from runtime.errors import InputError
+    from tessel.runtime.errors import InputError
 
     with pytest.raises(InputError):
         artifact.run({"input": np.zeros((1, 3, 2, 2), np.float32)})
-    before = subprocess.run(["pgrep", "-f", "runtime.worker"], capture_output=True, text=True).stdout.split()
+    before = subprocess.run(["pgrep", "-f", "tessel.runtime.worker"], capture_output=True, text=True).stdout.split()
     outputs, times = run_local(artifact.directory, 2, model.make_inputs(), repeat=1)
     assert times["runs"] == 1 and times["seconds_per_batch"] > 0 and set(outputs) == {"output"}
-    after = subprocess.run(["pgrep", "-f", "runtime.worker"], capture_output=True, text=True).stdout.split()
+    after = subprocess.run(["pgrep", "-f", "tessel.runtime.worker"], capture_output=True, text=True).stdout.split()
     assert set(after) <= set(before)
 
 
@@ -142,7 +142,7 @@ def test_torchrun_runs_the_worker_module(kernel_cache, tmp_path):
     np.savez(tmp_path / "in.npz", **inputs)
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-               "-m", "runtime.worker", str(artifact.directory), "--inputs", str(tmp_path / "in.npz"),
+               "-m", "tessel.runtime.worker", str(artifact.directory), "--inputs", str(tmp_path / "in.npz"),
                "--outputs", str(tmp_path / "out.npz")]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -157,7 +157,7 @@ def test_cli_compiles_runs_and_reports_on_two_workers(kernel_cache, tmp_path):
     shape = "x".join(map(str, model.input_shapes["input_2"]))
 
     def tessel(*args):
-        return subprocess.run([sys.executable, "-m", "compiler.cli", *args], cwd=ROOT, capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "tessel.compiler.cli", *args], cwd=ROOT, capture_output=True, text=True,
                               timeout=600)
 
     machine = tmp_path / "machine.json"

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from compiler.api import compile, load
-from runtime.errors import ArtifactError, InputError
-from runtime.memory import ALIGNMENT, aligned_empty
+from tessel.compiler.api import compile, load
+from tessel.runtime.errors import ArtifactError, InputError
+from tessel.runtime.memory import ALIGNMENT, aligned_empty
 from tests.conftest import run_onnxruntime
 from tests.ir.helpers import F, model
 
@@ -69,7 +69,7 @@ def test_aligned_buffers():
 
 
 def test_profile_times_every_step(kernel_cache):
-    from runtime.executor import Executor
+    from tessel.runtime.executor import Executor
 
     artifact = compile(_if_model(), cache_dir=kernel_cache)
     rows = Executor(artifact.directory).profile({"x": np.ones((2, 3), np.float32), "c": np.array(True)}, runs=3)
@@ -80,7 +80,7 @@ def test_profile_times_every_step(kernel_cache):
 def test_profile_starts_every_pass_from_the_inputs(kernel_cache):
     """silero_vad's sample rate decides its If; the arena reuses the rate's bytes later in the run, so a profile
     pass that did not write the inputs again took the branch that cannot run."""
-    from runtime.executor import Executor
+    from tessel.runtime.executor import Executor
     from tests.conftest import POSITIVE
 
     silero = next(m for m in POSITIVE if m.name == "silero_vad")

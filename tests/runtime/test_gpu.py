@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compiler.api import compile
+from tessel.compiler.api import compile
 from tests.conftest import POSITIVE, assert_matches_onnxruntime, by_name, run_onnxruntime
 
 pytestmark = pytest.mark.gpu
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(scope="module")
 def gpu_target() -> str:
     """cuda:sm_XX for the GPU of this machine."""
-    from backends.tvm_env import tvm
+    from tessel.backends.tvm_env import tvm
 
     return "cuda:sm_" + tvm().cuda(0).compute_version.replace(".", "")
 

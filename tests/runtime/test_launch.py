@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.api import compile
-from runtime import launch
-from runtime.errors import ExecutionError
-from runtime.launch import GRACE_S, LaunchInterrupted, run_local
-from runtime.worker import LAUNCHER_POLL_S
+from tessel.compiler.api import compile
+from tessel.runtime import launch
+from tessel.runtime.errors import ExecutionError
+from tessel.runtime.launch import GRACE_S, LaunchInterrupted, run_local
+from tessel.runtime.worker import LAUNCHER_POLL_S
 
 ROOT = Path(__file__).resolve().parents[2]
 # Worker startup (import torch) on a busy machine, before a test may act on the workers.
@@ -68,7 +68,7 @@ def _workers_of(parent: int) -> list[int]:
         except OSError:  # the process ended meanwhile
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and b"runtime.worker" in command:
+        if ppid == parent and b"tessel.runtime.worker" in command:
             found.append(int(entry.name))
     return found
 
@@ -193,7 +193,7 @@ def test_a_stopped_worker_fails_the_launch_within_timeout_and_grace(pipeline_art
 
 def test_sigterm_to_tessel_run_stops_the_workers_and_removes_the_scratch_directory(pipeline_artifact, tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    run = subprocess.Popen([sys.executable, "-m", "compiler.cli", "run", str(pipeline_artifact.directory),
+    run = subprocess.Popen([sys.executable, "-m", "tessel.compiler.cli", "run", str(pipeline_artifact.directory),
                             "--repeat", "100000"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)
     workers = []
@@ -216,7 +216,7 @@ def test_sigterm_to_tessel_run_stops_the_workers_and_removes_the_scratch_directo
 
 
 def test_workers_leave_when_the_launcher_is_killed_outright(pipeline_artifact, tmp_path):
-    run = subprocess.Popen([sys.executable, "-m", "compiler.cli", "run", str(pipeline_artifact.directory),
+    run = subprocess.Popen([sys.executable, "-m", "tessel.compiler.cli", "run", str(pipeline_artifact.directory),
                             "--repeat", "100000"], cwd=ROOT, env={**os.environ, "TMPDIR": str(tmp_path)},
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     workers = []
@@ -263,7 +263,7 @@ def test_a_rank_started_directly_honours_the_timeout_in_rendezvous(listening, pi
             holder.listen(8)
         env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         started = time.monotonic()
-        worker = subprocess.Popen([sys.executable, "-m", "runtime.worker", str(pipeline_artifact.directory),
+        worker = subprocess.Popen([sys.executable, "-m", "tessel.runtime.worker", str(pipeline_artifact.directory),
                                    "--timeout", "3"], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True,
                                   start_new_session=True)
         try:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler.api import compile
+from tessel.compiler.api import compile
 from tests.conftest import POSITIVE, run_onnxruntime
 
 REPO = Path(__file__).resolve().parents[2]
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 RUN_IN_RUNTIME_ONLY_TVM = """
 import json, sys
 import numpy as np
-from compiler.artifact import load
+from tessel.compiler.artifact import load
 with np.load(sys.argv[2], allow_pickle=False) as data:
     feeds = {name: data[name] for name in data.files}
 outputs = load(sys.argv[1]).run(feeds)
@@ -25,7 +25,7 @@ np.savez(sys.argv[3], **outputs)
 import tvm
 libraries = [line.split()[-1] for line in open("/proc/self/maps") if ".so" in line and "libtvm" in line]
 print(json.dumps({"runtime_only": bool(tvm.base._RUNTIME_ONLY), "libraries": sorted(set(libraries)),
-                  "modules": sorted(m for m in sys.modules if m.startswith(("passes", "compiler.api", "backends.kernel")))}))
+                  "modules": sorted(m for m in sys.modules if m.startswith(("tessel.passes", "tessel.compiler.api", "tessel.backends.kernel")))}))
 """
 
 

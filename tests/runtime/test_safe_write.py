@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.safe_write import FileReadError, FileWriteError, check_writable, read_text, write_file, write_npz, write_text
+from tessel.runtime.safe_write import FileReadError, FileWriteError, check_writable, read_text, write_file, write_npz, write_text
 
 
 @pytest.fixture
