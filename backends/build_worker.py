@@ -1,6 +1,6 @@
 """A kernel-build worker process: reads one JSON request per line, builds, replies one line.
 
-Run by `backends.builder` as `python -m backends.build_worker`. Every kernel is
+Run by `tessel.backends.builder` as `python -m tessel.backends.build_worker`. Every kernel is
 compiled here, never in the compiling process, so a crash inside TVM (a deep
 recursion, a segfault) ends this process only and the builder reports it.
 Requests are {"key", "spec", "target", "cache"}; replies are {"key", "error": null or text}.

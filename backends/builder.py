@@ -1,6 +1,6 @@
 """Compiling the distinct kernels of a model in build-worker processes, through the cache.
 
-Every kernel compiles in a child process (`python -m backends.build_worker`),
+Every kernel compiles in a child process (`python -m tessel.backends.build_worker`),
 never in the compiling one: a crash inside TVM ends a worker and becomes one
 error line naming the kernel, and the compile goes on to report it. Workers
 stay up between builds (each imports TVM, about a second) and stop after
@@ -171,7 +171,7 @@ class _Counter:
 
 
 class _Worker:
-    """A `python -m backends.build_worker` process: one JSON request line in, one reply line out."""
+    """A `python -m tessel.backends.build_worker` process: one JSON request line in, one reply line out."""
 
     def __init__(self):
         env = dict(os.environ, TVM_NUM_THREADS="1")

@@ -408,18 +408,20 @@ DUMP_ELEMENTS = 1 << 13  # larger values are dumped as an even sample of this ma
 
 
 def dump_steps(executor, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Every value each top-level kernel step writes, read right after the step (the arena reuses its bytes later),
+    """Every value each top-level kernel call writes, read right after the call (the arena reuses its bytes later),
     by value name; values over DUMP_ELEMENTS as an even sample. A debugging aid: comparing a device's dump with
     one made elsewhere finds the first kernel that goes wrong."""
+    from tessel.runtime.instructions import KernelCall
+
     executor.run(inputs)
     for name in executor.plan["inputs"]:
         executor._memory.write(executor._buffer(name), np.asarray(inputs[name]))  # noqa: SLF001
     arrays = {}
-    for step, op in zip(executor._run_steps, executor._ops):  # noqa: SLF001 - reads the executor's own bindings
+    for instruction, op in zip(executor.run_instructions, executor._ops):  # noqa: SLF001 - the executor's own bindings
         op()
-        if step["kind"] != "kernel":
+        if not isinstance(instruction, KernelCall):
             continue
-        for name in step["outputs"]:
+        for name in instruction.outputs:
             value = np.asarray(executor._memory.read(executor._buffer(name))).reshape(-1)  # noqa: SLF001
             arrays[name] = value[::max(1, value.size // DUMP_ELEMENTS)].copy()
     return arrays

@@ -82,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         inputs = model.make_inputs()
         checked_ops = executor._ops
         executor._kernels.update(unchecked)
-        unchecked_ops = executor._bind(executor._run_steps)
-        checked_steps = [k for k, step in enumerate(executor._run_steps) if step.get("kernel") in unchecked]
+        unchecked_ops = executor._bind(executor.run_instructions)
+        checked_steps = [k for k, i in enumerate(executor.run_instructions) if getattr(i, "kernel", None) in unchecked]
 
         def kernels_alone(ops) -> None:
             # Later kernels reuse the inputs' memory: write them again (the same copy for both variants).

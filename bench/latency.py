@@ -7,7 +7,13 @@ pass), the speedup of keeping NCHW[16]c between conv kernels (the same compile
 with `conv_layout="nchw"`), and how much faster Tessel is than TVM's own pipeline
 (`relax.frontend.onnx.from_onnx` + `tvm.compile`) where TVM imports the model.
 
+`--baseline DIR` also times Tessel as another checkout DIR builds it (e.g. a
+git worktree of the commit before a change), alternating with this one
+`--repeats` times per model, and prints this/baseline from the fastest median
+of each: a change's before/after in one run, under the same load.
+
     python bench/latency.py [MODEL ...] [--runs 20] [--skip-tvm] [--skip-unfused] [--skip-nchw]
+                            [--baseline DIR] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -104,11 +110,14 @@ MEASURES = {"onnxruntime": measure_onnxruntime, "tessel": measure_tessel, "tesse
             "tessel_nchw": measure_tessel_nchw, "tvm": measure_tvm}
 
 
-def _isolated(kind: str, name: str, runs: int, timeout: float) -> tuple[dict | None, str]:
-    """Run one measurement in a fresh process: ({"ms": median, ...} or None, why not)."""
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, name, "--runs", str(runs)]
+def _isolated(kind: str, name: str, runs: int, timeout: float, root: Path = ROOT) -> tuple[dict | None, str]:
+    """Run one measurement in a fresh process, with the Tessel of checkout `root`: ({"ms": median, ...} or None,
+    why not)."""
+    command = [sys.executable, str(root / "bench" / "latency.py"), "--worker", kind, name, "--runs", str(runs)]
+    # The checkout's own packages come first, whatever is installed.
+    env = {**os.environ, "PYTHONPATH": str(root), "TESSEL_MODELS": str(load_corpus()[0].path.parent)}
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=root, env=env)
     except subprocess.TimeoutExpired:
         return None, f"timed out after {timeout:.0f} s"
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -129,6 +138,9 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-tvm", action="store_true", help="do not measure TVM's own pipeline")
     parser.add_argument("--skip-unfused", action="store_true", help="do not measure Tessel without fusion")
     parser.add_argument("--skip-nchw", action="store_true", help="do not measure Tessel with NCHW between convs")
+    parser.add_argument("--baseline", metavar="DIR", type=Path,
+                        help="also time Tessel from this checkout, alternating with this one (before/after a change)")
+    parser.add_argument("--repeats", type=int, default=3, help="with --baseline: alternations per model")
     parser.add_argument("--worker", nargs=2, metavar=("KIND", "MODEL"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     corpus = {m.name: m for m in load_corpus()}
@@ -137,6 +149,8 @@ def main(argv=None) -> int:
         print(json.dumps(MEASURES[kind](corpus[name], args.runs)))
         return 0
     names = args.models or [m.name for m in corpus.values() if not m.negative and not m.topology]
+    if args.baseline:
+        return _before_after(names, args.baseline.resolve(), args.runs, args.repeats)
     print(f"{'model':<20} {'onnxruntime':>12} {'tvm':>10} {'unfused':>10} {'nchw':>10} {'tessel':>10} "
           f"{'tessel/ort':>11} {'fusion':>8} {'blocked':>8} {'layout':>8} {'tvm/tessel':>11}")
     ratios, tvm_speedups, fusion_speedups, layout_speedups = [], [], [], []
@@ -181,6 +195,35 @@ def main(argv=None) -> int:
               f"{math.exp(sum(map(math.log, layout_speedups)) / len(layout_speedups)):.2f}x")
     if tvm_speedups:
         print(f"tessel vs TVM's pipeline: {min(tvm_speedups):.1f}x to {max(tvm_speedups):.1f}x faster on the {len(tvm_speedups)} models TVM runs")
+    return 0
+
+
+def _before_after(names: list[str], baseline: Path, runs: int, repeats: int) -> int:
+    """Tessel of `baseline` against this checkout's, alternating per model; the fastest median of each."""
+    print(f"{'model':<20} {'baseline ms':>12} {'this ms':>10} {'this/baseline':>14}  (fastest of {repeats} medians "
+          f"of {runs}; baseline {baseline})")
+    ratios = []
+    for name in names:
+        samples: dict[str, list[float]] = {"baseline": [], "this": []}
+        why = ""
+        for _ in range(repeats):
+            for side, root in (("baseline", baseline), ("this", ROOT)):
+                measured = _isolated("tessel", name, runs, 1800, root)
+                if measured[0]:
+                    samples[side].append(measured[0]["ms"])
+                else:
+                    why = f"{side}: {measured[1]}"
+        old = min(samples["baseline"], default=None)
+        new = min(samples["this"], default=None)
+        ratio = new / old if old and new else None
+        if ratio:
+            ratios.append(ratio)
+        cells = [f"{v:.3f}" if v is not None else "n/a" for v in (old, new)]
+        print(f"{name:<20} {cells[0]:>12} {cells[1]:>10} {f'{ratio:.3f}' if ratio else 'n/a':>14}"
+              + (f"  {why}" if why else ""), flush=True)
+    if ratios:
+        print(f"geomean this/baseline over {len(ratios)} models: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}; "
+              f"range {min(ratios):.3f} to {max(ratios):.3f}")
     return 0
 
 

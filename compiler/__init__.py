@@ -1,10 +1,10 @@
 """The driver: the ordered pipeline, artifact packaging, reports, the CLI and the Python API.
 
-`compiler.compile(model, ...)` returns an `Artifact`; `compiler.load(dir)` reads a saved one.
+`tessel.compile(model, **options)` returns an `Artifact`; `tessel.load(dir)` reads a saved one.
 """
 from __future__ import annotations
 
-__all__ = ["Artifact", "CompileError", "compile", "load"]
+__all__ = ["Artifact", "CompileError", "CompileOptions", "compile", "load"]
 
 
 def __getattr__(name: str):

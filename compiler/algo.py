@@ -33,7 +33,6 @@ from .distribute import ESTIMATE_BYTES_PER_S, ESTIMATE_FLOPS_PER_S, ProfileDB
 from .program import ProgramBuilder
 from .sizes import format_bytes
 
-MODES = ("off", "dp", "ilp")
 # Ops that treat every sample (axis 0) on its own, so a batch can run in slices.
 PER_SAMPLE_OPS = {"Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "MatMul", "Gemm"}
 # Relative cost of each algorithm per (direct) FLOP for candidates never timed: a prior, reported as an

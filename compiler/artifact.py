@@ -10,8 +10,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from tessel.ir.types import TensorType, numpy_dtype
-from tessel.runtime.artifact_files import (PLAN_FILE, artifact_digest, device_count, parse_expected_digest, read_plan,
-                                    unlisted_files, verify_files)
+from tessel.runtime.artifact_files import (PLAN_FILE, artifact_digest, parse_expected_digest, read_plan,
+                                           unlisted_files, verify_files, worker_count)
 from tessel.runtime.errors import ArtifactError
 from tessel.runtime.signature import Signature
 
@@ -52,12 +52,14 @@ class Artifact:
     @property
     def inputs(self) -> dict[str, str]:
         """Input name → type (e.g. "float32[1,3,224,224]")."""
-        return {name: self.plan["values"][name] for name in self.plan["inputs"]}
+        entry = self.plan["workers"][0]
+        return {name: entry["values"][name] for name in entry["inputs"]}
 
     @property
     def outputs(self) -> dict[str, str]:
         """Output name → type."""
-        return {name: self.plan["values"][name] for name in self.plan["outputs"]}
+        entry = self.plan["workers"][0]
+        return {name: entry["values"][name] for name in entry["outputs"]}
 
     def report(self) -> dict[str, Any]:
         """The compile report (reports/compile.json)."""
@@ -76,13 +78,12 @@ class Artifact:
     @property
     def devices(self) -> int:
         """Devices (workers) the artifact runs on."""
-        return device_count(self.plan)
+        return worker_count(self.plan)
 
     @property
     def microbatches(self) -> int:
-        """Slices one run splits the batch into: micro-batches, or one per device with data or hybrid placement."""
-        replicas = int(self.plan.get("data_parallel", 0)) or int(self.plan.get("hybrid", {}).get("replicas", 1))
-        return int(self.plan.get("microbatches", 1)) * replicas
+        """Micro-batches one run splits the batch into."""
+        return int(self.plan.get("microbatches", 1))
 
     def run(self, inputs: Mapping[str, np.ndarray], timeout: float = 30.0) -> dict[str, np.ndarray]:
         """Run the model on numpy inputs by name; returns numpy outputs by name.

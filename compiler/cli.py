@@ -16,7 +16,6 @@ import numpy as np
 
 from tessel.ir.errors import ShapeBindingError, TesselError, UnsupportedModelError
 
-from .pipeline import PASS_NAMES
 from .sizes import format_bytes
 
 EXIT_USAGE = 2
@@ -74,19 +73,11 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     from .artifact import check_destination
 
     output = Path(args.output)
+    options = _compile_options(args)  # every option checked before anything is written
     check_destination(output, args.force)  # before compiling: refuse early, not after minutes of work
     _check_writable_directory(output)
-    artifact = compile_model(args.model, target=args.target, input_shapes=_input_shapes(args.input_shape),
-                             jobs=args.jobs, progress=stderr_progress, device_memory=args.device_memory,
-                             profile_progress=ProgressBar("timing algorithm candidates"),
-                             devices=args.devices, placement=args.placement, microbatches=args.microbatches,
-                             batch=args.batch,
-                             pins=args.pin, machine=args.machine, profile=not args.no_profile,
-                             reprofile=args.reprofile, algo_select=args.algo_select,
-                             workspace_limit=args.workspace_limit, batch_policy=args.batch_policy,
-                             profile_budget=args.profile_budget, conv_layout=args.conv_layout,
-                             skip_passes=args.skip_pass,
-                             verify=args.verify, dump_after=args.dump_after)
+    artifact = compile_model(args.model, options, progress=stderr_progress,
+                             profile_progress=ProgressBar("timing algorithm candidates"))
     artifact.save(output, overwrite=args.force)
     report = artifact.report()
     memory = report["memory"]
@@ -111,6 +102,19 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     for name in args.dump_after:
         print(f"graph after {name}: {output / 'reports' / f'after_{name}.txt'} and .onnx")
     return 0
+
+
+def _compile_options(args: argparse.Namespace):
+    """The CompileOptions the compile command's flags give."""
+    from .options import CompileOptions
+
+    return CompileOptions(
+        target=args.target, input_shapes=_input_shapes(args.input_shape), batch=args.batch, devices=args.devices,
+        placement=args.placement, microbatches=args.microbatches, pins=args.pin, machine=args.machine,
+        profile=not args.no_profile, reprofile=args.reprofile, device_memory=args.device_memory,
+        skip_passes=args.skip_pass, verify=args.verify, dump_after=args.dump_after, algo_select=args.algo_select,
+        workspace_limit=args.workspace_limit, batch_policy=args.batch_policy, profile_budget=args.profile_budget,
+        conv_layout=args.conv_layout, jobs=args.jobs)
 
 
 def _check_writable_directory(output: Path) -> None:
@@ -239,6 +243,8 @@ def version_line() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `tessel` command."""
+    from .options import CompileOptions
+
     parser = _Parser(prog="tessel", description="Tessel: compile ONNX models for one or many devices.",
                      epilog="Trust: an artifact is native code. Run only artifacts that you or a source you trust "
                             "compiled; check the digest it was published with: tessel run DIR --expect-sha256 SHA256.")
@@ -255,23 +261,27 @@ def build_parser() -> argparse.ArgumentParser:
     compile_cmd = commands.add_parser("compile", help="compile a model into an artifact directory")
     compile_cmd.add_argument("model", help="path of an .onnx model")
     compile_cmd.add_argument("-o", "--output", required=True, metavar="DIR", help="artifact directory to write")
-    compile_cmd.add_argument("--target", default="llvm", help="llvm (host CPU, default) or cuda:sm_XX")
+    compile_cmd.add_argument("--target", default=CompileOptions.default("target"),
+                             help="llvm (host CPU, default) or cuda:sm_XX")
     compile_cmd.add_argument("--input-shape", action="append", default=[], metavar="NAME=DIMS",
                              help="bind an input's shape, e.g. x=1x3x224x224 (repeatable)")
     compile_cmd.add_argument("--jobs", type=int, default=None, help="kernels compiled at once (default: one per core)")
     compile_cmd.add_argument("--force", action="store_true", help="replace an existing artifact directory")
-    compile_cmd.add_argument("--dump-after", action="append", default=[], metavar="PASS", choices=PASS_NAMES,
+    compile_cmd.add_argument("--dump-after", action="append", default=[], metavar="PASS",
+                             choices=CompileOptions.CHOICES["dump_after"],
                              help="write the graph after PASS to reports/after_PASS.txt and .onnx (repeatable)")
-    compile_cmd.add_argument("--skip-pass", action="append", default=[], metavar="PASS", choices=PASS_NAMES,
+    compile_cmd.add_argument("--skip-pass", action="append", default=[], metavar="PASS",
+                             choices=CompileOptions.CHOICES["skip_passes"],
                              help="leave PASS out of the pipeline (repeatable), e.g. --skip-pass fuse")
     compile_cmd.add_argument("--verify", action="store_true", help="check the graph's invariants after every pass")
     compile_cmd.add_argument("--device-memory", metavar="SIZE",
                              help="memory of the device, e.g. 512MiB: fail when weights and activations do not fit")
     compile_cmd.add_argument("--batch", type=int, metavar="N", help="run N samples at once: axis 0 of every input becomes N")
-    compile_cmd.add_argument("--devices", type=int, default=1, metavar="N", help="place the model on N devices (workers)")
-    compile_cmd.add_argument("--placement", default="auto", choices=("auto", "single", "pipeline", "list", "data", "hybrid"),
-                             help="placement planner (default: the best predicted)")
-    compile_cmd.add_argument("--microbatches", type=int, default=1, metavar="K",
+    compile_cmd.add_argument("--devices", type=int, default=CompileOptions.default("devices"), metavar="N",
+                             help="place the model on N devices (workers)")
+    compile_cmd.add_argument("--placement", default=CompileOptions.default("placement"),
+                             choices=CompileOptions.CHOICES["placement"], help="placement planner (default: the best predicted)")
+    compile_cmd.add_argument("--microbatches", type=int, default=CompileOptions.default("microbatches"), metavar="K",
                              help="split the batch (axis 0) into K micro-batches that pipeline through the devices")
     compile_cmd.add_argument("--pin", action="append", default=[], metavar="REGEX=DEVICE",
                              help="keep nodes whose name matches REGEX on DEVICE (repeatable)")
@@ -282,14 +292,17 @@ def build_parser() -> argparse.ArgumentParser:
                              help="place with FLOP/byte estimates instead of timing the kernels on this machine")
     compile_cmd.add_argument("--reprofile", action="store_true",
                              help="time the kernels again (cached times taken on a busy machine mislead the planner)")
-    compile_cmd.add_argument("--conv-layout", default="blocked", choices=("blocked", "nchw"),
+    compile_cmd.add_argument("--conv-layout", default=CompileOptions.default("conv_layout"),
+                             choices=CompileOptions.CHOICES["conv_layout"],
                              help="activations between conv kernels: kept in NCHW[16]c (blocked) or NCHW")
-    compile_cmd.add_argument("--algo-select", default="off", choices=("off", "dp", "ilp"),
+    compile_cmd.add_argument("--algo-select", default=CompileOptions.default("algo_select"),
+                             choices=CompileOptions.CHOICES["algo_select"],
                              help="choose each conv/matmul layer's algorithm and micro-batches: per layer within the "
                                   "workspace limit (dp) or with the layers' workspaces together within it (ilp)")
     compile_cmd.add_argument("--workspace-limit", metavar="SIZE",
                              help="workspace for --algo-select, e.g. 64MiB (default: what --device-memory leaves)")
-    compile_cmd.add_argument("--batch-policy", default="powers-of-two", choices=("undivided", "powers-of-two", "all"),
+    compile_cmd.add_argument("--batch-policy", default=CompileOptions.default("batch_policy"),
+                             choices=CompileOptions.CHOICES["batch_policy"],
                              help="micro-batch sizes --algo-select may use")
     compile_cmd.add_argument("--profile-budget", type=float, metavar="SECONDS",
                              help="time candidate kernels for at most this long; estimate the rest")

@@ -158,14 +158,14 @@ def save_link(alpha: float, beta: float, samples: Sequence[tuple[int, float]]) -
     return path
 
 
-def profile_steps(artifact_dir: Path, program_steps: Sequence[dict[str, Any]], threads: int, db: ProfileDB,
+def profile_steps(artifact_dir: Path, kernels: Mapping[str, str], threads: int, db: ProfileDB,
                   runs: int = 5, remeasure: bool = False) -> dict[str, tuple[float, bool]]:
-    """Milliseconds per kernel step (node name → (ms, measured)), measuring what the database lacks
-    (everything, with `remeasure`: times taken while the machine was busy are wrong forever after).
+    """Milliseconds per kernel call (node name → (ms, measured)) of `kernels` (node name → kernel key),
+    measuring what the database lacks (everything, with `remeasure`: times taken while the machine was busy
+    are wrong forever after).
 
     Measurement runs in a fresh process (runtime/profile.py) with `threads` TVM threads.
     """
-    kernels = {s["node"]: s["kernel"] for s in program_steps if s["kind"] == "kernel" and not s.get("init")}
     if remeasure or any(db.get(k, threads) is None for k in kernels.values()):
         import subprocess
         import sys

@@ -14,34 +14,31 @@ from typing import Any, Sequence
 from tessel.ir.types import TensorType
 from tessel.passes.memory_plan import CUDA_ALIGNMENT, DEFAULT_ALIGNMENT, MemoryPlan, StepUse, plan_memory
 
+from tessel.runtime.instructions import If, Instruction, KernelCall, View, sent_values
+
 from .program import Program
 from .sizes import format_bytes
 
 
-def schedule_uses(steps: Sequence[dict[str, Any]]) -> list[StepUse]:
-    """The executed steps as the planner sees them, `if` branches flattened."""
+def schedule_uses(instructions: Sequence[Instruction]) -> list[StepUse]:
+    """The executed instructions as the planner sees them, `If` branches flattened."""
     uses: list[StepUse] = []
-    for step in steps:
-        kind, name, op = step["kind"], step["node"], step["op"]
-        if step.get("init"):
+    for instruction in instructions:
+        if instruction.runs_at_load:
             continue  # computed once at load, outside the arena
-        if kind == "kernel":
-            uses.append(StepUse(name, op, tuple(step["inputs"]), tuple(step["outputs"]),
-                                inplace=tuple(tuple(pair) for pair in step.get("inplace", ()))))
-        elif kind == "view":
-            uses.append(StepUse(name, op, (step["input"],), (step["output"],), views=((step["output"], step["input"]),)))
-        elif kind == "send":
-            uses.append(StepUse(name, op, (step["tensor"],)))
-        elif kind == "recv":
-            uses.append(StepUse(name, op, (), (step["output"],)))
-        elif kind == "if":
-            uses.append(StepUse(name, op, (step["condition"],)))
-            for branch in ("then", "else"):
-                uses.extend(schedule_uses(step[branch]["steps"]))
-            results = tuple(step["then"]["results"]) + tuple(step["else"]["results"])
-            uses.append(StepUse(f"{name}/results", op, results, tuple(step["outputs"])))
+        name, op, reads = instruction.node, instruction.op, tuple(n for _, n in instruction.reads())
+        if isinstance(instruction, If):
+            uses.append(StepUse(name, op, reads))
+            for _, branch in instruction.branches():
+                uses.extend(schedule_uses(branch.instructions))
+            results = instruction.then_branch.results + instruction.else_branch.results
+            uses.append(StepUse(f"{name}/results", op, results, instruction.outputs))
+        elif isinstance(instruction, View):
+            uses.append(StepUse(name, op, reads, instruction.writes(), views=((instruction.output, instruction.input),)))
+        elif isinstance(instruction, KernelCall):
+            uses.append(StepUse(name, op, reads, instruction.writes(), inplace=instruction.inplace))
         else:
-            uses.append(StepUse(name, op))
+            uses.append(StepUse(name, op, reads, instruction.writes()))
     return uses
 
 
@@ -50,8 +47,8 @@ def plan_program_memory(program: Program, target_kind: str) -> MemoryPlan:
     resident = set(program.weights) | set(program.init_values)
     sizes = {name: TensorType.parse(spec).nbytes for name, spec in program.values.items() if name not in resident}
     alignment = CUDA_ALIGNMENT if target_kind == "cuda" else DEFAULT_ALIGNMENT
-    uses = schedule_uses(program.steps)
-    sent = tuple(step["tensor"] for step in program.steps if step["kind"] == "send")
+    uses = schedule_uses(program.instructions)
+    sent = sent_values(program.instructions)
     if sent:
         # Sends complete asynchronously: a sent buffer stays untouched until the run's end.
         uses.append(StepUse("wait for sends", "Send", sent))

@@ -1,10 +1,10 @@
-"""Writing an artifact directory: kernels, weights, the model, the graph, reports and plan.json.
+"""Writing an artifact directory: kernels, weights, reports and plan.json.
 
-A single-device artifact keeps its program at the top of plan.json. A
-multi-device artifact lists one program per device under "devices" (steps,
-values, weights file, memory plan, inputs and outputs), with device 0's
-inputs, outputs and values also at the top; kernels/ holds every device's
-kernels and each worker loads only its own.
+plan.json lists one program per worker under "workers" (instructions, values,
+weights file, memory plan, inputs and outputs; one worker for a single-device
+artifact); worker 0 takes the model's inputs and returns its outputs.
+kernels/ holds every worker's kernels and each worker loads only its own;
+workers holding the same weights (data-parallel replicas) share one weights file.
 """
 from __future__ import annotations
 
@@ -16,21 +16,22 @@ import numpy as np
 
 from tessel.backends.cache import KernelCache
 from tessel.ir.types import TensorType
-from tessel.runtime.artifact_files import FORMAT, FORMAT_VERSION, PLAN_FILE, file_hash, sealed_plan_bytes
-from tessel.runtime.plan_schema import all_steps, kernel_calls
+from tessel.runtime.artifact_files import FORMAT, PLAN_FILE, file_hash, sealed_plan_bytes
+from tessel.runtime.instructions import FORMAT_VERSION, KernelCall, program_to_json, walk
+from tessel.runtime.plan_schema import kernel_calls
 
 from .program import Program
 
 
 def program_section(program: Program, memory, weights_file: str) -> dict[str, Any]:
-    """The part of plan.json one device runs."""
+    """The part of plan.json one worker runs."""
     return {
         "inputs": program.inputs,
         "outputs": program.outputs,
         "values": program.values,
         "weights": {"file": weights_file, "names": sorted(program.weights)},
         "memory": {"alignment": memory.alignment, "arena_bytes": memory.arena_bytes, "offsets": memory.offsets},
-        "steps": program.steps,
+        "instructions": program_to_json(program.instructions),
     }
 
 
@@ -39,9 +40,9 @@ def kernel_signatures(programs: Sequence[Program]) -> dict[str, list[str]]:
     signatures: dict[str, list[str]] = {}
     for program in programs:
         types = {name: TensorType.parse(spec) for name, spec in program.values.items()}
-        for step in all_steps(program.steps):
-            if step["kind"] == "kernel":
-                for key, arguments in kernel_calls(step, types):
+        for instruction in walk(program.instructions):
+            if isinstance(instruction, KernelCall):
+                for key, arguments in kernel_calls(instruction, types):
                     signatures.setdefault(key, arguments)
     return signatures
 
@@ -64,13 +65,15 @@ def write_artifact(root: Path, programs: Sequence[Program], memories: Sequence[A
     for key, signature in kernel_signatures(programs).items():
         kernel_entries[key]["signature"] = signature
     sections = []
-    for device, (program, memory) in enumerate(zip(programs, memories)):
-        weights_file = "weights.npz" if len(programs) == 1 else f"weights_{device}.npz"
-        np.savez(root / weights_file, **{name: np.ascontiguousarray(a) for name, a in program.weights.items()})
-        sections.append(program_section(program, memory, weights_file))
-    plan: dict[str, Any] = {"format": FORMAT, "format_version": FORMAT_VERSION, "target": target, **sections[0]}
-    if len(programs) > 1:
-        plan["devices"] = sections
+    weight_files: dict[tuple, str] = {}
+    for worker, (program, memory) in enumerate(zip(programs, memories)):
+        # Replicas hold the very same arrays: one file serves them all.
+        held = tuple(sorted((name, id(array)) for name, array in program.weights.items()))
+        if held not in weight_files:
+            weight_files[held] = "weights.npz" if not weight_files else f"weights_{worker}.npz"
+            np.savez(root / weight_files[held], **{name: np.ascontiguousarray(a) for name, a in program.weights.items()})
+        sections.append(program_section(program, memory, weight_files[held]))
+    plan: dict[str, Any] = {"format": FORMAT, "format_version": FORMAT_VERSION, "target": target, "workers": sections}
     plan.update(extra or {})
     plan["kernels"] = kernel_entries
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.relative_to(root).parts[0] != "reports")

@@ -1,14 +1,15 @@
-"""Turning a graph into an executable program: ordered steps, kernel specs and weights.
+"""Turning a graph into an executable program: ordered instructions, kernel specs and weights.
 
-Each node becomes one step: a kernel call, a view (ops that only reinterpret
-a buffer's shape: Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout), an
-`if` holding the steps of both branches, or a `fail` for a branch that cannot
-run. The program is plain data (JSON-ready): the runtime executes it.
+Each node becomes one instruction (runtime/instructions.py): a kernel call, a
+view (ops that only reinterpret a buffer's shape: Reshape, Flatten, Squeeze,
+Unsqueeze, Identity, Dropout), an `If` holding the instructions of both
+branches, a Send/Recv, or a `Fail` for a branch that cannot run.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from tessel.passes.conv_layout import DEFAULT_ALGORITHM, blocked_type, blocked_v
 from tessel.passes.fuse import VIEW_OPS, is_kernel
 from tessel.passes.inplace import inplace_inputs
 from tessel.passes.partition import HOME_DEVICE, node_device
+from tessel.runtime.instructions import Branch, Fail, If, Instruction, KernelCall, Piece, Recv, Send, View
 
 # Packed copies of constant weights are stored under the weight's name plus this suffix and their shape.
 PACKED_SUFFIX = "::packed"
@@ -30,16 +32,16 @@ PACKED_SUFFIX = "::packed"
 
 @dataclass
 class Program:
-    """Steps to run, the kernels they call (by key), the values they touch and the weights they read."""
+    """Instructions to run, the kernels they call (by key), the values they touch and the weights they read."""
 
-    steps: list[dict[str, Any]]
+    instructions: list[Instruction]
     kernels: dict[str, KernelSpec]
     values: dict[str, str]
     weights: dict[str, np.ndarray]
     inputs: list[str]
     outputs: list[str]
     unsupported: list[str] = field(default_factory=list)
-    # Values computed from weights alone (steps marked "init"): computed once at load, kept with the weights.
+    # Values computed from weights alone (instructions marked `init`): computed once at load, kept with the weights.
     init_values: list[str] = field(default_factory=list)
     # Values whose buffers hold NCHW[16]c (passes/conv_layout.py): name → channel block.
     blocked: dict[str, int] = field(default_factory=dict)
@@ -50,7 +52,7 @@ Pieces = tuple[tuple[str, int], ...]
 
 
 class ProgramBuilder:
-    """Turns nodes into steps and kernel specs; collects the values they touch and the weights they read."""
+    """Turns nodes into instructions and kernel specs; collects the values they touch and the weights they read."""
 
     def __init__(self, target, choices: Mapping[str, Pieces] | None = None, blocked: Mapping[str, int] | None = None):
         self.target = target
@@ -76,44 +78,40 @@ class ProgramBuilder:
         self.values[value.name] = (blocked_type(value.type, block) if block else value.type).spec()
         return value.name
 
-    def steps(self, graph: Graph) -> list[dict[str, Any]]:
-        return [self.step(node) for node in graph.nodes]
+    def instructions(self, graph: Graph) -> list[Instruction]:
+        """One instruction per node of `graph`, in order."""
+        return [self.instruction(node) for node in graph.nodes]
 
-    def step(self, node: Node) -> dict[str, Any]:
+    def instruction(self, node: Node) -> Instruction:
+        """The instruction running `node` (a `Fail` when no kernel can: see `unsupported`)."""
         where = {"node": node.name, "op": node.op_type}
         if node.domain == TESSEL_DOMAIN and node.op_type == "Send":
-            return {"kind": "send", **where, "tensor": self.read(node.inputs[0]), "to": node.attrs["peer"],
-                    "tag": node.attrs["tag"]}
+            return Send(**where, tensor=self.read(node.inputs[0]), peer=node.attrs["peer"], tag=node.attrs["tag"])
         if node.domain == TESSEL_DOMAIN and node.op_type == "Recv":
-            return {"kind": "recv", **where, "output": self.write(node.outputs[0]), "from": node.attrs["peer"],
-                    "tag": node.attrs["tag"]}
+            return Recv(**where, output=self.write(node.outputs[0]), peer=node.attrs["peer"], tag=node.attrs["tag"])
         if node.domain == TESSEL_DOMAIN and node.op_type == "Unreachable":
             for out in node.outputs:
                 self.write(out)
-            return {"kind": "fail", **where, "message": node.attrs["message"]}
+            return Fail(**where, message=node.attrs["message"])
         if node.op_type == "If":
-            return self._if_step(node, where)
+            return self._if(node, where)
         if node.op_type in VIEW_OPS and not is_kernel(node):
-            return {"kind": "view", **where, "input": self.read(node.inputs[0]), "output": self.write(node.outputs[0])}
+            return View(**where, input=self.read(node.inputs[0]), output=self.write(node.outputs[0]))
         if node.name in self.choices:
-            return self._pieces_step(node, where, self.choices[node.name])
+            return self._pieces_call(node, where, self.choices[node.name])
         made = self._spec(node)
         if made is None:
-            return {"kind": "missing", **where}
+            return Fail(**where, message=f"no kernel for {node.op_type}")
         spec, args = made
         key = spec.key(self.target)
         self.kernels[key] = spec
-        outs = [self.write(v) for v in node.outputs if v is not None]
-        step = {"kind": "kernel", **where, "kernel": key, "inputs": args, "outputs": outs}
-        return self._with_inplace(node, step, args, outs)
+        outs = tuple(self.write(v) for v in node.outputs if v is not None)
+        return KernelCall(**where, kernel=key, inputs=tuple(args), outputs=outs, inplace=self._inplace(node, args, outs))
 
-    def _with_inplace(self, node: Node, step: dict[str, Any], args: list[str], outs: list[str]) -> dict[str, Any]:
+    def _inplace(self, node: Node, args, outs) -> tuple[tuple[str, str], ...]:
         # Writing over an input element by element needs both in the same layout.
-        inplace = [[outs[0], node.inputs[k].name] for k in inplace_inputs(node) if node.inputs[k].name in args
-                   and self.blocked.get(node.inputs[k].name) == self.blocked.get(outs[0])]
-        if inplace:
-            step["inplace"] = inplace
-        return step
+        return tuple((outs[0], node.inputs[k].name) for k in inplace_inputs(node) if node.inputs[k].name in args
+                     and self.blocked.get(node.inputs[k].name) == self.blocked.get(outs[0]))
 
     def candidate(self, node: Node, algorithm: str, size: int) -> tuple[KernelSpec, list[str]]:
         """The kernel running `node` with `algorithm` on a micro-batch of `size`, and its argument names."""
@@ -131,34 +129,30 @@ class ProgramBuilder:
         batched = frozenset(k for k, name in enumerate(args) if name not in self.weights)
         return resize_batch(spec, batched, size), args
 
-    def _pieces_step(self, node: Node, where: dict[str, Any], pieces: Pieces) -> dict[str, Any]:
-        """A kernel step running its batch as micro-batches, each a slice of axis 0 with its own kernel."""
-        outs = [self.write(v) for v in node.outputs if v is not None]
+    def _pieces_call(self, node: Node, where: dict[str, str], pieces: Pieces) -> KernelCall:
+        """A kernel call running its batch as micro-batches, each a slice of axis 0 with its own kernel."""
+        outs = tuple(self.write(v) for v in node.outputs if v is not None)
         runs, start = [], 0
         for algorithm, size in pieces:
             spec, args = self.candidate(node, algorithm, size)
             key = spec.key(self.target)
             self.kernels[key] = spec
-            runs.append({"kernel": key, "inputs": args, "start": start, "size": size, "algorithm": algorithm})
-            start += size
-        step = {"kind": "kernel", **where, "kernel": runs[0]["kernel"], "inputs": runs[0]["inputs"], "outputs": outs,
-                "algorithm": runs[0]["algorithm"]}
-        if len(runs) > 1:
             # Weights are whole in every piece; activations are sliced on axis 0.
-            step["pieces"] = [{**run, "sliced": [name for name in run["inputs"] if name not in self.weights] + outs}
-                              for run in runs]
-        return self._with_inplace(node, step, runs[0]["inputs"], outs)
+            sliced = tuple(name for name in args if name not in self.weights) + outs
+            runs.append(Piece(key, tuple(args), start, size, algorithm, sliced))
+            start += size
+        first = runs[0]
+        return KernelCall(**where, kernel=first.kernel, inputs=first.inputs, outputs=outs,
+                          inplace=self._inplace(node, first.inputs, outs), pieces=tuple(runs) if len(runs) > 1 else (),
+                          algorithm=first.algorithm)
 
-    def _if_step(self, node: Node, where: dict[str, Any]) -> dict[str, Any]:
+    def _if(self, node: Node, where: dict[str, str]) -> If:
         branches = {}
         for key in ("then_branch", "else_branch"):
             branch: Graph = node.attrs[key]
-            branches[key] = {"steps": self.steps(branch), "results": [self.read(v) for v in branch.outputs]}
-        return {
-            "kind": "if", **where, "condition": self.read(node.inputs[0]),
-            "then": branches["then_branch"], "else": branches["else_branch"],
-            "outputs": [self.write(v) for v in node.outputs if v is not None],
-        }
+            branches[key] = Branch(tuple(self.instructions(branch)), tuple(self.read(v) for v in branch.outputs))
+        return If(**where, condition=self.read(node.inputs[0]), **branches,
+                  outputs=tuple(self.write(v) for v in node.outputs if v is not None))
 
     def _spec(self, node: Node) -> tuple[KernelSpec, list[str]] | None:
         """The node's kernel spec and the value names of its runtime arguments."""
@@ -287,13 +281,13 @@ def build_program(graph: Graph, target, device: int | None = None, placement: Ma
     home = device in (None, HOME_DEVICE)
     inputs = [builder.write(v) for v in graph.inputs] if home else []
     if placement is None:
-        steps = builder.steps(graph)
+        instructions = builder.instructions(graph)
     else:
-        steps = [builder.step(node) for node in graph.nodes if node_device(node, placement) == device]
+        instructions = [builder.instruction(node) for node in graph.nodes if node_device(node, placement) == device]
     outputs = [builder.read(v) for v in graph.outputs] if home else []
-    init_values = _mark_init_steps(steps, builder.weights)
+    instructions, init_values = _marked_init(instructions, builder.weights)
     unsupported = [f"{op} (first node '{name}')" for op, name in builder.unsupported.items()]
-    return Program(steps, builder.kernels, builder.values, builder.weights, inputs, outputs, unsupported, init_values,
+    return Program(instructions, builder.kernels, builder.values, builder.weights, inputs, outputs, unsupported, init_values,
                    _used(builder))
 
 
@@ -306,12 +300,35 @@ def stage_program(graph: Graph, target, nodes: set[str], inputs: list[Value], ou
                if name not in edges} if blocked_layout else {}
     builder = ProgramBuilder(target, blocked=blocked)
     program_inputs = [builder.write(v) for v in inputs]
-    steps = [builder.step(node) for node in graph.nodes if node.name in nodes]
+    instructions = [builder.instruction(node) for node in graph.nodes if node.name in nodes]
     program_outputs = [builder.read(v) for v in outputs]
-    init_values = _mark_init_steps(steps, builder.weights)
+    instructions, init_values = _marked_init(instructions, builder.weights)
     unsupported = [f"{op} (first node '{name}')" for op, name in builder.unsupported.items()]
-    return Program(steps, builder.kernels, builder.values, builder.weights, program_inputs, program_outputs,
+    return Program(instructions, builder.kernels, builder.values, builder.weights, program_inputs, program_outputs,
                    unsupported, init_values, _used(builder))
+
+
+def renamed_program(program: Program, names: Mapping[str, str]) -> Program:
+    """The program with the values in `names` renamed (in its instructions, values, inputs and outputs)."""
+    def rename(name: str) -> str:
+        return names.get(name, name)
+
+    return Program([i.renamed(names) for i in program.instructions], program.kernels,
+                   {rename(n): spec for n, spec in program.values.items()}, program.weights,
+                   [rename(n) for n in program.inputs], [rename(n) for n in program.outputs], program.unsupported,
+                   program.init_values, {rename(n): b for n, b in program.blocked.items()})
+
+
+def joined_programs(first: Program, second: Program, inputs: list[str], outputs: list[str]) -> Program:
+    """One program running `first`'s instructions then `second`'s (which reads what `first` wrote)."""
+    clash = sorted(n for n in set(first.values) & set(second.values) if first.values[n] != second.values[n])
+    if clash:
+        raise ValueError(f"value '{clash[0]}' is {first.values[clash[0]]} in one part and "
+                         f"{second.values[clash[0]]} in the other")
+    return Program(first.instructions + second.instructions, {**first.kernels, **second.kernels},
+                   {**first.values, **second.values}, {**first.weights, **second.weights}, inputs, outputs,
+                   first.unsupported + second.unsupported, first.init_values + second.init_values,
+                   {**first.blocked, **second.blocked})
 
 
 def _used(builder: ProgramBuilder) -> dict[str, int]:
@@ -331,22 +348,21 @@ def _blocked(graph: Graph, target, choices: Mapping[str, Pieces] | None) -> dict
     return blocked_values(graph, algorithms)
 
 
-def _mark_init_steps(steps: list[dict[str, Any]], weights) -> list[str]:
-    """Mark the top-level steps that read only weights (or values made from them) as "init" steps.
+def _marked_init(instructions: list[Instruction], weights) -> tuple[list[Instruction], list[str]]:
+    """The instructions with those at top level that read only weights (or values made from them) marked
+    `init`, and the values those make.
 
     Their results do not change from run to run (a weight transposed, a ConstantOfShape
     too large to fold at compile time), so the runtime computes them once, at load.
     """
     constant = set(weights)
     made: list[str] = []
-    for step in steps:
-        if step["kind"] == "kernel" and step["op"] not in NONDETERMINISTIC and all(n in constant for n in step["inputs"]):
-            outputs = step["outputs"]
-        elif step["kind"] == "view" and step["input"] in constant:
-            outputs = [step["output"]]
-        else:
-            continue
-        step["init"] = True
-        constant.update(outputs)
-        made.extend(outputs)
-    return made
+    marked = []
+    for instruction in instructions:
+        if (isinstance(instruction, KernelCall) and instruction.op not in NONDETERMINISTIC
+                or isinstance(instruction, View)) and all(name in constant for _, name in instruction.reads()):
+            instruction = dataclasses.replace(instruction, init=True)
+            constant.update(instruction.writes())
+            made.extend(instruction.writes())
+        marked.append(instruction)
+    return marked, made

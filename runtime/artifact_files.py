@@ -34,13 +34,13 @@ from numpy.lib import format as npy_format
 from tessel.ir.types import TensorType, numpy_dtype
 
 from .errors import ArtifactError
+from .instructions import FORMAT_VERSION
 from .memory import physical_memory
 from .plan_schema import path_problem, validate_plan
 from .signature import Signature, verify_signature
 
 PLAN_FILE = "plan.json"
 FORMAT = "tessel.artifact"
-FORMAT_VERSION = 2
 SELF_HASH = "plan_sha256"
 # Files the runtime or the CLI read when they are there, beyond those the plan names.
 KNOWN_FILES = ("model.onnx", "graph.json", "input_defaults.npz")
@@ -145,16 +145,15 @@ def read_plan(directory: Path, expect_sha256: str | None = None, signature: Sign
     return plan
 
 
-def device_count(plan: dict[str, Any]) -> int:
-    """Workers an artifact runs on: one per device program, or the replicas of a data-parallel or hybrid one."""
-    return (int(plan.get("data_parallel", 0)) or int(plan.get("hybrid", {}).get("replicas", 0))
-            or len(plan.get("devices", [None])))
+def worker_count(plan: dict[str, Any]) -> int:
+    """Workers an artifact runs on: one per program in the plan."""
+    return len(plan["workers"])
 
 
 def referenced_files(directory: Path, plan: dict[str, Any]) -> list[str]:
     """Every file the runtime reads from this artifact: kernels, weights, and the model and graph where present."""
     names = {entry["file"] for entry in plan["kernels"].values()}
-    names.update(section["weights"]["file"] for section in [plan, *plan.get("devices", [])])
+    names.update(section["weights"]["file"] for section in plan["workers"])
     names.update(name for name in KNOWN_FILES if (directory / name).exists() or (directory / name).is_symlink())
     return sorted(names)
 
@@ -176,7 +175,7 @@ def verify_files(directory: Path, plan: dict[str, Any]) -> None:
             raise ArtifactError(f"{path}: missing from the artifact; recompile the model")
         if file_hash(path) != expected:
             raise ArtifactError(f"{path}: content does not match its hash in {PLAN_FILE} (corrupted or edited); recompile the model")
-    for section in [plan, *plan.get("devices", [])]:
+    for section in plan["workers"]:
         check_weights(directory / section["weights"]["file"], section)
 
 

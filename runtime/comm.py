@@ -55,7 +55,7 @@ def join_group(rank: int, world: int, timeout_s: float, exit_status: int = 1) ->
 
 
 class TorchComm:
-    """Send/recv of numpy buffers with torch.distributed; one per worker process."""
+    """Send/recv and all-reduce of numpy buffers with torch.distributed; one per worker process."""
 
     def __init__(self, rank: int, timeout_s: float):
         import torch.distributed as dist
@@ -99,6 +99,17 @@ class TorchComm:
                                      f"after at most {self.timeout_s:.0f} s ({_reason(exc)})") from None
 
         return wait
+
+    def all_reduce(self, array: np.ndarray, reduction: str, name: str) -> None:
+        """Replace `array` on every worker by the element-wise `reduction` (sum, mean, max, min) over all of them."""
+        op = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}[reduction]
+        try:
+            self._dist.all_reduce(self._tensor(array), op=getattr(self._dist.ReduceOp, op))
+        except RuntimeError as exc:
+            raise PeerError(f"rank {self.rank}: all-reduce of tensor '{name}' failed ({_reason(exc)})") from None
+        if reduction == "mean":
+            # gloo has no average: the sum, divided here.
+            np.divide(array, self._dist.get_world_size(), out=array, casting="unsafe")
 
     def wait_sends(self) -> None:
         """Wait until every send of this run has been delivered."""

@@ -1,8 +1,9 @@
-"""The single-device executor: runs a compiled program step by step.
+"""The executor: runs one worker's instruction program (runtime/instructions.py).
 
 Every buffer is allocated once, 64-byte aligned, when the executor is made;
-weights are loaded once; each run copies the inputs in, calls the kernels in
-order on pre-bound arguments, and copies the outputs out.
+weights are loaded once; each run copies the inputs in, runs the instructions
+in order on pre-bound arguments (kernel calls, views, branches, and with other
+workers, transfers and collectives over `comm`), and copies the outputs out.
 """
 from __future__ import annotations
 
@@ -17,18 +18,21 @@ from tessel.ir.types import TensorType, numpy_dtype
 from .artifact_files import PLAN_FILE, read_plan, verify_files
 from .errors import ArtifactError, ExecutionError, InputError
 from .graph_names import member_name
+from .instructions import (AllReduce, Fail, Gather, If, Instruction, KernelCall, Recv, Scatter, Send, View, kernel_keys,
+                           program_from_json)
 from .memory import HostMemory
 
 Op = Callable[[], None]
 
 
 class Executor:
-    """Runs the program of one artifact directory: llvm kernels on host memory, cuda kernels on GPU memory."""
+    """Runs one worker's program of an artifact directory: llvm kernels on host memory, cuda kernels on GPU memory."""
 
-    def __init__(self, directory: str | Path, threads: int | None = None, device: int = 0, comm=None,
+    def __init__(self, directory: str | Path, threads: int | None = None, worker: int = 0, comm=None,
                  memory_device: str | None = None):
-        """`memory_device` ("cpu", "cuda") puts the buffers in TVM memory on that device; by default
-        host numpy memory for llvm artifacts and the GPU for cuda ones."""
+        """`worker` picks the program of a multi-worker artifact; `comm` (runtime/comm.py) carries its transfers
+        and collectives. `memory_device` ("cpu", "cuda") puts the buffers in TVM memory on that device; by
+        default host numpy memory for llvm artifacts and the GPU for cuda ones."""
         from tessel.backends.tvm_env import set_threads, tvm
 
         if threads is not None:
@@ -37,12 +41,13 @@ class Executor:
         self.directory = Path(directory)
         self.artifact_plan = read_plan(self.directory)
         verify_files(self.directory, self.artifact_plan)
-        # A multi-device artifact holds one program per device; this executor runs one of them.
-        devices = self.artifact_plan.get("devices")
-        if devices is not None and not 0 <= device < len(devices):
-            raise ArtifactError(f"{self.directory}: the artifact has {len(devices)} devices, not device {device}")
-        self.plan = {**self.artifact_plan, **devices[device]} if devices is not None else self.artifact_plan
-        self.device = device
+        workers = self.artifact_plan["workers"]
+        if not 0 <= worker < len(workers):
+            raise ArtifactError(f"{self.directory}: the artifact has {len(workers)} worker(s), not worker {worker}")
+        # The artifact's settings with this worker's program (inputs, outputs, values, memory, weights).
+        self.plan = {**{k: v for k, v in self.artifact_plan.items() if k != "workers"}, **workers[worker]}
+        self.worker = worker
+        self.instructions = program_from_json(self.plan["instructions"])
         self._comm = comm
         self._arriving: dict[str, tuple[np.ndarray, Callable[[], None]]] = {}
         memory = self.plan.get("memory", {"arena_bytes": 0, "offsets": {}})
@@ -54,11 +59,11 @@ class Executor:
         self._types = {name: TensorType.parse(spec) for name, spec in self.plan["values"].items()}
         self._offsets: dict[str, int] = memory["offsets"]
         self._load_weights()
-        # Steps that read only weights run once, now; the others run on every run.
-        for op in self._bind([step for step in self.plan["steps"] if step.get("init")]):
+        # Instructions that read only weights run once, now; the others on every run.
+        for op in self._bind([i for i in self.instructions if i.runs_at_load]):
             op()
-        self._run_steps = [step for step in self.plan["steps"] if not step.get("init")]
-        self._ops = self._bind(self._run_steps)
+        self.run_instructions = [i for i in self.instructions if not i.runs_at_load]
+        self._ops = self._bind(self.run_instructions)
 
     def _make_memory(self, arena_bytes: int, memory_device: str | None):
         if memory_device is None and not str(self.plan["target"]).startswith("cuda"):
@@ -66,7 +71,7 @@ class Executor:
         from .device_memory import DeviceMemory
 
         if self._comm is not None:
-            raise ArtifactError(f"{self.directory}: device {self.device} exchanges tensors with other devices; "
+            raise ArtifactError(f"{self.directory}: worker {self.worker} exchanges tensors with other workers; "
                                 "that runs on host memory only (compile multi-device artifacts for llvm)")
         return DeviceMemory(self._tvm.device(memory_device or "cuda", 0), arena_bytes)
 
@@ -77,7 +82,7 @@ class Executor:
 
             enable_cuda()  # a runtime-only TVM registers no CUDA module loader by itself
         kernels = {}
-        used = set(_kernel_keys(self.plan["steps"]))
+        used = set(kernel_keys(self.instructions))
         for key, entry in self.plan["kernels"].items():
             if key not in used:
                 continue
@@ -122,60 +127,70 @@ class Executor:
         return self._tensors[name]
 
     # ---- binding ------------------------------------------------------------
-    def _bind(self, steps: list[dict[str, Any]]) -> list[Op]:
-        return [self._bind_step(step) for step in steps]
+    def _bind(self, instructions: list[Instruction]) -> list[Op]:
+        return [self._bind_one(instruction) for instruction in instructions]
 
-    def _bind_step(self, step: dict[str, Any]) -> Op:
-        kind = step["kind"]
-        if kind == "view":
-            t = self._types[step["output"]]
-            self._buffers[step["output"]] = self._memory.reshape(self._buffer(step["input"]), t.shape)
+    def _bind_one(self, instruction: Instruction) -> Op:
+        if isinstance(instruction, View):
+            t = self._types[instruction.output]
+            self._buffers[instruction.output] = self._memory.reshape(self._buffer(instruction.input), t.shape)
             return _nothing
-        if kind == "kernel" and "pieces" in step:
-            return self._bind_pieces(step)
-        if kind == "kernel":
-            fn = self._kernels[step["kernel"]]
-            args = [self._tensor(n) for n in step["inputs"] + step["outputs"]]
-
-            def run_kernel() -> None:
-                try:
-                    fn(*args)
-                except IndexError as exc:
-                    raise self._index_error(step, step["inputs"], exc) from None
-
-            return run_kernel
-        if kind == "if":
-            return self._bind_if(step)
-        if kind in ("send", "recv"):
-            return self._bind_transfer(step)
-        if kind == "fail":
-            message = step["message"]
+        if isinstance(instruction, KernelCall):
+            return self._bind_pieces(instruction) if instruction.pieces else self._bind_kernel(instruction)
+        if isinstance(instruction, If):
+            return self._bind_if(instruction)
+        if isinstance(instruction, Fail):
+            message = instruction.message
 
             def fail() -> None:
                 raise ExecutionError(message)
 
             return fail
-        raise ArtifactError(f"{PLAN_FILE}: unknown step kind {kind!r} at node {step.get('node')!r}")
+        if self._comm is None:
+            raise ArtifactError(f"{self.directory}: worker {self.worker} exchanges tensors with other workers; "
+                                "run it with its workers (tessel run DIR, or Artifact.run)")
+        if isinstance(instruction, (Send, Recv)):
+            return self._bind_transfer(instruction)
+        if isinstance(instruction, Scatter):
+            return self._bind_scatter(instruction)
+        if isinstance(instruction, Gather):
+            return self._bind_gather(instruction)
+        if isinstance(instruction, AllReduce):
+            buffer, comm = self._buffer(instruction.tensor), self._comm
+            return lambda: comm.all_reduce(buffer, instruction.reduction, instruction.tensor)
+        raise ArtifactError(f"{PLAN_FILE}: no way to run {type(instruction).__name__} at node {instruction.node!r}")
 
-    def _bind_pieces(self, step: dict[str, Any]) -> Op:
+    def _bind_kernel(self, call: KernelCall) -> Op:
+        fn = self._kernels[call.kernel]
+        args = [self._tensor(n) for n in call.inputs + call.outputs]
+
+        def run_kernel() -> None:
+            try:
+                fn(*args)
+            except IndexError as exc:
+                raise self._index_error(call, call.inputs, exc) from None
+
+        return run_kernel
+
+    def _bind_pieces(self, call: KernelCall) -> Op:
         """A micro-batched layer: each piece's kernel on its slice of axis 0 (views of the same buffers)."""
         calls = []
-        for piece in step["pieces"]:
-            sliced, start, stop = set(piece["sliced"]), piece["start"], piece["start"] + piece["size"]
+        for piece in call.pieces:
+            sliced, start, stop = set(piece.sliced), piece.start, piece.start + piece.size
             args = [self._memory.tensor(self._memory.rows(self._buffer(n), start, stop)) if n in sliced else self._tensor(n)
-                    for n in piece["inputs"] + step["outputs"]]
-            calls.append((self._kernels[piece["kernel"]], args))
+                    for n in piece.inputs + call.outputs]
+            calls.append((self._kernels[piece.kernel], args, piece.inputs))
 
         def run_pieces() -> None:
-            for (fn, args), piece in zip(calls, step["pieces"]):
+            for fn, args, inputs in calls:
                 try:
                     fn(*args)
                 except IndexError as exc:
-                    raise self._index_error(step, piece["inputs"], exc) from None
+                    raise self._index_error(call, inputs, exc) from None
 
         return run_pieces
 
-    def _index_error(self, step: dict[str, Any], arg_names: list[str], exc: IndexError) -> Exception:
+    def _index_error(self, call: KernelCall, arg_names: tuple[str, ...], exc: IndexError) -> Exception:
         """The one-line error for a kernel whose index check failed (other IndexErrors pass unchanged)."""
         from tessel.backends.lowering.index_checks import parse_check
 
@@ -183,37 +198,35 @@ class Executor:
         if check is None:
             return exc
         # Constants a fused group holds are named '<group>/<name>' in the plan.
-        group = f"{step['node']}/"
+        group = f"{call.node}/"
         data = "its data" if check.data is None else f"'{arg_names[check.data].removeprefix(group)}'"
         if check.arg < 0:  # computed inside the kernel: the values are gone, the range is known
             bounds = check.bounds
             where = (f"[{-bounds[0]}, {bounds[0] - 1}] on axis {check.axis}" if len(bounds) == 1 else
                      f"of axes {check.axis}..{check.axis + len(bounds) - 1} (sizes {', '.join(map(str, bounds))})")
-            node = member_name(self.directory, step["node"], check.op, "")
+            node = member_name(self.directory, call.node, check.op, "")
             return ExecutionError(
-                f"node '{node}': an index computed in kernel '{step['node']}' is out of range {where} of {data}; "
+                f"node '{node}': an index computed in kernel '{call.node}' is out of range {where} of {data}; "
                 f"{check.op} indices must lie in that range")
         indices = arg_names[check.arg]
         bad = check.first_violation(self._memory.read(self._buffer(indices)))
         index, bound, axis = bad if bad is not None else ("?", check.bounds[0], check.axis)
-        node = member_name(self.directory, step["node"], check.op, indices)
+        node = member_name(self.directory, call.node, check.op, indices)
         return ExecutionError(
             f"node '{node}': index {index} out of range [{-bound}, {bound - 1}] on axis {axis} of {data}; "
             f"{check.op} indices (from '{indices.removeprefix(group)}') must lie in that range")
 
-    def _bind_if(self, step: dict[str, Any]) -> Op:
-        condition = self._buffer(step["condition"])
-        outputs = [self._buffer(n) for n in step["outputs"]]
+    def _bind_if(self, instruction: If) -> Op:
+        condition = self._buffer(instruction.condition)
+        outputs = [self._buffer(n) for n in instruction.outputs]
         branches = {}
-        for key in ("then", "else"):
-            ops = self._bind(step[key]["steps"])
-            results = [self._buffer(n) for n in step[key]["results"]]
-            branches[key] = (ops, results)
+        for field, branch in instruction.branches():
+            branches[field] = (self._bind(list(branch.instructions)), [self._buffer(n) for n in branch.results])
 
         memory = self._memory
 
         def run_if() -> None:
-            ops, results = branches["then" if bool(memory.read(condition).reshape(-1)[0]) else "else"]
+            ops, results = branches["then_branch" if bool(memory.read(condition).reshape(-1)[0]) else "else_branch"]
             for op in ops:
                 op()
             for out, result in zip(outputs, results):
@@ -221,17 +234,14 @@ class Executor:
 
         return run_if
 
-    def _bind_transfer(self, step: dict[str, Any]) -> Op:
-        if self._comm is None:
-            raise ArtifactError(f"{self.directory}: device {self.device} exchanges tensors with other devices; "
-                                "run it with its workers (tessel run DIR, or Artifact.run)")
+    def _bind_transfer(self, instruction: Send | Recv) -> Op:
         comm = self._comm
-        if step["kind"] == "send":
-            buffer, peer, tag, name = self._buffer(step["tensor"]), step["to"], step["tag"], step["tensor"]
+        if isinstance(instruction, Send):
+            buffer, peer, tag, name = self._buffer(instruction.tensor), instruction.peer, instruction.tag, instruction.tensor
             return lambda: comm.send(buffer, peer, tag, name)
-        peer, tag, name = step["from"], step["tag"], step["output"]
+        peer, tag, name = instruction.peer, instruction.tag, instruction.output
         if name in self.plan["outputs"]:
-            # A model output coming from another device is received into a fresh array, without
+            # A model output coming from another worker is received into a fresh array, without
             # waiting: the next micro-batch starts while the last stages finish this one.
             t = self._types[name]
 
@@ -242,6 +252,41 @@ class Executor:
             return receive_output
         buffer = self._buffer(name)
         return lambda: comm.recv(buffer, peer, tag, name)
+
+    def _slices(self, whole: str, parts: int) -> list:
+        """The `parts` equal slices of axis 0 of value `whole`'s buffer (views, not copies)."""
+        rows = self._types[whole].shape[0] // parts
+        return [self._memory.rows(self._buffer(whole), r * rows, (r + 1) * rows) for r in range(parts)]
+
+    def _bind_scatter(self, scatter: Scatter) -> Op:
+        """The root sends slice r of the whole tensor to worker r and copies its own; the others receive theirs."""
+        comm, memory, mine = self._comm, self._memory, self._buffer(scatter.output)
+        if scatter.source is None:
+            return lambda: comm.recv(mine, scatter.root, scatter.tag + self.worker, scatter.output)
+        slices = self._slices(scatter.source, scatter.parts)
+
+        def scatter_slices() -> None:
+            for r, part in enumerate(slices):
+                if r != scatter.root:
+                    comm.send(part, r, scatter.tag + r, scatter.source)
+            memory.copy(mine, slices[scatter.root])
+
+        return scatter_slices
+
+    def _bind_gather(self, gather: Gather) -> Op:
+        """Each worker sends its slice to the root, which places slice r at rows r of the whole tensor."""
+        comm, memory, mine = self._comm, self._memory, self._buffer(gather.input)
+        if gather.output is None:
+            return lambda: comm.send(mine, gather.root, gather.tag + self.worker, gather.input)
+        slices = self._slices(gather.output, gather.parts)
+
+        def gather_slices() -> None:
+            memory.copy(slices[gather.root], mine)
+            for r, part in enumerate(slices):
+                if r != gather.root:
+                    comm.recv(part, r, gather.tag + r, gather.input)
+
+        return gather_slices
 
     # ---- running ------------------------------------------------------------
     @property
@@ -283,7 +328,7 @@ class Executor:
         return outputs
 
     def profile(self, inputs: Mapping[str, np.ndarray], runs: int = 5) -> list[tuple[str, str, float]]:
-        """(node, op, median milliseconds) per top-level step, slowest first."""
+        """(node, op, median milliseconds) per top-level instruction, slowest first."""
         self.run(inputs)
         samples: list[list[float]] = [[] for _ in self._ops]
         for _ in range(runs):
@@ -295,7 +340,7 @@ class Executor:
                 op()
                 self._memory.sync()
                 samples[index].append(1e3 * (time.perf_counter() - started))
-        rows = [(step["node"], step["op"], float(np.median(times))) for step, times in zip(self._run_steps, samples)]
+        rows = [(i.node, i.op, float(np.median(times))) for i, times in zip(self.run_instructions, samples)]
         return sorted(rows, key=lambda row: -row[2])
 
     def _check_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
@@ -319,14 +364,3 @@ class Executor:
 
 def _nothing() -> None:
     return None
-
-
-def _kernel_keys(steps: list[dict[str, Any]]):
-    for step in steps:
-        if step["kind"] == "kernel":
-            yield step["kernel"]
-            for piece in step.get("pieces", ()):
-                yield piece["kernel"]
-        elif step["kind"] == "if":
-            yield from _kernel_keys(step["then"]["steps"])
-            yield from _kernel_keys(step["else"]["steps"])

@@ -1,6 +1,6 @@
 """Launching the workers of a multi-device artifact on this machine, on loopback.
 
-One process per device (`python -m runtime.worker`), each in its own session
+One process per device (`python -m tessel.runtime.worker`), each in its own session
 with its share of the cores. Every worker is watched: once one fails, the
 others get a short grace period to exit on their own (a dead peer breaks their
 connections at once; a stopped or stuck one makes their receives give up after

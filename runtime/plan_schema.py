@@ -3,14 +3,16 @@
 plan.json drives native code: it says which libraries to load and where in the
 arena each kernel reads and writes. A damaged or edited plan is refused with
 one line before it reaches a kernel: every field has its type and range, every
-name a step uses is a declared value or kernel, every path is a plain relative
+name an instruction uses is a declared value or kernel, every path is a plain relative
 path, every arena buffer lies inside the arena on an aligned offset, and no two
 buffers live at the same step share bytes — except where the memory planner
 lets them (a view shares its source's buffer; a kernel declaring an output
 in place of an input may write over that input when it dies at that step).
-Every value a step reads is written before it (an input, a weight or an earlier
-step's output), and every output of the program by its end: an emptied or
-reordered step list would otherwise run and return whatever its buffers held.
+Every value an instruction reads is written before it (an input, a weight or an
+earlier instruction's output), and every output of the program by its end: an
+emptied or reordered program would otherwise run and return whatever its
+buffers held. Each worker's program is checked on its own, its peers and roots
+against the number of workers.
 """
 from __future__ import annotations
 
@@ -21,12 +23,13 @@ from typing import Any, Iterator, Mapping
 from tessel.ir.types import TensorType
 
 from .errors import ArtifactError
+from .instructions import (Fail, Gather, If, Instruction, KernelCall, ProgramFormatError, Recv, Scatter, Send, View,
+                           json_type_name, program_from_json, sent_values)
 
 # No tensor or arena of a real model comes near 256 TiB; anything larger is damage, not a plan.
 MAX_BYTES = 1 << 48
 MAX_ALIGNMENT = 1 << 16
-MAX_DEVICES = 1 << 16
-STEP_KINDS = ("kernel", "view", "if", "send", "recv", "fail")
+MAX_WORKERS = 1 << 16
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -44,7 +47,7 @@ def validate_plan(plan: Any, source: str) -> None:
     except _Invalid as exc:
         raise ArtifactError(f"{source}: {exc}; the plan is damaged or was edited: recompile the model") from None
     except RecursionError:
-        raise ArtifactError(f"{source}: steps nested too deeply; the plan is damaged: recompile the model") from None
+        raise ArtifactError(f"{source}: instructions nested too deeply; the plan is damaged: recompile the model") from None
 
 
 def plain_relative_path(text: Any, where: str = "path") -> str:
@@ -70,34 +73,29 @@ def path_problem(text: Any) -> str | None:
 # ---- field types ------------------------------------------------------------
 def _dict(value: Any, where: str) -> dict:
     if not isinstance(value, dict):
-        raise _Invalid(where, f"must be an object, not {_kind(value)}")
+        raise _Invalid(where, f"must be an object, not {json_type_name(value)}")
     return value
 
 
 def _list(value: Any, where: str) -> list:
     if not isinstance(value, list):
-        raise _Invalid(where, f"must be a list, not {_kind(value)}")
+        raise _Invalid(where, f"must be a list, not {json_type_name(value)}")
     return value
 
 
 def _str(value: Any, where: str) -> str:
     if not isinstance(value, str):
-        raise _Invalid(where, f"must be a string, not {_kind(value)}")
+        raise _Invalid(where, f"must be a string, not {json_type_name(value)}")
     return value
 
 
 def _int(value: Any, where: str, low: int = 0, high: int = MAX_BYTES) -> int:
     # bool is an int in Python, never in a plan.
     if not isinstance(value, int) or isinstance(value, bool):
-        raise _Invalid(where, f"must be an integer, not {_kind(value)}")
+        raise _Invalid(where, f"must be an integer, not {json_type_name(value)}")
     if not low <= value <= high:
         raise _Invalid(where, f"{value} is out of range [{low}, {high}]")
     return value
-
-
-def _kind(value: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
-            float: "a number", int: "an integer"}.get(type(value), type(value).__name__)
 
 
 def _field(parent: Mapping, key: str, where: str) -> Any:
@@ -135,184 +133,176 @@ def _check_plan(plan: Any) -> None:
         plain_relative_path(name, f"hashes['{name}']")
         if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
             raise _Invalid(f"hashes['{name}']", "must be a sha256 as 64 lowercase hex digits")
-    for key in ("data_parallel", "microbatches"):
-        if key in top:
-            _int(top[key], key, 1, MAX_DEVICES)
-    if "hybrid" in top:
-        _int(_field(_dict(top["hybrid"], "hybrid"), "replicas", "hybrid"), "hybrid.replicas", 1, MAX_DEVICES)
-    sections = [("", top)]
-    if "devices" in top:
-        devices = _list(top["devices"], "devices")
-        if not 1 <= len(devices) <= MAX_DEVICES:
-            raise _Invalid("devices", f"{len(devices)} device programs; expected 1 to {MAX_DEVICES}")
-        sections += [(f"devices[{d}].", _dict(section, f"devices[{d}]")) for d, section in enumerate(devices)]
-    workers = max(len(sections) - 1, int(top.get("data_parallel", 1)), int(top.get("hybrid", {}).get("replicas", 1)))
-    for prefix, section in sections:
-        _check_section(section, prefix, kernels, workers)
+    if "microbatches" in top:
+        _int(top["microbatches"], "microbatches", 1, MAX_BYTES)
+    if "placement" in top:
+        _str(top["placement"], "placement")
+    workers = _list(_field(top, "workers", "plan"), "workers")
+    if not 1 <= len(workers) <= MAX_WORKERS:
+        raise _Invalid("workers", f"{len(workers)} worker programs; expected 1 to {MAX_WORKERS}")
+    for rank, section in enumerate(workers):
+        _check_worker(_dict(section, f"workers[{rank}]"), f"workers[{rank}]", kernels, rank, len(workers))
     if "input_defaults" in top:
-        _names(top["input_defaults"], "input_defaults", dict.fromkeys(top["inputs"]))
+        _names(top["input_defaults"], "input_defaults", dict.fromkeys(workers[0]["inputs"]))
 
 
-def _check_section(section: dict, prefix: str, kernels: Mapping, workers: int) -> None:
-    """One device's program: values, inputs, outputs, weights, memory plan and steps."""
-    where = prefix.rstrip(".") or "plan"
-    values = _dict(_field(section, "values", where), f"{prefix}values")
+def parsed_instructions(section: Mapping[str, Any], where: str) -> list[Instruction]:
+    """A worker section's instructions, typed; a malformed one is a schema fault naming its field."""
+    try:
+        return program_from_json(_field(section, "instructions", where), f"{where}.instructions")
+    except ProgramFormatError as exc:
+        raise _Invalid(exc.where, exc.message) from None
+
+
+def _check_worker(section: dict, where: str, kernels: Mapping, rank: int, workers: int) -> None:
+    """One worker's program: values, inputs, outputs, weights, memory plan and instructions."""
+    values = _dict(_field(section, "values", where), f"{where}.values")
     types: dict[str, TensorType] = {}
     for name, spec in values.items():
-        at = f"{prefix}values['{name}']"
+        at = f"{where}.values['{name}']"
         try:
             types[name] = TensorType.parse(_str(spec, at))
         except (ValueError, OverflowError) as exc:
             raise _Invalid(at, str(exc).splitlines()[0]) from None
         if types[name].nbytes > MAX_BYTES:
             raise _Invalid(at, f"{spec} is {types[name].nbytes} bytes, more than {MAX_BYTES}")
-    _names(_field(section, "inputs", where), f"{prefix}inputs", types)
-    _names(_field(section, "outputs", where), f"{prefix}outputs", types)
-    weights = _dict(_field(section, "weights", where), f"{prefix}weights")
-    plain_relative_path(_field(weights, "file", f"{prefix}weights"), f"{prefix}weights.file")
-    _names(_field(weights, "names", f"{prefix}weights"), f"{prefix}weights.names", types)
-    steps = _list(_field(section, "steps", where), f"{prefix}steps")
-    _check_steps(steps, f"{prefix}steps", types, kernels, workers)
-    _check_dataflow(section, prefix)
-    _check_arena(_dict(_field(section, "memory", where), f"{prefix}memory"), f"{prefix}memory", section, types)
+    inputs = _names(_field(section, "inputs", where), f"{where}.inputs", types)
+    outputs = _names(_field(section, "outputs", where), f"{where}.outputs", types)
+    weights = _dict(_field(section, "weights", where), f"{where}.weights")
+    plain_relative_path(_field(weights, "file", f"{where}.weights"), f"{where}.weights.file")
+    weight_names = _names(_field(weights, "names", f"{where}.weights"), f"{where}.weights.names", types)
+    instructions = parsed_instructions(section, where)
+    _check_instructions(instructions, f"{where}.instructions", types, kernels, rank, workers)
+    _check_dataflow(instructions, f"{where}.instructions", inputs, outputs, weight_names, where)
+    memory = _dict(_field(section, "memory", where), f"{where}.memory")
+    _check_arena(memory, f"{where}.memory", instructions, inputs, outputs, types)
 
 
-def _check_steps(steps: list, where: str, types: Mapping[str, TensorType], kernels: Mapping, workers: int) -> None:
-    for index, step in enumerate(steps):
+def _check_instructions(instructions: list[Instruction], where: str, types: Mapping[str, TensorType],
+                        kernels: Mapping, rank: int, workers: int) -> None:
+    for index, instruction in enumerate(instructions):
         at = f"{where}[{index}]"
-        step = _dict(step, at)
-        kind = _str(_field(step, "kind", at), f"{at}.kind")
-        if kind not in STEP_KINDS:
-            raise _Invalid(f"{at}.kind", f"unknown step kind {kind!r}; expected one of {', '.join(STEP_KINDS)}")
-        _str(_field(step, "node", at), f"{at}.node")
-        _str(_field(step, "op", at), f"{at}.op")
-        if "init" in step and not isinstance(step["init"], bool):
-            raise _Invalid(f"{at}.init", f"must be a boolean, not {_kind(step['init'])}")
-        if kind == "kernel":
-            _check_kernel_step(step, at, types, kernels)
-        elif kind == "view":
-            _check_view_step(step, at, types)
-        elif kind == "if":
-            _value_name(_field(step, "condition", at), f"{at}.condition", types)
-            outputs = _names(_field(step, "outputs", at), f"{at}.outputs", types)
-            for branch in ("then", "else"):
-                body = _dict(_field(step, branch, at), f"{at}.{branch}")
-                _check_steps(_list(_field(body, "steps", f"{at}.{branch}"), f"{at}.{branch}.steps"),
-                             f"{at}.{branch}.steps", types, kernels, workers)
-                results = _names(_field(body, "results", f"{at}.{branch}"), f"{at}.{branch}.results", types)
-                if len(results) != len(outputs):
-                    raise _Invalid(f"{at}.{branch}.results", f"{len(results)} results for {len(outputs)} outputs")
-        elif kind in ("send", "recv"):
-            _value_name(_field(step, "tensor" if kind == "send" else "output", at),
-                        f"{at}.{'tensor' if kind == 'send' else 'output'}", types)
-            peer = "to" if kind == "send" else "from"
-            _int(_field(step, peer, at), f"{at}.{peer}", 0, workers - 1)
-            _int(_field(step, "tag", at), f"{at}.tag", 0, 1 << 62)
-        else:
-            _str(_field(step, "message", at), f"{at}.message")
+        for field, name in instruction.reads():
+            _value_name(name, f"{at}.{field}", types)
+        for name in instruction.writes():
+            _value_name(name, f"{at}.writes", types)
+        if isinstance(instruction, KernelCall):
+            _check_kernel_call(instruction, at, types, kernels)
+        elif isinstance(instruction, View):
+            # A view is the same memory with another shape: it may not reach past its source.
+            source, view = types[instruction.input], types[instruction.output]
+            if view.nbytes > source.nbytes:
+                raise _Invalid(at, f"a view of {view.spec()} over {source.spec()} reaches past its source")
+        elif isinstance(instruction, If):
+            for field, branch in instruction.branches():
+                _check_instructions(list(branch.instructions), f"{at}.{field}.instructions", types, kernels, rank,
+                                    workers)
+                for k, name in enumerate(branch.results):
+                    _value_name(name, f"{at}.{field}.results[{k}]", types)
+                if len(branch.results) != len(instruction.outputs):
+                    raise _Invalid(f"{at}.{field}.results",
+                                   f"{len(branch.results)} results for {len(instruction.outputs)} outputs")
+        elif isinstance(instruction, (Send, Recv)):
+            _int(instruction.peer, f"{at}.peer", 0, workers - 1)
+            if instruction.peer == rank:
+                raise _Invalid(f"{at}.peer", f"worker {rank} cannot exchange a tensor with itself")
+            _int(instruction.tag, f"{at}.tag", 0, 1 << 62)
+        elif isinstance(instruction, (Scatter, Gather)):
+            _check_collective(instruction, at, types, rank, workers)
 
 
-def _check_kernel_step(step: dict, at: str, types: Mapping[str, TensorType], kernels: Mapping) -> None:
-    _kernel_key(_field(step, "kernel", at), f"{at}.kernel", kernels)
-    _names(_field(step, "inputs", at), f"{at}.inputs", types)
-    _names(_field(step, "outputs", at), f"{at}.outputs", types)
-    for k, pair in enumerate(_list(step.get("inplace", []), f"{at}.inplace")):
-        pair = _list(pair, f"{at}.inplace[{k}]")
-        if len(pair) != 2:
-            raise _Invalid(f"{at}.inplace[{k}]", "must be an [output, input] pair")
-        _names(pair, f"{at}.inplace[{k}]", types)
-    for k, piece in enumerate(_list(step.get("pieces", []), f"{at}.pieces")):
+def _check_collective(instruction: Scatter | Gather, at: str, types: Mapping[str, TensorType], rank: int,
+                      workers: int) -> None:
+    """A scatter or gather: root and parts within the workers, the whole tensor on the root alone, its rows
+    `parts` times the slice's."""
+    _int(instruction.root, f"{at}.root", 0, workers - 1)
+    _int(instruction.parts, f"{at}.parts", 1, workers)
+    _int(instruction.tag, f"{at}.tag", 0, 1 << 62)
+    slice_name, whole_field = (instruction.output, "source") if isinstance(instruction, Scatter) else \
+        (instruction.input, "output")
+    whole = getattr(instruction, whole_field)
+    if (whole is not None) != (rank == instruction.root):
+        raise _Invalid(f"{at}.{whole_field}", f"the whole tensor belongs on the root (worker {instruction.root}) "
+                                              f"and only there; this is worker {rank}")
+    part = types[slice_name]
+    if whole is not None:
+        full = types[whole]
+        if not part.rank or full.dtype != part.dtype or full.shape != (part.shape[0] * instruction.parts,) + part.shape[1:]:
+            raise _Invalid(at, f"'{whole}' ({full.spec()}) is not {instruction.parts} slices of '{slice_name}' "
+                               f"({part.spec()}) on axis 0")
+
+
+def _check_kernel_call(call: KernelCall, at: str, types: Mapping[str, TensorType], kernels: Mapping) -> None:
+    for field, key in [("kernel", call.kernel)] + [(f"pieces[{k}].kernel", p.kernel) for k, p in enumerate(call.pieces)]:
+        if key not in kernels:
+            raise _Invalid(f"{at}.{field}", f"kernel '{key}' is not in the plan's kernels")
+    for k, pair in enumerate(call.inplace):
+        _names(list(pair), f"{at}.inplace[{k}]", types)
+    for k, piece in enumerate(call.pieces):
         where = f"{at}.pieces[{k}]"
-        piece = _dict(piece, where)
-        _kernel_key(_field(piece, "kernel", where), f"{where}.kernel", kernels)
-        _names(_field(piece, "inputs", where), f"{where}.inputs", types)
-        start = _int(_field(piece, "start", where), f"{where}.start")
-        stop = start + _int(_field(piece, "size", where), f"{where}.size", 1)
+        start = _int(piece.start, f"{where}.start")
+        stop = start + _int(piece.size, f"{where}.size", 1)
         # A piece is a slice of axis 0 of these values: on a GPU it is a raw pointer, so it must lie inside.
-        for name in _names(_field(piece, "sliced", where), f"{where}.sliced", types):
+        for name in _names(list(piece.sliced), f"{where}.sliced", types):
             rows = types[name].shape[0] if types[name].rank else 0
             if stop > rows:
                 raise _Invalid(where, f"rows [{start}, {stop}) of '{name}', which has {rows}")
     # TVM checks each call too, but as a traceback in the middle of a run; here it is one line before any.
-    for key, arguments in kernel_calls(step, types):
+    for key, arguments in kernel_calls(call, types):
         signature = kernels[key].get("signature")
         if arguments != signature:
             raise _Invalid(at, f"passes ({', '.join(arguments)}) to kernel '{key}', which takes "
                                f"({', '.join(signature) if signature is not None else 'no recorded signature'})")
 
 
-def kernel_calls(step: Mapping[str, Any], types: Mapping[str, TensorType]) -> Iterator[tuple[str, list[str]]]:
-    """(kernel, argument types: inputs then outputs) of each call a kernel step makes: the whole step,
+def kernel_calls(call: KernelCall, types: Mapping[str, TensorType]) -> Iterator[tuple[str, list[str]]]:
+    """(kernel, argument types: inputs then outputs) of each call a kernel call makes: the whole call,
     or each micro-batch piece on its rows of axis 0."""
-    if "pieces" not in step:
-        yield step["kernel"], [types[name].spec() for name in step["inputs"] + step["outputs"]]
+    if not call.pieces:
+        yield call.kernel, [types[name].spec() for name in call.inputs + call.outputs]
         return
-    for piece in step["pieces"]:
-        sliced = set(piece["sliced"])
-        yield piece["kernel"], [TensorType(types[name].dtype, (piece["size"],) + types[name].shape[1:]).spec()
-                                if name in sliced else types[name].spec() for name in piece["inputs"] + step["outputs"]]
-
-
-def all_steps(steps: list) -> Iterator[Mapping[str, Any]]:
-    """Every step, those inside `if` branches included."""
-    for step in steps:
-        yield step
-        if step["kind"] == "if":
-            yield from all_steps(step["then"]["steps"])
-            yield from all_steps(step["else"]["steps"])
-
-
-def _check_view_step(step: dict, at: str, types: Mapping[str, TensorType]) -> None:
-    source = types[_value_name(_field(step, "input", at), f"{at}.input", types)]
-    view = types[_value_name(_field(step, "output", at), f"{at}.output", types)]
-    # A view is the same memory with another shape: it may not reach past its source.
-    if view.nbytes > source.nbytes:
-        raise _Invalid(at, f"a view of {view.spec()} over {source.spec()} reaches past its source")
-
-
-def _kernel_key(key: Any, where: str, kernels: Mapping) -> str:
-    if _str(key, where) not in kernels:
-        raise _Invalid(where, f"kernel '{key}' is not in the plan's kernels")
-    return key
+    for piece in call.pieces:
+        sliced = set(piece.sliced)
+        yield piece.kernel, [TensorType(types[name].dtype, (piece.size,) + types[name].shape[1:]).spec()
+                             if name in sliced else types[name].spec() for name in piece.inputs + call.outputs]
 
 
 # ---- the dataflow -----------------------------------------------------------
-def _check_dataflow(section: dict, prefix: str) -> None:
-    """Each value read after it is written; each output written by the end (a device program's own outputs)."""
-    weights = set(section["weights"]["names"])
-    written = set(section["inputs"]) | weights
-    if _check_reads(section["steps"], f"{prefix}steps", written, weights, []):
-        for k, name in enumerate(section["outputs"]):
+def _check_dataflow(instructions: list[Instruction], where: str, inputs: list[str], outputs: list[str],
+                    weights: list[str], section: str) -> None:
+    """Each value read after it is written; each output written by the end (a worker program's own outputs)."""
+    written = set(inputs) | set(weights)
+    if _check_reads(instructions, where, written, set(weights), []):
+        for k, name in enumerate(outputs):
             if name not in written:
-                raise _Invalid(f"{prefix}outputs[{k}]", f"output '{name}' is never written by any step")
+                raise _Invalid(f"{section}.outputs[{k}]", f"output '{name}' is never written by any instruction")
 
 
-def _check_reads(steps: list, where: str, written: set, constant: set | None, added: list) -> bool:
-    """Walk `steps` in order: what each reads must be in `written`, then what it writes joins it (and `added`,
-    when new). `constant` (top level only) holds what an "init" step may read: the runtime runs those at load,
-    before any input. False when a `fail` step stops the walk: nothing after it runs."""
-    for index, step in enumerate(steps):
+def _check_reads(instructions: list[Instruction], where: str, written: set, constant: set | None, added: list) -> bool:
+    """Walk the instructions in order: what each reads must be in `written`, then what it writes joins it (and
+    `added`, when new). `constant` (top level only) holds what an `init` instruction may read: the runtime runs
+    those at load, before any input. False when a `Fail` stops the walk: nothing after it runs."""
+    for index, instruction in enumerate(instructions):
         at = f"{where}[{index}]"
-        kind = step["kind"]
-        if kind == "fail":
+        if isinstance(instruction, Fail):
             return False
-        init = constant is not None and step.get("init", False)
+        init = constant is not None and instruction.runs_at_load
         available = constant if init else written
-        for field, name in _reads(step):
+        for field, name in instruction.reads():
             if name not in available:
-                problem = "is neither a weight nor an earlier init step's output (init steps run at load)" if init \
-                    else "is read before any step writes it"
+                problem = "is neither a weight nor an earlier init instruction's output (init instructions run at " \
+                          "load)" if init else "is read before any instruction writes it"
                 raise _Invalid(f"{at}.{field}", f"'{name}' {problem}")
-        if kind == "if":
-            for branch in ("then", "else"):
+        if isinstance(instruction, If):
+            for field, branch in instruction.branches():
                 # A branch reads what is written outside; what it writes is its own and gone after it.
                 inner: list[str] = []
-                if _check_reads(step[branch]["steps"], f"{at}.{branch}.steps", written, None, inner):
-                    for k, name in enumerate(step[branch]["results"]):
+                if _check_reads(list(branch.instructions), f"{at}.{field}.instructions", written, None, inner):
+                    for k, name in enumerate(branch.results):
                         if name not in written:
-                            raise _Invalid(f"{at}.{branch}.results[{k}]", f"'{name}' is never written in the branch")
+                            raise _Invalid(f"{at}.{field}.results[{k}]", f"'{name}' is never written in the branch")
                 written.difference_update(inner)
-        for name in _writes(step):
+        for name in instruction.writes():
             if name not in written:
                 written.add(name)
                 added.append(name)
@@ -321,33 +311,9 @@ def _check_reads(steps: list, where: str, written: set, constant: set | None, ad
     return True
 
 
-def _reads(step: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
-    """(field, value name) of each value a step reads before it runs (an `if`: its condition)."""
-    kind = step["kind"]
-    if kind == "kernel":
-        yield from ((f"inputs[{k}]", name) for k, name in enumerate(step["inputs"]))
-        for p, piece in enumerate(step.get("pieces", ())):
-            yield from ((f"pieces[{p}].inputs[{k}]", name) for k, name in enumerate(piece["inputs"]))
-    elif kind == "view":
-        yield "input", step["input"]
-    elif kind == "send":
-        yield "tensor", step["tensor"]
-    elif kind == "if":
-        yield "condition", step["condition"]
-
-
-def _writes(step: Mapping[str, Any]) -> list[str]:
-    """The values a step writes."""
-    kind = step["kind"]
-    if kind in ("kernel", "if"):
-        return step["outputs"]
-    if kind in ("view", "recv"):
-        return [step["output"]]
-    return []
-
-
 # ---- the arena --------------------------------------------------------------
-def _check_arena(memory: dict, where: str, section: dict, types: Mapping[str, TensorType]) -> None:
+def _check_arena(memory: dict, where: str, instructions: list[Instruction], inputs: list[str], outputs: list[str],
+                 types: Mapping[str, TensorType]) -> None:
     """Offsets aligned and inside the arena; no two buffers live at once share a byte."""
     alignment = _int(_field(memory, "alignment", where), f"{where}.alignment", 1, MAX_ALIGNMENT)
     if alignment & (alignment - 1):
@@ -366,12 +332,13 @@ def _check_arena(memory: dict, where: str, section: dict, types: Mapping[str, Te
     most = sum(-(-types[name].nbytes // alignment) * alignment for name in offsets)
     if arena > most:
         raise _Invalid(f"{where}.arena_bytes", f"{arena} bytes for buffers that need at most {most}")
-    _check_no_overlap(offsets, section, types, where)
+    _check_no_overlap(offsets, instructions, inputs, outputs, types, where)
 
 
-def _check_no_overlap(offsets: Mapping[str, int], section: dict, types: Mapping[str, TensorType], where: str) -> None:
-    uses = list(_timeline(section["steps"]))
-    sent = tuple(s["tensor"] for s in section["steps"] if s["kind"] == "send")
+def _check_no_overlap(offsets: Mapping[str, int], instructions: list[Instruction], inputs: list[str],
+                      outputs: list[str], types: Mapping[str, TensorType], where: str) -> None:
+    uses = list(_timeline(instructions))
+    sent = sent_values(instructions)
     if sent:
         uses.append((sent, (), (), ()))  # sends complete asynchronously: sent buffers live to the end
     last = len(uses)
@@ -383,8 +350,8 @@ def _check_no_overlap(offsets: Mapping[str, int], section: dict, types: Mapping[
             name = root[name]
         return name
 
-    first_write = {name: -1 for name in section["inputs"] if name in offsets}
-    last_read = {name: last for name in section["outputs"] if name in offsets}
+    first_write = {name: -1 for name in inputs if name in offsets}
+    last_read = {name: last for name in outputs if name in offsets}
     allowed: dict[frozenset, int] = {}
     for t, (reads, writes, views, inplace) in enumerate(uses):
         for out, source in views:
@@ -420,30 +387,27 @@ def _check_no_overlap(offsets: Mapping[str, int], section: dict, types: Mapping[
             if a_offset < offset + size and offset < a_offset + a_size:
                 step = allowed.get(frozenset((key, a_key)))
                 if step is not None and a_offset == offset and a_end == start == step:
-                    continue  # an output written in place of an input that dies at this step
+                    continue  # an output written in place of an input that dies at this instruction
                 raise _Invalid(f"{where}.offsets", f"'{a_key}' and '{key}' share arena bytes while both are live "
-                                                   f"(steps {max(a_start, start)} to {min(a_end, end)})")
+                                                   f"(instructions {max(a_start, start)} to {min(a_end, end)})")
         active.append(block)
 
 
-def _timeline(steps: list) -> Iterator[tuple[tuple, tuple, tuple, tuple]]:
-    """(reads, writes, views, in-place pairs) of each executed step, `if` branches flattened, as the planner sees them."""
-    for step in steps:
-        kind = step["kind"]
-        if step.get("init"):
+def _timeline(instructions: list[Instruction]) -> Iterator[tuple[tuple, tuple, tuple, tuple]]:
+    """(reads, writes, views, in-place pairs) of each executed instruction, `If` branches flattened, as the
+    planner sees them."""
+    for instruction in instructions:
+        if instruction.runs_at_load:
             continue  # computed once at load, outside the arena
-        if kind == "kernel":
-            yield tuple(step["inputs"]), tuple(step["outputs"]), (), tuple(tuple(p) for p in step.get("inplace", ()))
-        elif kind == "view":
-            yield (step["input"],), (step["output"],), ((step["output"], step["input"]),), ()
-        elif kind == "send":
-            yield (step["tensor"],), (), (), ()
-        elif kind == "recv":
-            yield (), (step["output"],), (), ()
-        elif kind == "if":
-            yield (step["condition"],), (), (), ()
-            for branch in ("then", "else"):
-                yield from _timeline(step[branch]["steps"])
-            yield tuple(step["then"]["results"]) + tuple(step["else"]["results"]), tuple(step["outputs"]), (), ()
+        reads = tuple(name for _, name in instruction.reads())
+        if isinstance(instruction, If):
+            yield reads, (), (), ()
+            for _, branch in instruction.branches():
+                yield from _timeline(list(branch.instructions))
+            yield instruction.then_branch.results + instruction.else_branch.results, instruction.outputs, (), ()
+        elif isinstance(instruction, View):
+            yield reads, instruction.writes(), ((instruction.output, instruction.input),), ()
+        elif isinstance(instruction, KernelCall):
+            yield reads, instruction.writes(), (), instruction.inplace
         else:
-            yield (), (), (), ()
+            yield reads, instruction.writes(), (), ()

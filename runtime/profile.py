@@ -1,6 +1,6 @@
 """Per-step times of a single-device artifact, measured in a fresh process with a chosen thread count.
 
-`python -m runtime.profile DIR --threads N --out TIMES.json` (TVM fixes its
+`python -m tessel.runtime.profile DIR --threads N --out TIMES.json` (TVM fixes its
 thread pool when first imported, so a compiler process that already imported
 TVM measures through this). Inputs are random; times are medians over --runs.
 """
@@ -15,7 +15,7 @@ import numpy as np
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runtime.profile", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tessel.runtime.profile", description=__doc__.splitlines()[0])
     parser.add_argument("artifact")
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--runs", type=int, default=5)

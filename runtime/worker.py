@@ -1,11 +1,11 @@
-"""One worker of a multi-device artifact: `python -m runtime.worker DIR` (what torchrun runs, too).
+"""One worker of a multi-device artifact: `python -m tessel.runtime.worker DIR` (what torchrun runs, too).
 
 Rank and world size come from RANK and WORLD_SIZE, the rendezvous from
 MASTER_ADDR and MASTER_PORT (torchrun sets all four; `tessel run` sets them for
-local workers on 127.0.0.1). Rank r runs device r's program; rank 0 reads the
+local workers on 127.0.0.1). Rank r runs worker r's program (transfers, scatters
+and gathers between workers are instructions of the programs); rank 0 reads the
 inputs (an .npz, or random ones), splits them into micro-batches, and writes
-the outputs. With data placement every rank runs the same program on its
-slice of the batch, which rank 0 scatters and whose outputs it gathers. Any failure — a kernel error, a peer that died, a rendezvous or
+the outputs. Any failure — a kernel error, a peer that died, a rendezvous or
 a tensor not done within --timeout, the launcher gone — prints one line naming this rank and exits 1.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ EXIT_FAILED = 1
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m runtime.worker", description="Run one device of a Tessel artifact.")
+    parser = argparse.ArgumentParser(prog="python -m tessel.runtime.worker", description="Run one worker of a Tessel artifact.")
     parser.add_argument("artifacts", nargs="+", metavar="artifact", help="artifact directory compiled with --devices N "
                         "(several: run each in turn on the same workers)")
     parser.add_argument("--inputs", metavar="IN.npz", help="model inputs (rank 0; default: random)")
@@ -87,16 +87,16 @@ def _leave_with_the_launcher(launcher: int, rank: int) -> None:
 def _run(args, rank: int, world: int, threads: int) -> int:
     import torch.distributed as dist
 
-    from tessel.runtime.artifact_files import device_count, read_plan
+    from tessel.runtime.artifact_files import read_plan, worker_count
     from tessel.runtime.comm import TorchComm, join_group
     from tessel.runtime.errors import ArtifactError
     from tessel.runtime.executor import Executor
 
     plans = [read_plan(Path(a)) for a in args.artifacts]
     for artifact, plan in zip(args.artifacts, plans):
-        devices = device_count(plan)
-        if world != devices:
-            raise ArtifactError(f"{artifact}: the artifact has {devices} device(s) but {world} worker(s) were started")
+        workers = worker_count(plan)
+        if world != workers:
+            raise ArtifactError(f"{artifact}: the artifact runs on {workers} worker(s) but {world} were started")
     join_group(rank, world, args.timeout, EXIT_FAILED)
     comm = TorchComm(rank, args.timeout)
     for k, (artifact, plan) in enumerate(zip(args.artifacts, plans)):
@@ -104,21 +104,10 @@ def _run(args, rank: int, world: int, threads: int) -> int:
         inputs = str(io / f"in{k}.npz") if io and (io / f"in{k}.npz").is_file() else args.inputs
         outputs = str(io / f"out{k}.npz") if io else args.outputs
         report = str(io / f"times{k}.json") if io else args.report
-        replicas = int(plan.get("data_parallel", 1))
-        if "hybrid" in plan:
-            executor = Executor(artifact, threads=threads, device=0, comm=comm)
-            tail = Executor(artifact, threads=threads, device=1, comm=comm) if rank == 0 else None
-            slices = _input_slices(inputs, executor, world) if rank == 0 else []
-            run_batch = _hybrid_run(_data_parallel_run(executor, comm, rank, world, slices), tail, slices)
-        elif replicas > 1:
-            executor = Executor(artifact, threads=threads, device=rank, comm=comm)
-            full = _input_slices(inputs, executor, replicas) if rank == 0 else []
-            run_batch = _data_parallel_run(executor, comm, rank, world, full)
-        else:
-            executor = Executor(artifact, threads=threads, device=rank, comm=comm)
-            microbatches = int(plan.get("microbatches", 1))
-            slices = _input_slices(inputs, executor, microbatches) if rank == 0 else [{}] * microbatches
-            run_batch = _pipelined_run(executor, slices)
+        executor = Executor(artifact, threads=threads, worker=rank, comm=comm)
+        microbatches = int(plan.get("microbatches", 1))
+        slices = _input_slices(inputs, executor, microbatches) if rank == 0 else [{}] * microbatches
+        run_batch = _pipelined_run(executor, slices)
         # The first run gives the outputs (and warms up); with --repeat, one more run alone gives the
         # latency, then the runs stream back to back: each device starts the next batch as soon as
         # it is free (the pipeline's steady-state throughput).
@@ -163,65 +152,10 @@ def _stream(run_batch, runs: int, window: int) -> None:
 
 
 def _pipelined_run(executor, slices):
-    """One batch as micro-batches through the pipeline: start each, then return the wait for all outputs."""
+    """One batch as micro-batches through the workers: start each, then return the wait for all outputs."""
     def run_batch():
         waits = [executor.start(feeds) for feeds in slices]
         return lambda: [wait() for wait in waits]
-
-    return run_batch
-
-
-# Tags of the data-parallel scatter and gather (the programs themselves exchange nothing).
-SCATTER_TAG, GATHER_TAG = 1 << 20, 1 << 21
-
-
-def _data_parallel_run(executor, comm, rank: int, world: int, slices):
-    """One batch split across the replicas: rank 0 scatters slice r to rank r, every rank runs its
-    slice, rank 0 gathers the outputs (slices in rank order)."""
-    from tessel.ir.types import numpy_dtype
-
-    input_types, output_types = executor.input_types, executor.output_types
-
-    def receive(types, peer, tag):
-        arrays = {name: np.empty(t.shape, numpy_dtype(t.dtype)) for name, t in types.items()}
-        for k, (name, array) in enumerate(arrays.items()):
-            comm.recv(array, peer, tag + k, name)
-        return arrays
-
-    def run_batch():
-        if rank == 0:
-            for peer in range(1, world):
-                for k, name in enumerate(input_types):
-                    comm.send(slices[peer][name], peer, SCATTER_TAG + k, name)
-            mine = slices[0]
-        else:
-            mine = receive(input_types, 0, SCATTER_TAG)
-        outputs = executor.run(mine)
-        if rank != 0:
-            for k, name in enumerate(output_types):
-                comm.send(outputs[name], 0, GATHER_TAG + k, name)
-            comm.wait_sends()
-            return lambda: []
-        parts = [outputs] + [receive(output_types, peer, GATHER_TAG) for peer in range(1, world)]
-        comm.wait_sends()
-        return lambda: parts
-
-    return run_batch
-
-
-def _hybrid_run(run_head, tail, slices):
-    """Hybrid placement: the head data parallel (gathered on rank 0), then rank 0 runs the tail on the
-    whole batch: the gathered values, and the model inputs the tail reads."""
-    def run_batch():
-        parts = run_head()()
-        if tail is None:
-            return lambda: []
-        feeds = {}
-        for name in tail.input_types:
-            source = parts if name in parts[0] else slices
-            feeds[name] = np.concatenate([p[name] for p in source]) if len(source) > 1 else source[0][name]
-        outputs = tail.run(feeds)
-        return lambda: [outputs]
 
     return run_batch
 

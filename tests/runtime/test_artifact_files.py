@@ -78,6 +78,11 @@ def reseal(directory: Path, change: Callable[[Plan], None]) -> None:
     (directory / PLAN_FILE).write_bytes(sealed_plan_bytes(plan))
 
 
+def first(plan: dict) -> list:
+    """The instructions of worker 0 (the only one of these artifacts)."""
+    return plan["workers"][0]["instructions"]
+
+
 def kernel_entry(plan: Plan) -> dict[str, str]:
     return next(iter(plan["kernels"].values()))
 
@@ -126,7 +131,7 @@ def test_replaced_kernel_library_is_refused(artifact, foreign_library, capsys):
 
 
 def test_edited_plan_is_refused_by_its_own_hash(artifact, capsys):
-    edit(artifact, lambda plan: plan["memory"]["offsets"].update(s=0))
+    edit(artifact, lambda plan: plan["workers"][0]["memory"]["offsets"].update(s=0))
     assert SELF_HASH in run_refused(artifact, capsys)
 
 
@@ -172,7 +177,7 @@ def test_absolute_weights_path_is_refused(artifact, capsys):
     shutil.copyfile(artifact / "weights.npz", outside)
 
     def point(plan: Plan) -> None:
-        plan["weights"]["file"] = outside
+        plan["workers"][0]["weights"]["file"] = outside
         plan["hashes"][outside] = file_hash(Path(outside))
 
     reseal(artifact, point)
@@ -207,31 +212,31 @@ def test_weights_that_do_not_match_the_plan_are_refused_even_with_the_hash_recom
 
 # ---- the arena and the schema -------------------------------------------------
 def test_one_edited_offset_is_refused_even_with_the_hash_recomputed(artifact, capsys):
-    reseal(artifact, lambda plan: plan["memory"]["offsets"].update(s=plan["memory"]["offsets"]["h"]))
+    reseal(artifact, lambda plan: plan["workers"][0]["memory"]["offsets"].update(s=plan["workers"][0]["memory"]["offsets"]["h"]))
     assert "share arena bytes while both are live" in run_refused(artifact, capsys)
 
 
 @pytest.mark.parametrize("change, expected", [
-    (lambda plan: plan["memory"].update(arena_bytes="128"), "arena_bytes: must be an integer"),
-    (lambda plan: plan["memory"]["offsets"].update(s=64.0), "must be an integer"),
-    (lambda plan: plan["memory"]["offsets"].update(s=True), "must be an integer"),
-    (lambda plan: plan.update(steps={"kind": "kernel"}), "steps: must be a list"),
-    (lambda plan: plan["values"].update(h="float32[two,4]"), "values['h']"),
-    (lambda plan: plan["steps"][0].update(kind="load_library"), "unknown step kind"),
-    (lambda plan: plan["steps"][0].update(inputs=["nowhere"]), "'nowhere' is not a value"),
-    (lambda plan: plan["steps"][0].update(kernel="other"), "not in the plan's kernels"),
-    (lambda plan: plan["steps"][0]["inputs"].append(plan["steps"][0]["inputs"][0]), "which takes"),
-    (lambda plan: plan["steps"][1].update(kernel=plan["steps"][0]["kernel"]), "which takes"),
-    (lambda plan: plan.pop("memory"), "missing field 'memory'"),
+    (lambda plan: plan["workers"][0]["memory"].update(arena_bytes="128"), "arena_bytes: must be an integer"),
+    (lambda plan: plan["workers"][0]["memory"]["offsets"].update(s=64.0), "must be an integer"),
+    (lambda plan: plan["workers"][0]["memory"]["offsets"].update(s=True), "must be an integer"),
+    (lambda plan: plan["workers"][0].update(instructions={"kind": "kernel"}), "instructions: must be a list"),
+    (lambda plan: plan["workers"][0]["values"].update(h="float32[two,4]"), "values['h']"),
+    (lambda plan: plan["workers"][0]["instructions"][0].update(kind="load_library"), "unknown instruction kind"),
+    (lambda plan: plan["workers"][0]["instructions"][0].update(inputs=["nowhere"]), "'nowhere' is not a value"),
+    (lambda plan: plan["workers"][0]["instructions"][0].update(kernel="other"), "not in the plan's kernels"),
+    (lambda plan: first(plan)[0]["inputs"].append(first(plan)[0]["inputs"][0]), "which takes"),
+    (lambda plan: first(plan)[1].update(kernel=first(plan)[0]["kernel"]), "which takes"),
+    (lambda plan: plan["workers"][0].pop("memory"), "missing field 'memory'"),
     (lambda plan: plan.update(kernels=[]), "kernels: must be an object"),
     (lambda plan: plan["hashes"].update({"weights.npz": "00"}), "64 lowercase hex"),
-    (lambda plan: plan["memory"]["offsets"].update(s=-64), "out of range"),
-    (lambda plan: plan["memory"]["offsets"].update(s=2 ** 70), "out of range"),
-    (lambda plan: plan["memory"]["offsets"].update(s=1 << 40), "ends past the arena"),
-    (lambda plan: plan["memory"]["offsets"].update(s=8), "not a multiple of the alignment"),
-    (lambda plan: plan["memory"].update(arena_bytes=1 << 60), "out of range"),
-    (lambda plan: plan["memory"].update(arena_bytes=1 << 40), "need at most"),
-    (lambda plan: plan["values"].update(h="float32[4294967296,4294967296]"), "more than"),
+    (lambda plan: plan["workers"][0]["memory"]["offsets"].update(s=-64), "out of range"),
+    (lambda plan: plan["workers"][0]["memory"]["offsets"].update(s=2 ** 70), "out of range"),
+    (lambda plan: plan["workers"][0]["memory"]["offsets"].update(s=1 << 40), "ends past the arena"),
+    (lambda plan: plan["workers"][0]["memory"]["offsets"].update(s=8), "not a multiple of the alignment"),
+    (lambda plan: plan["workers"][0]["memory"].update(arena_bytes=1 << 60), "out of range"),
+    (lambda plan: plan["workers"][0]["memory"].update(arena_bytes=1 << 40), "need at most"),
+    (lambda plan: plan["workers"][0]["values"].update(h="float32[4294967296,4294967296]"), "more than"),
 ], ids=["arena-string", "offset-float", "offset-bool", "steps-object", "bad-type", "unknown-kind", "unknown-value",
         "unknown-kernel", "extra-argument", "other-kernel", "no-memory", "kernels-list", "short-hash", "negative-offset", "huge-offset",
         "offset-past-arena", "misaligned-offset", "huge-arena", "arena-beyond-buffers", "huge-value"])
@@ -253,54 +258,64 @@ def test_plan_json_that_is_not_a_plan_is_refused(artifact, capsys, text):
 def test_validator_allows_views_and_in_place_outputs():
     kernels = {"k": {"file": "kernels/k.so", "op": "Relu", "signature": ["float32[16]", "float32[16]"]},
                "m": {"file": "kernels/m.so", "op": "Relu", "signature": ["float32[4,4]", "float32[16]"]}}
-    plan = {"target": "llvm", "kernels": kernels, "hashes": {},
-            "inputs": ["x"], "outputs": ["z"], "weights": {"file": "weights.npz", "names": []},
-            "values": {"x": "float32[16]", "y": "float32[16]", "v": "float32[4,4]", "z": "float32[16]"},
-            "steps": [{"kind": "kernel", "node": "a", "op": "Relu", "kernel": "k", "inputs": ["x"], "outputs": ["y"],
-                       "inplace": [["y", "x"]]},
-                      {"kind": "view", "node": "b", "op": "Reshape", "input": "y", "output": "v"},
-                      {"kind": "kernel", "node": "c", "op": "Relu", "kernel": "m", "inputs": ["v"], "outputs": ["z"]}],
-            "memory": {"alignment": 64, "arena_bytes": 128, "offsets": {"x": 0, "y": 0, "v": 0, "z": 64}}}
+    worker = {"inputs": ["x"], "outputs": ["z"], "weights": {"file": "weights.npz", "names": []},
+              "values": {"x": "float32[16]", "y": "float32[16]", "v": "float32[4,4]", "z": "float32[16]"},
+              "instructions": [{"kind": "kernel", "node": "a", "op": "Relu", "kernel": "k", "inputs": ["x"],
+                                "outputs": ["y"], "inplace": [["y", "x"]]},
+                               {"kind": "view", "node": "b", "op": "Reshape", "input": "y", "output": "v"},
+                               {"kind": "kernel", "node": "c", "op": "Relu", "kernel": "m", "inputs": ["v"], "outputs": ["z"]}],
+              "memory": {"alignment": 64, "arena_bytes": 128, "offsets": {"x": 0, "y": 0, "v": 0, "z": 64}}}
+    plan = {"target": "llvm", "kernels": kernels, "hashes": {}, "workers": [worker]}
     validate_plan(plan, "plan.json")
-    plan["steps"][0].pop("inplace")
+    worker["instructions"][0].pop("inplace")
     with pytest.raises(ArtifactError, match="share arena bytes"):
         validate_plan(plan, "plan.json")
-    plan["steps"][0]["inplace"] = [["y", "x"]]
-    plan["memory"]["offsets"]["v"] = 64
+    worker["instructions"][0]["inplace"] = [["y", "x"]]
+    worker["memory"]["offsets"]["v"] = 64
     with pytest.raises(ArtifactError, match="different offsets"):
         validate_plan(plan, "plan.json")
 
 
 @pytest.mark.parametrize("change, expected", [
-    (lambda plan: plan.update(steps=[]), "outputs[0]: output 'y' is never written by any step"),
-    (lambda plan: plan["steps"].reverse(), "steps[0].inputs[0]: 's' is read before any step writes it"),
-    (lambda plan: plan["steps"].pop(), "output 'y' is never written"),
-], ids=["steps-emptied", "steps-reversed", "last-step-dropped"])
-def test_steps_out_of_dataflow_order_are_refused_even_with_the_hash_recomputed(artifact, capsys, change, expected):
+    (lambda plan: plan["workers"][0].update(instructions=[]), "outputs[0]: output 'y' is never written by any instruction"),
+    (lambda plan: plan["workers"][0]["instructions"].reverse(),
+     "instructions[0].inputs[0]: 's' is read before any instruction writes it"),
+    (lambda plan: plan["workers"][0]["instructions"].pop(), "output 'y' is never written"),
+], ids=["emptied", "reversed", "last-dropped"])
+def test_instructions_out_of_dataflow_order_are_refused_even_with_the_hash_recomputed(artifact, capsys, change, expected):
     reseal(artifact, change)
     line = run_refused(artifact, capsys)
     assert expected in line and "recompile the model" in line
 
 
-def test_validator_follows_the_dataflow_through_branches_receives_and_init_steps():
+def test_validator_follows_the_dataflow_through_branches_receives_and_init_instructions():
     kernels = {"k": {"file": "kernels/k.so", "op": "Relu", "signature": ["float32[4]", "float32[4]"]}}
     kernel = {"kind": "kernel", "op": "Relu", "kernel": "k"}
-    plan = {"target": "llvm", "kernels": kernels, "hashes": {},
-            "inputs": ["c", "x"], "outputs": ["z"], "weights": {"file": "weights.npz", "names": ["w"]},
-            "values": {name: "float32[4]" for name in ("x", "w", "u", "r", "t", "e", "z")} | {"c": "bool[]"},
-            "steps": [{**kernel, "node": "a", "inputs": ["w"], "outputs": ["u"], "init": True},
-                      {"kind": "recv", "node": "b", "op": "Recv", "output": "r", "from": 0, "tag": 1},
-                      {"kind": "if", "node": "i", "op": "If", "condition": "c", "outputs": ["z"],
-                       "then": {"steps": [{**kernel, "node": "t", "inputs": ["r"], "outputs": ["t"]}], "results": ["t"]},
-                       "else": {"steps": [{**kernel, "node": "e", "inputs": ["u"], "outputs": ["e"]}], "results": ["e"]}}],
-            "memory": {"alignment": 64, "arena_bytes": 0, "offsets": {}}}
+    empty = {"inputs": [], "outputs": [], "weights": {"file": "weights.npz", "names": []}, "values": {},
+             "instructions": [], "memory": {"alignment": 64, "arena_bytes": 0, "offsets": {}}}
+    worker = {"inputs": ["c", "x"], "outputs": ["z"], "weights": {"file": "weights.npz", "names": ["w"]},
+              "values": {name: "float32[4]" for name in ("x", "w", "u", "r", "t", "e", "z")} | {"c": "bool[]"},
+              "instructions": [
+                  {**kernel, "node": "a", "inputs": ["w"], "outputs": ["u"], "init": True},
+                  {"kind": "recv", "node": "b", "op": "Recv", "output": "r", "peer": 1, "tag": 1},
+                  {"kind": "if", "node": "i", "op": "If", "condition": "c", "outputs": ["z"],
+                   "then_branch": {"instructions": [{**kernel, "node": "t", "inputs": ["r"], "outputs": ["t"]}],
+                                   "results": ["t"]},
+                   "else_branch": {"instructions": [{**kernel, "node": "e", "inputs": ["u"], "outputs": ["e"]}],
+                                   "results": ["e"]}}],
+              "memory": {"alignment": 64, "arena_bytes": 0, "offsets": {}}}
+    plan = {"target": "llvm", "kernels": kernels, "hashes": {}, "workers": [worker, empty]}
     validate_plan(plan, "plan.json")
-    plan["steps"][2]["else"]["results"] = ["t"]  # the other branch's value
-    with pytest.raises(ArtifactError, match=r"steps\[2\]\.else\.results\[0\]: 't' is never written in the branch"):
+    worker["instructions"][2]["else_branch"]["results"] = ["t"]  # the other branch's value
+    with pytest.raises(ArtifactError, match=r"instructions\[2\]\.else_branch\.results\[0\]: 't' is never written"):
         validate_plan(plan, "plan.json")
-    plan["steps"][2]["else"]["results"] = ["e"]
-    plan["steps"][0]["inputs"] = ["x"]  # an init step runs at load, before any input
-    with pytest.raises(ArtifactError, match=r"steps\[0\]\.inputs\[0\]: 'x' is neither a weight"):
+    worker["instructions"][2]["else_branch"]["results"] = ["e"]
+    worker["instructions"][1]["peer"] = 0  # itself
+    with pytest.raises(ArtifactError, match=r"instructions\[1\]\.peer: worker 0 cannot exchange a tensor with itself"):
+        validate_plan(plan, "plan.json")
+    worker["instructions"][1]["peer"] = 1
+    worker["instructions"][0]["inputs"] = ["x"]  # an init instruction runs at load, before any input
+    with pytest.raises(ArtifactError, match=r"instructions\[0\]\.inputs\[0\]: 'x' is neither a weight"):
         validate_plan(plan, "plan.json")
 
 
@@ -318,7 +333,7 @@ def test_expect_sha256_accepts_the_published_digest_and_refuses_another(compiled
 
 def test_expect_sha256_refuses_a_resealed_plan(artifact, capsys):
     digest = artifact_digest(artifact)
-    reseal(artifact, lambda plan: plan["values"].update(extra="float32[1]"))  # passes every check but the digest
+    reseal(artifact, lambda plan: plan["workers"][0]["values"].update(extra="float32[1]"))  # passes every check but the digest
     assert main(["run", str(artifact)]) == 0
     capsys.readouterr()
     assert "not the expected" in run_refused(artifact, capsys, None, "--expect-sha256", digest)
@@ -337,9 +352,9 @@ def test_arena_larger_than_this_machine_is_one_line(artifact, capsys):
 
     def grow(plan: Plan) -> None:
         # A buffer larger than the RAM, past the others: the plan stays valid, only the allocation can fail.
-        plan["values"]["pad"] = f"uint8[{huge}]"
-        plan["memory"]["offsets"]["pad"] = 128
-        plan["memory"]["arena_bytes"] = 128 + huge
+        plan["workers"][0]["values"]["pad"] = f"uint8[{huge}]"
+        plan["workers"][0]["memory"]["offsets"]["pad"] = 128
+        plan["workers"][0]["memory"]["arena_bytes"] = 128 + huge
 
     reseal(artifact, grow)
     assert "this machine has" in run_refused(artifact, capsys)

@@ -14,6 +14,7 @@ import pytest
 
 from tessel.compiler.api import compile
 from tessel.runtime.errors import PEER_PREFIX
+from tessel.runtime.instructions import Gather, KernelCall, Scatter, program_from_json
 from tessel.runtime.launch import free_port, run_local, run_local_many
 from tests.conftest import POSITIVE, assert_matches_onnxruntime, run_onnxruntime
 
@@ -67,11 +68,14 @@ def test_data_and_hybrid_placement_split_the_batch_across_workers(placement, ker
     doc = json.loads((artifact.directory / "reports" / "placement.json").read_text())
     assert doc["planner"] == placement and {(t["from"], t["to"]) for t in doc["transfers"]} == {(0, 1), (1, 0)}
     everywhere = [n["device"] == "all" for n in doc["nodes"].values()]
+    kinds = [[type(i) for i in program_from_json(worker["instructions"])] for worker in artifact.plan["workers"]]
+    # Each worker scatters (worker 0) or receives its slice first and gathers; with hybrid, worker 0 then runs
+    # the tail alone.
+    assert all(k[0] is Scatter and Gather in k for k in kinds)
     if placement == "data":
-        assert artifact.plan["data_parallel"] == 2 and all(everywhere)
+        assert all(everywhere) and kinds[0] == kinds[1]
     else:
-        # The head runs on both workers, the tail (from the cut on) on device 0 only.
-        assert artifact.plan["hybrid"]["replicas"] == 2 and any(everywhere) and not all(everywhere)
+        assert any(everywhere) and not all(everywhere) and kinds[0][-1] is KernelCall and kinds[1][-1] is Gather
     feeds = {"input": np.random.default_rng(1).standard_normal((8, 3, 224, 224)).astype(np.float32)}
     import onnx
 
