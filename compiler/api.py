@@ -19,7 +19,7 @@ from tessel.ir.onnx_import import input_defaults, with_batch
 from tessel.passes.partition import insert_transfers
 from tessel.passes.placement import Machine, PlacementError, place
 
-from .artifact import Artifact, load, write_input_defaults
+from .artifact import Artifact, load, write_input_defaults, write_model_files
 from .distribute import (PlacementReport, ProfileDB, ProfilingFailed, build_tasks, load_link, placement_markdown,
                          profile_steps, read_machine_file)
 from .gantt_png import write_gantt_png
@@ -65,6 +65,7 @@ def compile(  # noqa: A001 - the contract names it compile
     batch_policy: str = "powers-of-two",
     profile_budget: float | None = None,
     conv_layout: str = "blocked",
+    keep_model: bool = False,
 ) -> Artifact:
     """Compile an ONNX model (path, bytes or ModelProto) for `target` ("llvm" or "cuda:sm_XX").
 
@@ -83,6 +84,7 @@ def compile(  # noqa: A001 - the contract names it compile
     passes after which the graph is written to `reports/after_<pass>.txt` and `.onnx`.
     `conv_layout` "blocked" keeps activations between conv kernels in NCHW[16]c
     (passes/conv_layout.py); "nchw" converts at every conv kernel.
+    `keep_model` keeps a copy of the model in the artifact (model.onnx); weights are stored once otherwise.
     Returns an in-memory Artifact (a temporary directory) to `run` or `save`.
     """
     spec = parse_target(target)
@@ -147,11 +149,11 @@ def compile(  # noqa: A001 - the contract names it compile
     memories = [plan_program_memory(p, spec.kind) for p in programs]
     memory_reports = [write_memory_reports(root / "reports", m, weight_bytes(p), suffix="" if d == 0 else f"_device{d}")
                       for d, (p, m) in enumerate(zip(programs, memories))]
-    (root / "model.onnx").write_bytes(model.SerializeToString())
+    model_record = write_model_files(root, model, graph, keep_model, model_or_path, batch)
     extra.update(write_input_defaults(root, input_defaults(model)))
-    (root / "graph.json").write_text(ir.to_json(graph))
     report = {
         "target": str(spec),
+        "model": model_record,
         "devices": devices,
         "nodes": len(graph.nodes),
         "steps": sum(len(p.steps) for p in programs),
