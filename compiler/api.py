@@ -202,12 +202,14 @@ def _select_algorithms(graph, spec, program, cache, reports, mode, workspace_lim
         selection = select(layers, timing, mode, limit, source, policy)
     except AlgoSelectionError as exc:
         raise CompileError(str(exc)) from None
-    doc = report(selection, timing)
+    chosen = build_program(graph, spec, choices=selection.pieces(), blocked_layout=blocked_layout)
+    doc = report(selection, timing, program, chosen, builder)
     (reports / "algo.json").write_text(json.dumps(doc, indent=1))
     (reports / "algo.md").write_text(markdown(doc))
     summary = {k: doc[k] for k in ("mode", "policy", "workspace_limit_bytes", "total_seconds",
-                                   "best_single_total_seconds", "workspace_bytes")}
-    return build_program(graph, spec, choices=selection.pieces(), blocked_layout=blocked_layout), summary
+                                   "best_single_total_seconds", "workspace_bytes", "weight_bytes",
+                                   "default_weight_bytes", "extra_layout_bytes")}
+    return chosen, summary
 
 
 def _memory_summary(reports: Sequence[dict]) -> dict:
