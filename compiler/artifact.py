@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from tessel.runtime.errors import ArtifactError
 from tessel.runtime.graph_names import GRAPH_FILE
 from tessel.runtime.signature import Signature
 
+if TYPE_CHECKING:
+    import onnx
+
 
 # Overridable inputs' defaults (initializers that are also graph inputs), listed in plan.json's "input_defaults".
 DEFAULTS_FILE = "input_defaults.npz"
@@ -31,7 +34,8 @@ DEFAULTS_FILE = "input_defaults.npz"
 MODEL_FILE = "model.onnx"
 
 
-def write_model_files(root: Path, model, graph: Graph, keep_model: bool, source=None,
+def write_model_files(root: Path, model: "onnx.ModelProto", graph: Graph, keep_model: bool,
+                      source: "str | os.PathLike | bytes | onnx.ModelProto | None" = None,
                       batch: int | None = None) -> dict[str, Any]:
     """Write graph.json (no tensor data) and, with `keep_model`, model.onnx (the model as compiled) into `root`.
 
