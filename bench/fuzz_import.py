@@ -145,7 +145,8 @@ def compile_bases(directory: Path) -> list[str]:
     names = []
     for name, model, options in builds:
         try:
-            compiler.compile(model.SerializeToString(), **options).save(directory / name)
+            # Kept: runs with --check compare with it (a model compiled from bytes has no file to find again).
+            compiler.compile(model.SerializeToString(), keep_model=True, **options).save(directory / name)
         except ir.TesselError as exc:
             print(f"seed model {name} does not compile ({exc}); left out", file=sys.stderr)
             continue

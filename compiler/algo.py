@@ -30,7 +30,7 @@ from tessel.passes.fuse import is_kernel, kernel_members
 from tessel.passes.op_patterns import Pattern, pattern
 
 from .distribute import ESTIMATE_BYTES_PER_S, ESTIMATE_FLOPS_PER_S, ProfileDB
-from .program import ProgramBuilder
+from .program import PACKED_SUFFIX, Program, ProgramBuilder
 from .sizes import format_bytes
 
 # Ops that treat every sample (axis 0) on its own, so a batch can run in slices.
@@ -278,8 +278,39 @@ def select(layers: Sequence[Layer], timing: Timing, mode: str, limit: int | None
     return Selection(mode, policy, limit, limit_source, list(layers), chosen, baseline, result, baseline_ilp)
 
 
-def report(selection: Selection, timing: Timing) -> dict:
-    """reports/algo.json: per layer the choice, its time and workspace, the baseline, where the numbers came from."""
+def weight_layouts(selection: Selection, default: Program, chosen: Program, builder: ProgramBuilder) -> dict:
+    """What the chosen algorithms store for each layer's weights, against the program without selection.
+
+    An algorithm may pack a weight its own way (`<weight>::packed<shape>`); a layer whose pieces run different
+    algorithms stores one layout per algorithm. Per layer (node name → entry): each layout stored, the algorithms
+    reading it, its bytes and whether it is extra (the program without selection does not store it); the bytes
+    of the extra layouts and the layer's weight bytes with and without selection.
+    """
+    layouts = {}
+    for layer in selection.layers:
+        bases = {v.name for v in layer.node.inputs if v is not None and v.is_constant}
+        readers: dict[str, set[str]] = {}
+        for algorithm, size in selection.chosen[layer.node.name].pieces:
+            for name in builder.candidate(layer.node, algorithm, size)[1]:
+                readers.setdefault(name, set()).add(algorithm)
+
+        def stored(program: Program) -> dict[str, int]:
+            return {name: int(array.nbytes) for name, array in program.weights.items()
+                    if name.split(PACKED_SUFFIX)[0] in bases}
+
+        mine, before = stored(chosen), stored(default)
+        rows = [{"name": name, "algorithms": sorted(readers.get(name, ())), "bytes": size, "extra": name not in before}
+                for name, size in sorted(mine.items())]
+        layouts[layer.node.name] = {"layouts": rows,
+                                    "extra_layout_bytes": sum(r["bytes"] for r in rows if r["extra"]),
+                                    "weight_bytes": sum(mine.values()), "default_weight_bytes": sum(before.values())}
+    return layouts
+
+
+def report(selection: Selection, timing: Timing, default: Program, chosen: Program, builder: ProgramBuilder) -> dict:
+    """reports/algo.json: per layer the choice, its time and workspace, the baseline, where the numbers came from,
+    and the weight layouts it stores (`weight_layouts`); in total, the weight bytes with and without selection."""
+    weights = weight_layouts(selection, default, chosen, builder)
     rows = []
     for layer in selection.layers:
         name = layer.node.name
@@ -294,6 +325,7 @@ def report(selection: Selection, timing: Timing) -> dict:
                 "algorithm": base.pieces[0][0], "seconds": base.seconds, "workspace_bytes": base.workspace,
                 "source": "measured" if base.measured else "estimated"},
             "speedup": None if base is None or config.seconds <= 0 else base.seconds / config.seconds,
+            "weights": weights[name],
         })
     total = sum(r["chosen"]["seconds"] for r in rows)
     base_rows = [r for r in rows if r["best_single"] is not None]
@@ -307,6 +339,9 @@ def report(selection: Selection, timing: Timing) -> dict:
         "total_seconds": total,
         "best_single_total_seconds": base_total,
         "workspace_bytes": sum(workspaces) if selection.mode == "ilp" else max(workspaces),
+        "weight_bytes": sum(int(a.nbytes) for a in chosen.weights.values()),
+        "default_weight_bytes": sum(int(a.nbytes) for a in default.weights.values()),
+        "extra_layout_bytes": sum(w["extra_layout_bytes"] for w in weights.values()),
         "profiling": {"measured": timing.measured, "estimated": timing.estimated, "seconds": round(timing.seconds, 3),
                       "budget_exhausted": timing.budget_exhausted},
     }
@@ -332,12 +367,15 @@ def markdown(doc: dict) -> str:
     if base:
         lines.append(f"Layers total: {1e3 * doc['total_seconds']:.3f} ms chosen vs {1e3 * base:.3f} ms "
                      f"with the best single algorithm per layer ({base / doc['total_seconds']:.2f}x).")
+    lines.append(f"Weights stored: {format_bytes(doc['weight_bytes'])} "
+                 f"({format_bytes(doc['default_weight_bytes'])} without selection); extra layouts (chosen algorithms' "
+                 f"own packing) add {format_bytes(doc['extra_layout_bytes'])}.")
     if "ilp" in doc:
         ilp = doc["ilp"]
         lines.append(f"ILP: objective {1e3 * ilp['objective_s']:.3f} ms, LP bound {1e3 * ilp['lp_bound_s']:.3f} ms, "
                      f"gap {100 * ilp['gap']:.2f}%, solved in {1e3 * ilp['solve_seconds']:.1f} ms.")
-    lines += ["", "| layer | op | batch | chosen | ms | workspace | best single | ms | speedup | source |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| layer | op | batch | chosen | ms | workspace | best single | ms | speedup | source | extra layouts |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["layers"]:
         base, chosen = r["best_single"], r["chosen"]
         base_ms = f"{1e3 * base['seconds']:.3f}" if base else "-"
@@ -345,5 +383,15 @@ def markdown(doc: dict) -> str:
         lines.append(
             f"| {r['node']} | {r['op']} | {r['batch']} | {chosen['describe']} | {1e3 * chosen['seconds']:.3f} | "
             f"{format_bytes(chosen['workspace_bytes'])} | {base['algorithm'] if base else 'none fits'} | {base_ms} | "
-            f"{speedup} | {chosen['source']} |")
+            f"{speedup} | {chosen['source']} | {_extra_layouts(r['weights'])} |")
     return "\n".join(lines) + "\n"
+
+
+def _extra_layouts(weights: dict) -> str:
+    """A table cell: each extra layout's algorithms and bytes, and the layer's weight bytes without and with
+    selection (a layout the selection replaced is no longer stored); '-' for none."""
+    extra = [f"{'+'.join(r['algorithms']) or '?'} {format_bytes(r['bytes'])}" for r in weights["layouts"] if r["extra"]]
+    if not extra:
+        return "-"
+    return (f"{', '.join(extra)} (layer's weights {format_bytes(weights['default_weight_bytes'])} → "
+            f"{format_bytes(weights['weight_bytes'])})")

@@ -21,7 +21,7 @@ from tessel.backends.tvm_env import version as tvm_version
 from tessel.ir.onnx_import import input_defaults, with_batch
 from tessel.runtime.instructions import kernel_call_count
 
-from .artifact import Artifact, load, write_input_defaults
+from .artifact import Artifact, load, write_input_defaults, write_model_files
 from .distribute import ProfileDB, load_link, placement_markdown, read_machine_file
 from .gantt_png import write_gantt_png
 from .memory import plan_program_memory, weight_bytes, write_memory_reports
@@ -92,11 +92,11 @@ def compile(  # noqa: A001 - the contract names it compile
     memories = [plan_program_memory(p, spec.kind) for p in programs]
     memory_reports = [write_memory_reports(reports, m, weight_bytes(p), suffix="" if w == 0 else f"_device{w}")
                       for w, (p, m) in enumerate(zip(programs, memories))]
-    (root / "model.onnx").write_bytes(model.SerializeToString())
+    model_record = write_model_files(root, model, graph, options.keep_model, model_or_path, options.batch)
     extra.update(write_input_defaults(root, input_defaults(model)))
-    (root / "graph.json").write_text(ir.to_json(graph))
     report = {
         "target": str(spec),
+        "model": model_record,
         "devices": len(programs),
         "nodes": len(graph.nodes),
         "instructions": sum(len(p.instructions) for p in programs),
@@ -154,12 +154,14 @@ def _select_algorithms(graph, spec, program, cache, reports, options: CompileOpt
         selection = select(layers, timing, mode, limit, source, policy)
     except AlgoSelectionError as exc:
         raise CompileError(str(exc)) from None
-    doc = report(selection, timing)
+    chosen = build_program(graph, spec, choices=selection.pieces(), blocked_layout=blocked_layout)
+    doc = report(selection, timing, program, chosen, builder)
     (reports / "algo.json").write_text(json.dumps(doc, indent=1))
     (reports / "algo.md").write_text(markdown(doc))
     summary = {k: doc[k] for k in ("mode", "policy", "workspace_limit_bytes", "total_seconds",
-                                   "best_single_total_seconds", "workspace_bytes")}
-    return build_program(graph, spec, choices=selection.pieces(), blocked_layout=options.blocked_layout), summary
+                                   "best_single_total_seconds", "workspace_bytes", "weight_bytes",
+                                   "default_weight_bytes", "extra_layout_bytes")}
+    return chosen, summary
 
 
 def _memory_summary(reports: Sequence[dict]) -> dict:

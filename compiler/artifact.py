@@ -1,23 +1,58 @@
-"""The compiled artifact: a directory with plan.json, kernels/, weights.npz, the model and reports/."""
+"""The compiled artifact: a directory with plan.json, kernels/, weights.npz, graph.json and reports/.
+
+Weights are stored once, in the weights files: graph.json describes the
+compiled graph without tensor data, and the original model is kept as
+model.onnx only when asked (`keep_model`).
+"""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
+from tessel.ir.graph import Graph
+from tessel.ir.serialize import to_json
 from tessel.ir.types import TensorType, numpy_dtype
-from tessel.runtime.artifact_files import (PLAN_FILE, artifact_digest, parse_expected_digest, read_plan,
+from tessel.runtime.artifact_files import (PLAN_FILE, artifact_digest, file_hash, parse_expected_digest, read_plan,
                                            unlisted_files, verify_files, worker_count)
 from tessel.runtime.errors import ArtifactError
+from tessel.runtime.graph_names import GRAPH_FILE
 from tessel.runtime.signature import Signature
+
+if TYPE_CHECKING:
+    import onnx
 
 
 # Overridable inputs' defaults (initializers that are also graph inputs), listed in plan.json's "input_defaults".
 DEFAULTS_FILE = "input_defaults.npz"
+# The model as compiled (re-batched when asked), kept only with `keep_model`.
+MODEL_FILE = "model.onnx"
+
+
+def write_model_files(root: Path, model: "onnx.ModelProto", graph: Graph, keep_model: bool,
+                      source: "str | os.PathLike | bytes | onnx.ModelProto | None" = None,
+                      batch: int | None = None) -> dict[str, Any]:
+    """Write graph.json (no tensor data) and, with `keep_model`, model.onnx (the model as compiled) into `root`.
+
+    Returns reports/compile.json's "model" entry: where the model came from (`source`, when a file path) and
+    its sha256, so that `tessel run --check` finds it again without a copy in the artifact; `batch` is the
+    batch the model was re-declared to (`compile(batch=...)`), which the check applies to the file too.
+    """
+    (root / GRAPH_FILE).write_text(to_json(graph, tensor_data=False))
+    record: dict[str, Any] = {"kept": keep_model}
+    if keep_model:
+        (root / MODEL_FILE).write_bytes(model.SerializeToString())
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source).resolve()
+        record.update({"path": str(path), "sha256": file_hash(path)})
+    if batch is not None:
+        record["batch"] = batch
+    return record
 
 
 def write_input_defaults(root: Path, defaults: Mapping[str, np.ndarray]) -> dict[str, Any]:

@@ -114,7 +114,7 @@ def _compile_options(args: argparse.Namespace):
         profile=not args.no_profile, reprofile=args.reprofile, device_memory=args.device_memory,
         skip_passes=args.skip_pass, verify=args.verify, dump_after=args.dump_after, algo_select=args.algo_select,
         workspace_limit=args.workspace_limit, batch_policy=args.batch_policy, profile_budget=args.profile_budget,
-        conv_layout=args.conv_layout, jobs=args.jobs)
+        conv_layout=args.conv_layout, keep_model=args.keep_model, jobs=args.jobs)
 
 
 def _check_writable_directory(output: Path) -> None:
@@ -159,6 +159,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers != artifact.devices:
         raise ArtifactError(f"{args.artifact}: compiled for {artifact.devices} device(s); run it with --workers "
                             f"{artifact.devices} or recompile with --devices {args.workers}")
+    reference = None
+    if args.check or args.reference:  # found before the run: a missing model is reported at once
+        from .reference_check import reference_model
+
+        reference = reference_model(artifact.directory, args.reference)
     inputs = _read_inputs(args.inputs, artifact)
     measured, times = None, []
     if artifact.devices > 1 or artifact.microbatches > 1:
@@ -185,10 +190,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         write_npz(outputs_path.parent, outputs_path.name, outputs, overwrite=args.force)
     if placement:
         _record_measured(artifact, placement, measured)
-    if args.check:
+    if reference:
         from .reference_check import check_outputs
 
-        return 0 if check_outputs(artifact.directory / "model.onnx", inputs, outputs) else 1
+        return 0 if check_outputs(reference, inputs, outputs) else 1
     return 0
 
 
@@ -274,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
                              choices=CompileOptions.CHOICES["skip_passes"],
                              help="leave PASS out of the pipeline (repeatable), e.g. --skip-pass fuse")
     compile_cmd.add_argument("--verify", action="store_true", help="check the graph's invariants after every pass")
+    compile_cmd.add_argument("--keep-model", action="store_true",
+                             help="keep a copy of the model in the artifact (model.onnx) for 'tessel run --check' elsewhere")
     compile_cmd.add_argument("--device-memory", metavar="SIZE",
                              help="memory of the device, e.g. 512MiB: fail when weights and activations do not fit")
     compile_cmd.add_argument("--batch", type=int, metavar="N", help="run N samples at once: axis 0 of every input becomes N")
@@ -313,7 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--inputs", metavar="IN.npz", help="inputs by name (default: random inputs)")
     run.add_argument("--outputs", metavar="OUT.npz", help="write the outputs here")
     run.add_argument("--repeat", type=int, default=0, metavar="N", help="time N more runs and print the latency")
-    run.add_argument("--check", action="store_true", help="compare with onnxruntime on the original model")
+    run.add_argument("--check", action="store_true", help="compare with onnxruntime on the original model (the "
+                     "artifact's copy from --keep-model, else the file it was compiled from, if unchanged)")
+    run.add_argument("--reference", metavar="MODEL.onnx", help="compare with onnxruntime on this model (implies --check)")
     run.add_argument("--force", action="store_true", help="replace an existing --outputs file")
     run.add_argument("--expect-sha256", metavar="SHA256", help="refuse the artifact unless its digest is SHA256 "
                      "(64 hex digits, or a file holding them), as printed by 'tessel compile'")

@@ -41,7 +41,8 @@ class CompileOptions:
     skip_passes, verify, dump_after: the optimization pipeline (compiler/pipeline.py).
     algo_select off/dp/ilp with workspace_limit, batch_policy and profile_budget: per-layer
     algorithm and micro-batch selection. conv_layout: activations between conv kernels in
-    NCHW[16]c (blocked) or NCHW. cache_dir: the cache root; jobs: kernels compiled at once.
+    NCHW[16]c (blocked) or NCHW. keep_model: a copy of the model in the artifact (model.onnx; the weights are
+    stored once otherwise). cache_dir: the cache root; jobs: kernels compiled at once.
     """
 
     target: str = "llvm"
@@ -63,6 +64,7 @@ class CompileOptions:
     batch_policy: str = "powers-of-two"
     profile_budget: float | None = None
     conv_layout: str = "blocked"
+    keep_model: bool = False
     cache_dir: str | None = None
     jobs: int | None = None
 

@@ -1,10 +1,15 @@
 """`tessel run --check`: compare a run's outputs with onnxruntime's on the original model.
 
+The model is found in this order: the one given (`--reference MODEL.onnx`), the
+artifact's own copy (model.onnx, compiled with --keep-model), the file it was
+compiled from (recorded in reports/compile.json) while its sha256 still matches.
+
 NaN equals NaN at the same position, as IEEE-aware comparisons do (numpy's equal_nan);
 a NaN on one side only is a mismatch, reported by position.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -12,12 +17,67 @@ from typing import Mapping
 import numpy as np
 
 from tessel.ir.errors import TesselError
+from tessel.runtime.artifact_files import file_hash
+from tessel.runtime.safe_write import FileReadError, read_text
+
+from .artifact import MODEL_FILE
 
 CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4
 
 
 class ReferenceRunError(TesselError):
     """onnxruntime cannot run the model, so there is nothing to compare with."""
+
+
+@dataclass(frozen=True)
+class ReferenceModel:
+    """The model onnxruntime runs for the check: a file, or serialized bytes (re-batched), and its name in messages."""
+
+    source: str | bytes
+    label: str
+
+
+def reference_model(directory: Path, given: str | None = None) -> ReferenceModel:
+    """The model to compare the artifact at `directory` with (see the module docstring); ReferenceRunError, one
+    line saying what to do, when there is none."""
+    record = _compile_record(directory)
+    if given is not None:
+        path = Path(given)
+        if not path.is_file():
+            raise ReferenceRunError(f"--reference {given}: no such file")
+        return _rebatched(path, record.get("batch"))
+    if (directory / MODEL_FILE).is_file():
+        return ReferenceModel(str(directory / MODEL_FILE), str(directory / MODEL_FILE))
+    recorded = record.get("path")
+    advice = "compile with --keep-model, or give the model: --reference MODEL.onnx"
+    if not isinstance(recorded, str):
+        raise ReferenceRunError(f"--check: {directory} holds no copy of the model and no record of its file; {advice}")
+    path = Path(recorded)
+    if not path.is_file():
+        raise ReferenceRunError(f"--check: {directory} holds no copy of the model and {path}, which it was compiled "
+                                f"from, is gone; {advice}")
+    if file_hash(path) != record.get("sha256"):
+        raise ReferenceRunError(f"--check: {path}, which {directory} was compiled from, has changed since; {advice}")
+    return _rebatched(path, record.get("batch"))
+
+
+def _compile_record(directory: Path) -> dict:
+    """reports/compile.json's "model" entry; empty when the report is missing or unreadable."""
+    try:
+        record = json.loads(read_text(directory, "reports/compile.json")).get("model")
+    except (FileReadError, ValueError, AttributeError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _rebatched(path: Path, batch) -> ReferenceModel:
+    """The model file as compiled: re-declared to the artifact's batch when it was compiled with one."""
+    if not isinstance(batch, int):
+        return ReferenceModel(str(path), str(path))
+    from tessel import ir
+    from tessel.ir.onnx_import import with_batch
+
+    return ReferenceModel(with_batch(ir.load_model(str(path)), batch).SerializeToString(), f"{path} (batch {batch})")
 
 
 @dataclass(frozen=True)
@@ -49,7 +109,7 @@ def compare(got: np.ndarray, want: np.ndarray, rtol: float = CHECK_RTOL, atol: f
                       ok=within and not len(positions))
 
 
-def reference_outputs(model: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def reference_outputs(model: ReferenceModel, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """onnxruntime's outputs of `model` by name; ReferenceRunError (one line) when it cannot run the model."""
     try:
         import onnxruntime as ort
@@ -58,22 +118,22 @@ def reference_outputs(model: Path, inputs: Mapping[str, np.ndarray]) -> dict[str
     options = ort.SessionOptions()
     options.log_severity_level = 3
     try:
-        session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(model.source, options, providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
         return dict(zip(names, session.run(None, dict(inputs))))
     except Exception as exc:  # onnxruntime's errors share no base class beyond Exception
         reason = " ".join(str(exc).split())[:300]
-        raise ReferenceRunError(f"--check: onnxruntime cannot run {model} ({reason}); the run's outputs are not "
+        raise ReferenceRunError(f"--check: onnxruntime cannot run {model.label} ({reason}); the run's outputs are not "
                              "compared") from exc
 
 
-def check_outputs(model: Path, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> bool:
+def check_outputs(model: ReferenceModel, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> bool:
     """Print each output's comparison with onnxruntime and a verdict line; whether all of them match."""
     reference = reference_outputs(model, inputs)
     worst, ok = 0.0, True
     for name, got in outputs.items():
         if name not in reference:
-            raise ReferenceRunError(f"--check: onnxruntime's outputs of {model} lack '{name}'; the run's outputs are not compared")
+            raise ReferenceRunError(f"--check: onnxruntime's outputs of {model.label} lack '{name}'; the run's outputs are not compared")
         result = compare(got, reference[name])
         worst, ok = max(worst, result.max_error), ok and result.ok
         nan_note = ""

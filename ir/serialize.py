@@ -1,7 +1,9 @@
 """JSON round trip of graphs: `to_json` and `from_json`.
 
 Constants and tensor attributes are stored inline as base64 of their raw
-little-endian bytes; no pickle anywhere.
+little-endian bytes; no pickle anywhere. `to_json(graph, tensor_data=False)`
+writes only their names and types: a description of the graph (an artifact's
+graph.json, whose weights live in its weights files), which `from_json` refuses.
 """
 from __future__ import annotations
 
@@ -21,9 +23,12 @@ FORMAT = "tessel.graph"
 VERSION = 1
 
 
-def to_json(graph: Graph) -> str:
-    """The graph as a JSON document."""
-    return json.dumps({"format": FORMAT, "version": VERSION, "graph": _graph_dict(graph)}, separators=(",", ":"))
+def to_json(graph: Graph, tensor_data: bool = True) -> str:
+    """The graph as a JSON document; without `tensor_data`, constants and tensor attributes keep only their types."""
+    doc = {"format": FORMAT, "version": VERSION, "graph": _graph_dict(graph, tensor_data)}
+    if not tensor_data:
+        doc["tensor_data"] = False
+    return json.dumps(doc, separators=(",", ":"))
 
 
 def from_json(text: str) -> Graph:
@@ -32,6 +37,9 @@ def from_json(text: str) -> Graph:
         doc = json.loads(text)
         if doc.get("format") != FORMAT or doc.get("version") != VERSION:
             raise SerializationError(f"not a {FORMAT} v{VERSION} document")
+        if doc.get("tensor_data", True) is not True:
+            raise SerializationError(f"this {FORMAT} document was written without tensor data: it describes the "
+                                     "graph (names, types, nodes) but cannot be read back into one")
         return _read_graph(doc["graph"], None)
     except SerializationError:
         raise
@@ -39,7 +47,9 @@ def from_json(text: str) -> Graph:
         raise SerializationError(f"malformed {FORMAT} document: {type(exc).__name__}: {exc}") from exc
 
 
-def _array_dict(array: np.ndarray) -> dict[str, Any]:
+def _array_dict(array: np.ndarray, tensor_data: bool) -> dict[str, Any]:
+    if not tensor_data:
+        return {"type": TensorType.of(array).spec()}
     return {"type": TensorType.of(array).spec(), "data": base64.b64encode(np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()).decode()}
 
 
@@ -49,11 +59,11 @@ def _read_array(doc: dict[str, Any]) -> np.ndarray:
     return np.frombuffer(raw, dtype=numpy_dtype(t.dtype).newbyteorder("<")).reshape(t.shape).astype(numpy_dtype(t.dtype))
 
 
-def _graph_dict(graph: Graph) -> dict[str, Any]:
+def _graph_dict(graph: Graph, tensor_data: bool) -> dict[str, Any]:
     return {
         "name": graph.name,
         "inputs": [{"name": v.name, "type": v.type.spec()} for v in graph.inputs],
-        "constants": [{"name": v.name, **_array_dict(v.const)} for v in graph.constants],
+        "constants": [{"name": v.name, **_array_dict(v.const, tensor_data)} for v in graph.constants],
         "nodes": [
             {
                 "name": n.name,
@@ -61,7 +71,7 @@ def _graph_dict(graph: Graph) -> dict[str, Any]:
                 "domain": n.domain,
                 "inputs": [v.name if v is not None else None for v in n.inputs],
                 "outputs": [{"name": v.name, "type": v.type.spec()} if v is not None else None for v in n.outputs],
-                "attrs": {k: _attr_dict(v) for k, v in n.attrs.items()},
+                "attrs": {k: _attr_dict(v, tensor_data) for k, v in n.attrs.items()},
             }
             for n in graph.nodes
         ],
@@ -69,11 +79,11 @@ def _graph_dict(graph: Graph) -> dict[str, Any]:
     }
 
 
-def _attr_dict(value: Any) -> Any:
+def _attr_dict(value: Any, tensor_data: bool) -> Any:
     if isinstance(value, Graph):
-        return {"graph": _graph_dict(value)}
+        return {"graph": _graph_dict(value, tensor_data)}
     if isinstance(value, np.ndarray):
-        return {"tensor": _array_dict(value)}
+        return {"tensor": _array_dict(value, tensor_data)}
     return value
 
 

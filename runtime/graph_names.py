@@ -2,8 +2,8 @@
 
 A plan step names its kernel node; for a fused kernel that is the group
 (`fused_<anchor>`), while the user knows the op inside it. The artifact's
-graph.json holds each group's body, whose nodes are named `<group>/<node>`.
-Read only when an error is being reported: it is as large as the weights.
+graph.json holds each group's body, whose nodes are named `<group>/<node>`
+(names and types only: no tensor data). Read only when an error is being reported.
 """
 from __future__ import annotations
 

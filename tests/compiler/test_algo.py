@@ -41,7 +41,7 @@ def test_micro_batched_models_at_batch_8_equal_onnxruntime(name, kernel_cache):
     assert all(row["chosen"]["workspace_bytes"] <= LIMIT for row in doc["layers"])
     assert all(sum(size for _, size in row["chosen"]["pieces"]) == 8 for row in doc["layers"])
     plan = json.loads((artifact.directory / "plan.json").read_text())
-    assert any("pieces" in step for step in plan["steps"])
+    assert any("pieces" in step for step in plan["workers"][0]["instructions"])
     (name_, shape), = model.input_shapes.items()
     feeds = {name_: np.random.default_rng(0).random((8,) + tuple(shape[1:])).astype(np.float32)}
     reference = run_onnxruntime(with_batch(onnx.load(str(model.path)), 8), feeds)
@@ -50,6 +50,27 @@ def test_micro_batched_models_at_batch_8_equal_onnxruntime(name, kernel_cache):
         executor.poison()
         assert_matches_onnxruntime(executor.run(feeds), reference)
     assert (artifact.directory / "reports" / "algo.md").read_text().startswith("# Algorithm and micro-batch selection")
+
+
+def test_report_says_what_each_extra_weight_layout_adds(kernel_cache):
+    model = _model("mtcnn_onet")
+    # Estimated times (no profiling) choose Winograd for a 3x3 conv: its transformed kernel is an extra layout.
+    artifact = compile(model.path, batch=4, input_shapes=model.input_shapes, algo_select="dp", workspace_limit="1MiB",
+                       profile_budget=0, cache_dir=kernel_cache)
+    doc = json.loads((artifact.directory / "reports" / "algo.json").read_text())
+    with np.load(artifact.directory / "weights.npz", allow_pickle=False) as weights:
+        stored = {name: weights[name].nbytes for name in weights.files}
+    extra = [layout for row in doc["layers"] for layout in row["weights"]["layouts"] if layout["extra"]]
+    assert extra and all(stored[layout["name"]] == layout["bytes"] and layout["algorithms"] for layout in extra)
+    assert doc["extra_layout_bytes"] == sum(layout["bytes"] for layout in extra)
+    assert doc["weight_bytes"] == sum(stored.values()) and doc["default_weight_bytes"] < doc["weight_bytes"]
+    for row in doc["layers"]:
+        assert row["weights"]["weight_bytes"] == sum(layout["bytes"] for layout in row["weights"]["layouts"])
+    summary = artifact.report()["algo"]
+    assert {k: summary[k] for k in ("weight_bytes", "default_weight_bytes", "extra_layout_bytes")} == \
+        {k: doc[k] for k in ("weight_bytes", "default_weight_bytes", "extra_layout_bytes")}
+    markdown = (artifact.directory / "reports" / "algo.md").read_text()
+    assert "extra layouts (chosen algorithms' own packing) add" in markdown and "winograd" in markdown
 
 
 def test_ilp_divides_the_budget_and_reports_its_bound(kernel_cache):

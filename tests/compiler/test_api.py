@@ -38,7 +38,8 @@ def test_saved_artifact_loads_and_runs(tmp_path, kernel_cache):
     model = next(m for m in POSITIVE if m.name == "mtcnn_onet")
     artifact = compile(model.path, input_shapes=model.input_shapes, cache_dir=kernel_cache)
     saved = artifact.save(tmp_path / "onet")
-    assert {p.name for p in saved.iterdir()} >= {"plan.json", "kernels", "weights.npz", "model.onnx", "graph.json", "reports"}
+    assert {p.name for p in saved.iterdir()} >= {"plan.json", "kernels", "weights.npz", "graph.json", "reports"}
+    assert not (saved / "model.onnx").exists()  # kept only with keep_model=True
     feeds = model.make_inputs()
     assert_matches_onnxruntime(load(saved).run(feeds), run_onnxruntime(str(model.path), feeds))
     with pytest.raises(ArtifactError, match="already exists"):

@@ -1,4 +1,5 @@
-"""Saving and loading artifacts: --force replaces only a complete Tessel artifact; the published digest."""
+"""Saving and loading artifacts: --force replaces only a complete Tessel artifact; the published digest; weights
+stored once (graph.json without tensor data, the model kept only with --keep-model)."""
 from __future__ import annotations
 
 import json
@@ -14,9 +15,11 @@ from onnx import helper
 from tessel.compiler.api import compile as compile_model
 from tessel.compiler.artifact import check_destination, load
 from tessel.compiler.cli import main
-from tessel.runtime.artifact_files import PLAN_FILE, artifact_digest
+from tessel.compiler.program import PACKED_SUFFIX
+from tessel.runtime.artifact_files import PLAN_FILE, artifact_digest, file_hash
 from tessel.runtime.errors import ArtifactError
 from tessel.runtime.signature import NAMESPACE, Signature
+from tests.conftest import POSITIVE
 from tests.ir.helpers import F, model
 
 
@@ -140,3 +143,57 @@ def test_help_states_the_trust_model(capsys):
         main(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "an artifact is native code" in out.lower() and "--expect-sha256" in out
+
+
+# ---- weights stored once ------------------------------------------------------------------------------------
+def _data_bytes(directory: Path) -> int:
+    """Bytes of the files that hold the model's data: all but the kernels (native code) and the reports."""
+    return sum(p.stat().st_size for p in directory.rglob("*")
+               if p.is_file() and p.relative_to(directory).parts[0] not in ("kernels", "reports"))
+
+
+def _assert_each_weight_once(directory: Path) -> None:
+    """No weights file holds a weight beside its own packed copy, nor two files the same weight."""
+    names = []
+    for path in sorted(directory.glob("weights*.npz")):
+        with np.load(path, allow_pickle=False) as weights:
+            names += weights.files
+    packed_from = {name.split(PACKED_SUFFIX)[0] for name in names if PACKED_SUFFIX in name}
+    assert not packed_from & set(names) and len(names) == len(set(names))
+
+
+def test_an_artifact_keeps_no_model_copy_and_no_tensor_data_in_graph_json(saved, onnx_path):
+    assert not (saved / "model.onnx").exists()
+    text = (saved / "graph.json").read_text()
+    assert json.loads(text)["tensor_data"] is False and '"data"' not in text
+    record = json.loads((saved / "reports" / "compile.json").read_text())["model"]
+    assert record == {"kept": False, "path": str(onnx_path.resolve()), "sha256": file_hash(onnx_path)}
+
+
+def test_keep_model_keeps_the_model_as_compiled_and_hashes_it(onnx_path, tmp_path, kernel_cache):
+    directory = compile_model(str(onnx_path), cache_dir=kernel_cache, batch=3, keep_model=True).save(tmp_path / "art")
+    kept = onnx.load(str(directory / "model.onnx"))
+    assert kept.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 3  # re-batched, as compiled
+    assert "model.onnx" in json.loads((directory / PLAN_FILE).read_text())["hashes"]
+    assert json.loads((directory / "reports" / "compile.json").read_text())["model"]["kept"] is True
+    assert main(["compile", str(onnx_path), "-o", str(tmp_path / "cli"), "--keep-model"]) == 0
+    assert (tmp_path / "cli" / "model.onnx").read_bytes() == onnx_path.read_bytes()
+
+
+def test_a_real_models_artifact_holds_its_weights_once(tmp_path, kernel_cache):
+    model = next(m for m in POSITIVE if m.name == "mtcnn_onet")
+    directory = compile_model(model.path, input_shapes=model.input_shapes, cache_dir=kernel_cache).save(tmp_path / "a")
+    _assert_each_weight_once(directory)
+    # Kernels are native code, as large for a 1.5 MB model as for a 45 MB one: ResNet-18's test counts them too.
+    assert _data_bytes(directory) <= 1.1 * model.path.stat().st_size
+
+
+@pytest.mark.parametrize("devices", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_resnet18_artifact_is_at_most_1_1x_its_onnx_file(devices, tmp_path, kernel_cache):
+    model = next(m for m in POSITIVE if m.name == "resnet18")
+    directory = compile_model(model.path, input_shapes=model.input_shapes, devices=devices,
+                              cache_dir=kernel_cache).save(tmp_path / "a")
+    _assert_each_weight_once(directory)
+    artifact_bytes = sum(p.stat().st_size for p in directory.rglob("*")
+                         if p.is_file() and p.relative_to(directory).parts[0] != "reports")
+    assert artifact_bytes <= 1.1 * model.path.stat().st_size

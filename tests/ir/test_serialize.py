@@ -1,6 +1,8 @@
 """JSON round trip and the text printer."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tessel import ir
@@ -19,6 +21,19 @@ def test_json_round_trip_is_exact(model):
     ir.verify(again)
     assert to_json(again) == text
     assert ir.to_onnx(again).SerializeToString() == ir.to_onnx(graph).SerializeToString()
+
+
+def test_json_without_tensor_data_keeps_names_and_types_only():
+    model = next(m for m in SMALL if m.name == "gru_classifier")
+    graph = ir.from_onnx(model.path, model.input_shapes)
+    text = to_json(graph, tensor_data=False)
+    doc = json.loads(text)
+    assert doc["tensor_data"] is False and '"data"' not in text
+    assert [(c["name"], c["type"]) for c in doc["graph"]["constants"]] == [(v.name, v.type.spec()) for v in graph.constants]
+    assert [n["name"] for n in doc["graph"]["nodes"]] == [n.name for n in graph.nodes]
+    assert len(text) < sum(v.const.nbytes for v in graph.constants) / 10
+    with pytest.raises(ir.SerializationError, match="without tensor data"):
+        from_json(text)
 
 
 def test_malformed_json_raises_serialization_error():

@@ -67,7 +67,7 @@ def test_blocked_kernels_equal_onnxruntime_and_the_nchw_layout(kernel_cache):
     blocked = compile(original, cache_dir=kernel_cache)
     nchw = compile(original, cache_dir=kernel_cache, conv_layout="nchw")
     plan = json.loads((blocked.directory / "plan.json").read_text())
-    assert plan["values"]["b"] == "float32[1,2,12,12,16]"
+    assert plan["workers"][0]["values"]["b"] == "float32[1,2,12,12,16]"
     assert blocked.report()["conv_layout"] == {"mode": "blocked", "blocked_values": 2}
     assert nchw.report()["conv_layout"]["blocked_values"] == 0
     for artifact in (blocked, nchw):

@@ -38,7 +38,7 @@ def compiled(tmp_path_factory, kernel_cache) -> Path:
                         helper.make_node("MatMul", ["s", "w"], ["y"], name="mm2")],
                        [("x", F, [2, 4])], [("y", F, [2, 4])], [("w", w)])
     directory = tmp_path_factory.mktemp("artifact") / "art"
-    compile_model(onnx_model, cache_dir=kernel_cache).save(directory)
+    compile_model(onnx_model, cache_dir=kernel_cache, keep_model=True).save(directory)  # model.onnx is hashed too
     return directory
 
 

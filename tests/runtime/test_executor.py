@@ -73,7 +73,7 @@ def test_profile_times_every_step(kernel_cache):
 
     artifact = compile(_if_model(), cache_dir=kernel_cache)
     rows = Executor(artifact.directory).profile({"x": np.ones((2, 3), np.float32), "c": np.array(True)}, runs=3)
-    assert [(node, op) for node, op, _ in rows] == [(s["node"], s["op"]) for s in artifact.plan["steps"]]
+    assert [(node, op) for node, op, _ in rows] == [(s["node"], s["op"]) for s in artifact.plan["workers"][0]["instructions"]]
     assert all(ms >= 0 for _, _, ms in rows)
 
 
@@ -86,4 +86,4 @@ def test_profile_starts_every_pass_from_the_inputs(kernel_cache):
     silero = next(m for m in POSITIVE if m.name == "silero_vad")
     artifact = compile(silero.path, input_shapes=silero.input_shapes, cache_dir=kernel_cache)
     rows = Executor(artifact.directory).profile(silero.make_inputs(), runs=2)
-    assert len(rows) == len(artifact.plan["steps"]) and all(ms >= 0 for _, _, ms in rows)
+    assert len(rows) == len(artifact.plan["workers"][0]["instructions"]) and all(ms >= 0 for _, _, ms in rows)

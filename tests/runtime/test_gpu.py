@@ -36,4 +36,4 @@ def test_gpu_profile_times_every_step(gpu_target, tmp_path):
     model = next(m for m in POSITIVE if m.name == "mtcnn_onet")
     artifact = compile(model.path, input_shapes=model.input_shapes, target=gpu_target, cache_dir=tmp_path)
     rows = artifact.executor().profile(model.make_inputs(), runs=3)
-    assert len(rows) == len(artifact.plan["steps"]) and all(np.isfinite(ms) and ms >= 0 for _, _, ms in rows)
+    assert len(rows) == len(artifact.plan["workers"][0]["instructions"]) and all(np.isfinite(ms) and ms >= 0 for _, _, ms in rows)
