@@ -22,12 +22,20 @@ from .target import TargetSpec
 from .tvm_env import version as tvm_version
 
 
+BACKEND_ROOT = Path(__file__).resolve().parent
+
+
+def backend_sources() -> list[Path]:
+    """The backend's own source files, its subpackages' (lowering/, cpu/, cuda/) included, in a fixed order."""
+    return sorted(BACKEND_ROOT.rglob("*.py"))
+
+
 @functools.lru_cache(maxsize=1)
 def schedule_version() -> str:
     """A hash of the backend's own sources: any change to lowering or scheduling invalidates cached kernels."""
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).resolve().parent.rglob("*.py")):
-        digest.update(path.name.encode())
+    for path in backend_sources():
+        digest.update(path.relative_to(BACKEND_ROOT).as_posix().encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -36,6 +44,8 @@ ARG, DATA = "arg", "data"
 # Attributes of a fused kernel whose arguments / results are NCHW[b]c buffers: the channel block of
 # each (0: as typed). Its members see NCHW; the kernel converts at its edges (passes/conv_layout.py).
 ARG_BLOCKS, RESULT_BLOCKS = "tessel_arg_blocks", "tessel_result_blocks"
+# The algorithm chosen for an anchor op (backends/cpu/algorithms.py); absent: its default one.
+ALGORITHM = "tessel_algorithm"
 
 
 @dataclass(frozen=True)
@@ -178,9 +188,9 @@ def workspace_bytes(spec: KernelSpec, target: TargetSpec) -> int:
     """
     func, scheduled = schedule_kernel(spec, target)
     if not scheduled and target.kind == "llvm":
-        from .schedules import cpu
+        from .cpu import schedule as cpu_schedule
 
-        func = cpu.schedule(func)
+        func = cpu_schedule.schedule(func)
     total = 0
     for buffer in func.body.block.alloc_buffers:
         if buffer.scope() == "global" and not buffer.name.endswith("_global"):
@@ -210,7 +220,7 @@ def schedule_kernel(spec: KernelSpec, target: TargetSpec):
     anchor = None
     for m, member in enumerate(members):
         op = member.spec
-        rule = _rule(op.op_type)
+        rule = _rule(op)
         tensors, types, data = [], [], []
         for index, (item, source) in enumerate(zip(op.inputs, member.sources)):
             if item is None:
@@ -258,9 +268,9 @@ def schedule_kernel(spec: KernelSpec, target: TargetSpec):
         outputs.append(tensor)
     func = te.create_prim_func(placeholders + outputs)
     if anchor is not None and target.kind == "llvm":
-        from .schedules import cpu
+        from .cpu import schedule as cpu_schedule
 
-        return cpu.schedule_around(func, *anchor), True
+        return cpu_schedule.schedule_around(func, *anchor), True
     return func, False
 
 
@@ -276,12 +286,14 @@ def _blocked(te, tensor, block: int, name: str):
     return te.compute((n, c // block, h, w, block), lambda ni, cb, y, x, ci: tensor[ni, cb * block + ci, y, x], name=name)
 
 
-def _rule(op_type: str):
+def _rule(op: KernelSpec):
+    """The lowering rule of one op: the variant of the algorithm its spec chose, else the op's target-neutral rule."""
+    from .cpu.variants import variant_rule
     from .lowering import RULES, LoweringError
 
-    rule = RULES.get(op_type)
+    rule = variant_rule(op.op_type, dict(op.attrs)) or RULES.get(op.op_type)
     if rule is None:
-        raise LoweringError(f"op {op_type} has no TVM lowering")
+        raise LoweringError(f"op {op.op_type} has no TVM lowering")
     return rule
 
 
@@ -306,12 +318,12 @@ def _compile(func, target: TargetSpec, scheduled: bool):
     from .tvm_env import tvm
 
     if target.kind == "llvm":
-        from .schedules import cpu
+        from .cpu import schedule as cpu_schedule
 
-        return tvm().compile(func if scheduled else cpu.schedule(func), target=_tvm_target(target))
-    from .schedules import gpu
+        return tvm().compile(func if scheduled else cpu_schedule.schedule(func), target=_tvm_target(target))
+    from .cuda import schedule as cuda_schedule
 
-    return gpu.compile(func, target, scheduled)
+    return cuda_schedule.compile(func, target, scheduled)
 
 
 # Compile-time inputs up to this many elements can also be read as tensors (as selects over their values).

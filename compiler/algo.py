@@ -1,7 +1,7 @@
 """Algorithm and micro-batch selection in the compile driver: find the layers, time their candidates, choose, report.
 
 A layer is a top-level kernel node whose anchor op (Conv, MatMul, Gemm) has
-several algorithms (backends/algorithms.py). Each (algorithm, micro-batch size)
+several algorithms (backends/cpu/algorithms.py). Each (algorithm, micro-batch size)
 candidate is compiled through the kernel cache and timed through the backend on
 this machine; times and workspaces are kept in the profile database (kernel
 key → milliseconds). Candidates left untimed (the profile budget ran out, or the
@@ -17,7 +17,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from tessel.backends.algorithms import ANCHOR_OPS, algorithms
+from tessel.backends.cpu.algorithms import ANCHOR_OPS, algorithms
 from tessel.backends.builder import build_kernels
 from tessel.backends.cache import KernelCache
 from tessel.backends.kernel import ARG, KernelSpec, workspace_bytes

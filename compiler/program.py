@@ -13,10 +13,11 @@ from typing import Mapping
 
 import numpy as np
 
-from tessel.backends.kernel import ARG, ARG_BLOCKS, DATA, FUSED, RESULT_BLOCKS, KernelInput, KernelMember, KernelSpec
+from tessel.backends.kernel import ALGORITHM, ARG, ARG_BLOCKS, DATA, FUSED, RESULT_BLOCKS, KernelInput, KernelMember, KernelSpec
 from tessel.backends.lowering import LoweringError, static_inputs, supports
-from tessel.backends.algorithms import ANCHOR_OPS, resize_batch
-from tessel.backends.lowering.packing import ALGORITHM, plan_packing
+from tessel.backends.cpu.algorithms import ANCHOR_OPS
+from tessel.backends.cpu.packing import plan_packing
+from tessel.backends.micro_batch import resize_batch
 from tessel.ir.graph import Graph, Node, Value
 from tessel.ir.schema import NONDETERMINISTIC, TESSEL_DOMAIN
 from tessel.ir.types import TensorType

@@ -76,7 +76,7 @@ def _blockable_conv(conv: Node, inputs: Mapping[int, Value], channels_axis: int)
     if x is None or weight is None or not weight.is_constant or x.type.dtype != "float32" or x.type.rank != 4:
         return False
     height, width = x.type.shape[2:]
-    unswapped = not width < 8 <= height  # backends/lowering/packing.py runs tall, narrow convs transposed
+    unswapped = not width < 8 <= height  # backends/cpu/packing.py runs tall, narrow convs transposed
     return conv.attrs.get("group", 1) == 1 and weight.type.shape[channels_axis] % BLOCK == 0 and unswapped
 
 

@@ -1,12 +1,12 @@
-"""Neural-network ops: convolutions, pooling, normalisations, matrix products."""
+"""Neural-network ops: convolutions, pooling, normalisations, matrix products.
+
+The generic rules of every target; the conv and matmul algorithms a kernel spec can choose instead
+(packed, im2col, Winograd) are in backends/cpu/.
+"""
 from __future__ import annotations
 
 from ..tvm_env import tvm
 from .context import LowerContext
-from .fast import conv_packed, matmul_packed
-from .im2col import conv_im2col
-from .winograd import conv_winograd
-from .packing import ALGORITHM, CONV_BLOCKS, MATMUL_BLOCK
 from .reduce import NAN_MAX, lowest, nan_reduce
 
 _tvm = tvm()
@@ -61,16 +61,16 @@ def _conv_operands(ctx: LowerContext, what: str):
     return x, w, bias, spatial, kernel, strides, dilations
 
 
+def conv_pads(ctx: LowerContext) -> tuple[list[int], list[int]]:
+    """(pads before, pads after) per spatial axis of a 1-D or 2-D Conv, from `pads` or `auto_pad`."""
+    x, _, _, _, kernel, strides, dilations = _conv_operands(ctx, "convolution")
+    return _window_pads(ctx, _dims(x)[2:], list(ctx.out_shape())[2:], kernel, strides, dilations)
+
+
 def _conv(ctx: LowerContext):
     x, w, bias, spatial, kernel, strides, dilations = _conv_operands(ctx, "convolution")
     out_shape = list(ctx.out_shape())
-    before, after = _window_pads(ctx, _dims(x)[2:], out_shape[2:], kernel, strides, dilations)
-    if ctx.attr(CONV_BLOCKS):
-        return conv_packed(ctx, before, after, direct=ctx.attr(ALGORITHM) == "direct")
-    if ctx.attr(ALGORITHM) == "im2col":
-        return conv_im2col(ctx, before, after)
-    if ctx.attr(ALGORITHM) == "winograd":
-        return conv_winograd(ctx, before, after)
+    before, after = conv_pads(ctx)
     if spatial == 1:
         x, w = _as_2d(x, "data_2d"), _as_2d(w, "weight_2d")
         kernel, strides, dilations = [1] + kernel, [1] + strides, [1] + dilations
@@ -295,8 +295,6 @@ def _layer_norm(ctx: LowerContext):
 
 
 def _matmul(ctx: LowerContext):
-    if ctx.attr(MATMUL_BLOCK):
-        return matmul_packed(ctx)
     a, b = ctx.input(0), ctx.input(1)
     a_vec, b_vec = len(a.shape) == 1, len(b.shape) == 1
     if a_vec:
@@ -339,8 +337,6 @@ def _gemm(ctx: LowerContext):
     a, b, c = ctx.input(0), ctx.input(1), ctx.input(2)
     trans_a, trans_b = ctx.attr("transA", 0), ctx.attr("transB", 0)
     alpha, beta = ctx.attr("alpha", 1.0), ctx.attr("beta", 1.0)
-    if ctx.attr(MATMUL_BLOCK):
-        return matmul_packed(ctx, alpha=alpha, beta=beta)
     depth = int(a.shape[0] if trans_a else a.shape[1])
     k = te.reduce_axis((0, depth), name="k")
     m, n = ctx.out_shape()

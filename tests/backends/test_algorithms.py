@@ -6,7 +6,7 @@ import pytest
 from onnx import helper
 
 from tessel import ir
-from tessel.backends.algorithms import algorithms
+from tessel.backends.cpu.algorithms import algorithms
 from tessel.backends.kernel import build, workspace_bytes
 from tessel.backends.target import parse_target
 from tessel.compiler.algo import find_layers

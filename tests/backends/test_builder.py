@@ -98,7 +98,7 @@ def test_tessel_compile_exits_2_with_one_line_and_leaves_nothing_when_tvm_crashe
     model, scratch, output = tmp_path / "concat.onnx", tmp_path / "tmp", tmp_path / "out"
     _concat_model(model, 3)
     scratch.mkdir()
-    script = (f"import sys; from backends import builder; builder.WORKER_MODULE = {CRASHING_WORKER!r}; "
+    script = (f"import sys; from tessel.backends import builder; builder.WORKER_MODULE = {CRASHING_WORKER!r}; "
               "from tessel.compiler.cli import main; sys.exit(main(sys.argv[1:]))")
     env = dict(os.environ, TMPDIR=str(scratch), TESSEL_CACHE_DIR=str(tmp_path / "cache"))
     result = subprocess.run([sys.executable, "-c", script, "compile", str(model), "-o", str(output)],

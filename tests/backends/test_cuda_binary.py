@@ -1,11 +1,11 @@
-"""The fatbin rewrite of a CUDA kernel library's import blob (backends/cuda_binary.py)."""
+"""The fatbin rewrite of a CUDA kernel library's import blob (backends/cuda/binary.py)."""
 from __future__ import annotations
 
 import struct
 
 import pytest
 
-from tessel.backends.cuda_binary import CudaBinaryError, replace_cuda_binary
+from tessel.backends.cuda.binary import CudaBinaryError, replace_cuda_binary
 
 U64 = struct.Struct("<Q")
 

@@ -7,7 +7,7 @@ import pytest
 from onnx import numpy_helper
 from onnx.backend.test.case.node import collect_testcases
 
-from tessel.backends.kernel import ARG, DATA, KernelInput, KernelSpec
+from tessel.backends.kernel import ARG, BACKEND_ROOT, DATA, KernelInput, KernelSpec, backend_sources
 from tessel.backends.lowering import RULES
 from tessel.backends.target import TargetError, TargetSpec, parse_target
 from tessel.compiler.api import compile
@@ -80,6 +80,11 @@ def test_spec_json_round_trip_and_key():
     assert spec.key(TargetSpec("llvm")) == again.key(TargetSpec("llvm"))
     assert spec.key(TargetSpec("llvm")) != spec.key(TargetSpec("cuda", "sm_80"))
     assert spec.arg_count == 1
+
+
+def test_cache_keys_hash_every_backend_source_subpackages_included():
+    hashed = {path.relative_to(BACKEND_ROOT).as_posix() for path in backend_sources()}
+    assert {"kernel.py", "lowering/nn.py", "cpu/schedule.py", "cpu/winograd.py", "cuda/schedule.py"} <= hashed
 
 
 def test_corpus_ops_all_have_rules():

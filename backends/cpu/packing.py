@@ -14,10 +14,10 @@ import numpy as np
 
 from tessel.ir.types import TensorType
 
+from ..kernel import ALGORITHM
+
 # Attribute names the packed kernels read (they are not ONNX attributes).
 CONV_BLOCKS = "tessel_conv_blocks"
-# The algorithm chosen for a conv or matmul (backends/algorithms.py); absent: the default one.
-ALGORITHM = "tessel_algorithm"
 MATMUL_BLOCK = "tessel_matmul_block"
 MATMUL_PANEL = 16
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..lowering.index_checks import CHECK_ATTR, IndexCheck, add_index_checks
 from ..tvm_env import tvm
 
 _tvm = tvm()
@@ -94,15 +95,12 @@ def schedule(func, index_checks: bool = True):
             _schedule_reduction(sch, block)
         else:
             _schedule_spatial(sch, block)
-    return _with_index_checks(sch.mod["main"], checks)
+    return add_index_checks(sch.mod["main"], checks)
 
 
 def _index_checks(sch, root) -> list:
     """The index checks the kernel's blocks ask for (read before inlining moves their reads elsewhere);
     a check of indices the kernel computes names the buffer its block stores them in."""
-    # Imported here: the lowering package imports this module (fast.py) while it initialises.
-    from ..lowering.index_checks import CHECK_ATTR, IndexCheck
-
     checks: list[IndexCheck] = []
     for block in sch.get_child_blocks(root):
         text = sch.get(block).annotations.get(CHECK_ATTR)
@@ -118,17 +116,8 @@ def _index_checks(sch, root) -> list:
 
 def _stores_indices(sch, block) -> bool:
     """Whether `block` stores computed indices for a check after the body (it must not be inlined)."""
-    from ..lowering.index_checks import CHECK_ATTR, IndexCheck
-
     text = sch.get(block).annotations.get(CHECK_ATTR)
     return text is not None and IndexCheck.parse(str(text)).arg < 0
-
-
-def _with_index_checks(func, checks: list):
-    """`func` with the assertions of `checks` before its body."""
-    from ..lowering.index_checks import add_index_checks
-
-    return add_index_checks(func, checks)
 
 
 def _parallel(sch, loops, work: int) -> None:
@@ -251,4 +240,4 @@ def schedule_around(func, anchor_schedule, anchor_blocks: frozenset[str]):
             _schedule_reduction(sch, block)
         else:
             _schedule_spatial(sch, block)
-    return _with_index_checks(sch.mod["main"], checks)
+    return add_index_checks(sch.mod["main"], checks)

@@ -8,10 +8,10 @@ tile of C accumulates in registers. Recipes: ../shared/docs/cpu-schedules.
 """
 from __future__ import annotations
 
+from ..lowering.context import LowerContext, SelfScheduled
 from ..tvm_env import tvm
-from .context import LowerContext, SelfScheduled
-from ..schedules.cpu import MIN_PARALLEL_WORK, schedule_rows, try_step, writes_blocks
 from .packing import CONV_BLOCKS, MATMUL_BLOCK
+from .schedule import MIN_PARALLEL_WORK, schedule_rows, try_step, writes_blocks
 
 _tvm = tvm()
 te, topi, tir = _tvm.te, _tvm.topi, _tvm.tirx

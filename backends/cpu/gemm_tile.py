@@ -1,7 +1,7 @@
 """The register-tiled product shared by the im2col and Winograd convs: out[..., row, pixel] = Σ w[row, ·] · in[·, pixel]."""
 from __future__ import annotations
 
-from ..schedules.cpu import try_step
+from .schedule import try_step
 
 # A tile is ROWS output rows (the first of these dividing the row count) × PIXELS pixels (one vector).
 PIXELS = 16

@@ -5,7 +5,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ..cuda_binary import export_with_binary
+from .binary import export_with_binary
 from ..target import TargetSpec, tvm_target
 from ..tvm_env import tvm
 
@@ -46,7 +46,7 @@ class CudaExecutable:
     """A compiled CUDA kernel whose exported library carries the nvcc fatbin, ready to launch.
 
     Without the NVIDIA driver TVM exports only the CUDA source, which no GPU
-    can load (backends/cuda_binary.py); where nvcc exists the source is
+    can load (backends/cuda/binary.py); where nvcc exists the source is
     compiled here, once, and the library carries the binary.
     """
 

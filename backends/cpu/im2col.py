@@ -6,10 +6,10 @@ buys a product whose inner loop reads both operands contiguously.
 """
 from __future__ import annotations
 
-from ..schedules.cpu import MIN_PARALLEL_WORK, schedule_rows, try_step
+from ..lowering.context import LowerContext, SelfScheduled
 from ..tvm_env import tvm
-from .context import LowerContext, SelfScheduled
 from .gemm_tile import PIXELS, ROW_CHOICES, tiled_gemm
+from .schedule import MIN_PARALLEL_WORK, schedule_rows, try_step
 
 _tvm = tvm()
 te, tir = _tvm.te, _tvm.tirx

@@ -15,10 +15,10 @@ import functools
 
 import numpy as np
 
-from ..schedules.cpu import MIN_PARALLEL_WORK, schedule_rows
+from ..lowering.context import LowerContext, SelfScheduled
 from ..tvm_env import tvm
-from .context import LowerContext, SelfScheduled
 from .gemm_tile import PIXELS, ROW_CHOICES, tiled_gemm
+from .schedule import MIN_PARALLEL_WORK, schedule_rows
 
 _tvm = tvm()
 te, tir = _tvm.te, _tvm.tirx

@@ -1,0 +1,49 @@
+"""Which algorithms can run a conv or matmul kernel (its "anchor" op).
+
+Conv (dense, 2-D, float32) on llvm: "nchwc" (weights packed at compile time,
+register-tiled; the default), "im2col" (column buffer + GEMM), "direct" (the
+same register tiles reading the input in place: no workspace) and, for 3×3
+stride-1 convs, "winograd" (F(4×4, 3×3)); on cuda: "direct" and "im2col" (dlight schedules).
+Matmul with constant weights on llvm: "packed" (the default) and "direct".
+The chosen one is the ALGORITHM attribute of the op in its kernel spec (variants.py lowers it).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from tessel.ir.types import TensorType
+
+from ..kernel import ALGORITHM
+from .packing import conv_blocks, plan_packing
+from .winograd import applies as winograd_applies
+
+ANCHOR_OPS = ("Conv", "MatMul", "Gemm")
+
+
+def algorithms(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[TensorType | None],
+               constants: Sequence[np.ndarray | None], target_kind: str) -> tuple[str, ...]:
+    """The algorithms that can run this op, its default first; () when there is no choice to make."""
+    if op_type not in ANCHOR_OPS or not input_types or input_types[0] is None or input_types[0].dtype != "float32":
+        return ()
+    if len(constants) < 2 or constants[1] is None:
+        return ()
+    packs = plan_packing(op_type, {k: v for k, v in attrs.items() if k != ALGORITHM}, input_types, constants) is not None
+    if op_type == "Conv":
+        if attrs.get("group", 1) != 1 or input_types[0].rank != 4:
+            return ()
+        if target_kind != "llvm":
+            return ("direct", "im2col")
+        out_channels, in_channels = constants[1].shape[:2]
+        # Direct writes whole channel blocks straight to the output: the channels must fill them.
+        whole_blocks = out_channels % conv_blocks(out_channels, in_channels)[1] == 0
+        choices = ("nchwc", "im2col") + (("direct",) if whole_blocks else ()) if packs else ("im2col",)
+        spatial = constants[1].shape[2:]
+        if winograd_applies(spatial, attrs.get("strides") or (1, 1), attrs.get("dilations") or (1, 1)):
+            choices += ("winograd",)
+        return choices
+    if target_kind == "llvm" and packs:
+        return ("packed", "direct")
+    return ()
+

@@ -1,0 +1,48 @@
+"""The lowering rules of the conv and matmul algorithms a kernel spec can choose instead of the generic rule.
+
+A spec chooses through its attributes: the packed layouts that `plan_packing`
+recorded (conv "nchwc" and "direct", matmul "packed"), or the ALGORITHM
+attribute (conv "im2col" and "winograd"). Without them the op's
+target-neutral rule (backends/lowering/) lowers it.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from ..kernel import ALGORITHM
+from ..lowering.context import LowerContext
+from ..lowering.nn import conv_pads
+from .im2col import conv_im2col
+from .packed_kernels import conv_packed, matmul_packed
+from .packing import CONV_BLOCKS, MATMUL_BLOCK
+from .winograd import conv_winograd
+
+
+def _conv_packed(ctx: LowerContext):
+    return conv_packed(ctx, *conv_pads(ctx), direct=ctx.attr(ALGORITHM) == "direct")
+
+
+def _conv_im2col(ctx: LowerContext):
+    return conv_im2col(ctx, *conv_pads(ctx))
+
+
+def _conv_winograd(ctx: LowerContext):
+    return conv_winograd(ctx, *conv_pads(ctx))
+
+
+def _matmul_packed(ctx: LowerContext):
+    if ctx.op_type == "Gemm":
+        return matmul_packed(ctx, alpha=ctx.attr("alpha", 1.0), beta=ctx.attr("beta", 1.0))
+    return matmul_packed(ctx)
+
+
+_CONV_ALGORITHMS = {"im2col": _conv_im2col, "winograd": _conv_winograd}
+
+
+def variant_rule(op_type: str, attrs: Mapping[str, Any]) -> Callable | None:
+    """The rule of the algorithm these attributes chose for the op; None when the generic rule applies."""
+    if op_type == "Conv":
+        return _conv_packed if attrs.get(CONV_BLOCKS) else _CONV_ALGORITHMS.get(attrs.get(ALGORITHM))
+    if op_type in ("MatMul", "Gemm") and attrs.get(MATMUL_BLOCK):
+        return _matmul_packed
+    return None

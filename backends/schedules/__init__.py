@@ -1,1 +1,0 @@
-"""Schedules: how each target's kernels are tiled, parallelized and vectorized."""
