@@ -20,7 +20,7 @@ import numpy as np
 from tessel.backends.algorithms import ANCHOR_OPS, algorithms
 from tessel.backends.builder import build_kernels
 from tessel.backends.cache import KernelCache
-from tessel.backends.kernel import ARG, KernelSpec, workspace_bytes
+from tessel.backends.kernel import workspace_bytes
 from tessel.ir.analysis import weight_derived
 from tessel.ir.costs import bytes_moved, flops
 from tessel.ir.graph import Graph, Node, Value
@@ -28,8 +28,9 @@ from tessel.passes.algo_select import (AlgoSelectError, Candidate, Config, ILPRe
                                 micro_batch_sizes, select_ilp)
 from tessel.passes.fuse import is_kernel, kernel_members
 from tessel.passes.op_patterns import Pattern, pattern
+from tessel.runtime.profile import time_kernel
+from tessel.runtime.profile_db import ESTIMATE_BYTES_PER_S, ESTIMATE_FLOPS_PER_S, ProfileDB
 
-from .distribute import ESTIMATE_BYTES_PER_S, ESTIMATE_FLOPS_PER_S, ProfileDB
 from .program import ProgramBuilder
 from .sizes import format_bytes
 
@@ -40,8 +41,6 @@ PER_SAMPLE_OPS = {"Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "Global
 # estimate, from ResNet-18's layers timed on a 2-core x86 machine (Winograd does fewer multiplies).
 ESTIMATE_FACTOR = {"nchwc": 1.0, "packed": 1.0, "direct": 1.1, "im2col": 1.5, "winograd": 0.7}
 SLICE_ALIGNMENT = {"llvm": 64, "cuda": 256}
-# Shortest stretch of time one timing sample covers.
-SAMPLE_S = 2e-3
 # What one kernel call costs beyond its work (argument passing, waking the thread pool), for estimates.
 ESTIMATE_CALL_S = 10e-6
 
@@ -155,7 +154,7 @@ def time_candidates(layers: Sequence[Layer], builder: ProgramBuilder, target, ca
             wanted = {keys[p]: s for p, s in specs.items() if remeasure or db.get(keys[p], threads) is None}
             if wanted:
                 build_kernels(wanted, target, cache)
-                db.put({ProfileDB.key(key, threads): _time_kernel(cache.library(key), spec, runs)
+                db.put({ProfileDB.key(key, threads): time_kernel(cache.library(key), spec, runs)
                         for key, spec in wanted.items()})
         rows = []
         for (algorithm, size), spec in specs.items():
@@ -190,34 +189,6 @@ def _estimates(layer: Layer, timed: Sequence[Candidate], workspaces: Mapping[tup
             seconds = ESTIMATE_CALL_S + work
             rows.append(Candidate(algorithm, size, seconds, workspaces[(algorithm, size)], False))
     return rows
-
-
-def _time_kernel(library, spec: KernelSpec, runs: int) -> float:
-    """Median milliseconds of one call of a compiled kernel on random data."""
-    from tessel.backends.tvm_env import tvm
-    from tessel.ir.types import TensorType, numpy_dtype
-    from tessel.runtime.inputs import random_input
-    from tessel.runtime.memory import aligned_copy
-
-    tvm_mod = tvm()
-    fn = tvm_mod.runtime.load_module(str(library))["main"]
-    rng = np.random.default_rng(0)
-    types = [TensorType.parse(i.type) for i in spec.inputs if i is not None and i.role == ARG]
-    types += [TensorType.parse(o) for o in spec.outputs if o is not None]
-    arrays = [aligned_copy(random_input(t, rng).astype(numpy_dtype(t.dtype))) for t in types]
-    args = [tvm_mod.runtime.from_dlpack(a) for a in arrays]
-    fn(*args)  # the first calls fault the pages in and grow TVM's workspace pool
-    begin = time.perf_counter()
-    fn(*args)
-    # A sample is several calls when one is short: timer and scheduler noise stay small against it.
-    calls = max(1, int(SAMPLE_S / max(time.perf_counter() - begin, 1e-7)))
-    samples = []
-    for _ in range(runs):
-        begin = time.perf_counter()
-        for _ in range(calls):
-            fn(*args)
-        samples.append(1e3 * (time.perf_counter() - begin) / calls)
-    return float(np.median(samples))
 
 
 @dataclass

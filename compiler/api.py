@@ -18,10 +18,12 @@ from tessel.ir.errors import TesselError
 from tessel.ir.onnx_import import input_defaults, with_batch
 from tessel.passes.partition import insert_transfers
 from tessel.passes.placement import Machine, PlacementError, place
+from tessel.runtime.calibrate import load_link
+from tessel.runtime.profile import ProfilingFailed, profile_steps
+from tessel.runtime.profile_db import ProfileDB
 
 from .artifact import Artifact, load, write_input_defaults
-from .distribute import (PlacementReport, ProfileDB, ProfilingFailed, build_tasks, load_link, placement_markdown,
-                         profile_steps, read_machine_file)
+from .distribute import PlacementReport, build_tasks, placement_markdown, read_machine_file
 from .gantt_png import write_gantt_png
 from .packaging import write_artifact
 from .memory import peak_description, plan_program_memory, weight_bytes, write_memory_reports
