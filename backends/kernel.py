@@ -65,7 +65,6 @@ class KernelInput:
 
 # Where a fused member's runtime input comes from: ("arg", kernel argument, 0) or ("member", member, output).
 Source = tuple[str, int, int]
-FUSED = "Fused"
 
 
 @dataclass(frozen=True)

@@ -17,17 +17,18 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from tessel.backends.algorithms import ANCHOR_OPS, algorithms
+from tessel.backends.algorithms import ALGORITHM_OPS, algorithms
 from tessel.backends.builder import build_kernels
 from tessel.backends.cache import KernelCache
 from tessel.backends.kernel import workspace_bytes
 from tessel.ir.analysis import weight_derived
 from tessel.ir.costs import bytes_moved, flops
 from tessel.ir.graph import Graph, Node, Value
+from tessel.ir.op_traits import Pattern, op_traits
 from tessel.passes.algo_select import (AlgoSelectError, Candidate, Config, ILPResult, best_single, layer_pareto,
                                 micro_batch_sizes, select_ilp)
 from tessel.passes.fuse import is_kernel, kernel_members
-from tessel.passes.op_patterns import Pattern, pattern
+from tessel.passes.op_patterns import pattern
 from tessel.runtime.profile import time_kernel
 from tessel.runtime.profile_db import ESTIMATE_BYTES_PER_S, ESTIMATE_FLOPS_PER_S, ProfileDB
 
@@ -35,8 +36,6 @@ from .program import ProgramBuilder
 from .sizes import format_bytes
 
 MODES = ("off", "dp", "ilp")
-# Ops that treat every sample (axis 0) on its own, so a batch can run in slices.
-PER_SAMPLE_OPS = {"Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "MatMul", "Gemm"}
 # Relative cost of each algorithm per (direct) FLOP for candidates never timed: a prior, reported as an
 # estimate, from ResNet-18's layers timed on a 2-core x86 machine (Winograd does fewer multiplies).
 ESTIMATE_FACTOR = {"nchwc": 1.0, "packed": 1.0, "direct": 1.1, "im2col": 1.5, "winograd": 0.7}
@@ -68,7 +67,7 @@ def find_layers(graph: Graph, target_kind: str, policy: str) -> list[Layer]:
         if not is_kernel(node) or not node.outputs or node.outputs[0] is None or not node.outputs[0].type.rank:
             continue
         members, outer = kernel_members(node)
-        anchors = [m for m in members if m.op_type in ANCHOR_OPS and not m.domain]
+        anchors = [m for m in members if m.op_type in ALGORITHM_OPS and not m.domain]
         if len(anchors) != 1:
             continue
         anchor = anchors[0]
@@ -95,7 +94,7 @@ def _per_sample(node: Node, members: Sequence[Node], outer: Mapping[int, Value],
             return False
     for member in members:
         elementwise = pattern(member) in (Pattern.ELEMWISE, Pattern.BROADCAST)
-        if member.domain or (member.op_type not in PER_SAMPLE_OPS and not elementwise):
+        if member.domain or (not op_traits(member.op_type).per_sample and not elementwise):
             return False
         if member.op_type == "Gemm" and member.attrs.get("transA", 0):
             return False
@@ -105,10 +104,10 @@ def _per_sample(node: Node, members: Sequence[Node], outer: Mapping[int, Value],
                 continue
             source = outer.get(id(v), v)
             weight = id(source) in derived or v.is_constant
-            if member.op_type in ANCHOR_OPS and index == 0 and weight:
+            if member.op_type in ALGORITHM_OPS and index == 0 and weight:
                 return False
             # A weight indexed by the batch axis (not broadcast over it) cannot be sliced with the batch.
-            if weight and member.op_type not in ANCHOR_OPS and v.type.rank == rank and v.type.shape[0] != 1:
+            if weight and member.op_type not in ALGORITHM_OPS and v.type.rank == rank and v.type.shape[0] != 1:
                 return False
     return True
 

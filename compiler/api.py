@@ -17,7 +17,8 @@ from tessel.backends.tvm_env import version as tvm_version
 from tessel.ir.errors import TesselError
 from tessel.ir.onnx_import import input_defaults, with_batch
 from tessel.passes.partition import insert_transfers
-from tessel.passes.placement import Machine, PlacementError, place
+from tessel.passes.machine import Machine
+from tessel.passes.placement import PlacementError, place
 from tessel.runtime.calibrate import load_link
 from tessel.runtime.profile import ProfilingFailed, profile_steps
 from tessel.runtime.profile_db import ProfileDB

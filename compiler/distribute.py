@@ -19,7 +19,8 @@ from tessel.ir.costs import bytes_moved, flops
 from tessel.ir.graph import Graph, Node
 from tessel.passes.fuse import is_kernel
 from tessel.passes.partition import Transfers
-from tessel.passes.placement import Link, Machine, Placement, Task
+from tessel.passes.machine import Link, Machine, Task
+from tessel.passes.placement import Placement
 from tessel.runtime.profile_db import ESTIMATE_BYTES_PER_S, ESTIMATE_FLOPS_PER_S
 
 from .sizes import format_bytes

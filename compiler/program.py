@@ -12,15 +12,16 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from tessel.backends.kernel import ARG, ARG_BLOCKS, DATA, FUSED, RESULT_BLOCKS, KernelInput, KernelMember, KernelSpec
+from tessel.backends.kernel import ARG, ARG_BLOCKS, DATA, RESULT_BLOCKS, KernelInput, KernelMember, KernelSpec
 from tessel.backends.lowering import LoweringError, static_inputs, supports
-from tessel.backends.algorithms import ANCHOR_OPS, resize_batch
+from tessel.backends.algorithms import ALGORITHM_OPS, resize_batch
 from tessel.backends.lowering.packing import ALGORITHM, plan_packing
 from tessel.ir.graph import Graph, Node, Value
-from tessel.ir.schema import NONDETERMINISTIC, TESSEL_DOMAIN
+from tessel.ir.op_traits import op_traits
+from tessel.ir.schema import FUSED, TESSEL_DOMAIN
 from tessel.ir.types import TensorType
 from tessel.passes.conv_layout import DEFAULT_ALGORITHM, blocked_type, blocked_values
-from tessel.passes.fuse import VIEW_OPS, is_kernel
+from tessel.passes.fuse import is_kernel
 from tessel.passes.inplace import inplace_inputs
 from tessel.passes.partition import HOME_DEVICE, node_device
 
@@ -93,7 +94,7 @@ class ProgramBuilder:
             return {"kind": "fail", **where, "message": node.attrs["message"]}
         if node.op_type == "If":
             return self._if_step(node, where)
-        if node.op_type in VIEW_OPS and not is_kernel(node):
+        if op_traits(node.op_type).view and not is_kernel(node):
             return {"kind": "view", **where, "input": self.read(node.inputs[0]), "output": self.write(node.outputs[0])}
         if node.name in self.choices:
             return self._pieces_step(node, where, self.choices[node.name])
@@ -230,7 +231,7 @@ class ProgramBuilder:
             self.unsupported.setdefault(node.op_type, node.name)
             return None
         attrs = tuple((name, v) for name, v in node.attrs.items() if not isinstance(v, Graph))
-        if self.algorithm is not None and node.op_type in ANCHOR_OPS:
+        if self.algorithm is not None and node.op_type in ALGORITHM_OPS:
             attrs += ((ALGORITHM, self.algorithm),)
         packing = None
         if self.target.kind == "llvm":
@@ -340,7 +341,7 @@ def _mark_init_steps(steps: list[dict[str, Any]], weights) -> list[str]:
     constant = set(weights)
     made: list[str] = []
     for step in steps:
-        if step["kind"] == "kernel" and step["op"] not in NONDETERMINISTIC and all(n in constant for n in step["inputs"]):
+        if step["kind"] == "kernel" and op_traits(step["op"]).deterministic and all(n in constant for n in step["inputs"]):
             outputs = step["outputs"]
         elif step["kind"] == "view" and step["input"] in constant:
             outputs = [step["output"]]

@@ -21,7 +21,7 @@ import numpy as np
 
 from tessel import IMPORT_ROOT
 from tessel.backends.cache import cache_root
-from tessel.passes.placement import Link
+from tessel.passes.machine import Link
 
 SIZES = (4, 1 << 10, 16 << 10, 128 << 10, 1 << 20, 4 << 20, 16 << 20)
 # Loopback gloo on this class of machine until `tessel calibrate` measures it.
