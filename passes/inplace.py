@@ -10,7 +10,8 @@ writes out[i]); x feeding the conv itself does not.
 from __future__ import annotations
 
 from tessel.ir.graph import Graph, Node, Value
-from tessel.ir.schema import TESSEL_DOMAIN
+from tessel.ir.op_traits import Pattern
+from tessel.ir.schema import FUSED, TESSEL_DOMAIN
 
 from .op_patterns import pattern
 
