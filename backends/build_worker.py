@@ -12,7 +12,8 @@ import sys
 from typing import Callable
 
 from .cache import KernelCache
-from .kernel import KernelSpec, build
+from .kernel import KernelSpec
+from .lower import build
 from .target import parse_target
 
 

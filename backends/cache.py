@@ -21,12 +21,20 @@ STAGING_PREFIX = ".staging-"
 _CHUNK = 1 << 20
 
 
-def default_cache_dir() -> Path:
-    """$TESSEL_CACHE_DIR, else ~/.cache/tessel/kernels."""
+def cache_root() -> Path:
+    """The one directory Tessel caches into: $TESSEL_CACHE_DIR, else $XDG_CACHE_HOME/tessel (~/.cache/tessel).
+
+    It holds `kernels/` (this cache), the profile database and the link calibration.
+    """
     env = os.environ.get("TESSEL_CACHE_DIR")
     if env:
         return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tessel" / "kernels"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tessel"
+
+
+def default_cache_dir() -> Path:
+    """Where compiled kernels are kept unless a compile names another directory: `kernels/` of the cache root."""
+    return cache_root() / "kernels"
 
 
 def sha256_of(path: Path) -> str:

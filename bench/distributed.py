@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 
 from tessel.compiler.api import compile as compile_model  # noqa: E402
 from tessel.compiler.corpus import load_corpus  # noqa: E402
-from tessel.compiler.distribute import cache_root  # noqa: E402
+from tessel.runtime.calibrate import calibrate, link_path  # noqa: E402
 from tessel.runtime.launch import run_local  # noqa: E402
 
 
@@ -36,9 +36,7 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args(argv)
-    if not (cache_root() / "link.json").is_file():
-        from tessel.runtime.calibrate import calibrate
-
+    if not link_path().is_file():
         alpha, beta, _ = calibrate()
         print(f"calibrated link: alpha {1e6 * alpha:.1f} us, beta {1e9 * beta:.3f} ns/B")
     model = next(m for m in load_corpus() if m.name == args.model)

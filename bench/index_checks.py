@@ -30,7 +30,8 @@ MIN_SAMPLE_S = 0.02
 def unchecked_kernels(executor, cache_dir: Path, out_dir: Path) -> dict[str, object]:
     """Key → the kernel built without its index checks, for each kernel of the program that has checks."""
     from tessel.backends.cpu import schedule as cpu
-    from tessel.backends.kernel import KernelSpec, schedule_kernel
+    from tessel.backends.kernel import KernelSpec
+    from tessel.backends.lower import schedule_kernel
     from tessel.backends.lowering.index_checks import CHECK_ATTR
     from tessel.backends.target import parse_target
     from tessel.backends.tvm_env import tvm

@@ -17,30 +17,27 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from tessel.backends.cpu.algorithms import ANCHOR_OPS, algorithms
+from tessel.backends.cpu.algorithms import ALGORITHM_OPS, algorithms
 from tessel.backends.builder import build_kernels
 from tessel.backends.cache import KernelCache
-from tessel.backends.kernel import ARG, KernelSpec, workspace_bytes
+from tessel.backends.lower import workspace_bytes
 from tessel.ir.analysis import weight_derived
 from tessel.ir.costs import bytes_moved, flops
 from tessel.ir.graph import Graph, Node, Value
+from tessel.ir.op_traits import Pattern, op_traits
 from tessel.passes.algo_select import (AlgoSelectError, Candidate, Config, ILPResult, best_single, layer_pareto,
                                 micro_batch_sizes, select_ilp)
 from tessel.passes.fuse import is_kernel, kernel_members
-from tessel.passes.op_patterns import Pattern, pattern
+from tessel.passes.op_patterns import pattern
+from tessel.runtime.profile import time_kernel
+from tessel.runtime.profile_db import ESTIMATE_BYTES_PER_S, ESTIMATE_FLOPS_PER_S, ProfileDB
 
-from .distribute import ESTIMATE_BYTES_PER_S, ESTIMATE_FLOPS_PER_S, ProfileDB
 from .program import PACKED_SUFFIX, Program, ProgramBuilder
 from .sizes import format_bytes
-
-# Ops that treat every sample (axis 0) on its own, so a batch can run in slices.
-PER_SAMPLE_OPS = {"Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "MatMul", "Gemm"}
 # Relative cost of each algorithm per (direct) FLOP for candidates never timed: a prior, reported as an
 # estimate, from ResNet-18's layers timed on a 2-core x86 machine (Winograd does fewer multiplies).
 ESTIMATE_FACTOR = {"nchwc": 1.0, "packed": 1.0, "direct": 1.1, "im2col": 1.5, "winograd": 0.7}
 SLICE_ALIGNMENT = {"llvm": 64, "cuda": 256}
-# Shortest stretch of time one timing sample covers.
-SAMPLE_S = 2e-3
 # What one kernel call costs beyond its work (argument passing, waking the thread pool), for estimates.
 ESTIMATE_CALL_S = 10e-6
 
@@ -68,7 +65,7 @@ def find_layers(graph: Graph, target_kind: str, policy: str) -> list[Layer]:
         if not is_kernel(node) or not node.outputs or node.outputs[0] is None or not node.outputs[0].type.rank:
             continue
         members, outer = kernel_members(node)
-        anchors = [m for m in members if m.op_type in ANCHOR_OPS and not m.domain]
+        anchors = [m for m in members if m.op_type in ALGORITHM_OPS and not m.domain]
         if len(anchors) != 1:
             continue
         anchor = anchors[0]
@@ -95,7 +92,7 @@ def _per_sample(node: Node, members: Sequence[Node], outer: Mapping[int, Value],
             return False
     for member in members:
         elementwise = pattern(member) in (Pattern.ELEMWISE, Pattern.BROADCAST)
-        if member.domain or (member.op_type not in PER_SAMPLE_OPS and not elementwise):
+        if member.domain or (not op_traits(member.op_type).per_sample and not elementwise):
             return False
         if member.op_type == "Gemm" and member.attrs.get("transA", 0):
             return False
@@ -105,10 +102,10 @@ def _per_sample(node: Node, members: Sequence[Node], outer: Mapping[int, Value],
                 continue
             source = outer.get(id(v), v)
             weight = id(source) in derived or v.is_constant
-            if member.op_type in ANCHOR_OPS and index == 0 and weight:
+            if member.op_type in ALGORITHM_OPS and index == 0 and weight:
                 return False
             # A weight indexed by the batch axis (not broadcast over it) cannot be sliced with the batch.
-            if weight and member.op_type not in ANCHOR_OPS and v.type.rank == rank and v.type.shape[0] != 1:
+            if weight and member.op_type not in ALGORITHM_OPS and v.type.rank == rank and v.type.shape[0] != 1:
                 return False
     return True
 
@@ -154,7 +151,7 @@ def time_candidates(layers: Sequence[Layer], builder: ProgramBuilder, target, ca
             wanted = {keys[p]: s for p, s in specs.items() if remeasure or db.get(keys[p], threads) is None}
             if wanted:
                 build_kernels(wanted, target, cache)
-                db.put({ProfileDB.key(key, threads): _time_kernel(cache.library(key), spec, runs)
+                db.put({ProfileDB.key(key, threads): time_kernel(cache.library(key), spec, runs)
                         for key, spec in wanted.items()})
         rows = []
         for (algorithm, size), spec in specs.items():
@@ -189,34 +186,6 @@ def _estimates(layer: Layer, timed: Sequence[Candidate], workspaces: Mapping[tup
             seconds = ESTIMATE_CALL_S + work
             rows.append(Candidate(algorithm, size, seconds, workspaces[(algorithm, size)], False))
     return rows
-
-
-def _time_kernel(library, spec: KernelSpec, runs: int) -> float:
-    """Median milliseconds of one call of a compiled kernel on random data."""
-    from tessel.backends.tvm_env import tvm
-    from tessel.ir.types import TensorType, numpy_dtype
-    from tessel.runtime.inputs import random_input
-    from tessel.runtime.memory import aligned_copy
-
-    tvm_mod = tvm()
-    fn = tvm_mod.runtime.load_module(str(library))["main"]
-    rng = np.random.default_rng(0)
-    types = [TensorType.parse(i.type) for i in spec.inputs if i is not None and i.role == ARG]
-    types += [TensorType.parse(o) for o in spec.outputs if o is not None]
-    arrays = [aligned_copy(random_input(t, rng).astype(numpy_dtype(t.dtype))) for t in types]
-    args = [tvm_mod.runtime.from_dlpack(a) for a in arrays]
-    fn(*args)  # the first calls fault the pages in and grow TVM's workspace pool
-    begin = time.perf_counter()
-    fn(*args)
-    # A sample is several calls when one is short: timer and scheduler noise stay small against it.
-    calls = max(1, int(SAMPLE_S / max(time.perf_counter() - begin, 1e-7)))
-    samples = []
-    for _ in range(runs):
-        begin = time.perf_counter()
-        for _ in range(calls):
-            fn(*args)
-        samples.append(1e3 * (time.perf_counter() - begin) / calls)
-    return float(np.median(samples))
 
 
 @dataclass

@@ -19,10 +19,12 @@ from tessel.backends.lowering import LoweringError
 from tessel.backends.target import parse_target
 from tessel.backends.tvm_env import version as tvm_version
 from tessel.ir.onnx_import import input_defaults, with_batch
+from tessel.runtime.calibrate import load_link
 from tessel.runtime.instructions import kernel_call_count
+from tessel.runtime.profile_db import ProfileDB
 
 from .artifact import Artifact, load, write_input_defaults, write_model_files
-from .distribute import ProfileDB, load_link, placement_markdown, read_machine_file
+from .distribute import placement_markdown, read_machine_file
 from .gantt_png import write_gantt_png
 from .memory import plan_program_memory, weight_bytes, write_memory_reports
 from .options import CompileError, CompileOptions

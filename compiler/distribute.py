@@ -1,10 +1,11 @@
-"""The placement step of the driver: measure node times, build the task graph, place, partition, report.
+"""The placement step of the driver: build the task graph, place, partition, report.
 
-Node times come from the profile database (kernel key and thread count →
-median milliseconds, measured through the backend by running the model once
-on this machine); a node with no measurement gets a FLOP/byte roofline estimate
-and is marked estimated. Link costs come from `tessel calibrate` (cached) or,
-until then, a default marked estimated.
+Node times come from the profile database (runtime/profile_db.py: kernel key
+and thread count → median milliseconds, measured through the backend by
+running the model once on this machine); a node with no measurement gets a
+FLOP/byte roofline estimate and is marked estimated. Link costs come from
+`tessel calibrate` (runtime/calibrate.py, cached) or, until then, a default
+marked estimated.
 """
 from __future__ import annotations
 
@@ -14,103 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from tessel import IMPORT_ROOT
 from tessel.ir.costs import bytes_moved, flops
 from tessel.ir.graph import Graph, Node
 from tessel.passes.fuse import is_kernel
 from tessel.passes.partition import Transfers
-from tessel.passes.placement import Link, Machine, Placement, Task
+from tessel.passes.machine import Link, Machine, Task
+from tessel.passes.placement import Placement
+from tessel.runtime.profile_db import ESTIMATE_BYTES_PER_S, ESTIMATE_FLOPS_PER_S
 
 from .sizes import format_bytes
-
-# Roofline of one CPU core for nodes never measured: rough, and marked as estimated.
-ESTIMATE_FLOPS_PER_S = 50e9  # ResNet-18's convs reach 50-120 GFLOP/s per core here (AVX-512)
-ESTIMATE_BYTES_PER_S = 5e9
-# Loopback gloo on this class of machine until `tessel calibrate` measures it.
-DEFAULT_LINK = Link(alpha=60e-6, beta=1 / 1.5e9, measured=False)
-
-
-def cache_root() -> Path:
-    """Where profiles and link calibrations are kept ($TESSEL_CACHE_DIR/.. or ~/.cache/tessel)."""
-    base = os.environ.get("TESSEL_CACHE_DIR")
-    return Path(base).parent if base else Path.home() / ".cache" / "tessel"
-
-
-class ProfilingFailed(Exception):
-    """The model did not run on random inputs, so its kernels could not be timed."""
-
-
-# A measured time is trusted this long; then the kernel is timed again (the machine, its load or its
-# firmware may have changed since).
-PROFILE_MAX_AGE_S = 30 * 24 * 3600
-
-
-def machine_fingerprint() -> str:
-    """What a measured time depends on besides the kernel: the CPU model and core count."""
-    import platform
-
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model} x{os.cpu_count()}"
-
-
-class ProfileDB:
-    """Measured kernel times, (kernel key, threads) → median milliseconds, and kernel workspace bytes, in one JSON file.
-
-    Staleness: a time counts only on the machine that measured it (CPU model and
-    core count) and for PROFILE_MAX_AGE_S; the kernel key already changes with
-    the TVM version and the backend's sources. Older or foreign times read as
-    missing, so they are measured again; `--reprofile` measures everything again.
-    """
-
-    def __init__(self, path: Path | None = None, now: float | None = None):
-        import time
-
-        self.path = path or cache_root() / "profiles.json"
-        self.now = time.time() if now is None else now
-        self.machine = machine_fingerprint()
-        try:
-            self.entries: dict[str, dict] = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            self.entries = {}
-
-    @staticmethod
-    def key(kernel: str, threads: int) -> str:
-        """The entry name of a kernel run with `threads` threads."""
-        return f"{kernel}@{threads}"
-
-    def get(self, kernel: str, threads: int) -> float | None:
-        """Median milliseconds, or None when never measured here or measured too long ago."""
-        entry = self.entries.get(self.key(kernel, threads))
-        if not isinstance(entry, dict) or entry.get("machine") != self.machine:
-            return None
-        if self.now - float(entry.get("at", 0)) > PROFILE_MAX_AGE_S:
-            return None
-        return float(entry["ms"])
-
-    def workspace(self, kernel: str) -> int | None:
-        """Workspace bytes recorded for a kernel, or None (a property of the code: it never goes stale)."""
-        entry = self.entries.get(f"{kernel}#workspace")
-        return int(entry["bytes"]) if isinstance(entry, dict) else None
-
-    def put_workspace(self, kernel: str, nbytes: int) -> None:
-        """Record a kernel's workspace bytes (written with the next `put`)."""
-        self.entries[f"{kernel}#workspace"] = {"bytes": int(nbytes)}
-
-    def put(self, times: Mapping[str, float]) -> None:
-        """Record measurements (entry name → milliseconds) and write the file (atomically)."""
-        self.entries.update({name: {"ms": ms, "at": self.now, "machine": self.machine} for name, ms in times.items()})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_suffix(f".tmp{os.getpid()}")
-        temporary.write_text(json.dumps(self.entries, indent=0, sort_keys=True))
-        temporary.replace(self.path)
-
 
 def read_machine_file(path: str | os.PathLike) -> tuple[int, list[int | None], Link | None]:
     """A JSON machine description: {"devices": N, "memory": "2GiB" or [per device], "link": {"alpha_s", "beta_s_per_byte"}}.
@@ -138,52 +51,6 @@ def read_machine_file(path: str | os.PathLike) -> tuple[int, list[int | None], L
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"{path}: 'link' needs numbers alpha_s and beta_s_per_byte") from None
     return devices, parsed, link
-
-
-def load_link() -> Link:
-    """The calibrated link (α, β) if `tessel calibrate` ran on this machine, else the default."""
-    try:
-        doc = json.loads((cache_root() / "link.json").read_text())
-        return Link(float(doc["alpha_s"]), float(doc["beta_s_per_byte"]), measured=True)
-    except (OSError, ValueError, KeyError):
-        return DEFAULT_LINK
-
-
-def save_link(alpha: float, beta: float, samples: Sequence[tuple[int, float]]) -> Path:
-    """Store a calibration; returns its path."""
-    path = cache_root() / "link.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"alpha_s": alpha, "beta_s_per_byte": beta,
-                                "samples": [{"bytes": b, "seconds": s} for b, s in samples]}, indent=1))
-    return path
-
-
-def profile_steps(artifact_dir: Path, kernels: Mapping[str, str], threads: int, db: ProfileDB,
-                  runs: int = 5, remeasure: bool = False) -> dict[str, tuple[float, bool]]:
-    """Milliseconds per kernel call (node name → (ms, measured)) of `kernels` (node name → kernel key),
-    measuring what the database lacks (everything, with `remeasure`: times taken while the machine was busy
-    are wrong forever after).
-
-    Measurement runs in a fresh process (runtime/profile.py) with `threads` TVM threads.
-    """
-    if remeasure or any(db.get(k, threads) is None for k in kernels.values()):
-        import subprocess
-        import sys
-        import tempfile
-
-        with tempfile.TemporaryDirectory(prefix="tessel-profile-") as scratch:
-            out = Path(scratch) / "times.json"
-            done = subprocess.run([sys.executable, "-m", "tessel.runtime.profile", str(Path(artifact_dir).resolve()),
-                                   "--threads", str(threads), "--runs", str(runs), "--out", str(out)],
-                                  capture_output=True, text=True, cwd=IMPORT_ROOT)
-            if done.returncode != 0:
-                # Random inputs can drive a model where it cannot run (an If into a branch that fails at
-                # these shapes): then every node time is an estimate.
-                last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-                raise ProfilingFailed(last.split(": ", 1)[-1][:200])
-            measured = json.loads(out.read_text())
-        db.put({ProfileDB.key(kernels[node], threads): ms for node, ms in measured.items() if node in kernels})
-    return {node: (db.get(key, threads), True) for node, key in kernels.items()}
 
 
 def build_tasks(graph: Graph, step_ms: Mapping[str, tuple[float, bool]], once: Sequence[str] = ()) -> list[Task]:
@@ -307,5 +174,4 @@ def placement_markdown(doc: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["ProfileDB", "PlacementReport", "build_tasks", "load_link", "placement_markdown",
-           "profile_steps", "save_link"]
+__all__ = ["PlacementReport", "build_tasks", "placement_markdown", "read_machine_file"]

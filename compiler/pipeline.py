@@ -8,6 +8,7 @@ from typing import Sequence
 
 from tessel import ir
 from tessel.ir.graph import Graph
+from tessel.ir.schema import FUSED
 from tessel.passes.base import Pass
 from tessel.passes.constant_fold import CONSTANT_FOLD
 from tessel.passes.cse import CSE
@@ -53,7 +54,7 @@ def select_passes(skip: Sequence[str] = ()) -> tuple[Pass, ...]:
 
 def node_count(graph: Graph) -> int:
     """Nodes in the graph and its subgraphs (fused groups count their members)."""
-    return sum(1 for _ in graph.walk_nodes()) - sum(1 for n in graph.walk_nodes() if n.op_type == "Fused")
+    return sum(1 for _ in graph.walk_nodes()) - sum(1 for n in graph.walk_nodes() if n.op_type == FUSED)
 
 
 def run_pipeline(graph: Graph, passes: Sequence[Pass] = PIPELINE, *, verify: bool = False,

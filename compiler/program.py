@@ -13,16 +13,17 @@ from typing import Mapping
 
 import numpy as np
 
-from tessel.backends.kernel import ALGORITHM, ARG, ARG_BLOCKS, DATA, FUSED, RESULT_BLOCKS, KernelInput, KernelMember, KernelSpec
+from tessel.backends.kernel import ALGORITHM, ARG, ARG_BLOCKS, DATA, RESULT_BLOCKS, KernelInput, KernelMember, KernelSpec
 from tessel.backends.lowering import LoweringError, static_inputs, supports
-from tessel.backends.cpu.algorithms import ANCHOR_OPS
+from tessel.backends.cpu.algorithms import ALGORITHM_OPS
 from tessel.backends.cpu.packing import plan_packing
 from tessel.backends.micro_batch import resize_batch
 from tessel.ir.graph import Graph, Node, Value
-from tessel.ir.schema import NONDETERMINISTIC, TESSEL_DOMAIN
+from tessel.ir.op_traits import op_traits
+from tessel.ir.schema import FUSED, TESSEL_DOMAIN
 from tessel.ir.types import TensorType
 from tessel.passes.conv_layout import DEFAULT_ALGORITHM, blocked_type, blocked_values
-from tessel.passes.fuse import VIEW_OPS, is_kernel
+from tessel.passes.fuse import is_kernel
 from tessel.passes.inplace import inplace_inputs
 from tessel.passes.partition import HOME_DEVICE, node_device
 from tessel.runtime.instructions import Branch, Fail, If, Instruction, KernelCall, Piece, Recv, Send, View
@@ -96,7 +97,7 @@ class ProgramBuilder:
             return Fail(**where, message=node.attrs["message"])
         if node.op_type == "If":
             return self._if(node, where)
-        if node.op_type in VIEW_OPS and not is_kernel(node):
+        if op_traits(node.op_type).view and not is_kernel(node):
             return View(**where, input=self.read(node.inputs[0]), output=self.write(node.outputs[0]))
         if node.name in self.choices:
             return self._pieces_call(node, where, self.choices[node.name])
@@ -174,7 +175,7 @@ class ProgramBuilder:
 
     def _with_blocks(self, spec: KernelSpec, args: list[str], outputs: list[Value]) -> KernelSpec:
         """The spec with its blocked arguments and results marked (as a fused kernel: its members
-        keep their NCHW types; backends/kernel.py converts at the kernel's edges)."""
+        keep their NCHW types; backends/lower.py converts at the kernel's edges)."""
         arg_blocks = tuple(self.blocked.get(name, 0) for name in args)
         result_blocks = tuple(self.blocked.get(v.name, 0) for v in outputs)
         if not any(arg_blocks) and not any(result_blocks):
@@ -225,7 +226,7 @@ class ProgramBuilder:
             self.unsupported.setdefault(node.op_type, node.name)
             return None
         attrs = tuple((name, v) for name, v in node.attrs.items() if not isinstance(v, Graph))
-        if self.algorithm is not None and node.op_type in ANCHOR_OPS:
+        if self.algorithm is not None and node.op_type in ALGORITHM_OPS:
             attrs += ((ALGORITHM, self.algorithm),)
         packing = None
         if self.target.kind == "llvm":
@@ -360,7 +361,7 @@ def _marked_init(instructions: list[Instruction], weights) -> tuple[list[Instruc
     made: list[str] = []
     marked = []
     for instruction in instructions:
-        if (isinstance(instruction, KernelCall) and instruction.op not in NONDETERMINISTIC
+        if (isinstance(instruction, KernelCall) and op_traits(instruction.op).deterministic
                 or isinstance(instruction, View)) and all(name in constant for _, name in instruction.reads()):
             instruction = dataclasses.replace(instruction, init=True)
             constant.update(instruction.writes())

@@ -28,10 +28,13 @@ from tessel.ir.analysis import weight_derived
 from tessel.ir.graph import Graph, Value
 from tessel.ir.rebatch import RebatchError, batch_size, rebatched
 from tessel.passes.partition import Transfers, insert_transfers
-from tessel.passes.placement import Link, Machine, PlacementError, place
+from tessel.passes.machine import Link, Machine
+from tessel.passes.placement import PlacementError, place
 from tessel.runtime.instructions import Gather, KernelCall, Scatter
+from tessel.runtime.profile import ProfilingFailed, profile_steps
+from tessel.runtime.profile_db import ProfileDB
 
-from .distribute import PlacementReport, ProfileDB, ProfilingFailed, build_tasks, profile_steps
+from .distribute import PlacementReport, build_tasks
 from .memory import peak_description, plan_program_memory, weight_bytes
 from .options import CompileError, CompileOptions
 from .packaging import write_artifact

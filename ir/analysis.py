@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from .costs import bytes_moved, flops
 from .graph import Graph
-from .schema import NONDETERMINISTIC
+from .op_traits import op_traits
 
 
 def op_histogram(graph: Graph) -> Counter:
@@ -86,6 +86,6 @@ def weight_derived(graph: Graph) -> set[int]:
             if v is not None and v.is_constant:
                 derived.add(id(v))
         inputs = [v for v in node.inputs if v is not None]
-        if inputs and node.op_type not in NONDETERMINISTIC and all(id(v) in derived for v in inputs):
+        if inputs and op_traits(node.op_type).deterministic and all(id(v) in derived for v in inputs):
             derived.update(id(v) for v in node.outputs if v is not None)
     return derived

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from .graph import Node
-from .schema import TESSEL_DOMAIN
+from .schema import FUSED, TESSEL_DOMAIN
 
 # Ops that only move, copy or re-index data: no arithmetic.
 DATA_MOVEMENT = frozenset({
@@ -33,7 +33,7 @@ def flops(node: Node) -> int:
     out = _numel(outs[0]) if outs else 0
     if op == "If":
         return max((sum(flops(n) for n in branch.walk_nodes()) for branch in node.subgraphs()), default=0)
-    if node.domain == TESSEL_DOMAIN and op == "Fused":
+    if node.domain == TESSEL_DOMAIN and op == FUSED:
         return sum(flops(n) for body in node.subgraphs() for n in body.walk_nodes())
     if op in DATA_MOVEMENT:
         return 0

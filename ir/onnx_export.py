@@ -11,7 +11,7 @@ from onnx import helper
 
 from .graph import Graph, Node
 from .onnx_proto import attribute_proto, tensor_proto, type_proto
-from .schema import CANONICAL_OPSET, TESSEL_DOMAIN, get_schema
+from .schema import CANONICAL_OPSET, FUSED, TESSEL_DOMAIN, get_schema
 from .types import numpy_dtype
 
 # ir_version 10 is what ONNX writes for opset 21.
@@ -42,7 +42,7 @@ def to_onnx(graph: Graph) -> onnx.ModelProto:
 
 
 def _is_fused(node: Node) -> bool:
-    return node.domain == TESSEL_DOMAIN and node.op_type == "Fused"
+    return node.domain == TESSEL_DOMAIN and node.op_type == FUSED
 
 
 def _function_proto(node: Node) -> onnx.FunctionProto:

@@ -543,7 +543,7 @@ class _Importer:
         over_empty = any(v is not None and not v.is_constant and v.type.numel == 0 for v in raw.inputs)
         inputs_known = all(v is None or v.is_constant or v.type.numel == 0 for v in raw.inputs)
         numel = sum(t.numel for t in out_types if t is not None)
-        if not (inputs_known and schema.deterministic and not has_graph):
+        if not (inputs_known and schema.traits.deterministic and not has_graph):
             return None
         if not over_empty and numel > FOLD_LIMIT:
             return None

@@ -20,7 +20,7 @@ import numpy as np
 from .attributes import Attributes
 from .errors import TesselError
 from .graph import Graph, Node, Value
-from .schema import InferenceFailure, get_schema
+from .schema import FUSED, InferenceFailure, get_schema
 from .types import TensorType
 
 
@@ -86,7 +86,7 @@ def _infer_again(graph: Graph, old: int, new: int, before: dict[int, TensorType]
             _PINNED_SHAPE_RULES[node.op_type](graph, node, before, old)
         _rebatch_uniform_constants(graph, node, before)
         for body in node.subgraphs():
-            if node.op_type == "Fused":
+            if node.op_type == FUSED:
                 for param, value in zip(body.inputs, node.inputs):
                     before.setdefault(id(param), param.type)
                     param.type = value.type

@@ -21,6 +21,7 @@ from onnx.shape_inference import InferenceError, infer_node_outputs
 
 from .attributes import AttrSpec, Attributes, coerce
 from .onnx_proto import ATTR_KIND, attribute_proto, tensor_proto, type_proto
+from .op_traits import OpTraits, op_traits
 from .types import TensorType, dtype_from_onnx, onnx_type_name
 
 if TYPE_CHECKING:
@@ -39,8 +40,8 @@ _EXCLUDED = {
         "QLinearConv", "QLinearMatMul")},
 }
 TESSEL_DOMAIN = "tessel"
-# Ops whose result is not a function of their inputs: never folded.
-NONDETERMINISTIC = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli", "Multinomial"})
+# The op type of a Tessel-domain node that runs several ops as one kernel (passes/fuse.py makes them).
+FUSED = "Fused"
 
 
 class InferenceFailure(Exception):
@@ -49,7 +50,7 @@ class InferenceFailure(Exception):
 
 @dataclass(frozen=True)
 class OpSchema:
-    """What an op takes and gives: arity, typed attributes, and its type inference."""
+    """What an op takes and gives: arity, typed attributes, its type inference and its traits."""
 
     op_type: str
     domain: str
@@ -63,9 +64,9 @@ class OpSchema:
     custom_infer: Callable[..., list[TensorType | None]] | None = field(default=None, repr=False, compare=False)
 
     @property
-    def deterministic(self) -> bool:
-        """True when equal inputs always give equal outputs."""
-        return self.op_type not in NONDETERMINISTIC
+    def traits(self) -> OpTraits:
+        """What kind of op this is: kernel, view, pattern, per-sample, side effects (ir/op_traits.py)."""
+        return op_traits(self.op_type)
 
     def make_attributes(self, raw: Mapping[str, object], where: str) -> Attributes:
         """Validate raw attribute values against the schema and fill in defaults."""
@@ -217,8 +218,8 @@ _TESSEL_SCHEMAS = {
          "type": AttrSpec("type", "string", True)}, None, _infer_recv,
     ),
     # Fused is one kernel made of several ops (passes/fuse.py): `body` reads only its own inputs.
-    "Fused": OpSchema(
-        "Fused", TESSEL_DOMAIN, 1, 0, 2**31 - 1, 1, 2**31 - 1,
+    FUSED: OpSchema(
+        FUSED, TESSEL_DOMAIN, 1, 0, 2**31 - 1, 1, 2**31 - 1,
         {"body": AttrSpec("body", "graph", True)}, None, _infer_fused,
     ),
 }

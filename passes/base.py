@@ -9,12 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from tessel.ir.graph import Graph, Node, Value
+from tessel.ir.op_traits import op_traits
 from tessel.ir.schema import get_schema
-
-# Ops that must run even when nothing reads their outputs, and must never be merged.
-SIDE_EFFECT_OPS = frozenset({"Send", "Recv", "Unreachable"})
-# Ops whose outputs differ from run to run: never folded or merged.
-NONDETERMINISTIC_OPS = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"})
 
 
 @dataclass
@@ -115,4 +111,5 @@ def add_op(graph: Graph, op_type: str, inputs: Sequence[Value | None], attrs: Ma
 
 def is_pure(node: Node) -> bool:
     """True when the node's outputs depend only on its inputs and it has no effect besides them."""
-    return node.op_type not in SIDE_EFFECT_OPS and node.op_type not in NONDETERMINISTIC_OPS and not node.subgraphs()
+    traits = op_traits(node.op_type)
+    return not traits.side_effects and traits.deterministic and not node.subgraphs()

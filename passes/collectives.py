@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from .placement import Link
+from .machine import Link
 
 
 def _log2(p: int) -> int:

@@ -28,7 +28,7 @@ def _foldable(node: Node, limit_bytes: int) -> bool:
     if not present or not all(v.is_constant for v in present):
         return False
     schema = get_schema(node.op_type, node.domain)
-    if schema is None or not schema.deterministic:
+    if schema is None or not schema.traits.deterministic:
         return False
     return all(out is None or out.type.nbytes <= limit_bytes for out in node.outputs)
 

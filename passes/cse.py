@@ -14,11 +14,9 @@ from typing import Any
 import numpy as np
 
 from tessel.ir.graph import Graph, Node, Value
+from tessel.ir.op_traits import op_traits
 
 from .base import Pass, PassResult, can_replace, graphs_in, is_pure, retire
-
-COMMUTATIVE_OPS = frozenset({"Add", "Mul", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal", "BitwiseAnd", "BitwiseOr", "BitwiseXor"})
-
 
 def _attr_key(value: Any) -> Any:
     if isinstance(value, np.ndarray):
@@ -51,7 +49,7 @@ class _Numbering:
 
 def _node_key(node: Node, numbering: _Numbering) -> tuple:
     inputs = [numbering.number(v) for v in node.inputs]
-    if node.op_type in COMMUTATIVE_OPS and not node.domain:
+    if op_traits(node.op_type).commutative and not node.domain:
         inputs.sort()
     attrs = tuple(sorted((name, _attr_key(value)) for name, value in node.attrs.items()))
     outputs = tuple(v.type.spec() if v is not None else None for v in node.outputs)

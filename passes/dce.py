@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from tessel.ir.graph import Graph
+from tessel.ir.op_traits import op_traits
 
-from .base import SIDE_EFFECT_OPS, Pass, PassResult, unread, graphs_in
+from .base import Pass, PassResult, unread, graphs_in
 
 
 def _is_dead(node) -> bool:
-    return node.op_type not in SIDE_EFFECT_OPS and unread(node)
+    return not op_traits(node.op_type).side_effects and unread(node)
 
 
 def dce(graph: Graph) -> PassResult:

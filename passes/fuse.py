@@ -18,15 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tessel.ir.graph import Graph, Node, Value
-from tessel.ir.schema import TESSEL_DOMAIN, get_schema
+from tessel.ir.op_traits import Pattern, op_traits
+from tessel.ir.schema import FUSED, TESSEL_DOMAIN, get_schema
 
 from .base import Pass, PassResult, graphs_in
-from .op_patterns import Pattern, pattern
+from .op_patterns import pattern
 
 MAX_GROUP_NODES = 32
-# Ops executed as zero-copy views of their input (they are kernels only inside a group).
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
-FUSED_OP = "Fused"
 
 
 @dataclass
@@ -189,9 +187,9 @@ def _make_fused_node(graph: Graph, group: Group) -> Node:
                 mapping[id(old)] = new
     result = group.output
     body.outputs = [mapping[id(result)]]
-    schema = get_schema(FUSED_OP, TESSEL_DOMAIN)
+    schema = get_schema(FUSED, TESSEL_DOMAIN)
     attrs = schema.make_attributes({"body": body}, name)
-    fused = graph.add_node(FUSED_OP, external, attrs, [result.type], name=name, domain=TESSEL_DOMAIN,
+    fused = graph.add_node(FUSED, external, attrs, [result.type], name=name, domain=TESSEL_DOMAIN,
                            output_names=[f"{result.name}_fused"], before=members[-1])
     result_name = result.name
     graph.replace_all_uses_with(result, fused.outputs[0])
@@ -217,7 +215,7 @@ def fuse(graph: Graph) -> PassResult:
         if groups:
             _check_acyclic(g)
     return PassResult(graph, nodes_fused > 0,
-                      {"groups": sum(1 for n in graph.walk_nodes() if n.op_type == FUSED_OP),
+                      {"groups": sum(1 for n in graph.walk_nodes() if n.op_type == FUSED),
                        "nodes_fused": nodes_fused, "intermediate_bytes_saved": bytes_saved})
 
 
@@ -234,9 +232,10 @@ def _check_acyclic(graph: Graph) -> None:
 
 def is_kernel(node: Node) -> bool:
     """True when the node runs as a kernel (not a view, a branch or a failure marker)."""
-    if node.op_type in ("If", "Unreachable"):
+    traits = op_traits(node.op_type)
+    if not traits.kernel:
         return False
-    if node.op_type in VIEW_OPS:
+    if traits.view:
         # Dropout's optional mask output needs a kernel when something reads it.
         extra = [v for v in node.outputs[1:] if v is not None and (v.uses or v.is_graph_output)]
         return node.outputs[0] is None or bool(extra)
@@ -245,7 +244,7 @@ def is_kernel(node: Node) -> bool:
 
 def kernel_members(node: Node) -> tuple[list[Node], dict[int, Value]]:
     """The ops a kernel node runs, and its body's parameters (by id) mapped to the node's inputs."""
-    if node.op_type == FUSED_OP and "body" in node.attrs:
+    if node.op_type == FUSED and "body" in node.attrs:
         body: Graph = node.attrs["body"]
         return list(body.nodes), {id(p): v for p, v in zip(body.inputs, node.inputs)}
     return [node], {}

@@ -10,10 +10,10 @@ writes out[i]); x feeding the conv itself does not.
 from __future__ import annotations
 
 from tessel.ir.graph import Graph, Node, Value
-from tessel.ir.schema import TESSEL_DOMAIN
+from tessel.ir.op_traits import Pattern
+from tessel.ir.schema import FUSED, TESSEL_DOMAIN
 
-from .fuse import FUSED_OP
-from .op_patterns import Pattern, pattern
+from .op_patterns import pattern
 
 
 def inplace_inputs(node: Node) -> list[int]:
@@ -22,7 +22,7 @@ def inplace_inputs(node: Node) -> list[int]:
     if len(outs) != 1:
         return []
     out = outs[0]
-    if node.domain == TESSEL_DOMAIN and node.op_type == FUSED_OP:
+    if node.domain == TESSEL_DOMAIN and node.op_type == FUSED:
         body: Graph = node.attrs["body"]
         return [k for k, (param, outer) in enumerate(zip(body.inputs, node.inputs))
                 if _candidate(outer, out) and _elementwise_path(body, param)]

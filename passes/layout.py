@@ -9,20 +9,17 @@ from __future__ import annotations
 import numpy as np
 
 from tessel.ir.graph import Node, Value
+from tessel.ir.op_traits import op_traits
 
 from .base import add_op, can_replace, retire, single_user
-from .op_patterns import ELEMENTWISE_OPS, OUT_EWISE_FUSABLE_OPS, REDUCTION_OPS
-
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
-ANCHOR_OPS = OUT_EWISE_FUSABLE_OPS | REDUCTION_OPS
 
 
 def collapse_views(node: Node) -> str | None:
     """A chain of Reshape/Flatten/Squeeze/Unsqueeze becomes one Reshape; a no-op view disappears."""
-    if node.op_type not in VIEW_OPS:
+    if not op_traits(node.op_type).shape_view:
         return None
     source = node.inputs[0]
-    while source.producer is not None and source.producer.op_type in VIEW_OPS and source.graph is node.graph:
+    while source.producer is not None and op_traits(source.producer.op_type).shape_view and source.graph is node.graph:
         source = source.producer.inputs[0]
     out = node.outputs[0]
     if source.type.shape == out.type.shape:
@@ -73,12 +70,12 @@ def _reshape(node: Node, value: Value, shape: tuple[int, ...], name: str) -> Val
 
 
 def _anchor_output(value: Value) -> bool:
-    return value.producer is not None and value.producer.op_type in ANCHOR_OPS
+    return value.producer is not None and op_traits(value.producer.op_type).fusion_anchor
 
 
 def _view_of_anchor(value: Value, node: Node) -> bool:
     view = value.producer
-    return (view is not None and view.op_type in VIEW_OPS and view.graph is node.graph
+    return (view is not None and op_traits(view.op_type).shape_view and view.graph is node.graph
             and single_user(value) is node and _anchor_output(view.inputs[0]))
 
 
@@ -89,7 +86,7 @@ def sink_views(node: Node) -> str | None:
     operands stay. Fires only when no operand is itself an anchor's output, so a
     rewritten node never fires again.
     """
-    if node.op_type not in ELEMENTWISE_OPS or node.domain or len(node.outputs) != 1:
+    if not op_traits(node.op_type).elementwise or node.domain or len(node.outputs) != 1:
         return None
     out = node.outputs[0]
     operands = [v for v in node.inputs if v is not None and v.type.numel != 1]

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from tessel.ir.graph import Graph, Node, Value
+from tessel.ir.op_traits import op_traits
 from tessel.ir.schema import TESSEL_DOMAIN, get_schema
 
 HOME_DEVICE = 0
-TRANSFER_OPS = frozenset({"Send", "Recv"})
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Transfers:
 
 def node_device(node: Node, device: Mapping[str, int]) -> int:
     """The device a top-level node runs on (Send/Recv carry theirs)."""
-    if node.domain == TESSEL_DOMAIN and node.op_type in TRANSFER_OPS:
+    if node.domain == TESSEL_DOMAIN and op_traits(node.op_type).transfer:
         return node.attrs["device"]
     return device[node.name]
 

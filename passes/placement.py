@@ -27,44 +27,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-
-@dataclass(frozen=True)
-class Task:
-    """One unit of placement: a node, its run time, resident bytes and the tasks it reads from."""
-
-    name: str
-    op: str
-    seconds: float
-    weight_bytes: int
-    output_bytes: int
-    inputs: tuple[tuple[str, int], ...] = ()  # (producer task, bytes read from it)
-    estimated: bool = False
-
-
-@dataclass(frozen=True)
-class Link:
-    """Cost of moving bytes between two devices: alpha + beta * bytes seconds."""
-
-    alpha: float
-    beta: float
-    measured: bool = False
-
-    def seconds(self, nbytes: int) -> float:
-        """Time to move `nbytes` (zero bytes cost nothing)."""
-        return self.alpha + self.beta * nbytes if nbytes else 0.0
-
-
-@dataclass(frozen=True)
-class Machine:
-    """Devices (memory bytes each) and the link between any two of them."""
-
-    memory: tuple[int, ...]
-    link: Link
-
-    @property
-    def devices(self) -> int:
-        """Number of devices."""
-        return len(self.memory)
+from .collectives import cost
+from .machine import Link, Machine, Task
 
 
 @dataclass
@@ -341,8 +305,6 @@ def place_data(tasks: Sequence[Task], machine: Machine, batch: int | None, io_by
     all) and gathers the outputs (`io_bytes[1]`), one peer after another as
     gloo does (the linear algorithm).
     """
-    from .collectives import cost
-
     devices, link = machine.devices, machine.link
     _check_batch_split("data", devices, batch, microbatches)
     weights = sum(t.weight_bytes for t in tasks)
@@ -378,8 +340,6 @@ def place_hybrid(tasks: Sequence[Task], machine: Machine, batch: int | None, io_
     values crossing it, which device 0 gathers. The prefix's weights live on
     every device, the rest only on device 0.
     """
-    from .collectives import cost
-
     devices, link = machine.devices, machine.link
     _check_batch_split("hybrid", devices, batch, microbatches)
     if not cuts:

@@ -2,8 +2,9 @@
 
 Rank 0 sends messages of growing size to rank 1, which sends each back; half
 the median round trip is the one-way time. A least-squares line through
-(bytes, seconds) gives alpha (latency) and beta (seconds per byte); the
-placement cost model reads them from the cache.
+(bytes, seconds) gives alpha (latency) and beta (seconds per byte), stored
+as link.json in the cache root; the placement cost model reads them back with
+`load_link` (a default marked estimated until the first calibration).
 """
 from __future__ import annotations
 
@@ -14,19 +15,46 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
 from tessel import IMPORT_ROOT
+from tessel.backends.cache import cache_root
+from tessel.passes.machine import Link
 
 SIZES = (4, 1 << 10, 16 << 10, 128 << 10, 1 << 20, 4 << 20, 16 << 20)
+# Loopback gloo on this class of machine until `tessel calibrate` measures it.
+DEFAULT_LINK = Link(alpha=60e-6, beta=1 / 1.5e9, measured=False)
+
+
+def link_path() -> Path:
+    """Where the link calibration lives: link.json in the cache root."""
+    return cache_root() / "link.json"
+
+
+def load_link() -> Link:
+    """The calibrated link (α, β) if `tessel calibrate` ran on this machine, else the default."""
+    try:
+        doc = json.loads(link_path().read_text())
+        return Link(float(doc["alpha_s"]), float(doc["beta_s_per_byte"]), measured=True)
+    except (OSError, ValueError, KeyError):
+        return DEFAULT_LINK
+
+
+def save_link(alpha: float, beta: float, samples: Sequence[tuple[int, float]]) -> Path:
+    """Store a calibration; returns its path."""
+    path = link_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"alpha_s": alpha, "beta_s_per_byte": beta,
+                                "samples": [{"bytes": b, "seconds": s} for b, s in samples]}, indent=1))
+    return path
 
 
 def calibrate(repeat: int = 20) -> tuple[float, float, Path]:
     """Run the ping-pong on two local workers; store and return (alpha, beta, cache path)."""
     import subprocess
 
-    from tessel.compiler.distribute import save_link
     from tessel.runtime.errors import ExecutionError
     from tessel.runtime.launch import free_port
 

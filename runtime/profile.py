@@ -1,20 +1,92 @@
-"""Per-step times of a single-device artifact, measured in a fresh process with a chosen thread count.
+"""Kernel timing: one compiled kernel in this process, or every step of an artifact in a fresh one.
 
-`python -m tessel.runtime.profile DIR --threads N --out TIMES.json` (TVM fixes its
-thread pool when first imported, so a compiler process that already imported
-TVM measures through this). Inputs are random; times are medians over --runs.
+`time_kernel` times a kernel library on random data. `profile_steps` asks the profile database first and measures what it lacks by
+running `python -m tessel.runtime.profile DIR --threads N --out TIMES.json`
+(TVM fixes its thread pool when first imported, so a compiler process that
+already imported TVM measures through this). Inputs are random; times are
+medians over --runs.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 
+from tessel import IMPORT_ROOT
+from tessel.backends.kernel import ARG, KernelSpec
+from tessel.ir.types import TensorType, numpy_dtype
+
+from .inputs import random_input
+from .memory import aligned_copy
+from .profile_db import ProfileDB
+
+
+# Shortest stretch of time one timing sample covers.
+SAMPLE_S = 2e-3
+
+
+def time_kernel(library: Path, spec: KernelSpec, runs: int) -> float:
+    """Median milliseconds of one call of a compiled kernel on random data."""
+    from tessel.backends.tvm_env import tvm
+
+    tvm_mod = tvm()
+    fn = tvm_mod.runtime.load_module(str(library))["main"]
+    rng = np.random.default_rng(0)
+    types = [TensorType.parse(i.type) for i in spec.inputs if i is not None and i.role == ARG]
+    types += [TensorType.parse(o) for o in spec.outputs if o is not None]
+    arrays = [aligned_copy(random_input(t, rng).astype(numpy_dtype(t.dtype))) for t in types]
+    args = [tvm_mod.runtime.from_dlpack(a) for a in arrays]
+    fn(*args)  # the first calls fault the pages in and grow TVM's workspace pool
+    begin = time.perf_counter()
+    fn(*args)
+    # A sample is several calls when one is short: timer and scheduler noise stay small against it.
+    calls = max(1, int(SAMPLE_S / max(time.perf_counter() - begin, 1e-7)))
+    samples = []
+    for _ in range(runs):
+        begin = time.perf_counter()
+        for _ in range(calls):
+            fn(*args)
+        samples.append(1e3 * (time.perf_counter() - begin) / calls)
+    return float(np.median(samples))
+
+
+class ProfilingFailed(Exception):
+    """The model did not run on random inputs, so its kernels could not be timed."""
+
+
+def profile_steps(artifact_dir: Path, kernels: Mapping[str, str], threads: int, db: ProfileDB,
+                  runs: int = 5, remeasure: bool = False) -> dict[str, tuple[float, bool]]:
+    """Milliseconds per kernel call (node name → (ms, measured)) of `kernels` (node name → kernel key),
+    measuring what the database lacks (everything, with `remeasure`: times taken while the machine was busy
+    are wrong forever after).
+
+    Measurement runs in a fresh process (this module's `main`) with `threads` TVM threads.
+    """
+    if remeasure or any(db.get(k, threads) is None for k in kernels.values()):
+        with tempfile.TemporaryDirectory(prefix="tessel-profile-") as scratch:
+            out = Path(scratch) / "times.json"
+            done = subprocess.run([sys.executable, "-m", "tessel.runtime.profile", str(Path(artifact_dir).resolve()),
+                                   "--threads", str(threads), "--runs", str(runs), "--out", str(out)],
+                                  capture_output=True, text=True, cwd=IMPORT_ROOT)
+            if done.returncode != 0:
+                # Random inputs can drive a model where it cannot run (an If into a branch that fails at
+                # these shapes): then every node time is an estimate.
+                last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+                raise ProfilingFailed(last.split(": ", 1)[-1][:200])
+            measured = json.loads(out.read_text())
+        db.put({ProfileDB.key(kernels[node], threads): ms for node, ms in measured.items() if node in kernels})
+    return {node: (db.get(key, threads), True) for node, key in kernels.items()}
+
 
 def main(argv=None) -> int:
+    """Measure every step of an artifact and write node → median milliseconds as JSON."""
     parser = argparse.ArgumentParser(prog="python -m tessel.runtime.profile", description=__doc__.splitlines()[0])
     parser.add_argument("artifact")
     parser.add_argument("--threads", type=int, required=True)
@@ -24,8 +96,7 @@ def main(argv=None) -> int:
     from tessel.backends.tvm_env import set_threads
 
     set_threads(args.threads)
-    from tessel.runtime.inputs import random_input
-    from tessel.runtime.executor import Executor
+    from .executor import Executor
 
     executor = Executor(args.artifact)
     rng = np.random.default_rng(0)

@@ -28,9 +28,15 @@ def by_name(models: list[CorpusModel]):
 
 
 @pytest.fixture(scope="session")
-def kernel_cache(tmp_path_factory):
-    """One kernel cache for the whole test session, empty at its start."""
-    return tmp_path_factory.mktemp("kernel-cache")
+def tessel_cache(tmp_path_factory):
+    """One cache root ($TESSEL_CACHE_DIR) for the whole test session, empty at its start."""
+    return tmp_path_factory.mktemp("tessel-cache")
+
+
+@pytest.fixture(scope="session")
+def kernel_cache(tessel_cache):
+    """The session's kernel cache: `kernels/` of its cache root, where a compile under that root puts kernels."""
+    return tessel_cache / "kernels"
 
 
 def assert_matches_onnxruntime(outputs: dict, expected: list, rtol: float = 1e-3, atol: float = 1e-4) -> None:

@@ -19,13 +19,14 @@ from ..kernel import ALGORITHM
 from .packing import conv_blocks, plan_packing
 from .winograd import applies as winograd_applies
 
-ANCHOR_OPS = ("Conv", "MatMul", "Gemm")
+# The ops with several algorithms to choose from (where `algorithms` finds them applicable).
+ALGORITHM_OPS = ("Conv", "MatMul", "Gemm")
 
 
 def algorithms(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[TensorType | None],
                constants: Sequence[np.ndarray | None], target_kind: str) -> tuple[str, ...]:
     """The algorithms that can run this op, its default first; () when there is no choice to make."""
-    if op_type not in ANCHOR_OPS or not input_types or input_types[0] is None or input_types[0].dtype != "float32":
+    if op_type not in ALGORITHM_OPS or not input_types or input_types[0] is None or input_types[0].dtype != "float32":
         return ()
     if len(constants) < 2 or constants[1] is None:
         return ()

@@ -90,7 +90,7 @@ def _tvm():
 def argument_of(tensor) -> int | None:
     """The kernel argument whose elements are exactly `tensor`'s values (through views and integer casts), or None.
 
-    Kernel arguments are TE placeholders named `in<k>` (backends/kernel.py).
+    Kernel arguments are TE placeholders named `in<k>` (backends/lower.py).
     """
     te = _tvm().te
     while True:

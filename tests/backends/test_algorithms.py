@@ -7,7 +7,7 @@ from onnx import helper
 
 from tessel import ir
 from tessel.backends.cpu.algorithms import algorithms
-from tessel.backends.kernel import build, workspace_bytes
+from tessel.backends.lower import build, workspace_bytes
 from tessel.backends.target import parse_target
 from tessel.compiler.algo import find_layers
 from tessel.compiler.pipeline import run_pipeline, select_passes

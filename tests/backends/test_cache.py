@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tessel.backends.builder import build_kernels
-from tessel.backends.cache import KernelCache
+from tessel.backends.cache import KernelCache, cache_root
 from tessel.backends.kernel import ARG, KernelInput, KernelSpec
 from tessel.backends.target import parse_target
 from tessel.compiler.api import load
@@ -105,7 +105,7 @@ def test_tessel_compile_rebuilds_a_truncated_cached_library_and_the_artifact_run
 
     first = compile_to("a")
     assert first.returncode == 0, first.stderr
-    (library,) = cache_dir.glob("*.so")
+    (library,) = (cache_dir / "kernels").glob("*.so")
     _truncate(library)
     second = compile_to("b")
     assert second.returncode == 0, second.stderr
@@ -116,3 +116,13 @@ def test_tessel_compile_rebuilds_a_truncated_cached_library_and_the_artifact_run
     assert third.returncode == 0 and third.stderr == "" and "(1 from cache)" in third.stdout
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
     np.testing.assert_array_equal(load(tmp_path / "b").run({"x": x})["y"], np.maximum(x, 0))
+
+
+def test_one_cache_root_holds_the_kernels(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSEL_CACHE_DIR", str(tmp_path / "cache"))
+    assert cache_root() == tmp_path / "cache" and KernelCache().root == tmp_path / "cache" / "kernels"
+    monkeypatch.delenv("TESSEL_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert KernelCache().root == tmp_path / "xdg" / "tessel" / "kernels"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_root() == Path.home() / ".cache" / "tessel"

@@ -20,9 +20,9 @@ LIMIT = 2 << 20
 
 
 @pytest.fixture(autouse=True)
-def _isolated_profiles(kernel_cache, monkeypatch):
-    # The profile database goes next to the session's kernel cache, not into ~/.cache.
-    monkeypatch.setenv("TESSEL_CACHE_DIR", str(kernel_cache))
+def _isolated_profiles(tessel_cache, monkeypatch):
+    # The profile database goes into the session's cache root, not into ~/.cache.
+    monkeypatch.setenv("TESSEL_CACHE_DIR", str(tessel_cache))
 
 
 def _model(name):
@@ -112,17 +112,3 @@ def test_cli_selects_and_reports(kernel_cache, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "tessel.compiler.cli", "compile", str(_model("mtcnn_onet").path), "-o",
                           str(tmp_path / "bad"), "--algo-select", "ilp"], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "bad").exists()
-
-
-def test_profile_times_go_stale(tmp_path):
-    from tessel.compiler.distribute import PROFILE_MAX_AGE_S, ProfileDB
-
-    path = tmp_path / "profiles.json"
-    db = ProfileDB(path, now=1000.0)
-    db.put_workspace("k", 4096)
-    db.put({ProfileDB.key("k", 2): 1.5})
-    assert ProfileDB(path, now=1000.0 + PROFILE_MAX_AGE_S - 1).get("k", 2) == 1.5
-    assert ProfileDB(path, now=1000.0 + PROFILE_MAX_AGE_S + 1).get("k", 2) is None  # too old: measured again
-    other = ProfileDB(path, now=1000.0)
-    other.machine = "another CPU x64"
-    assert other.get("k", 2) is None and other.workspace("k") == 4096  # times belong to the machine, workspaces do not

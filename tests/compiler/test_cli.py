@@ -106,8 +106,8 @@ def test_input_shape_parsing():
         parse_input_shape("1x3")
 
 
-def test_compile_then_run_with_check(tmp_path, kernel_cache, monkeypatch):
-    monkeypatch.setenv("TESSEL_CACHE_DIR", str(kernel_cache))
+def test_compile_then_run_with_check(tmp_path, tessel_cache, monkeypatch):
+    monkeypatch.setenv("TESSEL_CACHE_DIR", str(tessel_cache))
     entry = next(m for m in CORPUS if m.name == "mtcnn_rnet")
     out = tmp_path / "rnet"
     shape = "x".join(map(str, entry.input_shapes["input_2"]))

@@ -11,8 +11,8 @@ from tessel.compiler.corpus import models_dir
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_compile_and_run_example(tmp_path, kernel_cache):
-    env = dict(os.environ, TESSEL_CACHE_DIR=str(kernel_cache), PYTHONPATH=str(ROOT))
+def test_compile_and_run_example(tmp_path, tessel_cache):
+    env = dict(os.environ, TESSEL_CACHE_DIR=str(tessel_cache), PYTHONPATH=str(ROOT))
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "compile_and_run.py"), str(models_dir() / "resnet18.onnx"),
          str(tmp_path / "resnet18")],

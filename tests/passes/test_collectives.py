@@ -3,7 +3,7 @@ import pytest
 
 from tessel.passes.collectives import (allgather_recursive_doubling, allgather_ring, allreduce_halving_doubling,
                                 allreduce_ring, cost, scatter_binomial, scatter_linear)
-from tessel.passes.placement import Link
+from tessel.passes.machine import Link
 
 LINK = Link(alpha=1e-5, beta=1e-9)
 

@@ -7,7 +7,8 @@ from onnx import helper
 
 from tessel import ir
 from tessel.compiler.api import compile
-from tessel.passes.fuse import FUSED_OP, fuse, kernel_count
+from tessel.ir.schema import FUSED
+from tessel.passes.fuse import fuse, kernel_count
 from tests.conftest import POSITIVE, assert_matches_onnxruntime, run_onnxruntime
 from tests.ir.helpers import F
 
@@ -26,7 +27,7 @@ def _conv(inp, out, name="w"):
 
 
 def _bodies(graph):
-    return [ops(n.attrs["body"]) for n in graph.nodes if n.op_type == FUSED_OP]
+    return [ops(n.attrs["body"]) for n in graph.nodes if n.op_type == FUSED]
 
 
 def test_conv_epilogue_fuses():
@@ -34,7 +35,7 @@ def test_conv_epilogue_fuses():
               [X], [("y", F, [1, 4, 6, 6])], [("w", _rand(4, 4, 3, 3))])
     graph = graph_of(m)
     result = fuse(graph)
-    assert _bodies(graph) == [["Conv", "Relu", "Add"]] and ops(graph) == [FUSED_OP]
+    assert _bodies(graph) == [["Conv", "Relu", "Add"]] and ops(graph) == [FUSED]
     assert result.stats["groups"] == 1 and result.stats["intermediate_bytes_saved"] == 2 * 4 * 36 * 4
     assert_graph_matches(m, graph, {"x": _rand(1, 4, 6, 6)})
 

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from tessel.passes.placement import Link, Machine, PlacementError, Task, lower_bound, place, simulate
+from tessel.passes.machine import Link, Machine, Task
+from tessel.passes.placement import PlacementError, lower_bound, place, simulate
 
 LINK = Link(alpha=1e-4, beta=1e-9)
 

@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
-def _isolated_profiles(kernel_cache, monkeypatch):
-    # Profiles and link calibrations go next to the session's kernel cache, not into ~/.cache.
-    monkeypatch.setenv("TESSEL_CACHE_DIR", str(kernel_cache))
+def _isolated_profiles(tessel_cache, monkeypatch):
+    # Profiles and link calibrations go into the session's cache root, not into ~/.cache.
+    monkeypatch.setenv("TESSEL_CACHE_DIR", str(tessel_cache))
 
 
 @pytest.mark.parametrize("workers,placement", [(2, "pipeline"), (2, "list"), (4, "pipeline"), (4, "list")])

@@ -29,9 +29,9 @@ SLACK_S = 4
 
 
 @pytest.fixture(autouse=True)
-def _isolated(kernel_cache, tmp_path, monkeypatch):
-    # Profiles go next to the session's kernel cache; scratch directories into tmp_path, where the tests look.
-    monkeypatch.setenv("TESSEL_CACHE_DIR", str(kernel_cache))
+def _isolated(tessel_cache, tmp_path, monkeypatch):
+    # Profiles go into the session's cache root; scratch directories into tmp_path, where the tests look.
+    monkeypatch.setenv("TESSEL_CACHE_DIR", str(tessel_cache))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
