@@ -42,7 +42,8 @@ class CompileOptions:
     algo_select off/dp/ilp with workspace_limit, batch_policy and profile_budget: per-layer
     algorithm and micro-batch selection. conv_layout: activations between conv kernels in
     NCHW[16]c (blocked) or NCHW. keep_model: a copy of the model in the artifact (model.onnx; the weights are
-    stored once otherwise). cache_dir: the cache root; jobs: kernels compiled at once.
+    stored once otherwise). cache_dir: where kernels are cached (default: kernels/ under the cache root,
+    $TESSEL_CACHE_DIR); jobs: kernels compiled at once.
     """
 
     target: str = "llvm"
