@@ -18,7 +18,6 @@ import sys
 import tempfile
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 from tessel import IMPORT_ROOT

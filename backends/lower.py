@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tessel.ir.types import TensorType, numpy_dtype
+from tessel.ir.types import TensorType
 
 from .kernel import ARG, ARG_BLOCKS, RESULT_BLOCKS, KernelSpec
 from .target import TargetSpec

@@ -15,8 +15,6 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-import numpy as np
-
 from tessel.backends.cpu.algorithms import ALGORITHM_OPS, algorithms
 from tessel.backends.builder import build_kernels
 from tessel.backends.cache import KernelCache

@@ -156,7 +156,7 @@ def _select_algorithms(graph, spec, program, cache, reports, options: CompileOpt
         selection = select(layers, timing, mode, limit, source, policy)
     except AlgoSelectionError as exc:
         raise CompileError(str(exc)) from None
-    chosen = build_program(graph, spec, choices=selection.pieces(), blocked_layout=blocked_layout)
+    chosen = build_program(graph, spec, choices=selection.pieces(), blocked_layout=options.blocked_layout)
     doc = report(selection, timing, program, chosen, builder)
     (reports / "algo.json").write_text(json.dumps(doc, indent=1))
     (reports / "algo.md").write_text(markdown(doc))

@@ -101,7 +101,7 @@ class CompileOptions:
         for name in ("placement", "algo_select", "batch_policy", "conv_layout"):
             value = getattr(self, name)
             if value not in self.CHOICES[name]:
-                raise CompileError(f"{name.replace('_', '-')}={value!r}: use one of {', '.join(self.CHOICES[name])}")
+                raise CompileError(f"--{name.replace('_', '-')} {value}: use one of {', '.join(self.CHOICES[name])}")
         unknown_dumps = sorted(set(self.dump_after) - set(PASS_NAMES))
         if unknown_dumps:
             raise CompileError(f"--dump-after {', '.join(unknown_dumps)}: no such pass; passes are {', '.join(PASS_NAMES)}")

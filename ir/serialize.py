@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from .attributes import Attributes
 from .errors import SerializationError
 from .graph import Graph, Value
 from .schema import get_schema

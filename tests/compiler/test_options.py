@@ -29,8 +29,8 @@ def test_options_are_frozen_and_normalized():
 @pytest.mark.parametrize("overrides, match", [
     ({"devices": 0}, "devices=0"),
     ({"microbatches": 0}, "microbatches=0"),
-    ({"placement": "random"}, "placement='random': use one of auto"),
-    ({"conv_layout": "nhwc"}, "conv-layout='nhwc'"),
+    ({"placement": "random"}, "--placement random: use one of auto"),
+    ({"conv_layout": "nhwc"}, "--conv-layout nhwc: use one of blocked, nchw"),
     ({"skip_passes": ["warp"]}, "warp"),
     ({"dump_after": ["warp"]}, "--dump-after warp: no such pass"),
     ({"pins": ["nonsense"]}, "--pin 'nonsense'"),

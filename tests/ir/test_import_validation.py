@@ -7,7 +7,7 @@ import os
 import numpy as np
 import onnx
 import pytest
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from tessel import ir
 from tessel.ir.errors import ModelImportError, ModelLoadError, ShapeBindingError
