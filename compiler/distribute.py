@@ -1,5 +1,7 @@
-"""The placement step of the driver: build the task graph, place, partition, report.
+"""What placement reads and writes: the machine file, the planner's tasks and the placement report.
 
+compiler/worker_programs.py applies the placement; this module gives it the
+tasks (one per node) and turns the plan into reports/placement.json and .md.
 Node times come from the profile database (runtime/profile_db.py: kernel key
 and thread count → median milliseconds, measured through the backend by
 running the model once on this machine); a node with no measurement gets a
@@ -24,6 +26,7 @@ from tessel.passes.placement import Placement
 from tessel.runtime.profile_db import ESTIMATE_BYTES_PER_S, ESTIMATE_FLOPS_PER_S
 
 from .sizes import format_bytes
+
 
 def read_machine_file(path: str | os.PathLike) -> tuple[int, list[int | None], Link | None]:
     """A JSON machine description: {"devices": N, "memory": "2GiB" or [per device], "link": {"alpha_s", "beta_s_per_byte"}}.

@@ -1,10 +1,11 @@
 """Kernel timing: one compiled kernel in this process, or every step of an artifact in a fresh one.
 
-`time_kernel` times a kernel library on random data. `profile_steps` asks the profile database first and measures what it lacks by
-running `python -m tessel.runtime.profile DIR --threads N --out TIMES.json`
-(TVM fixes its thread pool when first imported, so a compiler process that
-already imported TVM measures through this). Inputs are random; times are
-medians over --runs.
+`time_kernel` times a kernel library on random data. `profile_steps` asks the
+profile database first and measures what it lacks by running
+`python -m tessel.runtime.profile DIR --threads N --out TIMES.json` (TVM fixes
+its thread pool when first imported, so a compiler process that already
+imported TVM measures through this). Inputs are random; times are medians over
+--runs.
 """
 from __future__ import annotations
 
