@@ -462,6 +462,7 @@ def _check_case(part: Path, case: dict, folder: Path, executor_cls, dump_to: Pat
             ok, worst = ok and good, max(worst, error)
         row.update(matches=ok, max_error=worst, tessel_ms=_time_ms(lambda: executor.run(inputs)))
         if dump_to is not None:
+            dump_to.mkdir(parents=True, exist_ok=True)
             np.savez_compressed(dump_to / f"{case['name']}.npz", **dump_steps(executor, inputs))
         if profile:
             row["slowest_steps"] = executor.profile(inputs, runs=5)[:6]
