@@ -84,14 +84,13 @@ def compile(  # noqa: A001 - the contract names it compile
     stats = build_kernels(program.kernels, spec, cache, options.jobs, progress)
     built = time.perf_counter()
     placed = place_workers(graph, program, spec, cache, options, machine_shape)
-    programs, graph = placed.programs, placed.graph
+    programs, memories, graph = placed.programs, placed.memories, placed.graph
     extra: dict = {"microbatches": options.microbatches} if options.microbatches > 1 else {}
     if placed.report is not None:
         extra["placement"] = placed.report["planner"]
         (reports / "placement.json").write_text(json.dumps(placed.report, indent=1))
         (reports / "placement.md").write_text(placement_markdown(placed.report))
         write_gantt_png(reports / "placement_gantt.png", placed.report)
-    memories = [plan_program_memory(p, spec.kind) for p in programs]
     memory_reports = [write_memory_reports(reports, m, weight_bytes(p), suffix="" if w == 0 else f"_device{w}")
                       for w, (p, m) in enumerate(zip(programs, memories))]
     model_record = write_model_files(root, model, graph, options.keep_model, model_or_path, options.batch)

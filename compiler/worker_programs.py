@@ -29,6 +29,7 @@ from tessel.ir.graph import Graph, Value
 from tessel.ir.rebatch import RebatchError, batch_size, rebatched
 from tessel.passes.partition import Transfers, insert_transfers
 from tessel.passes.machine import Link, Machine
+from tessel.passes.memory_plan import MemoryPlan
 from tessel.passes.placement import PlacementError, place
 from tessel.runtime.instructions import Gather, KernelCall, Scatter
 from tessel.runtime.profile import ProfilingFailed, profile_steps
@@ -59,9 +60,11 @@ class MachineShape:
 
 @dataclass
 class WorkerPrograms:
-    """The placement's result: one program per worker, its report (None on one device), and the graph run."""
+    """The placement's result: one program per worker with its memory plan, the placement report (None on one
+    device), and the graph run."""
 
     programs: list[Program]
+    memories: list[MemoryPlan]
     report: dict[str, Any] | None
     graph: Graph
 
@@ -97,20 +100,23 @@ def place_workers(graph: Graph, program: Program, spec, cache, options: CompileO
                   machine_shape: MachineShape) -> WorkerPrograms:
     """One program per worker for `graph` (whose one-device `program` is built and its kernels compiled)."""
     if machine_shape.devices == 1:
-        check_fits(program, plan_program_memory(program, spec.kind), machine_shape.capacities[0])
-        return WorkerPrograms([program], None, graph)
+        memory = plan_program_memory(program, spec.kind)
+        check_fits(program, memory, machine_shape.capacities[0])
+        return WorkerPrograms([program], [memory], None, graph)
     tasks, notes = _tasks(graph, program, spec, cache, options, machine_shape.devices)
     machine = Machine(tuple(c or (1 << 62) for c in machine_shape.capacities), machine_shape.link)
     io_bytes = (sum(v.type.nbytes for v in graph.inputs), sum(v.type.nbytes for v in graph.outputs))
     batch = _shared_batch(graph)
-    cuts = {i: sum(v.type.nbytes for v in crossing) for i, crossing in _batch_cuts(graph, batch).items()}
+    crossings = _batch_cuts(graph, batch)
+    cuts = {i: sum(v.type.nbytes for v in crossing) for i, crossing in crossings.items()}
     try:
         plan = place(tasks, machine, options.placement, options.pins, options.microbatches, batch, io_bytes, cuts)
     except PlacementError as exc:
         raise CompileError(str(exc)) from None
     plan.notes.extend(notes)
     if plan.replicated or plan.cut is not None:
-        return _data_parallel(graph, plan, tasks, machine, spec, cache, options, machine_shape.capacities)
+        crossing = crossings[plan.cut] if plan.cut is not None else None
+        return _data_parallel(graph, plan, crossing, tasks, machine, spec, cache, options, machine_shape.capacities)
     transfers = insert_transfers(graph, plan.device)
     programs = [build_program(graph, spec, d, plan.device, blocked_layout=options.blocked_layout)
                 for d in range(machine.devices)]
@@ -134,18 +140,17 @@ def _tasks(graph: Graph, program: Program, spec, cache, options: CompileOptions,
     return build_tasks(graph, step_ms, once={i.node for i in program.instructions if i.runs_at_load}), notes
 
 
-def _data_parallel(graph, plan, tasks, machine, spec, cache, options, capacities) -> WorkerPrograms:
-    """Data (every node) or hybrid (the nodes before the cut) placement: those nodes run on every worker on
-    its slice of the batch, between a scatter of the inputs and a gather of what leaves them."""
+def _data_parallel(graph, plan, crossing, tasks, machine, spec, cache, options, capacities) -> WorkerPrograms:
+    """Data (every node) or hybrid (the nodes before the cut, `crossing` the values at the cut) placement: those
+    nodes run on every worker on its slice of the batch, between a scatter of the inputs and a gather of what
+    leaves them."""
     workers = machine.devices
     replica = _sliced(graph, workers, f"--placement {plan.planner}", "use --placement pipeline")
     if plan.cut is None:
         head = build_program(replica, spec, blocked_layout=options.blocked_layout)
         leaving, tail = list(graph.outputs), None
-        transfers = [(v.name, 0, d, v.type.nbytes // workers) for v in graph.inputs for d in range(1, workers)] + \
-                    [(v.name, d, 0, v.type.nbytes // workers) for v in graph.outputs for d in range(1, workers)]
     else:
-        leaving = _batch_cuts(graph, _shared_batch(graph))[plan.cut]
+        leaving = crossing
         by_name = {v.name: v for node in replica.nodes for v in node.outputs if v is not None}
         before = {node.name for node in graph.nodes[:plan.cut]}
         head = stage_program(replica, spec, before, list(replica.inputs), [by_name[v.name] for v in leaving],
@@ -154,10 +159,14 @@ def _data_parallel(graph, plan, tasks, machine, spec, cache, options, capacities
         tail = stage_program(graph, spec, {node.name for node in graph.nodes[plan.cut:]},
                              leaving + [v for v in graph.inputs if id(v) in read_after or v in graph.outputs],
                              list(graph.outputs), options.blocked_layout)
-        transfers = [(v.name, 0, d, v.type.nbytes // workers) for v in graph.inputs for d in range(1, workers)] + \
-                    [(v.name, d, 0, v.type.nbytes // workers) for v in leaving for d in range(1, workers)]
+    transfers = [(v.name, 0, d, v.type.nbytes // workers) for v in graph.inputs for d in range(1, workers)] + \
+                [(v.name, d, 0, v.type.nbytes // workers) for v in leaving for d in range(1, workers)]
     programs = [_replica_program(head, tail, graph, leaving, rank, workers) for rank in range(workers)]
-    return _finish(programs, plan, Transfers(transfers), machine, tasks, graph, spec, cache, capacities)
+    placed = _finish(programs, plan, Transfers(transfers), machine, tasks, graph, spec, cache, capacities)
+    if plan.cut is not None:
+        placed.report["cut"] = {"position": plan.cut, "before_node": graph.nodes[plan.cut].name,
+                                "values": [v.name for v in crossing]}
+    return placed
 
 
 def _replica_program(head: Program, tail: Program | None, graph: Graph, leaving: Sequence[Value], rank: int,
@@ -191,11 +200,7 @@ def _finish(programs, plan, transfers, machine, tasks, graph, spec, cache, capac
         check_fits(program, memory, capacity, f"device {worker}: ")
     report = PlacementReport(plan, transfers, machine, tasks, [weight_bytes(p) for p in programs],
                              [m.arena_bytes for m in memories]).to_json()
-    if plan.cut is not None:
-        crossing = _batch_cuts(graph, _shared_batch(graph))[plan.cut]
-        report["cut"] = {"position": plan.cut, "before_node": graph.nodes[plan.cut].name,
-                         "values": [v.name for v in crossing]}
-    return WorkerPrograms(programs, report, graph)
+    return WorkerPrograms(programs, memories, report, graph)
 
 
 def check_fits(program: Program, memory, capacity: int | None, where: str = "") -> None:
