@@ -14,32 +14,15 @@ from typing import Any, Sequence
 from tessel.ir.types import TensorType
 from tessel.passes.memory_plan import CUDA_ALIGNMENT, DEFAULT_ALIGNMENT, MemoryPlan, StepUse, plan_memory
 
-from tessel.runtime.instructions import If, Instruction, KernelCall, View, sent_values
+from tessel.runtime.instructions import Instruction, buffer_uses, sent_values
 
 from .program import Program
 from .sizes import format_bytes
 
 
 def schedule_uses(instructions: Sequence[Instruction]) -> list[StepUse]:
-    """The executed instructions as the planner sees them, `If` branches flattened."""
-    uses: list[StepUse] = []
-    for instruction in instructions:
-        if instruction.runs_at_load:
-            continue  # computed once at load, outside the arena
-        name, op, reads = instruction.node, instruction.op, tuple(n for _, n in instruction.reads())
-        if isinstance(instruction, If):
-            uses.append(StepUse(name, op, reads))
-            for _, branch in instruction.branches():
-                uses.extend(schedule_uses(branch.instructions))
-            results = instruction.then_branch.results + instruction.else_branch.results
-            uses.append(StepUse(f"{name}/results", op, results, instruction.outputs))
-        elif isinstance(instruction, View):
-            uses.append(StepUse(name, op, reads, instruction.writes(), views=((instruction.output, instruction.input),)))
-        elif isinstance(instruction, KernelCall):
-            uses.append(StepUse(name, op, reads, instruction.writes(), inplace=instruction.inplace))
-        else:
-            uses.append(StepUse(name, op, reads, instruction.writes()))
-    return uses
+    """The executed instructions as the planner sees them, `If` branches flattened (runtime/instructions.py)."""
+    return [StepUse(*use) for use in buffer_uses(instructions)]
 
 
 def plan_program_memory(program: Program, target_kind: str) -> MemoryPlan:

@@ -18,7 +18,7 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable, Iterator, Mapping
+from typing import Any, ClassVar, Iterable, Iterator, Mapping, NamedTuple
 
 # The version of plan.json's layout and of the instructions in it; an artifact of another version is refused.
 FORMAT_VERSION = 3
@@ -433,3 +433,39 @@ def sent_values(instructions: Iterable[Instruction]) -> tuple[str, ...]:
         elif isinstance(instruction, Gather) and instruction.output is None:
             sent.append(instruction.input)
     return tuple(sent)
+
+
+class BufferUse(NamedTuple):
+    """What one executed instruction does to buffers: values read and written, views ((output, input): the
+    output is the input's buffer, reshaped) and in-place candidates ((output, input): the output may be
+    written over the input when the input dies there)."""
+
+    node: str
+    op: str
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+    views: tuple[tuple[str, str], ...] = ()
+    inplace: tuple[tuple[str, str], ...] = ()
+
+
+def buffer_uses(instructions: Iterable[Instruction]) -> Iterator[BufferUse]:
+    """The instructions one run executes, in order, as buffer uses: the memory planner's timeline and the plan
+    check's. `If` branches are flattened (its condition, the then-branch, the else-branch, then the copy of
+    the taken branch's results: only one runs, so this is conservative); `init` instructions run at load,
+    outside the arena, and are left out."""
+    for instruction in instructions:
+        if instruction.runs_at_load:
+            continue
+        name, op, reads = instruction.node, instruction.op, tuple(n for _, n in instruction.reads())
+        if isinstance(instruction, If):
+            yield BufferUse(name, op, reads)
+            for _, branch in instruction.branches():
+                yield from buffer_uses(branch.instructions)
+            results = instruction.then_branch.results + instruction.else_branch.results
+            yield BufferUse(f"{name}/results", op, results, instruction.outputs)
+        elif isinstance(instruction, View):
+            yield BufferUse(name, op, reads, instruction.writes(), views=((instruction.output, instruction.input),))
+        elif isinstance(instruction, KernelCall):
+            yield BufferUse(name, op, reads, instruction.writes(), inplace=instruction.inplace)
+        else:
+            yield BufferUse(name, op, reads, instruction.writes())

@@ -23,8 +23,8 @@ from typing import Any, Iterator, Mapping
 from tessel.ir.types import TensorType
 
 from .errors import ArtifactError
-from .instructions import (Fail, Gather, If, Instruction, KernelCall, ProgramFormatError, Recv, Scatter, Send, View,
-                           json_type_name, program_from_json, sent_values)
+from .instructions import (BufferUse, Fail, Gather, If, Instruction, KernelCall, ProgramFormatError, Recv, Scatter,
+                           Send, View, buffer_uses, json_type_name, program_from_json, sent_values)
 
 # No tensor or arena of a real model comes near 256 TiB; anything larger is damage, not a plan.
 MAX_BYTES = 1 << 48
@@ -337,10 +337,10 @@ def _check_arena(memory: dict, where: str, instructions: list[Instruction], inpu
 
 def _check_no_overlap(offsets: Mapping[str, int], instructions: list[Instruction], inputs: list[str],
                       outputs: list[str], types: Mapping[str, TensorType], where: str) -> None:
-    uses = list(_timeline(instructions))
+    uses = list(buffer_uses(instructions))
     sent = sent_values(instructions)
     if sent:
-        uses.append((sent, (), (), ()))  # sends complete asynchronously: sent buffers live to the end
+        uses.append(BufferUse("", "", sent))  # sends complete asynchronously: sent buffers live to the end
     last = len(uses)
     root = {name: name for name in offsets}
 
@@ -353,7 +353,7 @@ def _check_no_overlap(offsets: Mapping[str, int], instructions: list[Instruction
     first_write = {name: -1 for name in inputs if name in offsets}
     last_read = {name: last for name in outputs if name in offsets}
     allowed: dict[frozenset, int] = {}
-    for t, (reads, writes, views, inplace) in enumerate(uses):
+    for t, (_, _, reads, writes, views, _) in enumerate(uses):
         for out, source in views:
             if out in root and source in root:
                 root[find(out)] = find(source)
@@ -363,8 +363,8 @@ def _check_no_overlap(offsets: Mapping[str, int], instructions: list[Instruction
         for name in reads:
             if name in offsets:
                 last_read[name] = max(last_read.get(name, t), t)
-    for t, (_, _, _, inplace) in enumerate(uses):
-        for out, source in inplace:
+    for t, use in enumerate(uses):
+        for out, source in use.inplace:
             if out in root and source in root:
                 allowed[frozenset((find(out), find(source)))] = t
     groups: dict[str, list[str]] = {}
@@ -391,23 +391,3 @@ def _check_no_overlap(offsets: Mapping[str, int], instructions: list[Instruction
                 raise _Invalid(f"{where}.offsets", f"'{a_key}' and '{key}' share arena bytes while both are live "
                                                    f"(instructions {max(a_start, start)} to {min(a_end, end)})")
         active.append(block)
-
-
-def _timeline(instructions: list[Instruction]) -> Iterator[tuple[tuple, tuple, tuple, tuple]]:
-    """(reads, writes, views, in-place pairs) of each executed instruction, `If` branches flattened, as the
-    planner sees them."""
-    for instruction in instructions:
-        if instruction.runs_at_load:
-            continue  # computed once at load, outside the arena
-        reads = tuple(name for _, name in instruction.reads())
-        if isinstance(instruction, If):
-            yield reads, (), (), ()
-            for _, branch in instruction.branches():
-                yield from _timeline(list(branch.instructions))
-            yield instruction.then_branch.results + instruction.else_branch.results, instruction.outputs, (), ()
-        elif isinstance(instruction, View):
-            yield reads, instruction.writes(), ((instruction.output, instruction.input),), ()
-        elif isinstance(instruction, KernelCall):
-            yield reads, instruction.writes(), (), instruction.inplace
-        else:
-            yield reads, instruction.writes(), (), ()
