@@ -7,6 +7,7 @@ program per worker, compiler/worker_programs.py) → memory plans → artifact.
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -25,10 +26,13 @@ from tessel.runtime.profile_db import ProfileDB
 
 from .artifact import Artifact, load, write_input_defaults, write_model_files
 from .distribute import placement_markdown, read_machine_file
-from .gantt_png import write_gantt_png
 from .memory import plan_program_memory, weight_bytes, write_memory_reports
 from .options import CompileError, CompileOptions
 from .packaging import write_artifact
+from .plots.algo_selection import write_algo_chart
+from .plots.gantt import write_gantt
+from .plots.memory_timeline import write_memory_timeline
+from .plots.placement_alternatives import write_placement_chart
 from .pipeline import pass_report, run_pipeline
 from .program import build_program
 from .worker_programs import MachineShape, check_fits, micro_batch_graph, place_workers
@@ -62,6 +66,7 @@ def compile(  # noqa: A001 - the contract names it compile
         model = with_batch(model, options.batch)
         input_shapes = {name: (options.batch,) + shape[1:] if shape else shape for name, shape in input_shapes.items()}
     graph = ir.from_onnx(model, input_shapes)
+    name = _model_name(model_or_path, model)
     imported = time.perf_counter()
     staging = tempfile.TemporaryDirectory(prefix="tessel-artifact-")
     root = Path(staging.name)
@@ -80,7 +85,7 @@ def compile(  # noqa: A001 - the contract names it compile
     algo_summary = None
     if options.algo_select != "off":
         program, algo_summary = _select_algorithms(graph, spec, program, cache, reports, options,
-                                                   machine_shape.capacities[0], profile_progress)
+                                                   machine_shape.capacities[0], profile_progress, name)
     stats = build_kernels(program.kernels, spec, cache, options.jobs, progress)
     built = time.perf_counter()
     placed = place_workers(graph, program, spec, cache, options, machine_shape)
@@ -90,9 +95,14 @@ def compile(  # noqa: A001 - the contract names it compile
         extra["placement"] = placed.report["planner"]
         (reports / "placement.json").write_text(json.dumps(placed.report, indent=1))
         (reports / "placement.md").write_text(placement_markdown(placed.report))
-        write_gantt_png(reports / "placement_gantt.png", placed.report)
+        producers = {v.name: node.name for node in graph.nodes for v in node.outputs if v is not None}
+        write_gantt(reports / "placement_gantt", placed.report, producers, name)
+        if placed.report.get("alternatives"):
+            write_placement_chart(reports / "placement_alternatives", placed.report["alternatives"],
+                                  placed.report["planner"], name)
     memory_reports = [write_memory_reports(reports, m, weight_bytes(p), suffix="" if w == 0 else f"_device{w}")
                       for w, (p, m) in enumerate(zip(programs, memories))]
+    write_memory_timeline(reports / "memory_timeline", memory_reports, f"{name}: planned activation memory per step")
     model_record = write_model_files(root, model, graph, options.keep_model, model_or_path, options.batch)
     extra.update(write_input_defaults(root, input_defaults(model)))
     report = {
@@ -134,7 +144,14 @@ def _machine_shape(options: CompileOptions) -> MachineShape:
     return MachineShape(devices, capacities, link or load_link())
 
 
-def _select_algorithms(graph, spec, program, cache, reports, options: CompileOptions, capacity, progress):
+def _model_name(model_or_path, model) -> str:
+    """What the charts call the model: its file's name, else the ONNX graph's name."""
+    if isinstance(model_or_path, (str, os.PathLike)):
+        return Path(model_or_path).stem
+    return model.graph.name or "model"
+
+
+def _select_algorithms(graph, spec, program, cache, reports, options: CompileOptions, capacity, progress, name):
     """Choose algorithms and micro-batches, write reports/algo.*; the program rebuilt with the choices."""
     from .algo import AlgoSelectionError, find_layers, markdown, report, select, time_candidates
     from .program import ProgramBuilder
@@ -159,6 +176,7 @@ def _select_algorithms(graph, spec, program, cache, reports, options: CompileOpt
     doc = report(selection, timing, program, chosen, builder)
     (reports / "algo.json").write_text(json.dumps(doc, indent=1))
     (reports / "algo.md").write_text(markdown(doc))
+    write_algo_chart(reports / "algo_selection", doc, name)
     summary = {k: doc[k] for k in ("mode", "policy", "workspace_limit_bytes", "total_seconds",
                                    "best_single_total_seconds", "workspace_bytes", "weight_bytes",
                                    "default_weight_bytes", "extra_layout_bytes")}

@@ -105,12 +105,9 @@ def memory_markdown(report: dict[str, Any], largest: int = 10) -> str:
 
 
 def write_memory_reports(directory: Path, plan: MemoryPlan, weights: int, suffix: str = "") -> dict[str, Any]:
-    """Write memory<suffix>.json, .md and memory<suffix>_timeline.png into `directory`; returns the JSON report."""
-    from .timeline_png import write_timeline_png
-
+    """Write memory<suffix>.json and .md into `directory`; returns the JSON report (its chart, of every worker at
+    once, is compiler/plots/memory_timeline.py's)."""
     report = memory_report(plan, weights)
     (directory / f"memory{suffix}.json").write_text(json.dumps(report, indent=1))
     (directory / f"memory{suffix}.md").write_text(memory_markdown(report))
-    write_timeline_png(directory / f"memory{suffix}_timeline.png", report["timeline"], report["arena_bytes"],
-                       report["peak"]["step"])
     return report

@@ -1,0 +1,137 @@
+"""The placement's Gantt chart: one lane per worker, one bar per node over its predicted time, coloured by op
+kind; micro-batches in sub-rows of a lane (and hatched), transfers as dark bars under the compute bars."""
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Mapping
+
+from .style import HATCHES, OTHER_COLOR, TRANSFER_COLOR, op_colors, pyplot, save, source_label
+
+LANE_HEIGHT = 0.9  # inches per worker lane
+COMPUTE, TRANSFER = 0.6, 0.22  # shares of a sub-row's height
+
+
+def transfer_windows(placement: Mapping[str, Any], producers: Mapping[str, str]) -> list[dict[str, Any]]:
+    """When each transfer of one micro-batch runs, as the placement's simulation counts it (passes/placement.py):
+    from its producer's finish (a graph input: from 0) for alpha + beta * bytes seconds.
+
+    `producers` maps a tensor to the node that computes it (absent for graph inputs). Data and hybrid
+    placements move inputs by Scatter and results by Gather; the others use Send/Recv pairs.
+    """
+    nodes, link = placement["nodes"], placement["link"]
+    split_batch = placement["planner"] in ("data", "hybrid")
+    windows = []
+    for t in placement["transfers"]:
+        producer = producers.get(t["tensor"])
+        start = nodes[producer]["finish_s"] if producer in nodes else 0.0
+        if split_batch:
+            kind = "Scatter" if producer not in nodes else "Gather"
+        else:
+            kind = "Send/Recv"
+        windows.append({"tensor": t["tensor"], "from": t["from"], "to": t["to"], "kind": kind, "start_s": start,
+                        "finish_s": start + link["alpha_s"] + link["beta_s_per_byte"] * t["bytes"]})
+    return windows
+
+
+def micro_batch_interval(placement: Mapping[str, Any]) -> float:
+    """Seconds between the starts of consecutive micro-batches: the planner's makespan is the first micro-batch's
+    finish plus (K - 1) of these intervals."""
+    k = placement.get("microbatches", 1)
+    if k <= 1:
+        return 0.0
+    first = max((n["finish_s"] for n in placement["nodes"].values()), default=0.0)
+    return max(placement["predicted_makespan_s"] - first, 0.0) / (k - 1)
+
+
+def write_gantt(path: Path, placement: Mapping[str, Any], producers: Mapping[str, str], title: str) -> list[Path]:
+    """Write path.png and path.svg from placement.json (compiler/distribute.PlacementReport.to_json); returns them.
+
+    Reads `devices`, `microbatches`, `planner`, `predicted_makespan_s`, `link` ({alpha_s, beta_s_per_byte,
+    measured}), `nodes` ({name: {device (or "all"), op, start_s, finish_s, estimated}}) and `transfers`; a node
+    on "all" devices (data placement) is drawn in every lane. `producers` as in `transfer_windows`.
+    """
+    plt = pyplot()
+    from matplotlib.patches import Patch
+
+    devices, k = placement["devices"], max(placement.get("microbatches", 1), 1)
+    nodes = placement["nodes"]
+    interval = micro_batch_interval(placement)
+    time_by_kind: dict[str, float] = defaultdict(float)
+    for node in nodes.values():
+        time_by_kind[node["op"]] += node["finish_s"] - node["start_s"]
+    colors = op_colors(time_by_kind)
+    figure, ax = plt.subplots(figsize=(12, 1.6 + LANE_HEIGHT * devices * (1 + 0.35 * (k - 1))))
+    row = 1.0 / k  # a lane is 1.0 high on the y axis, split into a sub-row per micro-batch
+    # Bars grouped per (lane, micro-batch, colour) so that a large graph is a few artists, not thousands.
+    bars: dict[tuple[int, int, str], list[tuple[float, float]]] = defaultdict(list)
+    used = [False] * devices
+    for node in nodes.values():
+        width = node["finish_s"] - node["start_s"]
+        if width <= 0:
+            continue
+        lanes = range(devices) if node["device"] == "all" else [node["device"]]
+        for lane in lanes:
+            used[lane] = True
+            for mb in range(k):
+                bars[lane, mb, colors[node["op"]]].append(((node["start_s"] + mb * interval) * 1e3, width * 1e3))
+    for (lane, mb, color), spans in bars.items():
+        top = lane + mb * row + row * (1 - COMPUTE - TRANSFER) / 2
+        ax.broken_barh(spans, (top, row * COMPUTE), facecolors=color, edgecolor="white", linewidth=0.3,
+                       hatch=HATCHES[mb % len(HATCHES)])
+    windows = transfer_windows(placement, producers)
+    moves: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    for w in windows:
+        for mb in range(k):
+            span = ((w["start_s"] + mb * interval) * 1e3, max(w["finish_s"] - w["start_s"], 0.0) * 1e3)
+            for lane in (w["from"], w["to"]):
+                moves[lane, mb].append(span)
+    for (lane, mb), spans in moves.items():
+        top = lane + mb * row + row * (1 - TRANSFER - (1 - COMPUTE - TRANSFER) / 2)
+        ax.broken_barh(spans, (top, row * TRANSFER), facecolors=TRANSFER_COLOR, edgecolor=TRANSFER_COLOR, linewidth=0.5)
+    _lanes(ax, devices, k, used)
+    ax.set_xlabel("time (ms, predicted)")
+    ax.set_xlim(0, max(placement["predicted_makespan_s"] * 1e3, 1e-3) * 1.02)
+    handles = [Patch(facecolor=color, label=kind) for kind, color in colors.items() if color != OTHER_COLOR]
+    if OTHER_COLOR in colors.values():
+        handles.append(Patch(facecolor=OTHER_COLOR, label="other ops"))
+    for kind in sorted({w["kind"] for w in windows}):
+        handles.append(Patch(facecolor=TRANSFER_COLOR, label=f"transfer ({kind})"))
+    if k > 1:
+        handles += [Patch(facecolor="white", edgecolor="#555555", hatch=HATCHES[mb % len(HATCHES)],
+                          label=f"micro-batch {mb}") for mb in range(k)]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), framealpha=0.9)
+    ax.set_title(_title(title, placement), loc="left")
+    figure.tight_layout()
+    return save(figure, path)
+
+
+def _lanes(ax, devices: int, k: int, used: list[bool]) -> None:
+    """Lane names on the y axis (worker 0 on top), micro-batch names beside their sub-rows, lane separators."""
+    ax.set_ylim(devices, 0)
+    ax.set_yticks([d + 0.5 for d in range(devices)],
+                  [f"device {d}" + ("" if used[d] else "\n(no nodes)") for d in range(devices)])
+    if k > 1:
+        ax.set_yticks([d + (mb + 0.5) / k for d in range(devices) for mb in range(k)],
+                      [f"mb {mb}" for _ in range(devices) for mb in range(k)], minor=True, fontsize=7)
+        ax.tick_params(axis="y", which="major", pad=34, length=0)
+    for d in range(1, devices):
+        ax.axhline(d, color="#555555", linewidth=0.8)
+    ax.grid(axis="y", visible=False)
+    ax.grid(axis="y", which="minor", visible=False)
+
+
+def _title(title: str, placement: Mapping[str, Any]) -> str:
+    """The model and placement, and where the times came from (node times, link, a measured run if any)."""
+    nodes = placement["nodes"].values()
+    node_source = source_label(sum(1 for n in nodes if n.get("estimated")), len(nodes))
+    k = placement.get("microbatches", 1)
+    link = "measured" if placement["link"].get("measured") else "estimated"
+    lines = [f"{title}: {placement['planner']} placement on {placement['devices']} devices"
+             + (f", {k} micro-batches" if k > 1 else ""),
+             f"predicted schedule, makespan {placement['predicted_makespan_s'] * 1e3:.2f} ms; "
+             f"node times {node_source}, link costs {link}"]
+    measured = placement.get("measured")
+    if measured:
+        lines[-1] += f"; a measured run took {measured['seconds_per_batch'] * 1e3:.2f} ms per batch"
+    return "\n".join(lines)
