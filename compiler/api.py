@@ -30,7 +30,7 @@ from .memory import plan_program_memory, weight_bytes, write_memory_reports
 from .options import CompileError, CompileOptions
 from .packaging import write_artifact
 from .plots.algo_selection import write_algo_chart
-from .plots.gantt import write_gantt
+from .plots.gantt import graph_facts, write_gantt
 from .plots.memory_timeline import write_memory_timeline
 from .plots.placement_alternatives import write_placement_chart
 from .pipeline import pass_report, run_pipeline
@@ -88,6 +88,7 @@ def compile(  # noqa: A001 - the contract names it compile
                                                    machine_shape.capacities[0], profile_progress, name)
     stats = build_kernels(program.kernels, spec, cache, options.jobs, progress)
     built = time.perf_counter()
+    facts = graph_facts(graph)  # placement adds Send/Recv nodes to `graph`
     placed = place_workers(graph, program, spec, cache, options, machine_shape)
     programs, memories, graph = placed.programs, placed.memories, placed.graph
     extra: dict = {"microbatches": options.microbatches} if options.microbatches > 1 else {}
@@ -95,8 +96,7 @@ def compile(  # noqa: A001 - the contract names it compile
         extra["placement"] = placed.report["planner"]
         (reports / "placement.json").write_text(json.dumps(placed.report, indent=1))
         (reports / "placement.md").write_text(placement_markdown(placed.report))
-        producers = {v.name: node.name for node in graph.nodes for v in node.outputs if v is not None}
-        write_gantt(reports / "placement_gantt", placed.report, producers, name)
+        write_gantt(reports / "placement_gantt", placed.report, facts, name)
         if placed.report.get("alternatives"):
             write_placement_chart(reports / "placement_alternatives", placed.report["alternatives"],
                                   placed.report["planner"], name)

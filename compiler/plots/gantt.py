@@ -3,13 +3,33 @@ kind; micro-batches in sub-rows of a lane (and hatched), transfers as dark bars 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
+
+from tessel.ir.schema import FUSED, TESSEL_DOMAIN
 
 from .style import HATCHES, OTHER_COLOR, TRANSFER_COLOR, op_colors, pyplot, save, source_label
 
 LANE_HEIGHT = 0.9  # inches per worker lane
 COMPUTE, TRANSFER = 0.6, 0.22  # shares of a sub-row's height
+
+
+@dataclass(frozen=True)
+class GraphFacts:
+    """What the chart needs from the graph besides placement.json: which node computes each tensor (to time
+    its transfer) and each node's op kind for the legend (a fused node: its members' ops, e.g. Conv+Add+Relu)."""
+
+    producers: dict[str, str]
+    kinds: dict[str, str]
+
+
+def graph_facts(graph) -> GraphFacts:
+    """The facts of the graph the placement planned (read before placement adds its Send/Recv nodes)."""
+    producers = {v.name: node.name for node in graph.nodes for v in node.outputs if v is not None}
+    kinds = {node.name: "+".join(n.op_type for body in node.subgraphs() for n in body.walk_nodes())
+             for node in graph.nodes if node.domain == TESSEL_DOMAIN and node.op_type == FUSED}
+    return GraphFacts(producers, kinds)
 
 
 def transfer_windows(placement: Mapping[str, Any], producers: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -44,12 +64,12 @@ def micro_batch_interval(placement: Mapping[str, Any]) -> float:
     return max(placement["predicted_makespan_s"] - first, 0.0) / (k - 1)
 
 
-def write_gantt(path: Path, placement: Mapping[str, Any], producers: Mapping[str, str], title: str) -> list[Path]:
+def write_gantt(path: Path, placement: Mapping[str, Any], facts: GraphFacts, title: str) -> list[Path]:
     """Write path.png and path.svg from placement.json (compiler/distribute.PlacementReport.to_json); returns them.
 
     Reads `devices`, `microbatches`, `planner`, `predicted_makespan_s`, `link` ({alpha_s, beta_s_per_byte,
     measured}), `nodes` ({name: {device (or "all"), op, start_s, finish_s, estimated}}) and `transfers`; a node
-    on "all" devices (data placement) is drawn in every lane. `producers` as in `transfer_windows`.
+    on "all" devices (data placement) is drawn in every lane. `facts` from `graph_facts`.
     """
     plt = pyplot()
     from matplotlib.patches import Patch
@@ -57,16 +77,17 @@ def write_gantt(path: Path, placement: Mapping[str, Any], producers: Mapping[str
     devices, k = placement["devices"], max(placement.get("microbatches", 1), 1)
     nodes = placement["nodes"]
     interval = micro_batch_interval(placement)
+    kind = {name: facts.kinds.get(name, node["op"]) for name, node in nodes.items()}
     time_by_kind: dict[str, float] = defaultdict(float)
-    for node in nodes.values():
-        time_by_kind[node["op"]] += node["finish_s"] - node["start_s"]
+    for name, node in nodes.items():
+        time_by_kind[kind[name]] += node["finish_s"] - node["start_s"]
     colors = op_colors(time_by_kind)
     figure, ax = plt.subplots(figsize=(12, 1.6 + LANE_HEIGHT * devices * (1 + 0.35 * (k - 1))))
     row = 1.0 / k  # a lane is 1.0 high on the y axis, split into a sub-row per micro-batch
     # Bars grouped per (lane, micro-batch, colour) so that a large graph is a few artists, not thousands.
     bars: dict[tuple[int, int, str], list[tuple[float, float]]] = defaultdict(list)
     used = [False] * devices
-    for node in nodes.values():
+    for name, node in nodes.items():
         width = node["finish_s"] - node["start_s"]
         if width <= 0:
             continue
@@ -74,12 +95,12 @@ def write_gantt(path: Path, placement: Mapping[str, Any], producers: Mapping[str
         for lane in lanes:
             used[lane] = True
             for mb in range(k):
-                bars[lane, mb, colors[node["op"]]].append(((node["start_s"] + mb * interval) * 1e3, width * 1e3))
+                bars[lane, mb, colors[kind[name]]].append(((node["start_s"] + mb * interval) * 1e3, width * 1e3))
     for (lane, mb, color), spans in bars.items():
         top = lane + mb * row + row * (1 - COMPUTE - TRANSFER) / 2
         ax.broken_barh(spans, (top, row * COMPUTE), facecolors=color, edgecolor="white", linewidth=0.3,
                        hatch=HATCHES[mb % len(HATCHES)])
-    windows = transfer_windows(placement, producers)
+    windows = transfer_windows(placement, facts.producers)
     moves: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
     for w in windows:
         for mb in range(k):

@@ -37,23 +37,13 @@ def _panel(ax, report: Mapping[str, Any], name: str, unit: str, scale: int) -> N
     from matplotlib.ticker import MaxNLocator
 
     live = [b / scale for b in report["timeline"]]
-    # Step t spans [t, t + 1): the last step needs its right edge repeated to be drawn.
-    edges, heights = range(len(live) + 1), live + live[-1:]
     arena, bound = report["arena_bytes"] / scale, report["bound_bytes"] / scale
-    ax.fill_between(edges, heights, step="post", color="#a0cbe8", alpha=0.8, label="live activations")
-    ax.step(edges, heights, where="post", color="#4e79a7", linewidth=0.8)
+    if live:
+        _live_bytes(ax, live, report["peak"], unit)
+    else:
+        ax.text(0.5, 0.5, "no steps on this worker", transform=ax.transAxes, ha="center", va="center")
     ax.axhline(arena, color="#e15759", linestyle="--", linewidth=1.2, label=f"arena {arena:.2f} {unit}")
     ax.axhline(bound, color="#59a14f", linestyle=":", linewidth=1.4, label=f"lower bound {bound:.2f} {unit}")
-    peak = report["peak"]
-    if live:
-        step = peak["step"]
-        ax.plot([step + 0.5], [live[step]], marker="v", color="#e15759", markersize=7)
-        # The label sits on the side of the peak with more room, so it never runs off the axes.
-        left = step > len(live) / 2
-        ax.annotate(f"peak {live[step]:.2f} {unit} at step {step}\n{peak['node']} ({peak['op']})",
-                    xy=(step + 0.5, live[step]), xytext=(-12 if left else 12, -6), textcoords="offset points",
-                    ha="right" if left else "left", va="top", fontsize=8,
-                    bbox={"boxstyle": "round,pad=0.25", "facecolor": "white", "alpha": 0.85, "edgecolor": "#999999"})
     ax.set_xlim(0, max(len(live), 1))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(0, max(arena, bound, max(live, default=0)) * 1.25 or 1)
@@ -61,3 +51,17 @@ def _panel(ax, report: Mapping[str, Any], name: str, unit: str, scale: int) -> N
     if name:
         ax.set_title(name, loc="left")
     ax.legend(loc="upper left", ncols=3, framealpha=0.9)
+
+
+def _live_bytes(ax, live: list[float], peak: Mapping[str, Any], unit: str) -> None:
+    """The live bytes per step (step t spans [t, t + 1)) and the peak step's marker and label."""
+    edges, heights = range(len(live) + 1), live + live[-1:]  # the last step's right edge repeats its height
+    ax.fill_between(edges, heights, step="post", color="#a0cbe8", alpha=0.8, label="live activations")
+    ax.step(edges, heights, where="post", color="#4e79a7", linewidth=0.8)
+    step = peak["step"]
+    ax.plot([step + 0.5], [live[step]], marker="v", color="#e15759", markersize=7)
+    left = step > len(live) / 2  # the label goes to the side with more room, so it never runs off the axes
+    ax.annotate(f"peak {live[step]:.2f} {unit} at step {step}\n{peak['node']} ({peak['op']})",
+                xy=(step + 0.5, live[step]), xytext=(-12 if left else 12, -6), textcoords="offset points",
+                ha="right" if left else "left", va="top", fontsize=8,
+                bbox={"boxstyle": "round,pad=0.25", "facecolor": "white", "alpha": 0.85, "edgecolor": "#999999"})

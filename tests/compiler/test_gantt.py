@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tessel.compiler.plots.gantt import micro_batch_interval, transfer_windows, write_gantt
+from tessel.compiler.plots.gantt import GraphFacts, micro_batch_interval, transfer_windows, write_gantt
 from tests.compiler.chart_checks import assert_chart
 
 
@@ -20,8 +20,10 @@ def _placement(planner="pipeline", microbatches=2, estimated=()):
 
 
 def test_gantt_names_lanes_op_kinds_micro_batches_transfers_and_sources(tmp_path):
-    paths = write_gantt(tmp_path / "gantt", _placement(estimated={"fc"}), {"pooled": "pool"}, "tiny")
+    facts = GraphFacts({"pooled": "pool"}, {"conv2": "Conv+Add+Relu"})
+    paths = write_gantt(tmp_path / "gantt", _placement(estimated={"fc"}), facts, "tiny")
     svg = assert_chart(paths, ["device 0", "device 1", "time (ms, predicted)", "Conv", "Relu", "MaxPool", "Gemm",
+                               "Conv+Add+Relu",
                                "micro-batch 0", "micro-batch 1", "mb 1", "transfer (Send/Recv)",
                                "tiny: pipeline placement on 2 devices, 2 micro-batches",
                                "node times 1 of 5 estimated, link costs estimated"])
@@ -31,7 +33,7 @@ def test_gantt_names_lanes_op_kinds_micro_batches_transfers_and_sources(tmp_path
 def test_an_idle_device_lane_says_it_has_no_nodes(tmp_path):
     placement = _placement(microbatches=1)
     placement["devices"] = 3
-    svg = assert_chart(write_gantt(tmp_path / "gantt", placement, {"pooled": "pool"}, "tiny"), ["device 2", "(no nodes)"])
+    svg = assert_chart(write_gantt(tmp_path / "gantt", placement, GraphFacts({"pooled": "pool"}, {}), "tiny"), ["device 2", "(no nodes)"])
     assert "micro-batch" not in svg
 
 

@@ -25,3 +25,9 @@ def test_small_graphs_are_drawn_in_kib(tmp_path):
     paths = write_memory_timeline(tmp_path / "m", [_report([512, 2048, 1024])], "tiny")
     svg = assert_chart(paths, ["live bytes (KiB)", "lower bound 2.00 KiB", "peak 2.00 KiB at step 1"])
     assert "device 0" not in svg  # one worker: no panel name
+
+
+def test_a_worker_without_steps_gets_an_empty_panel(tmp_path):
+    empty = {"timeline": [], "arena_bytes": 0, "bound_bytes": 0, "peak": {"step": 0, "node": None, "op": None}}
+    paths = write_memory_timeline(tmp_path / "m", [_report([MIB, 2 * MIB]), empty], "tiny")
+    assert_chart(paths, ["device 1", "no steps on this worker"], min_height=400)
