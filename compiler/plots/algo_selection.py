@@ -21,8 +21,9 @@ def write_algo_chart(path: Path, doc: Mapping[str, Any], title: str) -> list[Pat
     """
     plt = pyplot()
     layers = doc["layers"]
-    algorithms = sorted({piece[0] for r in layers for piece in r["chosen"]["pieces"]}
-                        | {r["best_single"]["algorithm"] for r in layers if r["best_single"]})
+    # Colours by the candidates' algorithms, so one algorithm keeps its colour whatever this model chose.
+    algorithms = sorted({name for r in layers for name in r.get("algorithms", ())}
+                        | {piece[0] for r in layers for piece in r["chosen"]["pieces"]})
     colors = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(algorithms)}
     figure, (totals, per_layer) = plt.subplots(
         2, 1, figsize=(10, 2.2 + ROW_HEIGHT * max(len(layers), 4)),
@@ -86,7 +87,8 @@ def _layers(ax, layers, colors: Mapping[str, str]) -> None:
     ax.set_xlim(0, longest * 1.3 or 1)
     ax.set_xlabel("time per layer (ms)")
     ax.set_title("per layer: chosen (upper bar) vs best single algorithm (lower bar)", loc="left")
-    handles = [Patch(color=colors[name], label=name) for name in colors]
+    alone = {r["chosen"]["pieces"][0][0] for r in layers if len({p[0] for p in r["chosen"]["pieces"]}) == 1}
+    handles = [Patch(color=colors[name], label=name) for name in colors if name in alone]
     if any(len({p[0] for p in r["chosen"]["pieces"]}) > 1 for r in layers):
         handles.append(Patch(color=MIXED_COLOR, label="several algorithms"))
     handles += [Patch(color=BASELINE_COLOR, label="best single algorithm"),

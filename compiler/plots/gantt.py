@@ -72,59 +72,83 @@ def write_gantt(path: Path, placement: Mapping[str, Any], facts: GraphFacts, tit
     on "all" devices (data placement) is drawn in every lane. `facts` from `graph_facts`.
     """
     plt = pyplot()
-    from matplotlib.patches import Patch
-
     devices, k = placement["devices"], max(placement.get("microbatches", 1), 1)
-    nodes = placement["nodes"]
-    interval = micro_batch_interval(placement)
-    kind = {name: facts.kinds.get(name, node["op"]) for name, node in nodes.items()}
+    kinds = {name: facts.kinds.get(name, node["op"]) for name, node in placement["nodes"].items()}
     time_by_kind: dict[str, float] = defaultdict(float)
-    for name, node in nodes.items():
-        time_by_kind[kind[name]] += node["finish_s"] - node["start_s"]
+    for name, node in placement["nodes"].items():
+        time_by_kind[kinds[name]] += node["finish_s"] - node["start_s"]
     colors = op_colors(time_by_kind)
+    windows = transfer_windows(placement, facts.producers)
     figure, ax = plt.subplots(figsize=(12, 1.6 + LANE_HEIGHT * devices * (1 + 0.35 * (k - 1))))
-    row = 1.0 / k  # a lane is 1.0 high on the y axis, split into a sub-row per micro-batch
+    used = _compute_bars(ax, placement, {name: colors[kind] for name, kind in kinds.items()})
+    _transfer_bars(ax, windows, placement)
+    _lanes(ax, devices, k, used)
+    ax.set_xlabel("time (ms, predicted)")
+    ax.set_xlim(0, max(placement["predicted_makespan_s"] * 1e3, 1e-3) * 1.02)
+    ax.legend(handles=_legend(colors, {w["kind"] for w in windows}, k), loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              framealpha=0.9)
+    ax.set_title(_title(title, placement), loc="left")
+    figure.tight_layout()
+    return save(figure, path)
+
+
+def _sub_row(lane: int, mb: int, k: int, share: float, below: float) -> tuple[float, float]:
+    """(top, height) of a bar taking `share` of micro-batch `mb`'s sub-row in `lane`, `below` of it left under it
+    (a lane is 1.0 high on the y axis, split into k sub-rows)."""
+    row = 1.0 / k
+    return lane + (mb + 1) * row - row * (below + share), row * share
+
+
+def _compute_bars(ax, placement: Mapping[str, Any], color: Mapping[str, str]) -> list[bool]:
+    """Every node's bar in its lane, once per micro-batch (hatched by micro-batch); whether each lane got any."""
+    devices, k = placement["devices"], max(placement.get("microbatches", 1), 1)
+    interval = micro_batch_interval(placement)
     # Bars grouped per (lane, micro-batch, colour) so that a large graph is a few artists, not thousands.
     bars: dict[tuple[int, int, str], list[tuple[float, float]]] = defaultdict(list)
     used = [False] * devices
-    for name, node in nodes.items():
+    for name, node in placement["nodes"].items():
         width = node["finish_s"] - node["start_s"]
         if width <= 0:
             continue
-        lanes = range(devices) if node["device"] == "all" else [node["device"]]
-        for lane in lanes:
+        for lane in range(devices) if node["device"] == "all" else [node["device"]]:
             used[lane] = True
             for mb in range(k):
-                bars[lane, mb, colors[kind[name]]].append(((node["start_s"] + mb * interval) * 1e3, width * 1e3))
-    for (lane, mb, color), spans in bars.items():
-        top = lane + mb * row + row * (1 - COMPUTE - TRANSFER) / 2
-        ax.broken_barh(spans, (top, row * COMPUTE), facecolors=color, edgecolor="white", linewidth=0.3,
-                       hatch=HATCHES[mb % len(HATCHES)])
-    windows = transfer_windows(placement, facts.producers)
+                bars[lane, mb, color[name]].append(((node["start_s"] + mb * interval) * 1e3, width * 1e3))
+    margin = (1 - COMPUTE - TRANSFER) / 2
+    for (lane, mb, face), spans in bars.items():
+        ax.broken_barh(spans, _sub_row(lane, mb, k, COMPUTE, TRANSFER + margin), facecolors=face, edgecolor="white",
+                       linewidth=0.3, hatch=HATCHES[mb % len(HATCHES)])
+    return used
+
+
+def _transfer_bars(ax, windows, placement: Mapping[str, Any]) -> None:
+    """Each transfer as a dark bar under the compute bars, in the sender's and the receiver's lane."""
+    k = max(placement.get("microbatches", 1), 1)
+    interval = micro_batch_interval(placement)
     moves: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
     for w in windows:
         for mb in range(k):
             span = ((w["start_s"] + mb * interval) * 1e3, max(w["finish_s"] - w["start_s"], 0.0) * 1e3)
             for lane in (w["from"], w["to"]):
                 moves[lane, mb].append(span)
+    margin = (1 - COMPUTE - TRANSFER) / 2
     for (lane, mb), spans in moves.items():
-        top = lane + mb * row + row * (1 - TRANSFER - (1 - COMPUTE - TRANSFER) / 2)
-        ax.broken_barh(spans, (top, row * TRANSFER), facecolors=TRANSFER_COLOR, edgecolor=TRANSFER_COLOR, linewidth=0.5)
-    _lanes(ax, devices, k, used)
-    ax.set_xlabel("time (ms, predicted)")
-    ax.set_xlim(0, max(placement["predicted_makespan_s"] * 1e3, 1e-3) * 1.02)
+        ax.broken_barh(spans, _sub_row(lane, mb, k, TRANSFER, margin), facecolors=TRANSFER_COLOR,
+                       edgecolor=TRANSFER_COLOR, linewidth=0.5)
+
+
+def _legend(colors: Mapping[str, str], transfer_kinds: set[str], k: int) -> list:
+    """Op kinds (by time taken), 'other ops', the transfer kinds, and the micro-batches' hatches."""
+    from matplotlib.patches import Patch
+
     handles = [Patch(facecolor=color, label=kind) for kind, color in colors.items() if color != OTHER_COLOR]
     if OTHER_COLOR in colors.values():
         handles.append(Patch(facecolor=OTHER_COLOR, label="other ops"))
-    for kind in sorted({w["kind"] for w in windows}):
-        handles.append(Patch(facecolor=TRANSFER_COLOR, label=f"transfer ({kind})"))
+    handles += [Patch(facecolor=TRANSFER_COLOR, label=f"transfer ({kind})") for kind in sorted(transfer_kinds)]
     if k > 1:
         handles += [Patch(facecolor="white", edgecolor="#555555", hatch=HATCHES[mb % len(HATCHES)],
                           label=f"micro-batch {mb}") for mb in range(k)]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), framealpha=0.9)
-    ax.set_title(_title(title, placement), loc="left")
-    figure.tight_layout()
-    return save(figure, path)
+    return handles
 
 
 def _lanes(ax, devices: int, k: int, used: list[bool]) -> None:
