@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..sizes import format_bytes
-from .style import PALETTE, pyplot, save
+from .style import PALETTE, pyplot, save, source_label
 
 BASELINE_COLOR, MIXED_COLOR = "#bab0ac", "#9c755f"
 ESTIMATED_HATCH = "///"
@@ -42,20 +42,21 @@ def _source_hatch(source: str) -> str:
 
 
 def _totals(ax, doc: Mapping[str, Any]) -> None:
-    """Two bars: the chosen total and the best-single total (when every layer has one)."""
-    sources = {r["chosen"]["source"] for r in doc["layers"]}
-    rows = [("chosen", doc["total_seconds"], "estimated" in sources, "#4e79a7")]
+    """Two bars: the chosen total and the best-single total (when every layer has one), each saying how many of
+    its layers' times are estimated."""
+    layers = doc["layers"]
+    rows = [("chosen", doc["total_seconds"], [r["chosen"]["source"] for r in layers], "#4e79a7")]
     if doc["best_single_total_seconds"] is not None:
-        base_sources = {r["best_single"]["source"] for r in doc["layers"]}
-        rows.append(("best single algorithm", doc["best_single_total_seconds"], "estimated" in base_sources,
-                     BASELINE_COLOR))
-    for y, (name, seconds, estimated, color) in enumerate(rows):
+        rows.append(("best single algorithm", doc["best_single_total_seconds"],
+                     [r["best_single"]["source"] for r in layers], BASELINE_COLOR))
+    for y, (name, seconds, sources, color) in enumerate(rows):
+        estimated = sources.count("estimated")
         ax.barh(y, seconds * 1e3, color=color, hatch=ESTIMATED_HATCH if estimated else "", edgecolor="white")
-        ax.text(seconds * 1e3, y, f" {seconds * 1e3:.2f} ms{' (partly estimated)' if estimated else ' (measured)'}",
-                va="center", fontsize=8)
+        ax.text(seconds * 1e3, y, f" {seconds * 1e3:.2f} ms ({source_label(estimated, len(sources))}"
+                f"{' layers' if 0 < estimated < len(sources) else ''})", va="center", fontsize=8)
     ax.set_yticks(range(len(rows)), [name for name, *_ in rows])
     ax.invert_yaxis()
-    ax.set_xlim(0, max(seconds for _, seconds, *_ in rows) * 1e3 * 1.35 or 1)
+    ax.set_xlim(0, max(seconds for _, seconds, *_ in rows) * 1e3 * 1.4 or 1)
     ax.set_xlabel("sum over the layers (ms)")
     ax.set_title(f"total; weights stored {format_bytes(doc['weight_bytes'])} "
                  f"({format_bytes(doc['default_weight_bytes'])} without selection, extra layouts "
