@@ -144,7 +144,8 @@ def _legend(colors: Mapping[str, str], transfer_kinds: set[str], k: int) -> list
     handles = [Patch(facecolor=color, label=kind) for kind, color in colors.items() if color != OTHER_COLOR]
     if OTHER_COLOR in colors.values():
         handles.append(Patch(facecolor=OTHER_COLOR, label="other ops"))
-    handles += [Patch(facecolor=TRANSFER_COLOR, label=f"transfer ({kind})") for kind in sorted(transfer_kinds)]
+    if transfer_kinds:
+        handles.append(Patch(facecolor=TRANSFER_COLOR, label=f"transfer ({', '.join(sorted(transfer_kinds))})"))
     if k > 1:
         handles += [Patch(facecolor="white", edgecolor="#555555", hatch=HATCHES[mb % len(HATCHES)],
                           label=f"micro-batch {mb}") for mb in range(k)]

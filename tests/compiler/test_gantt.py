@@ -45,10 +45,15 @@ def test_transfers_run_after_their_producer_for_alpha_plus_beta_bytes():
     assert window["finish_s"] - window["start_s"] == pytest.approx(1e-4 + 4e-4)
 
 
-def test_data_placement_scatters_inputs_and_gathers_results():
-    placement = _placement(planner="data")
+def test_data_placement_scatters_inputs_and_gathers_results(tmp_path):
+    placement = _placement(planner="data", microbatches=1)
+    for node in placement["nodes"].values():
+        node["device"] = "all"
     placement["transfers"] = [{"tensor": "x", "from": 0, "to": 1, "bytes": 8}, {"tensor": "y", "from": 1, "to": 0, "bytes": 8}]
     assert [w["kind"] for w in transfer_windows(placement, {"y": "fc"})] == ["Scatter", "Gather"]
+    svg = assert_chart(write_gantt(tmp_path / "gantt", placement, GraphFacts({"y": "fc"}, {}), "tiny"),
+                       ["tiny: data placement on 2 devices", "transfer (Gather, Scatter)"])
+    assert "(no nodes)" not in svg  # nodes on "all" devices fill every lane
 
 
 def test_micro_batches_start_one_bottleneck_interval_apart():
