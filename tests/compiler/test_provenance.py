@@ -123,3 +123,44 @@ def test_a_note_is_one_sentence_and_the_details_go_to_the_log(tmp_path):
     log.write(tmp_path)
     text = (tmp_path / LOG_FILE).read_text()
     assert "RuntimeError" in text and "0xffffffffffffffff" in text and "stderr text" in text and "Traceback" in text
+
+
+
+def test_auto_placement_lists_its_alternatives_and_a_failed_profiling_leaves_one_sentence(monkeypatch, tmp_path):
+    from tessel.compiler import worker_programs
+    from tessel.compiler.distribute import PlacementReport
+    from tessel.compiler.options import CompileOptions
+    from tessel.compiler.program import build_program
+    from tessel.passes.machine import Link, Machine
+    from tessel.passes.partition import Transfers
+    from tessel.passes.placement import place
+    from tessel.runtime.profile import ProfilingFailed
+
+    def fails(*args, **kwargs):
+        raise ProfilingFailed("the profiling process exited with status 1",
+                              'Traceback (most recent call last):\n  File "<unknown>", line 0, in 0xffffffffffffffff\n')
+
+    monkeypatch.setattr(worker_programs, "profile_steps", fails)
+    graph = helper.make_graph([helper.make_node("Exp", ["x"], ["h"]), helper.make_node("Tanh", ["h"], ["y"])], "two",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
+    graph = ir.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    target = parse_target("llvm")
+    log = CompileLog()
+    # No kernel is compiled: profiling fails before it would run them.
+    tasks, notes = worker_programs._tasks(graph, build_program(graph, target), target, KernelCache(tmp_path / "k"),
+                                          CompileOptions(devices=2), 2, log)
+    assert notes == log.notes and len(notes) == 1
+    assert notes[0].endswith(f"details in {LOG_FILE}") and "File" not in notes[0] and "\n" not in notes[0]
+    (tmp_path / "reports").mkdir()
+    log.write(tmp_path)
+    assert "0xffffffffffffffff" in (tmp_path / LOG_FILE).read_text()
+
+    machine = Machine((1 << 30, 1 << 30), Link(5e-5, 1e-9, measured=True))
+    plan = place(tasks, machine, "auto", batch=4, io_bytes=(128, 128), cuts={1: 128})
+    doc = PlacementReport(plan, Transfers(), machine, tasks, [0, 0], [0, 0]).to_json()
+    names = [a["name"] for a in doc["alternatives"]]
+    assert names[0] == doc["planner"] and {"single", "pipeline", "list", "data"} <= set(names)
+    assert all(set(a) == {"name", "predicted_ms", "source"} and a["source"] == "estimated" for a in doc["alternatives"])
+    line = placement_line(doc, 2, "placement.md")
+    assert "estimated (0 of 2 node times measured, 0%" in line and "alternatives: " in line
