@@ -47,9 +47,11 @@ def main() -> int:
                              remeasure=True)
     wall = time.perf_counter() - started
     total = timing.measured + timing.estimated
-    print(f"{args.model} batch {args.batch}: profiling took {wall:.2f} s for a budget of {args.budget:.1f} s "
-          f"({100 * (wall / args.budget - 1):+.1f}%); {timing.measured} of {total} candidates measured, "
-          f"{timing.estimated} estimated")
+    print(f"{args.model} batch {args.batch}: profiling (building and timing kernels) took {timing.seconds:.2f} s for "
+          f"a budget of {args.budget:.1f} s ({100 * (timing.seconds / args.budget - 1):+.1f}%), after "
+          f"{timing.enumerate_seconds:.2f} s making the candidates' specs ({wall:.2f} s in all); {timing.measured} of "
+          f"{total} candidates measured ({timing.cached} of them from the profile database), {timing.estimated} "
+          "estimated")
     return 0
 
 

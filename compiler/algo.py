@@ -19,6 +19,7 @@ from typing import Callable, Mapping, Sequence
 from tessel.backends.cpu.algorithms import ALGORITHM_OPS, algorithms
 from tessel.backends.builder import build_kernels
 from tessel.backends.cache import KernelCache
+from tessel.backends.kernel import KernelSpec
 from tessel.backends.lower import workspace_bytes
 from tessel.ir.analysis import weight_derived
 from tessel.ir.costs import bytes_moved, flops
@@ -135,7 +136,7 @@ class _Work:
 
     layer: Layer
     pair: tuple[str, int]
-    spec: object
+    spec: KernelSpec
     key: str
 
 
@@ -193,23 +194,20 @@ def _measure(wanted: Sequence[_Work], target, cache: KernelCache, runs: int, dea
              jobs: int | None, progress: Callable[[int, int], None] | None) -> tuple[dict[str, float], bool]:
     """Build and time `wanted` in order until `deadline`: (kernel key → ms, whether the deadline cut the
     measuring short)."""
-    group = max(1, jobs or os.cpu_count() or 1)
+    group = max(1, jobs or os.cpu_count() or 1)  # kernels built at once
     times: dict[str, float] = {}
-    built = build_s = 0.0
-    cut = False
+    rounds, build_s, cut = 0, 0.0, False
     for first in range(0, len(wanted), group):
         chunk = wanted[first:first + group]
         missing = {w.key: w.spec for w in chunk if not cache.has(w.key)}
-        if missing and deadline is not None:
-            # A build cannot be stopped halfway: start one only when the builds so far say it ends in time.
-            per_build = build_s / built if built else 0.0
-            if time.perf_counter() + per_build * -(-len(missing) // group) > deadline:
-                missing, chunk, cut = {}, [w for w in chunk if cache.has(w.key)], True
+        # A build cannot be stopped halfway: start one only when the builds so far say it ends in time.
+        if missing and deadline is not None and time.perf_counter() + (build_s / rounds if rounds else 0) > deadline:
+            missing, chunk, cut = {}, [w for w in chunk if cache.has(w.key)], True
         if missing:
             begin = time.perf_counter()
             build_kernels(missing, target, cache, jobs)
             build_s += time.perf_counter() - begin
-            built += -(-len(missing) // group)
+            rounds += 1
         for w in chunk:
             if deadline is not None and time.perf_counter() >= deadline:
                 return times, True
@@ -387,7 +385,7 @@ def markdown(doc: dict) -> str:
              f"Workspace limit: {limit_text} ({doc['workspace_limit_source']}); "
              f"{held} workspace chosen: {format_bytes(doc['workspace_bytes'])}.",
              f"Candidates: {_candidates_text(doc['profiling'])}; {budget_text(doc['profiling'])}, after "
-             f"{doc['profiling']['enumerate_seconds']:.1f} s making the candidates' kernels.", ""]
+             f"{doc['profiling']['enumerate_seconds']:.1f} s making the candidates' kernel specs.", ""]
     base = doc["best_single_total_seconds"]
     lines.append(f"Layers total: {1e3 * doc['total_seconds']:.3f} ms chosen ({doc['total_source']})"
                  + (f" vs {1e3 * base:.3f} ms ({doc['best_single_source']}) with the best single algorithm per layer "

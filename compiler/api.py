@@ -32,6 +32,7 @@ from .options import CompileError, CompileOptions
 from .packaging import write_artifact
 from .pipeline import pass_report, run_pipeline
 from .program import build_program
+from .provenance import PLANNED
 from .worker_programs import MachineShape, check_fits, micro_batch_graph, place_workers
 
 __all__ = ["Artifact", "CompileError", "CompileOptions", "compile", "load"]
@@ -176,6 +177,7 @@ def _memory_summary(reports: Sequence[dict]) -> dict:
     keys = ("arena_bytes", "bound_bytes", "no_reuse_bytes", "weights_bytes")
     summary = {key: sum(r[key] for r in reports) for key in keys}
     summary["ratio"] = round(max(r["ratio"] for r in reports), 4)
+    summary["source"] = PLANNED
     if len(reports) > 1:
         summary["per_device"] = [{key: r[key] for key in (*keys, "ratio")} for r in reports]
     return summary

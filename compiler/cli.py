@@ -85,7 +85,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     print(f"compiled {args.model} for {report['target']}: {report['kernels']} kernels "
           f"({report['kernels_cached']} from cache), {report['kernel_calls']} kernel calls per run, "
           f"activations {format_bytes(memory['arena_bytes'])} (bound {format_bytes(memory['bound_bytes'])}), "
-          f"weights {format_bytes(memory['weights_bytes'])} -> {output}")
+          f"weights {format_bytes(memory['weights_bytes'])}, both {memory['source']} -> {output}")
     print(f"artifact sha256 {artifact.sha256} (publish it; 'tessel run --expect-sha256' checks it)")
     if report["conv_layout"]["blocked_values"]:
         print(f"{report['conv_layout']['blocked_values']} activations kept in NCHW[16]c between conv kernels")

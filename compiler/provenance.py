@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 from .sizes import format_bytes
 
-MEASURED, ESTIMATED = "measured", "estimated"
+MEASURED, ESTIMATED, PLANNED = "measured", "estimated", "planned"
 
 
 def source(all_measured: bool) -> str:

@@ -106,6 +106,9 @@ def test_cli_selects_and_reports(kernel_cache, tmp_path):
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert "algorithms (dp)" in done.stdout and (out / "reports" / "algo.md").is_file()
+    # A budget of 0 s measures nothing: the line says the total is an estimate, and on how little it rests.
+    assert "ms estimated (0 of " in done.stdout and "candidates measured, 0%" in done.stdout
+    assert "of a 0 s budget" in done.stdout and "weights " in done.stdout
     report = subprocess.run([sys.executable, "-m", "tessel.compiler.cli", "report", str(out)], capture_output=True, text=True,
                             cwd=ROOT)
     assert "# Algorithm and micro-batch selection (dp" in report.stdout
