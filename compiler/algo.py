@@ -41,6 +41,9 @@ ESTIMATE_FACTOR = {"nchwc": 1.0, "packed": 1.0, "direct": 1.1, "im2col": 1.5, "w
 SLICE_ALIGNMENT = {"llvm": 64, "cuda": 256}
 # What one kernel call costs beyond its work (argument passing, waking the thread pool), for estimates.
 ESTIMATE_CALL_S = 10e-6
+# What building a few candidate kernels at once takes before any build was seen (a build worker imports TVM first):
+# seconds on a busy 2-core machine.
+BUILD_ROUND_PRIOR_S = 5.0
 
 
 class AlgoSelectionError(ValueError):
@@ -170,7 +173,8 @@ def time_candidates(layers: Sequence[Layer], builder: ProgramBuilder, target, ca
     started = time.perf_counter()
     deadline = None if budget_s is None else started + budget_s
     wanted = [w for w in work if remeasure or db.get(w.key, threads) is None] if target.kind == "llvm" else []
-    wanted.sort(key=lambda w: w.pair[1] != w.layer.batch)  # stable: layer order within each round
+    # Whole-batch candidates first, and those already compiled before those to build; layer order within each.
+    wanted.sort(key=lambda w: (w.pair[1] != w.layer.batch, not cache.has(w.key)))
     times, exhausted = _measure(wanted, target, cache, runs, deadline, jobs, progress)
     db.put({ProfileDB.key(key, threads): ms for key, ms in times.items()})
     candidates: dict[str, list[Candidate]] = {}
@@ -200,8 +204,10 @@ def _measure(wanted: Sequence[_Work], target, cache: KernelCache, runs: int, dea
     for first in range(0, len(wanted), group):
         chunk = wanted[first:first + group]
         missing = {w.key: w.spec for w in chunk if not cache.has(w.key)}
-        # A build cannot be stopped halfway: start one only when the builds so far say it ends in time.
-        if missing and deadline is not None and time.perf_counter() + (build_s / rounds if rounds else 0) > deadline:
+        # A build cannot be stopped halfway: start one only when the builds so far (or, before any, the prior) say
+        # it ends in time.
+        expected = build_s / rounds if rounds else BUILD_ROUND_PRIOR_S
+        if missing and deadline is not None and time.perf_counter() + expected > deadline:
             missing, chunk, cut = {}, [w for w in chunk if cache.has(w.key)], True
         if missing:
             begin = time.perf_counter()

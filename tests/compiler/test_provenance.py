@@ -54,6 +54,7 @@ def slow_kernels(monkeypatch, tmp_path):
     """Kernel builds and timings that take known time and compile nothing; an empty cache and profile database."""
     monkeypatch.setattr(algo, "build_kernels", _slow_build)
     monkeypatch.setattr(algo, "time_kernel", _slow_time)
+    monkeypatch.setattr(algo, "BUILD_ROUND_PRIOR_S", BUILD_S)
     return KernelCache(tmp_path / "kernels"), ProfileDB(tmp_path / "profiles.json")
 
 
@@ -80,6 +81,14 @@ def test_the_profile_budget_is_honoured_and_the_rest_estimated(slow_kernels):
                              "budget_s": budget, "budget_exhausted": True}}
     line = algo_line(summary, "algo.md")
     assert f"{timing.measured} of {total} candidates measured" in line and "of a 1 s budget" in line
+
+
+def test_no_build_starts_that_would_end_past_the_budget(slow_kernels, monkeypatch):
+    monkeypatch.setattr(algo, "BUILD_ROUND_PRIOR_S", 2.0)  # before any build, one is expected to take 2 s
+    target = parse_target("llvm")
+    started = time.perf_counter()
+    timing = algo.time_candidates(_matmul_layers(), ProgramBuilder(target), target, *slow_kernels, budget_s=1.0)
+    assert timing.measured == 0 and timing.budget_exhausted and time.perf_counter() - started < 1.0
 
 
 def test_no_budget_left_measures_nothing(tmp_path):
