@@ -390,14 +390,13 @@ def markdown(doc: dict) -> str:
     lines = [f"# Algorithm and micro-batch selection ({doc['mode']}, sizes: {doc['policy']})", "",
              f"Workspace limit: {limit_text} ({doc['workspace_limit_source']}); "
              f"{held} workspace chosen: {format_bytes(doc['workspace_bytes'])}.",
-             f"Candidates: {_candidates_text(doc['profiling'])}; {budget_text(doc['profiling'])}, after "
+             f"{_candidates_text(doc['profiling'])}; {budget_text(doc['profiling'])}, after "
              f"{doc['profiling']['enumerate_seconds']:.1f} s making the candidates' kernel specs.", ""]
     base = doc["best_single_total_seconds"]
     lines.append(f"Layers total: {1e3 * doc['total_seconds']:.3f} ms chosen ({doc['total_source']})"
                  + (f" vs {1e3 * base:.3f} ms ({doc['best_single_source']}) with the best single algorithm per layer "
                     f"({base / doc['total_seconds']:.2f}x)." if base else "."))
-    lines.append(f"Weights stored: {weight_growth(doc['default_weight_bytes'], doc['weight_bytes'])}; the extra "
-                 f"layouts (chosen algorithms' own packing) take {format_bytes(doc['extra_layout_bytes'])}.")
+    lines.append(f"Stored {weight_growth(doc['default_weight_bytes'], doc['weight_bytes'], doc['extra_layout_bytes'])}.")
     if "ilp" in doc:
         ilp = doc["ilp"]
         lines.append(f"ILP: objective {1e3 * ilp['objective_s']:.3f} ms, LP bound {1e3 * ilp['lp_bound_s']:.3f} ms, "

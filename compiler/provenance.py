@@ -39,13 +39,15 @@ def link_text(link: Mapping[str, Any]) -> str:
     return (f"link α {format_seconds_us(link['alpha_s'])}, β {1e9 * link['beta_s_per_byte']:.3g} ns/B ({how})")
 
 
-def weight_growth(before: int, after: int) -> str:
-    """'weights 44.6 MiB -> 150.9 MiB (+106.3 MiB of packed layouts)', or the one size when nothing grew."""
-    if after == before:
+def weight_growth(before: int, after: int, extra: int) -> str:
+    """'weights 44.6 MiB -> 150.9 MiB (+106.3 MiB; the chosen algorithms' own layouts take 110.0 MiB)': the weights
+    stored without and with algorithm selection, and the bytes of the layouts only the chosen algorithms read (some
+    replace a default layout, so the growth can be smaller)."""
+    if not extra and after == before:
         return f"weights {format_bytes(after)} (no extra layouts)"
-    sign = "+" if after > before else "-"
-    return (f"weights {format_bytes(before)} -> {format_bytes(after)} "
-            f"({sign}{format_bytes(abs(after - before))} of the chosen algorithms' own layouts)")
+    sign = "+" if after >= before else "-"
+    return (f"weights {format_bytes(before)} -> {format_bytes(after)} ({sign}{format_bytes(abs(after - before))}; "
+            f"the chosen algorithms' own layouts take {format_bytes(extra)})")
 
 
 def algo_line(algo: Mapping[str, Any], where: str) -> str:
@@ -57,7 +59,8 @@ def algo_line(algo: Mapping[str, Any], where: str) -> str:
     versus = (f" vs {1e3 * algo['best_single_total_seconds']:.2f} ms {algo['best_single_source']} with the best "
               "single algorithm" if algo["best_single_total_seconds"] else "")
     return (f"algorithms ({algo['mode']}): conv/matmul layers {total}{versus}; {budget_text(profiling)}; "
-            f"{weight_growth(algo['default_weight_bytes'], algo['weight_bytes'])}; see {where}")
+            f"{weight_growth(algo['default_weight_bytes'], algo['weight_bytes'], algo['extra_layout_bytes'])}; "
+            f"see {where}")
 
 
 def budget_text(profiling: Mapping[str, Any]) -> str:

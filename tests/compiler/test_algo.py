@@ -70,7 +70,7 @@ def test_report_says_what_each_extra_weight_layout_adds(kernel_cache):
     assert {k: summary[k] for k in ("weight_bytes", "default_weight_bytes", "extra_layout_bytes")} == \
         {k: doc[k] for k in ("weight_bytes", "default_weight_bytes", "extra_layout_bytes")}
     markdown = (artifact.directory / "reports" / "algo.md").read_text()
-    assert "extra layouts (chosen algorithms' own packing) take" in markdown and "winograd" in markdown
+    assert "the chosen algorithms' own layouts take" in markdown and "winograd" in markdown
 
 
 def test_ilp_divides_the_budget_and_reports_its_bound(kernel_cache):

@@ -77,6 +77,7 @@ def test_the_profile_budget_is_honoured_and_the_rest_estimated(slow_kernels):
     rows = [{"chosen": {"source": "measured" if c.measured else "estimated"}} for c in selection.chosen.values()]
     summary = {"mode": "dp", "total_seconds": 0.2299, "total_source": algo.chosen_source(rows, "chosen"),
                "best_single_total_seconds": None, "default_weight_bytes": 100, "weight_bytes": 100,
+               "extra_layout_bytes": 0,
                "profiling": {"measured": timing.measured, "estimated": timing.estimated, "seconds": timing.seconds,
                              "budget_s": budget, "budget_exhausted": True}}
     line = algo_line(summary, "algo.md")
@@ -104,12 +105,13 @@ def test_summary_lines_mark_estimates_and_their_share():
     algo_summary = {"mode": "dp", "total_seconds": 0.22986, "total_source": "estimated",
                     "best_single_total_seconds": 0.27143, "best_single_source": "estimated",
                     "default_weight_bytes": int(44.6 * 2**20), "weight_bytes": int(150.9 * 2**20),
+                    "extra_layout_bytes": 110 << 20,
                     "profiling": {"measured": 9, "estimated": 210, "seconds": 10.04, "budget_s": 10.0,
                                   "budget_exhausted": True}}
     line = algo_line(algo_summary, "r/algo.md")
     assert "229.86 ms estimated (9 of 219 candidates measured, 4%) vs 271.43 ms estimated" in line
-    assert "weights 44.6 MiB -> 150.9 MiB (+106.3 MiB" in line and "profiling 10.0 s of a 10 s budget" in line
-    assert weight_growth(10, 10) == "weights 10 B (no extra layouts)"
+    assert "weights 44.6 MiB -> 150.9 MiB (+106.3 MiB; the chosen algorithms' own layouts take 110.0 MiB)" in line and "profiling 10.0 s of a 10 s budget" in line
+    assert weight_growth(10, 10, 0) == "weights 10 B (no extra layouts)"
     placed = {"planner": "pipeline", "predicted_makespan_s": 0.05, "predicted_source": "estimated",
               "node_times": {"measured": 58, "total": 60}, "bound_s": 0.04, "transfer_bytes": 1 << 20,
               "link": {"alpha_s": 1e-7, "beta_s_per_byte": 7e-10, "measured": True},
