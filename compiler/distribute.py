@@ -25,7 +25,7 @@ from tessel.passes.machine import Link, Machine, Task
 from tessel.passes.placement import Placement
 from tessel.runtime.profile_db import ESTIMATE_BYTES_PER_S, ESTIMATE_FLOPS_PER_S
 
-from .provenance import link_text, share, source
+from .provenance import link_text, predicted, share, source
 from .sizes import format_bytes
 
 
@@ -165,7 +165,7 @@ def placement_markdown(doc: Mapping[str, Any]) -> str:
         f"Predicted {1e3 * doc['predicted_makespan_s']:.2f} ms per batch against a bound of "
         f"{1e3 * doc['bound_s']:.2f} ms ({'work / devices' if doc['planner'] in ('data', 'hybrid') else 'max of critical path and work / devices'}): ratio {doc['makespan_over_bound']:.2f}; "
         f"{1e3 * doc['predicted_steady_s']:.2f} ms per batch when batches stream back to back. "
-        f"The prediction is {doc['predicted_source']}: "
+        f"The prediction is {predicted(doc['predicted_source'])}: "
         f"{share(doc['node_times']['measured'], doc['node_times']['total'], 'node times')}; {link_text(doc['link'])}.",
         "", "| alternative | predicted ms | source |", "|---|---:|---|",
         *[f"| {a['name']}{' (chosen)' if k == 0 else ''} | {a['predicted_ms']:.2f} | {a['source']} |"

@@ -34,8 +34,8 @@ def format_seconds_us(seconds: float) -> str:
 
 
 def link_text(link: Mapping[str, Any]) -> str:
-    """'link α 74.2 µs, β 0.70 ns/B (measured by tessel calibrate)', from the placement report's link entry."""
-    how = "measured by tessel calibrate" if link["measured"] else "default, estimated; run tessel calibrate"
+    """'link α 74.2 µs, β 0.7 ns/B (measured)', from the placement report's link entry."""
+    how = "measured" if link["measured"] else "default, estimated; run tessel calibrate"
     return (f"link α {format_seconds_us(link['alpha_s'])}, β {1e9 * link['beta_s_per_byte']:.3g} ns/B ({how})")
 
 
@@ -78,9 +78,15 @@ def placement_line(placed: Mapping[str, Any], devices: int, where: str) -> str:
     tasks = placed["node_times"]
     others = "; ".join(f"{a['name']} {a['predicted_ms']:.2f} ms {a['source']}" for a in placed["alternatives"])
     return (f"placement {placed['planner']} on {devices} devices: predicted {1e3 * placed['predicted_makespan_s']:.2f} ms "
-            f"per batch {placed['predicted_source']} ({share(tasks['measured'], tasks['total'], 'node times')}; "
+            f"per batch {predicted(placed['predicted_source'])} "
+            f"({share(tasks['measured'], tasks['total'], 'node times')}; "
             f"{link_text(placed['link'])}), bound {1e3 * placed['bound_s']:.2f} ms, "
             f"{format_bytes(placed['transfer_bytes'])} sent per micro-batch; alternatives: {others}; see {where}")
+
+
+def predicted(how: str) -> str:
+    """How a prediction rests on measurements: 'from measured times' or 'estimated'."""
+    return "from measured times" if how == MEASURED else ESTIMATED
 
 
 def chosen_source(rows: Sequence[Mapping[str, Any]], field: str) -> str:

@@ -119,7 +119,7 @@ def test_summary_lines_mark_estimates_and_their_share():
                                {"name": "single", "predicted_ms": 80.0, "source": "estimated"}]}
     line = placement_line(placed, 2, "r/placement.md")
     assert "50.00 ms per batch estimated (58 of 60 node times measured, 97%" in line
-    assert "link α 0.1 µs" in line and "measured by tessel calibrate" in line
+    assert "link α 0.1 µs, β 0.7 ns/B (measured)" in line
     assert "alternatives: pipeline 50.00 ms estimated; single 80.00 ms estimated" in line
 
 
