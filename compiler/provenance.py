@@ -64,12 +64,15 @@ def algo_line(algo: Mapping[str, Any], where: str) -> str:
 
 
 def budget_text(profiling: Mapping[str, Any]) -> str:
-    """'profiling 10.1 s of a 10 s budget (budget spent)' or 'profiling 3.2 s'."""
+    """'profiling 10.1 s of a 10 s budget (budget spent: the rest estimated), after 6.8 s making the candidates'
+    kernel specs' (the budget bounds the building and timing, not the specs every selection needs)."""
     text = f"profiling {profiling['seconds']:.1f} s"
     if profiling.get("budget_s") is not None:
         text += f" of a {profiling['budget_s']:g} s budget"
     if profiling["budget_exhausted"]:
         text += " (budget spent: the rest estimated)"
+    if profiling.get("enumerate_seconds"):
+        text += f", after {profiling['enumerate_seconds']:.1f} s making the candidates' kernel specs"
     return text
 
 
