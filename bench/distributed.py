@@ -37,8 +37,8 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args(argv)
     if not link_path().is_file():
-        alpha, beta, _ = calibrate()
-        print(f"calibrated link: alpha {1e6 * alpha:.1f} us, beta {1e9 * beta:.3f} ns/B")
+        fit, _ = calibrate()
+        print(f"calibrated link: {fit.describe()}")
     model = next(m for m in load_corpus() if m.name == args.model)
     (name, shape), = model.input_shapes.items()
     feeds = {name: np.random.default_rng(0).standard_normal((args.batch,) + tuple(shape[1:])).astype(np.float32)}

@@ -11,6 +11,7 @@ layers (ILP, the workspaces together within the budget).
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -18,6 +19,7 @@ from typing import Callable, Mapping, Sequence
 from tessel.backends.cpu.algorithms import ALGORITHM_OPS, algorithms
 from tessel.backends.builder import build_kernels
 from tessel.backends.cache import KernelCache
+from tessel.backends.kernel import KernelSpec
 from tessel.backends.lower import workspace_bytes
 from tessel.ir.analysis import weight_derived
 from tessel.ir.costs import bytes_moved, flops
@@ -31,6 +33,7 @@ from tessel.runtime.profile import time_kernel
 from tessel.runtime.profile_db import ESTIMATE_BYTES_PER_S, ESTIMATE_FLOPS_PER_S, ProfileDB
 
 from .program import PACKED_SUFFIX, Program, ProgramBuilder
+from .provenance import budget_text, chosen_source, share, weight_growth
 from .sizes import format_bytes
 # Relative cost of each algorithm per (direct) FLOP for candidates never timed: a prior, reported as an
 # estimate, from ResNet-18's layers timed on a 2-core x86 machine (Winograd does fewer multiplies).
@@ -38,6 +41,9 @@ ESTIMATE_FACTOR = {"nchwc": 1.0, "packed": 1.0, "direct": 1.1, "im2col": 1.5, "w
 SLICE_ALIGNMENT = {"llvm": 64, "cuda": 256}
 # What one kernel call costs beyond its work (argument passing, waking the thread pool), for estimates.
 ESTIMATE_CALL_S = 10e-6
+# What building a few candidate kernels at once takes before any build was seen (a build worker imports TVM first):
+# seconds on a busy 2-core machine.
+BUILD_ROUND_PRIOR_S = 5.0
 
 
 class AlgoSelectionError(ValueError):
@@ -110,60 +116,113 @@ def _per_sample(node: Node, members: Sequence[Node], outer: Mapping[int, Value],
 
 @dataclass
 class Timing:
-    """The candidates of every layer (by node name) and how the profiling went."""
+    """The candidates of every layer (by node name) and how the profiling went.
+
+    `measured` counts candidates with a measured time, `cached` those of them whose time came from the profile
+    database (measured by an earlier compile); `estimated` the rest. `seconds` is the profiling's wall time (building
+    and timing kernels) against `budget_s`; `enumerate_seconds` the time spent making the candidates' specs before it.
+    """
 
     candidates: dict[str, list[Candidate]]
     measured: int
     estimated: int
     seconds: float
     budget_exhausted: bool
+    cached: int = 0
+    budget_s: float | None = None
+    enumerate_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Work:
+    """One candidate to measure: its layer, (algorithm, micro-batch size), kernel spec and key."""
+
+    layer: Layer
+    pair: tuple[str, int]
+    spec: KernelSpec
+    key: str
 
 
 def time_candidates(layers: Sequence[Layer], builder: ProgramBuilder, target, cache: KernelCache, db: ProfileDB,
                     budget_s: float | None = None, remeasure: bool = False, runs: int = 5,
-                    progress: Callable[[int, int], None] | None = None) -> Timing:
+                    progress: Callable[[int, int], None] | None = None,
+                    jobs: int | None = None) -> Timing:
     """Time and size every (algorithm, micro-batch) candidate of every layer.
 
-    Compiles each layer's candidates (in parallel, through the cache), runs each
-    on random data and keeps the median; stops measuring once `budget_s`
-    seconds are spent (the rest are estimated). Workspace bytes are read from
-    the scheduled kernels. Only llvm kernels can run here; cuda ones are estimated.
+    First makes every candidate's spec and reads its workspace (from the scheduled kernel, kept in the profile
+    database). Then measures what the database lacks (everything, with `remeasure`): compiles the candidates through
+    the cache, a few at a time, and times each on random data (median of `runs`). With `budget_s` the clock is
+    checked before each group of builds, before each candidate and between a candidate's runs, and no build starts
+    that the builds so far say would end past the budget; what is left unmeasured is estimated, and counted as such.
+    Whole-batch candidates are measured before the micro-batch ones, which are estimated from them when the budget
+    runs out. Only llvm kernels can run here; cuda ones are estimated.
     """
     from tessel.backends.tvm_env import threads as tvm_threads
 
     threads = tvm_threads()
+    began = time.perf_counter()
+    work: list[_Work] = []
+    for layer in layers:
+        for algorithm in layer.algorithms:
+            for size in layer.sizes:
+                spec = builder.candidate(layer.node, algorithm, size)[0]
+                key = spec.key(target)
+                if db.workspace(key) is None:
+                    db.put_workspace(key, workspace_bytes(spec, target))
+                work.append(_Work(layer, (algorithm, size), spec, key))
     started = time.perf_counter()
+    deadline = None if budget_s is None else started + budget_s
+    wanted = [w for w in work if remeasure or db.get(w.key, threads) is None] if target.kind == "llvm" else []
+    # Whole-batch candidates first, and those already compiled before those to build; layer order within each.
+    wanted.sort(key=lambda w: (w.pair[1] != w.layer.batch, not cache.has(w.key)))
+    times, exhausted = _measure(wanted, target, cache, runs, deadline, jobs, progress)
+    db.put({ProfileDB.key(key, threads): ms for key, ms in times.items()})
     candidates: dict[str, list[Candidate]] = {}
-    measured = estimated = 0
-    exhausted = False
-    for done, layer in enumerate(layers):
-        specs = {(a, b): builder.candidate(layer.node, a, b)[0] for a in layer.algorithms for b in layer.sizes}
-        keys = {pair: spec.key(target) for pair, spec in specs.items()}
-        for pair, spec in specs.items():
-            if db.workspace(keys[pair]) is None:
-                db.put_workspace(keys[pair], workspace_bytes(spec, target))
-        over = budget_s is not None and time.perf_counter() - started > budget_s
-        exhausted = exhausted or over
-        runnable = target.kind == "llvm" and not over
-        if runnable:
-            wanted = {keys[p]: s for p, s in specs.items() if remeasure or db.get(keys[p], threads) is None}
-            if wanted:
-                build_kernels(wanted, target, cache)
-                db.put({ProfileDB.key(key, threads): time_kernel(cache.library(key), spec, runs)
-                        for key, spec in wanted.items()})
+    measured = estimated = cached = 0
+    for layer in layers:
         rows = []
-        for (algorithm, size), spec in specs.items():
-            ms = db.get(keys[(algorithm, size)], threads)
+        for w in (w for w in work if w.layer is layer):
+            ms = times.get(w.key, db.get(w.key, threads))
             if ms is not None:
-                rows.append(Candidate(algorithm, size, ms / 1e3, db.workspace(keys[(algorithm, size)]), True))
-        rows += _estimates(layer, rows, {p: db.workspace(k) for p, k in keys.items()})
+                rows.append(Candidate(*w.pair, ms / 1e3, db.workspace(w.key), True))
+                cached += w.key not in times
+        rows += _estimates(layer, rows, {w.pair: db.workspace(w.key) for w in work if w.layer is layer})
         measured += sum(r.measured for r in rows)
         estimated += sum(not r.measured for r in rows)
         candidates[layer.node.name] = rows
+    return Timing(candidates, measured, estimated, time.perf_counter() - started, exhausted, cached, budget_s,
+                  started - began)
+
+
+def _measure(wanted: Sequence[_Work], target, cache: KernelCache, runs: int, deadline: float | None,
+             jobs: int | None, progress: Callable[[int, int], None] | None) -> tuple[dict[str, float], bool]:
+    """Build and time `wanted` in order until `deadline`: (kernel key → ms, whether the deadline cut the
+    measuring short)."""
+    group = max(1, jobs or os.cpu_count() or 1)  # kernels built at once
+    times: dict[str, float] = {}
+    rounds, build_s, cut = 0, 0.0, False
+    for first in range(0, len(wanted), group):
+        chunk = wanted[first:first + group]
+        missing = {w.key: w.spec for w in chunk if not cache.has(w.key)}
+        # A build cannot be stopped halfway: start one only when the builds so far (or, before any, the prior) say
+        # it ends in time.
+        expected = build_s / rounds if rounds else BUILD_ROUND_PRIOR_S
+        if missing and deadline is not None and time.perf_counter() + expected > deadline:
+            missing, chunk, cut = {}, [w for w in chunk if cache.has(w.key)], True
+        if missing:
+            begin = time.perf_counter()
+            build_kernels(missing, target, cache, jobs)
+            build_s += time.perf_counter() - begin
+            rounds += 1
+        for w in chunk:
+            if deadline is not None and time.perf_counter() >= deadline:
+                return times, True
+            ms = time_kernel(cache.library(w.key), w.spec, runs, deadline)
+            if ms is not None:
+                times[w.key] = ms
         if progress:
-            progress(done + 1, len(layers))
-    db.put({})
-    return Timing(candidates, measured, estimated, time.perf_counter() - started, exhausted)
+            progress(min(first + group, len(wanted)), len(wanted))
+    return times, cut or (deadline is not None and time.perf_counter() >= deadline)
 
 
 def _estimates(layer: Layer, timed: Sequence[Candidate], workspaces: Mapping[tuple[str, int], int]) -> list[Candidate]:
@@ -304,13 +363,17 @@ def report(selection: Selection, timing: Timing, default: Program, chosen: Progr
         "workspace_limit_bytes": selection.limit, "workspace_limit_source": selection.limit_source,
         "layers": rows,
         "total_seconds": total,
+        "total_source": chosen_source(rows, "chosen"),
         "best_single_total_seconds": base_total,
+        "best_single_source": chosen_source(rows, "best_single"),
         "workspace_bytes": sum(workspaces) if selection.mode == "ilp" else max(workspaces),
         "weight_bytes": sum(int(a.nbytes) for a in chosen.weights.values()),
         "default_weight_bytes": sum(int(a.nbytes) for a in default.weights.values()),
         "extra_layout_bytes": sum(w["extra_layout_bytes"] for w in weights.values()),
-        "profiling": {"measured": timing.measured, "estimated": timing.estimated, "seconds": round(timing.seconds, 3),
-                      "budget_exhausted": timing.budget_exhausted},
+        "profiling": {"measured": timing.measured, "from_profile_database": timing.cached,
+                      "estimated": timing.estimated, "seconds": round(timing.seconds, 3), "budget_s": timing.budget_s,
+                      "budget_exhausted": timing.budget_exhausted,
+                      "enumerate_seconds": round(timing.enumerate_seconds, 3)},
     }
     if selection.ilp is not None:
         doc["ilp"] = selection.ilp.to_json()
@@ -327,16 +390,12 @@ def markdown(doc: dict) -> str:
     lines = [f"# Algorithm and micro-batch selection ({doc['mode']}, sizes: {doc['policy']})", "",
              f"Workspace limit: {limit_text} ({doc['workspace_limit_source']}); "
              f"{held} workspace chosen: {format_bytes(doc['workspace_bytes'])}.",
-             f"Candidates: {doc['profiling']['measured']} measured, {doc['profiling']['estimated']} estimated "
-             f"({doc['profiling']['seconds']:.1f} s of profiling"
-             f"{', budget exhausted' if doc['profiling']['budget_exhausted'] else ''}).", ""]
+             f"{_candidates_text(doc['profiling'])}; {budget_text(doc['profiling'])}.", ""]
     base = doc["best_single_total_seconds"]
-    if base:
-        lines.append(f"Layers total: {1e3 * doc['total_seconds']:.3f} ms chosen vs {1e3 * base:.3f} ms "
-                     f"with the best single algorithm per layer ({base / doc['total_seconds']:.2f}x).")
-    lines.append(f"Weights stored: {format_bytes(doc['weight_bytes'])} "
-                 f"({format_bytes(doc['default_weight_bytes'])} without selection); extra layouts (chosen algorithms' "
-                 f"own packing) add {format_bytes(doc['extra_layout_bytes'])}.")
+    lines.append(f"Layers total: {1e3 * doc['total_seconds']:.3f} ms chosen ({doc['total_source']})"
+                 + (f" vs {1e3 * base:.3f} ms ({doc['best_single_source']}) with the best single algorithm per layer "
+                    f"({base / doc['total_seconds']:.2f}x)." if base else "."))
+    lines.append(f"Stored {weight_growth(doc['default_weight_bytes'], doc['weight_bytes'], doc['extra_layout_bytes'])}.")
     if "ilp" in doc:
         ilp = doc["ilp"]
         lines.append(f"ILP: objective {1e3 * ilp['objective_s']:.3f} ms, LP bound {1e3 * ilp['lp_bound_s']:.3f} ms, "
@@ -352,6 +411,13 @@ def markdown(doc: dict) -> str:
             f"{format_bytes(chosen['workspace_bytes'])} | {base['algorithm'] if base else 'none fits'} | {base_ms} | "
             f"{speedup} | {chosen['source']} | {_extra_layouts(r['weights'])} |")
     return "\n".join(lines) + "\n"
+
+
+def _candidates_text(profiling: dict) -> str:
+    """'95 of 219 candidates measured, 43% (74 of them by earlier compiles), 124 estimated'."""
+    total = profiling["measured"] + profiling["estimated"]
+    return (f"{share(profiling['measured'], total, 'candidates')} ({profiling['from_profile_database']} of them by "
+            f"earlier compiles, kept in the profile database), {profiling['estimated']} estimated")
 
 
 def _extra_layouts(weights: dict) -> str:

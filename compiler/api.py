@@ -25,6 +25,7 @@ from tessel.runtime.instructions import kernel_call_count
 from tessel.runtime.profile_db import ProfileDB
 
 from .artifact import Artifact, load, write_input_defaults, write_model_files
+from .compile_log import CompileLog
 from .distribute import placement_markdown, read_machine_file
 from .memory import plan_program_memory, weight_bytes, write_memory_reports
 from .options import CompileError, CompileOptions
@@ -35,6 +36,7 @@ from .plots.memory_timeline import write_memory_timeline
 from .plots.placement_alternatives import write_placement_chart
 from .pipeline import pass_report, run_pipeline
 from .program import build_program
+from .provenance import PLANNED
 from .worker_programs import MachineShape, check_fits, micro_batch_graph, place_workers
 
 __all__ = ["Artifact", "CompileError", "CompileOptions", "compile", "load"]
@@ -89,7 +91,8 @@ def compile(  # noqa: A001 - the contract names it compile
     stats = build_kernels(program.kernels, spec, cache, options.jobs, progress)
     built = time.perf_counter()
     facts = graph_facts(graph)  # placement adds Send/Recv nodes to `graph`
-    placed = place_workers(graph, program, spec, cache, options, machine_shape)
+    log = CompileLog()
+    placed = place_workers(graph, program, spec, cache, options, machine_shape, log)
     programs, memories, graph = placed.programs, placed.memories, placed.graph
     extra: dict = {"microbatches": options.microbatches} if options.microbatches > 1 else {}
     if placed.report is not None:
@@ -121,10 +124,14 @@ def compile(  # noqa: A001 - the contract names it compile
         "memory": _memory_summary(memory_reports),
         "conv_layout": {"mode": options.conv_layout, "blocked_values": sum(len(p.blocked) for p in programs)},
         **({"algo": algo_summary} if algo_summary else {}),
-        **({"placement": {k: placed.report[k] for k in ("planner", "predicted_makespan_s", "bound_s", "transfer_bytes")}}
+        **({"placement": {k: placed.report[k] for k in ("planner", "predicted_makespan_s", "predicted_source",
+                                                        "node_times", "link", "alternatives", "bound_s",
+                                                        "transfer_bytes")}}
            if placed.report is not None else {}),
         "tvm_version": tvm_version(),
+        **({"notes": log.notes} if log.notes else {}),
     }
+    log.write(root)
     (reports / "compile.json").write_text(json.dumps(report, indent=2))
     (reports / "passes.md").write_text(pass_report(pass_records))
     write_artifact(root, programs, memories, str(spec), cache, extra)
@@ -177,9 +184,9 @@ def _select_algorithms(graph, spec, program, cache, reports, options: CompileOpt
     (reports / "algo.json").write_text(json.dumps(doc, indent=1))
     (reports / "algo.md").write_text(markdown(doc))
     write_algo_chart(reports / "algo_selection", doc, name)
-    summary = {k: doc[k] for k in ("mode", "policy", "workspace_limit_bytes", "total_seconds",
-                                   "best_single_total_seconds", "workspace_bytes", "weight_bytes",
-                                   "default_weight_bytes", "extra_layout_bytes")}
+    summary = {k: doc[k] for k in ("mode", "policy", "workspace_limit_bytes", "total_seconds", "total_source",
+                                   "best_single_total_seconds", "best_single_source", "workspace_bytes",
+                                   "weight_bytes", "default_weight_bytes", "extra_layout_bytes", "profiling")}
     return chosen, summary
 
 
@@ -188,6 +195,7 @@ def _memory_summary(reports: Sequence[dict]) -> dict:
     keys = ("arena_bytes", "bound_bytes", "no_reuse_bytes", "weights_bytes")
     summary = {key: sum(r[key] for r in reports) for key in keys}
     summary["ratio"] = round(max(r["ratio"] for r in reports), 4)
+    summary["source"] = PLANNED
     if len(reports) > 1:
         summary["per_device"] = [{key: r[key] for key in (*keys, "ratio")} for r in reports]
     return summary

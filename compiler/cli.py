@@ -71,6 +71,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
     from .api import compile as compile_model
     from .artifact import check_destination
+    from .provenance import algo_line, placement_line
 
     output = Path(args.output)
     options = _compile_options(args)  # every option checked before anything is written
@@ -84,21 +85,16 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     print(f"compiled {args.model} for {report['target']}: {report['kernels']} kernels "
           f"({report['kernels_cached']} from cache), {report['kernel_calls']} kernel calls per run, "
           f"activations {format_bytes(memory['arena_bytes'])} (bound {format_bytes(memory['bound_bytes'])}), "
-          f"weights {format_bytes(memory['weights_bytes'])} -> {output}")
+          f"weights {format_bytes(memory['weights_bytes'])}, both {memory['source']} -> {output}")
     print(f"artifact sha256 {artifact.sha256} (publish it; 'tessel run --expect-sha256' checks it)")
     if report["conv_layout"]["blocked_values"]:
         print(f"{report['conv_layout']['blocked_values']} activations kept in NCHW[16]c between conv kernels")
     if "placement" in report:
-        placed = report["placement"]
-        print(f"placement {placed['planner']} on {report['devices']} devices: predicted "
-              f"{1e3 * placed['predicted_makespan_s']:.2f} ms per batch (bound {1e3 * placed['bound_s']:.2f} ms), "
-              f"{format_bytes(placed['transfer_bytes'])} sent per micro-batch; see {output / 'reports' / 'placement.md'}")
+        print(placement_line(report["placement"], report["devices"], output / "reports" / "placement.md"))
     if "algo" in report:
-        algo = report["algo"]
-        versus = (f" vs {1e3 * algo['best_single_total_seconds']:.2f} ms with the best single algorithm"
-                  if algo["best_single_total_seconds"] else "")
-        print(f"algorithms ({algo['mode']}): conv/matmul layers {1e3 * algo['total_seconds']:.2f} ms{versus}; "
-              f"see {output / 'reports' / 'algo.md'}")
+        print(algo_line(report["algo"], output / "reports" / "algo.md"))
+    for note in report.get("notes", ()):
+        print(f"note: {note}")
     for name in args.dump_after:
         print(f"graph after {name}: {output / 'reports' / f'after_{name}.txt'} and .onnx")
     return 0
@@ -366,8 +362,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from tessel.runtime.calibrate import calibrate
 
-    alpha, beta, path = calibrate(args.repeat)
-    print(f"link: alpha {1e6 * alpha:.1f} us, beta {1e9 * beta:.3f} ns/byte ({1 / beta / 1e9:.2f} GB/s) -> {path}")
+    fit, path = calibrate(args.repeat)
+    print(f"link: {fit.describe()} -> {path}")
     return 0
 
 

@@ -25,6 +25,7 @@ from tessel.passes.machine import Link, Machine, Task
 from tessel.passes.placement import Placement
 from tessel.runtime.profile_db import ESTIMATE_BYTES_PER_S, ESTIMATE_FLOPS_PER_S
 
+from .provenance import link_text, predicted, share, source
 from .sizes import format_bytes
 
 
@@ -117,8 +118,15 @@ class PlacementReport:
                     compute[d] += task.seconds / devices
             else:
                 compute[p.device[task.name]] += task.seconds
+        link = self.machine.link
+        measured_tasks = sum(1 for t in self.tasks if not t.estimated)
         return {
             "planner": p.planner,
+            "predicted_source": _prediction_source(p.planner, measured_tasks == len(self.tasks), link.measured),
+            "node_times": {"measured": measured_tasks, "total": len(self.tasks)},
+            "alternatives": [{"name": name, "predicted_ms": 1e3 * seconds,
+                              "source": _prediction_source(name, measured_tasks == len(self.tasks), link.measured)}
+                             for name, seconds in p.alternatives],
             "devices": self.machine.devices,
             "microbatches": p.microbatches,
             "link": {"alpha_s": self.machine.link.alpha, "beta_s_per_byte": self.machine.link.beta,
@@ -143,6 +151,12 @@ class PlacementReport:
         }
 
 
+def _prediction_source(planner: str, tasks_measured: bool, link_measured: bool) -> str:
+    """A plan's prediction is measured when every node time it adds up was, and (but for `single`, which sends
+    nothing) the link cost too."""
+    return source(tasks_measured and (link_measured or planner == "single"))
+
+
 def placement_markdown(doc: Mapping[str, Any]) -> str:
     """The placement report for people."""
     lines = [
@@ -151,9 +165,11 @@ def placement_markdown(doc: Mapping[str, Any]) -> str:
         f"Predicted {1e3 * doc['predicted_makespan_s']:.2f} ms per batch against a bound of "
         f"{1e3 * doc['bound_s']:.2f} ms ({'work / devices' if doc['planner'] in ('data', 'hybrid') else 'max of critical path and work / devices'}): ratio {doc['makespan_over_bound']:.2f}; "
         f"{1e3 * doc['predicted_steady_s']:.2f} ms per batch when batches stream back to back. "
-        f"Link α = {1e6 * doc['link']['alpha_s']:.0f} µs, β = {1e9 * doc['link']['beta_s_per_byte']:.2f} ns/B "
-        f"({'measured' if doc['link']['measured'] else 'estimated; run tessel calibrate'}). "
-        f"{doc['estimated_tasks']} node time(s) estimated, the rest measured.", "",
+        f"The prediction is {predicted(doc['predicted_source'])}: "
+        f"{share(doc['node_times']['measured'], doc['node_times']['total'], 'node times')}; {link_text(doc['link'])}.",
+        "", "| alternative | predicted ms | source |", "|---|---:|---|",
+        *[f"| {a['name']}{' (chosen)' if k == 0 else ''} | {a['predicted_ms']:.2f} | {a['source']} |"
+          for k, a in enumerate(doc["alternatives"])], "",
         "| device | nodes | compute ms | busy ms | weights | arena |", "|---:|---:|---:|---:|---:|---:|",
     ]
     for d in doc["per_device"]:

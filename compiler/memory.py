@@ -17,6 +17,7 @@ from tessel.passes.memory_plan import CUDA_ALIGNMENT, DEFAULT_ALIGNMENT, MemoryP
 from tessel.runtime.instructions import Instruction, buffer_uses, sent_values
 
 from .program import Program
+from .provenance import PLANNED
 from .sizes import format_bytes
 
 
@@ -66,6 +67,7 @@ def memory_report(plan: MemoryPlan, weights: int) -> dict[str, Any]:
         "no_reuse_bytes": plan.no_reuse_bytes,
         "weights_bytes": weights,
         "total_bytes": plan.arena_bytes + weights,
+        "source": PLANNED,
         "strategy": plan.strategy,
         "strategies": plan.strategies,
         "inplace": [list(pair) for pair in plan.inplace],
@@ -93,7 +95,8 @@ def memory_markdown(report: dict[str, Any], largest: int = 10) -> str:
         f"(most bytes live at once): ratio {report['ratio']:.3f}, strategy {report['strategy']} "
         f"({', '.join(f'{k} {format_bytes(v)}' for k, v in report['strategies'].items())}). "
         f"Without reuse: {format_bytes(report['no_reuse_bytes'])}. "
-        f"{len(report['inplace'])} outputs computed in place of a dying input.", "",
+        f"{len(report['inplace'])} outputs computed in place of a dying input. These sizes are planned, not "
+        "estimated: the runtime allocates exactly this arena and these weights.", "",
         f"## Peak: step {peak['step']}, node '{peak['node']}' ({peak['op']})", "",
         "| tensors | bytes | offset |", "|---|---:|---:|",
     ]

@@ -66,6 +66,9 @@ class ProgramBuilder:
         self.values: dict[str, str] = {}
         self.weights: dict[str, np.ndarray] = {}
         self.unsupported: dict[str, str] = {}
+        # (node, algorithm) → its whole-batch spec: every micro-batch size resizes the same one (a Winograd weight
+        # transform takes a good part of a second).
+        self._candidates: dict[tuple[int, str], tuple[Node, tuple[KernelSpec, list[str]] | None]] = {}
 
     def read(self, value: Value) -> str:
         """Note that `value` is read at run time; constants become weights."""
@@ -117,11 +120,13 @@ class ProgramBuilder:
 
     def candidate(self, node: Node, algorithm: str, size: int) -> tuple[KernelSpec, list[str]]:
         """The kernel running `node` with `algorithm` on a micro-batch of `size`, and its argument names."""
-        self.algorithm = algorithm
-        try:
-            made = self._spec(node)
-        finally:
-            self.algorithm = None
+        if (id(node), algorithm) not in self._candidates:
+            self.algorithm = algorithm
+            try:
+                self._candidates[(id(node), algorithm)] = (node, self._spec(node))
+            finally:
+                self.algorithm = None
+        made = self._candidates[(id(node), algorithm)][1]
         if made is None:
             raise LoweringError(f"node '{node.name}' ({node.op_type}) has no kernel")
         spec, args = made

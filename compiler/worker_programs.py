@@ -35,6 +35,7 @@ from tessel.runtime.instructions import Gather, KernelCall, Scatter
 from tessel.runtime.profile import ProfilingFailed, profile_steps
 from tessel.runtime.profile_db import ProfileDB
 
+from .compile_log import CompileLog
 from .distribute import PlacementReport, build_tasks
 from .memory import peak_description, plan_program_memory, weight_bytes
 from .options import CompileError, CompileOptions
@@ -97,13 +98,14 @@ def _sliced(graph: Graph, parts: int, why: str, instead: str) -> Graph:
 
 
 def place_workers(graph: Graph, program: Program, spec, cache, options: CompileOptions,
-                  machine_shape: MachineShape) -> WorkerPrograms:
-    """One program per worker for `graph` (whose one-device `program` is built and its kernels compiled)."""
+                  machine_shape: MachineShape, log: CompileLog) -> WorkerPrograms:
+    """One program per worker for `graph` (whose one-device `program` is built and its kernels compiled); what
+    goes wrong on the way is detailed in `log`."""
     if machine_shape.devices == 1:
         memory = plan_program_memory(program, spec.kind)
         check_fits(program, memory, machine_shape.capacities[0])
         return WorkerPrograms([program], [memory], None, graph)
-    tasks, notes = _tasks(graph, program, spec, cache, options, machine_shape.devices)
+    tasks, notes = _tasks(graph, program, spec, cache, options, machine_shape.devices, log)
     machine = Machine(tuple(c or (1 << 62) for c in machine_shape.capacities), machine_shape.link)
     io_bytes = (sum(v.type.nbytes for v in graph.inputs), sum(v.type.nbytes for v in graph.outputs))
     batch = _shared_batch(graph)
@@ -124,7 +126,7 @@ def place_workers(graph: Graph, program: Program, spec, cache, options: CompileO
     return _finish(programs, plan, transfers, machine, tasks, graph, spec, cache, machine_shape.capacities)
 
 
-def _tasks(graph: Graph, program: Program, spec, cache, options: CompileOptions, devices: int):
+def _tasks(graph: Graph, program: Program, spec, cache, options: CompileOptions, devices: int, log: CompileLog):
     """One task per node, timed on this machine (cached) or estimated; and notes on how the times were found."""
     threads = max(1, (os.cpu_count() or 1) // devices)
     step_ms, notes = {}, ["not profiled: node times are estimates"]
@@ -136,7 +138,8 @@ def _tasks(graph: Graph, program: Program, spec, cache, options: CompileOptions,
                 step_ms = profile_steps(Path(scratch), kernels, threads, ProfileDB(), remeasure=options.reprofile)
                 notes = []
             except ProfilingFailed as exc:
-                notes = [f"kernels could not be timed on random inputs ({exc}); node times are estimates"]
+                notes = [log.note("The model did not run on random inputs, so its kernels could not be timed and "
+                                  "node times are estimates.", exc, exc.details)]
     return build_tasks(graph, step_ms, once={i.node for i in program.instructions if i.runs_at_load}), notes
 
 

@@ -48,6 +48,8 @@ class Placement:
     replicated: bool = False
     # Hybrid: tasks before this position run data parallel, the rest on device 0.
     cut: int | None = None
+    # Every plan considered, (planner, predicted makespan), the chosen one first (`auto` considers several).
+    alternatives: list[tuple[str, float]] = field(default_factory=list)
 
     @property
     def throughput(self) -> float:
@@ -403,10 +405,11 @@ def place(tasks: Sequence[Task], machine: Machine, planner: str = "auto", pins: 
     if parsed and planner in ("pipeline", "data", "hybrid"):
         raise PlacementError("--pin works with --placement list or single (pipeline stages are contiguous; "
                              "data and hybrid placement run nodes on every device)")
-    if planner == "data":
-        return place_data(tasks, machine, batch, io_bytes, microbatches)
-    if planner == "hybrid":
-        return place_hybrid(tasks, machine, batch, io_bytes, cuts or {}, microbatches)
+    if planner in ("data", "hybrid"):
+        plan = (place_data(tasks, machine, batch, io_bytes, microbatches) if planner == "data" else
+                place_hybrid(tasks, machine, batch, io_bytes, cuts or {}, microbatches))
+        plan.alternatives = [(plan.planner, plan.makespan)]
+        return plan
     names = list(PLANNERS) if planner == "auto" else [planner]
     plans = []
     for name in names:
@@ -432,4 +435,6 @@ def place(tasks: Sequence[Task], machine: Machine, planner: str = "auto", pins: 
             if bad:
                 plan.notes.append(f"pins not honoured for {', '.join(bad[:3])}")
         plans = [p for p in plans if not any(n.startswith("pins not") for n in p.notes)] or plans
-    return min(plans, key=lambda p: (p.makespan, p.planner != "single"))
+    best = min(plans, key=lambda p: (p.makespan, p.planner != "single"))
+    best.alternatives = [(p.planner, p.makespan) for p in [best] + [p for p in plans if p is not best]]
+    return best

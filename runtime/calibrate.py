@@ -1,10 +1,11 @@
 """`tessel calibrate`: measure the link between two local workers and fit time = alpha + beta * bytes.
 
 Rank 0 sends messages of growing size to rank 1, which sends each back; half
-the median round trip is the one-way time. A least-squares line through
-(bytes, seconds) gives alpha (latency) and beta (seconds per byte), stored
-as link.json in the cache root; the placement cost model reads them back with
-`load_link` (a default marked estimated until the first calibration).
+the median round trip is the one-way time. `fit_link` fits alpha (latency) and
+beta (seconds per byte) to (bytes, seconds) by least squares, never with alpha
+below what the smallest message took, and reports the fit's residual; they are
+stored as link.json in the cache root, and the placement cost model reads them
+back with `load_link` (a default marked estimated until the first calibration).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import sys
 import tempfile
 import time
 from datetime import timedelta
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -42,17 +44,64 @@ def load_link() -> Link:
         return DEFAULT_LINK
 
 
-def save_link(alpha: float, beta: float, samples: Sequence[tuple[int, float]]) -> Path:
+@dataclass(frozen=True)
+class LinkFit:
+    """alpha and beta fitted to one-way times, the fit's residual and the smallest message's own time."""
+
+    alpha: float
+    beta: float
+    # Root mean square of (predicted - measured) / measured over the message sizes.
+    relative_residual: float
+    smallest_bytes: int
+    smallest_seconds: float
+
+    def describe(self) -> str:
+        """One line for people: alpha against the smallest message, beta, the residual."""
+        return (f"alpha {1e6 * self.alpha:.1f} us (the {self.smallest_bytes}-byte message took "
+                f"{1e6 * self.smallest_seconds:.1f} us one way), beta {1e9 * self.beta:.3f} ns/byte "
+                f"({1 / self.beta / 1e9:.2f} GB/s), fit residual {100 * self.relative_residual:.1f}% rms")
+
+
+def fit_link(samples: Sequence[tuple[int, float]]) -> LinkFit:
+    """Fit one-way time = alpha + beta * bytes to (bytes, seconds) samples of several sizes.
+
+    The times span orders of magnitude (tens of µs for 4 bytes, milliseconds for MiBs): an unweighted fit lets the
+    largest messages decide alpha, which then comes out near zero or negative. Each sample is weighted by
+    1 / its time, so the fit minimizes the relative errors and every size counts alike. The line is also kept from
+    passing below the smallest message (alpha + beta * its bytes >= its time): a link model must not promise small
+    transfers faster than one was measured. When the unconstrained fit breaks that, the constrained least-squares
+    line goes through the smallest sample, and only its slope is fitted. beta stays positive.
+    """
+    if len(samples) < 2:
+        raise ValueError("fitting a link needs samples of at least two message sizes")
+    sizes = np.array([s[0] for s in samples], float)
+    seconds = np.array([s[1] for s in samples], float)
+    weights = 1.0 / seconds
+    small = int(np.argmin(sizes))
+    design = np.stack([np.ones_like(sizes), sizes], axis=1) * weights[:, None]
+    (alpha, beta), *_ = np.linalg.lstsq(design, seconds * weights, rcond=None)
+    beta = max(float(beta), 1e-15)
+    if alpha + beta * sizes[small] < seconds[small]:
+        dx, dy = (sizes - sizes[small]) * weights, (seconds - seconds[small]) * weights
+        beta = max(float(dx @ dy / (dx @ dx)), 1e-15)
+        alpha = seconds[small] - beta * sizes[small]
+    predicted = alpha + beta * sizes
+    residual = float(np.sqrt(np.mean(((predicted - seconds) / seconds) ** 2)))
+    return LinkFit(float(alpha), beta, residual, int(sizes[small]), float(seconds[small]))
+
+
+def save_link(fit: LinkFit, samples: Sequence[tuple[int, float]]) -> Path:
     """Store a calibration; returns its path."""
     path = link_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"alpha_s": alpha, "beta_s_per_byte": beta,
+    path.write_text(json.dumps({"alpha_s": fit.alpha, "beta_s_per_byte": fit.beta,
+                                "relative_residual": fit.relative_residual,
                                 "samples": [{"bytes": b, "seconds": s} for b, s in samples]}, indent=1))
     return path
 
 
-def calibrate(repeat: int = 20) -> tuple[float, float, Path]:
-    """Run the ping-pong on two local workers; store and return (alpha, beta, cache path)."""
+def calibrate(repeat: int = 20) -> tuple[LinkFit, Path]:
+    """Run the ping-pong on two local workers; store and return the fit and its cache path."""
     import subprocess
 
     from tessel.runtime.errors import ExecutionError
@@ -76,11 +125,8 @@ def calibrate(repeat: int = 20) -> tuple[float, float, Path]:
             if p.returncode != 0:
                 raise ExecutionError(f"calibration worker failed: {(err.strip().splitlines() or ['no message'])[-1]}")
         samples = [tuple(s) for s in json.loads(result.read_text())]
-    sizes = np.array([s[0] for s in samples], float)
-    seconds = np.array([s[1] for s in samples], float)
-    beta, alpha = np.polyfit(sizes, seconds, 1)
-    alpha, beta = max(float(alpha), 1e-7), max(float(beta), 1e-13)
-    return alpha, beta, save_link(alpha, beta, samples)
+    fit = fit_link(samples)
+    return fit, save_link(fit, samples)
 
 
 def _ping_pong(result: str, repeat: int) -> None:

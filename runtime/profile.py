@@ -33,8 +33,12 @@ from .profile_db import ProfileDB
 SAMPLE_S = 2e-3
 
 
-def time_kernel(library: Path, spec: KernelSpec, runs: int) -> float:
-    """Median milliseconds of one call of a compiled kernel on random data."""
+def time_kernel(library: Path, spec: KernelSpec, runs: int, deadline: float | None = None) -> float | None:
+    """Median milliseconds of one call of a compiled kernel on random data.
+
+    With a `deadline` (a `time.perf_counter()` instant) the samples stop once it has passed: the median is then over
+    fewer than `runs` samples, and None (not measured) when the deadline passed before the first sample.
+    """
     from tessel.backends.tvm_env import tvm
 
     tvm_mod = tvm()
@@ -51,15 +55,22 @@ def time_kernel(library: Path, spec: KernelSpec, runs: int) -> float:
     calls = max(1, int(SAMPLE_S / max(time.perf_counter() - begin, 1e-7)))
     samples = []
     for _ in range(runs):
+        if deadline is not None and time.perf_counter() >= deadline:
+            break
         begin = time.perf_counter()
         for _ in range(calls):
             fn(*args)
         samples.append(1e3 * (time.perf_counter() - begin) / calls)
-    return float(np.median(samples))
+    return float(np.median(samples)) if samples else None
 
 
 class ProfilingFailed(Exception):
-    """The model did not run on random inputs, so its kernels could not be timed."""
+    """The model did not run on random inputs, so its kernels could not be timed; `details` holds the
+    measuring process's stderr."""
+
+    def __init__(self, message: str, details: str = ""):
+        super().__init__(message)
+        self.details = details
 
 
 def profile_steps(artifact_dir: Path, kernels: Mapping[str, str], threads: int, db: ProfileDB,
@@ -79,8 +90,7 @@ def profile_steps(artifact_dir: Path, kernels: Mapping[str, str], threads: int, 
             if done.returncode != 0:
                 # Random inputs can drive a model where it cannot run (an If into a branch that fails at
                 # these shapes): then every node time is an estimate.
-                last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-                raise ProfilingFailed(last.split(": ", 1)[-1][:200])
+                raise ProfilingFailed(f"the profiling process exited with status {done.returncode}", done.stderr)
             measured = json.loads(out.read_text())
         db.put({ProfileDB.key(kernels[node], threads): ms for node, ms in measured.items() if node in kernels})
     return {node: (db.get(key, threads), True) for node, key in kernels.items()}
