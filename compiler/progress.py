@@ -1,0 +1,67 @@
+"""What Tessel tells a person while it works: log lines on stderr at the chosen verbosity, and progress bars.
+
+Everything Tessel reports along the way goes through the `tessel` logger: stage lines and notes at INFO,
+details at DEBUG, problems that do not stop the work at WARNING. The command line picks the level
+(-q: warnings and errors only, default: INFO, -v: DEBUG); stdout is left to the result.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+
+LOGGER = logging.getLogger("tessel")
+
+QUIET, NORMAL, VERBOSE = -1, 0, 1
+_LEVELS = {QUIET: logging.WARNING, NORMAL: logging.INFO, VERBOSE: logging.DEBUG}
+
+
+class _StderrFormatter(logging.Formatter):
+    """Warnings as 'tessel: warning: ...', errors as 'tessel: error: ...', progress and notes as they are."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.levelno >= logging.ERROR:
+            return f"tessel: error: {message}"
+        if record.levelno >= logging.WARNING:
+            return f"tessel: warning: {message}"
+        return message
+
+
+class _StderrHandler(logging.Handler):
+    """Writes to whatever sys.stderr is when a record arrives (tests and callers may replace it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):  # stderr closed: nothing left to tell anyone
+            pass
+
+
+def configure_logging(verbosity: int) -> None:
+    """Send the `tessel` logger's records to stderr at the level `verbosity` (QUIET, NORMAL or VERBOSE) picks."""
+    for handler in [h for h in LOGGER.handlers if isinstance(h, _StderrHandler)]:
+        LOGGER.removeHandler(handler)
+    handler = _StderrHandler()
+    handler.setFormatter(_StderrFormatter())
+    LOGGER.addHandler(handler)
+    LOGGER.setLevel(_LEVELS[verbosity])
+    LOGGER.propagate = False  # the command's own lines, never doubled by a root handler
+
+
+class ProgressBar:
+    """A one-line bar on stderr, called as (done, total), drawn only when stderr is a terminal and progress is
+    wanted (not -q); without a terminal the stage's log line, written when it ends, stands for it."""
+
+    def __init__(self, label: str):
+        self.label = label
+
+    def __call__(self, done: int, total: int) -> None:
+        if not total or not LOGGER.isEnabledFor(logging.INFO) or not sys.stderr.isatty():
+            return
+        width = 30
+        filled = width * done // total
+        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
