@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import logging
 import os
 import queue
 import signal
@@ -52,9 +51,9 @@ class BuildStats:
     rebuilt: int = 0
 
 
-def log_warning(message: str) -> None:
-    """Tell the user through the `tessel` logger (the command line prints it as 'tessel: warning: ...')."""
-    logging.getLogger("tessel").warning(message)
+def warn_on_stderr(message: str) -> None:
+    """Print a warning line for the user."""
+    print(f"tessel: warning: {message}", file=sys.stderr, flush=True)
 
 
 def build_kernels(
@@ -63,7 +62,7 @@ def build_kernels(
     cache: KernelCache,
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
-    warn: Callable[[str], None] = log_warning,
+    warn: Callable[[str], None] = warn_on_stderr,
 ) -> BuildStats:
     """Make sure every kernel in `specs` (by key) is intact in the cache; compile the missing ones.
 
@@ -182,9 +181,6 @@ class _Worker:
                 [sys.executable, "-m", WORKER_MODULE],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env,
                 cwd=str(IMPORT_ROOT),
-                # Its own process group: a Ctrl-C at the terminal reaches the compiling process alone, which
-                # reports it once and stops the workers (each used to print its own KeyboardInterrupt traceback).
-                process_group=0,
             )
         except OSError:
             self.stderr.close()
@@ -334,3 +330,23 @@ def stop_build_workers() -> None:
 
 
 atexit.register(stop_build_workers)
+
+
+class ProgressBar:
+    """A one-line progress bar on stderr (when it is a terminal), called as (done, total)."""
+
+    def __init__(self, label: str):
+        self.label = label
+
+    def __call__(self, done: int, total: int) -> None:
+        if not total or not sys.stderr.isatty():
+            return
+        width = 30
+        filled = width * done // total
+        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+stderr_progress = ProgressBar("compiling kernels")

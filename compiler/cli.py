@@ -18,7 +18,7 @@ import numpy as np
 from tessel.ir.errors import ShapeBindingError, TesselError, UnsupportedModelError
 
 from .cli_output import compile_lines, latency_line, latency_summary, output_line, output_summary, print_json
-from .progress import NORMAL, QUIET, VERBOSE, ProgressBar, configure_logging
+from .progress import NORMAL, QUIET, VERBOSE, configure_logging, progress_bar
 
 EXIT_USAGE = 2
 
@@ -78,8 +78,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     options = _compile_options(args)  # every option checked before anything is written
     check_destination(output, args.force)  # before compiling: refuse early, not after minutes of work
     _check_writable_directory(output)
-    artifact = compile_model(args.model, options, progress=ProgressBar("compiling kernels"),
-                             profile_progress=ProgressBar("timing algorithm candidates"))
+    artifact = compile_model(args.model, options, progress=progress_bar("compiling kernels"),
+                             profile_progress=progress_bar("timing algorithm candidates"))
     artifact.save(output, overwrite=args.force)
     report = artifact.report()
     if args.json:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Callable
 
 LOGGER = logging.getLogger("tessel")
 
@@ -49,19 +50,9 @@ def configure_logging(verbosity: int) -> None:
     LOGGER.propagate = False  # the command's own lines, never doubled by a root handler
 
 
-class ProgressBar:
-    """A one-line bar on stderr, called as (done, total), drawn only when stderr is a terminal and progress is
-    wanted (not -q); without a terminal the stage's log line, written when it ends, stands for it."""
+def progress_bar(label: str) -> Callable[[int, int], None] | None:
+    """A (done, total) progress bar for a long step, drawn on stderr when it is a terminal; None when progress is
+    not wanted (-q). Without a terminal the stage's log line, written when it ends, stands for it."""
+    from tessel.backends.builder import ProgressBar
 
-    def __init__(self, label: str):
-        self.label = label
-
-    def __call__(self, done: int, total: int) -> None:
-        if not total or not LOGGER.isEnabledFor(logging.INFO) or not sys.stderr.isatty():
-            return
-        width = 30
-        filled = width * done // total
-        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-        if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+    return ProgressBar(label) if LOGGER.isEnabledFor(logging.INFO) else None
