@@ -18,7 +18,7 @@ import numpy as np
 from tessel.ir.errors import ShapeBindingError, TesselError, UnsupportedModelError
 
 from .cli_output import compile_lines, latency_line, latency_summary, output_line, output_summary, print_json
-from .progress import NORMAL, QUIET, VERBOSE, configure_logging, progress_bar
+from .progress import NORMAL, QUIET, VERBOSE, logging_to_stderr, progress_bar
 
 EXIT_USAGE = 2
 
@@ -431,7 +431,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the `tessel` command; return its exit code."""
     args = build_parser().parse_args(argv)
-    configure_logging(args.verbosity)
+    with logging_to_stderr(args.verbosity):
+        return _run_command(args)
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """Run the parsed command; every failure the user can act on becomes one line and its exit code."""
     try:
         return args.run(args)
     except TesselError as exc:

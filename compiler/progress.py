@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 LOGGER = logging.getLogger("tessel")
 
@@ -39,15 +40,22 @@ class _StderrHandler(logging.Handler):
             pass
 
 
-def configure_logging(verbosity: int) -> None:
-    """Send the `tessel` logger's records to stderr at the level `verbosity` (QUIET, NORMAL or VERBOSE) picks."""
-    for handler in [h for h in LOGGER.handlers if isinstance(h, _StderrHandler)]:
-        LOGGER.removeHandler(handler)
+@contextmanager
+def logging_to_stderr(verbosity: int) -> Iterator[None]:
+    """While active, the `tessel` logger's records go to stderr at the level `verbosity` (QUIET, NORMAL or
+    VERBOSE) picks; afterwards the logger is as it was (a program that calls the CLI's main keeps its logging)."""
     handler = _StderrHandler()
     handler.setFormatter(_StderrFormatter())
+    saved = LOGGER.level, LOGGER.propagate
     LOGGER.addHandler(handler)
     LOGGER.setLevel(_LEVELS[verbosity])
     LOGGER.propagate = False  # the command's own lines, never doubled by a root handler
+    try:
+        yield
+    finally:
+        LOGGER.removeHandler(handler)
+        LOGGER.setLevel(saved[0])
+        LOGGER.propagate = saved[1]
 
 
 def progress_bar(label: str) -> Callable[[int, int], None] | None:
