@@ -451,7 +451,8 @@ def _run_command(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
         # A stop signal during a launch says which signal and what was cleaned up (LaunchInterrupted's text);
-        # a Ctrl-C elsewhere has none. Build workers run in their own process group and never see it.
+        # a Ctrl-C elsewhere has none. Kernel build workers print nothing (their stderr is a file of the
+        # builder's) and the builder kills them; atexit stops the idle ones.
         print(f"tessel: {str(exc) or 'interrupted (Ctrl-C); stopped, nothing written'}", file=sys.stderr)
         return 128 + getattr(exc, "signum", 2)
 
