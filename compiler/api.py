@@ -78,6 +78,9 @@ def compile(  # noqa: A001 - the contract names it compile
     graph = micro_batch_graph(graph, options.microbatches)
     optimized = time.perf_counter()
     _log.info("passes: %d nodes after %d passes (%.1f s)", len(graph.nodes), len(pass_records), optimized - imported)
+    for record in pass_records:
+        _log.debug("  %s: nodes %d -> %d, kernels %d -> %d (%.1f ms)", record.name, record.nodes_before,
+                   record.nodes_after, record.kernels_before, record.kernels_after, 1e3 * record.seconds)
     program = build_program(graph, spec, blocked_layout=options.blocked_layout)
     if program.unsupported:
         raise LoweringError(f"no {spec.kind} kernels for {len(program.unsupported)} op type(s): " + "; ".join(program.unsupported))
@@ -89,6 +92,7 @@ def compile(  # noqa: A001 - the contract names it compile
         program, algo_summary = _select_algorithms(graph, spec, program, cache, reports, options,
                                                    machine_shape.capacities[0], profile_progress)
         _log.info("algorithm selection (%s) (%.1f s)", options.algo_select, time.perf_counter() - optimized)
+    _log.debug("kernels: %d distinct, looked up in %s", len(program.kernels), cache.root)
     stats = build_kernels(program.kernels, spec, cache, options.jobs, progress)
     built = time.perf_counter()
     _log.info("kernels: %d (%d from cache, %d compiled) (%.1f s)", stats.kernels, stats.cached, stats.compiled,

@@ -130,7 +130,11 @@ def _read_inputs(path: str | None, artifact, values: dict) -> tuple[dict[str, np
         inputs = {name: random_input(t, rng) for name, t in types.items()}
     else:
         inputs, guessed = read_npz_inputs(path, types, artifact.plan.get("input_defaults", ())), []
-    return with_input_values(inputs, values, types), guessed
+    inputs = with_input_values(inputs, values, types)
+    for name, array in inputs.items():
+        source = "--input-value" if name in values else "random" if name in guessed else path
+        _log.debug("input %s: %s[%s] from %s", name, array.dtype, ",".join(map(str, array.shape)), source)
+    return inputs, guessed
 
 
 def _outputs_path(text: str) -> Path:
