@@ -149,6 +149,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .api import load
     from .branch_hints import unrunnable_branch_hint
     from .input_values import parse_input_values
+    from .measured_times import placement_report, record_measured, stream_lines
 
     values = parse_input_values(args.input_value)
     artifact = load(args.artifact, expect_sha256=args.expect_sha256)
@@ -190,8 +191,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         _log.info("no --inputs given: ran on random inputs%s",
                   f" (all but {', '.join(sorted(values))}, set by --input-value)" if values else "")
     result: dict = {"outputs": {name: output_summary(array) for name, array in outputs.items()}}
-    placement = _placement_report(artifact) if measured else None
-    lines = _stream_lines(measured, placement) if placement else []
+    placement = placement_report(artifact) if measured else None
+    lines = stream_lines(measured, placement) if placement else []
     lines += [output_line(name, summary) for name, summary in result["outputs"].items()]
     if times:
         result["latency"] = latency_summary(times)
@@ -202,7 +203,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         write_npz(outputs_path.parent, outputs_path.name, outputs, overwrite=args.force)
         result["outputs_file"] = str(outputs_path)
     if placement:
-        _record_measured(artifact, placement, measured)
+        record_measured(artifact, placement, measured)
     if not args.json:  # the outputs are shown even when the check below cannot run
         print("\n".join(lines))
     if reference:
@@ -215,50 +216,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result)
     return 0 if reference is None or result["check"]["ok"] else 1
-
-
-def _placement_report(artifact) -> dict | None:
-    """reports/placement.json, to compare measured times with its predictions; None, with a note, when unusable."""
-    from tessel.runtime.safe_write import FileReadError, read_text
-
-    try:
-        placement = json.loads(read_text(artifact.directory, "reports/placement.json"))
-        float(placement["predicted_makespan_s"]), float(placement["predicted_steady_s"])
-    except (FileReadError, ValueError, KeyError, TypeError) as exc:
-        _log.info("note: measured times not compared with the placement: reports/placement.json is unusable (%s)", exc)
-        return None
-    return placement
-
-
-def _stream_lines(measured: dict, placement: dict) -> list[str]:
-    """The latency of one run and the time per batch streaming --repeat runs, each against the placement's
-    prediction."""
-    return [f"{label}: {1e3 * got:.3f} ms; placement predicted {1e3 * predicted:.3f} ms "
-            f"(error {100 * (predicted - got) / got:+.1f}%)"
-            for label, got, predicted in (
-                ("latency of one run", measured["latency_s"], float(placement["predicted_makespan_s"])),
-                (f"time per batch over {measured['runs']} streamed runs", measured["seconds_per_batch"],
-                 float(placement["predicted_steady_s"])))]
-
-
-def _record_measured(artifact, placement: dict, measured) -> None:
-    """Add the measured times to reports/placement.json and .md, atomically and never through a link;
-    an artifact that cannot be written (read-only) keeps its reports, with one note line."""
-    from tessel.runtime.safe_write import FileWriteError, write_text
-
-    from .distribute import placement_markdown
-
-    placement["measured"] = {**measured, "prediction_error": (placement["predicted_steady_s"] - measured["seconds_per_batch"])
-                             / measured["seconds_per_batch"],
-                             "latency_prediction_error": (placement["predicted_makespan_s"] - measured["latency_s"])
-                             / measured["latency_s"]}
-    try:
-        write_text(artifact.directory, "reports/placement.json", json.dumps(placement, indent=1))
-        write_text(artifact.directory, "reports/placement.md", placement_markdown(placement))
-    except FileWriteError as exc:
-        _log.info("note: measured times not added to the reports: %s", exc)
-        return
-    _log.info("measured times added to %s", artifact.directory / "reports" / "placement.md")
 
 
 def version_line() -> str:
