@@ -227,15 +227,18 @@ def version_line() -> str:
     return f"tessel {__version__} (TVM {tvm_version()}, ONNX opset {CANONICAL_OPSET})"
 
 
-def _non_negative_count(text: str) -> int:
-    """An argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative; give 0 or more")
-    return value
+def _count_from(minimum: int):
+    """An argparse type: an integer >= `minimum`."""
+    def count(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}; give {minimum} or more")
+        return value
+
+    return count
 
 
 def _positive_seconds(text: str) -> float:
@@ -286,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
                              help="llvm (host CPU, default) or cuda:sm_XX")
     compile_cmd.add_argument("--input-shape", action="append", default=[], metavar="NAME=DIMS",
                              help="bind an input's shape, e.g. x=1x3x224x224 (repeatable)")
-    compile_cmd.add_argument("--jobs", type=int, default=None, help="kernels compiled at once (default: one per core)")
+    compile_cmd.add_argument("--jobs", type=_count_from(1), default=None, help="kernels compiled at once (default: one per core)")
     compile_cmd.add_argument("--force", action="store_true", help="replace an existing artifact directory")
     compile_cmd.add_argument("--json", action="store_true",
                              help="print the result as one JSON document (the compile report) on stdout")
@@ -339,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--outputs", metavar="OUT.npz", help="write the outputs here")
     run.add_argument("--input-value", action="append", default=[], metavar="NAME=VALUE",
                      help="set input NAME to VALUE everywhere (scalars and control inputs, e.g. sr=16000; repeatable)")
-    run.add_argument("--repeat", type=_non_negative_count, default=0, metavar="N",
+    run.add_argument("--repeat", type=_count_from(0), default=0, metavar="N",
                      help="time N more runs and print the latency")
     run.add_argument("--check", action="store_true", help="compare with onnxruntime on the original model (the "
                      "artifact's copy from --keep-model, else the file it was compiled from, if unchanged)")
@@ -360,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(run=_cmd_report)
 
     calibrate = commands.add_parser("calibrate", parents=common, help="measure the link cost (alpha, beta) between two local workers")
-    calibrate.add_argument("--repeat", type=_non_negative_count, default=20, metavar="N", help="round trips per message size")
+    calibrate.add_argument("--repeat", type=_count_from(1), default=20, metavar="N", help="round trips per message size")
     calibrate.set_defaults(run=_cmd_calibrate)
     return parser
 

@@ -101,7 +101,7 @@ def test_check_without_onnxruntime_is_one_line(place, artifact):
 
 
 @pytest.mark.parametrize("option, value, expected", [
-    ("--repeat", "-3", "argument --repeat: -3 is negative"),
+    ("--repeat", "-3", "argument --repeat: -3 is below 0; give 0 or more"),
     ("--timeout", "0", "argument --timeout: 0 seconds: give a finite time above 0"),
     ("--input-value", "x=abc", "VALUE must be a number"),
     ("--input-value", "nosuch=1", "the model has no input 'nosuch'"),
