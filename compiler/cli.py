@@ -142,6 +142,24 @@ def _outputs_path(text: str) -> Path:
     return Path(text if text.endswith(".npz") else text + ".npz")
 
 
+def _execute(artifact, inputs: dict[str, np.ndarray], repeat: int, timeout: float):
+    """Run the artifact once, then `repeat` more times to time it: (outputs, the launcher's measured times of a
+    multi-worker run or None, the seconds of each timed single-process run)."""
+    if artifact.devices > 1 or artifact.microbatches > 1:
+        from tessel.runtime.launch import run_local
+
+        _log.info("running on %d local workers", artifact.devices)
+        outputs, measured = run_local(artifact.directory, artifact.devices, artifact.check_inputs(inputs),
+                                      repeat=repeat, timeout=timeout)
+        return outputs, measured if measured["seconds_per_batch"] is not None else None, []
+    outputs, times = artifact.run(inputs), []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        artifact.run(inputs)
+        times.append(time.perf_counter() - started)
+    return outputs, None, times
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from tessel.runtime.errors import ArtifactError, InputError
     from tessel.runtime.safe_write import check_writable, write_npz
@@ -166,22 +184,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         onnxruntime()
         reference = reference_model(artifact.directory, args.reference)
     inputs, guessed = _read_inputs(args.inputs, artifact, values)
-    measured, times = None, []
     try:
-        if artifact.devices > 1 or artifact.microbatches > 1:
-            from tessel.runtime.launch import run_local
-
-            _log.info("running on %d local workers", artifact.devices)
-            outputs, measured = run_local(artifact.directory, artifact.devices, artifact.check_inputs(inputs),
-                                          repeat=args.repeat, timeout=args.timeout)
-            if measured["seconds_per_batch"] is None:
-                measured = None
-        else:
-            outputs = artifact.run(inputs)
-            for _ in range(args.repeat):
-                started = time.perf_counter()
-                artifact.run(inputs)
-                times.append(time.perf_counter() - started)
+        outputs, measured, times = _execute(artifact, inputs, args.repeat, args.timeout)
     except TesselError as exc:
         hint = unrunnable_branch_hint(artifact.directory, str(exc), guessed)
         if hint is None:
