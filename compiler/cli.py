@@ -71,13 +71,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    from .api import compile as compile_model
     from .artifact import check_destination
 
     output = Path(args.output)
     options = _compile_options(args)  # every option checked before anything is written
     check_destination(output, args.force)  # before compiling: refuse early, not after minutes of work
     _check_writable_directory(output)
+    from .api import compile as compile_model  # the compiler's imports (TVM) take seconds: after the checks
+
     artifact = compile_model(args.model, options, progress=progress_bar("compiling kernels"),
                              profile_progress=progress_bar("timing algorithm candidates"))
     artifact.save(output, overwrite=args.force)
@@ -164,7 +165,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from tessel.runtime.errors import ArtifactError, InputError
     from tessel.runtime.safe_write import check_writable, write_npz
 
-    from .api import load
+    from .artifact import load
     from .branch_hints import unrunnable_branch_hint
     from .input_values import parse_input_values
     from .measured_times import placement_report, record_measured, stream_lines
