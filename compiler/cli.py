@@ -422,7 +422,7 @@ def _run_command(args: argparse.Namespace) -> int:
         # A stop signal during a launch says which signal and what was cleaned up (LaunchInterrupted's text);
         # a Ctrl-C elsewhere has none. Kernel build workers print nothing (their stderr is a file of the
         # builder's) and the builder kills them; atexit stops the idle ones.
-        print(f"tessel: {str(exc) or 'interrupted (Ctrl-C); stopped, nothing written'}", file=sys.stderr)
+        print(f"tessel: {str(exc) or 'interrupted (Ctrl-C)'}", file=sys.stderr)
         return 128 + getattr(exc, "signum", 2)
 
 
