@@ -7,6 +7,7 @@ program per worker, compiler/worker_programs.py) → memory plans → artifact.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 import time
@@ -41,6 +42,8 @@ from .worker_programs import MachineShape, check_fits, micro_batch_graph, place_
 
 __all__ = ["Artifact", "CompileError", "CompileOptions", "compile", "load"]
 
+_log = logging.getLogger("tessel.compile")  # one INFO line per stage: the progress of a compile without a terminal
+
 
 def compile(  # noqa: A001 - the contract names it compile
     model_or_path,
@@ -61,6 +64,7 @@ def compile(  # noqa: A001 - the contract names it compile
     options = CompileOptions.create(options, **overrides)
     spec = parse_target(options.target)
     machine_shape = _machine_shape(options)
+    _warn_shared_cores(machine_shape.devices)
     started = time.perf_counter()
     model = ir.load_model(model_or_path)
     input_shapes = dict(options.input_shapes)
@@ -70,6 +74,7 @@ def compile(  # noqa: A001 - the contract names it compile
     graph = ir.from_onnx(model, input_shapes)
     name = _model_name(model_or_path, model)
     imported = time.perf_counter()
+    _log.info("imported: %d nodes (%.1f s)", len(graph.nodes), imported - started)
     staging = tempfile.TemporaryDirectory(prefix="tessel-artifact-")
     root = Path(staging.name)
     reports = root / "reports"
@@ -78,6 +83,10 @@ def compile(  # noqa: A001 - the contract names it compile
                                        dump_dir=reports)
     graph = micro_batch_graph(graph, options.microbatches)
     optimized = time.perf_counter()
+    _log.info("passes: %d nodes after %d passes (%.1f s)", len(graph.nodes), len(pass_records), optimized - imported)
+    for record in pass_records:
+        _log.debug("  %s: nodes %d -> %d, kernels %d -> %d (%.1f ms)", record.name, record.nodes_before,
+                   record.nodes_after, record.kernels_before, record.kernels_after, 1e3 * record.seconds)
     program = build_program(graph, spec, blocked_layout=options.blocked_layout)
     if program.unsupported:
         raise LoweringError(f"no {spec.kind} kernels for {len(program.unsupported)} op type(s): " + "; ".join(program.unsupported))
@@ -88,12 +97,18 @@ def compile(  # noqa: A001 - the contract names it compile
     if options.algo_select != "off":
         program, algo_summary = _select_algorithms(graph, spec, program, cache, reports, options,
                                                    machine_shape.capacities[0], profile_progress, name)
+        _log.info("algorithm selection (%s) (%.1f s)", options.algo_select, time.perf_counter() - optimized)
+    _log.debug("kernels: %d distinct, looked up in %s", len(program.kernels), cache.root)
     stats = build_kernels(program.kernels, spec, cache, options.jobs, progress)
     built = time.perf_counter()
+    _log.info("kernels: %d (%d from cache, %d compiled) (%.1f s)", stats.kernels, stats.cached, stats.compiled,
+              built - optimized)
     facts = graph_facts(graph)  # placement adds Send/Recv nodes to `graph`
     log = CompileLog()
     placed = place_workers(graph, program, spec, cache, options, machine_shape, log)
     programs, memories, graph = placed.programs, placed.memories, placed.graph
+    _log.info("placement: %d worker program(s) planned (%.1f s)", len(programs), time.perf_counter() - built)
+    _warn_idle_workers(programs, placed.report)
     extra: dict = {"microbatches": options.microbatches} if options.microbatches > 1 else {}
     if placed.report is not None:
         extra["placement"] = placed.report["planner"]
@@ -156,6 +171,23 @@ def _model_name(model_or_path, model) -> str:
     if isinstance(model_or_path, (str, os.PathLike)):
         return Path(model_or_path).stem
     return model.graph.name or "model"
+
+
+def _warn_shared_cores(devices: int) -> None:
+    """More workers than this machine has cores: its local runs share them, so they cannot keep the pace the
+    placement planned with kernels timed one at a time."""
+    cores = len(os.sched_getaffinity(0))
+    if devices > cores:
+        _log.warning("%d devices on a machine with %d core(s): the %d workers of a local run will share the cores "
+                     "and run slower than the placement predicts", devices, cores, devices)
+
+
+def _warn_idle_workers(programs, placement: dict | None) -> None:
+    """Say when the placement gives some workers no kernel to run: their processes would only wait."""
+    idle = sum(1 for p in programs if kernel_call_count(p.instructions) == 0)
+    if idle and placement is not None:
+        _log.warning("placement %s gives %d of %d devices no kernel to run (their "
+                     "processes would only wait); compile with fewer --devices", placement["planner"], idle, len(programs))
 
 
 def _select_algorithms(graph, spec, program, cache, reports, options: CompileOptions, capacity, progress, name):

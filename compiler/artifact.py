@@ -189,6 +189,8 @@ def check_destination(destination: Path, overwrite: bool) -> bool:
     """
     if not destination.exists() and not destination.is_symlink() or (destination.is_dir() and not any(destination.iterdir())):
         return False
+    if not destination.is_symlink() and not destination.is_dir():  # --force does not replace it either
+        raise ArtifactError(f"{destination}: is a file, not a directory; an artifact is a directory: choose another path")
     if not overwrite:
         raise ArtifactError(f"{destination}: already exists and is not empty; choose another directory or pass --force")
     refuse = f"{destination}: --force replaces only a complete Tessel artifact and this is not one"

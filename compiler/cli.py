@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -16,9 +17,12 @@ import numpy as np
 
 from tessel.ir.errors import ShapeBindingError, TesselError, UnsupportedModelError
 
-from .sizes import format_bytes
+from .cli_output import compile_lines, latency_line, latency_summary, output_line, output_summary, print_json
+from .progress import NORMAL, QUIET, VERBOSE, logging_to_stderr, progress_bar
 
 EXIT_USAGE = 2
+
+_log = logging.getLogger("tessel.cli")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -67,36 +71,22 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    from tessel.backends.builder import ProgressBar, stderr_progress
-
-    from .api import compile as compile_model
     from .artifact import check_destination
-    from .provenance import algo_line, placement_line
 
     output = Path(args.output)
     options = _compile_options(args)  # every option checked before anything is written
     check_destination(output, args.force)  # before compiling: refuse early, not after minutes of work
     _check_writable_directory(output)
-    artifact = compile_model(args.model, options, progress=stderr_progress,
-                             profile_progress=ProgressBar("timing algorithm candidates"))
+    from .api import compile as compile_model  # the compiler's imports (TVM) take seconds: after the checks
+
+    artifact = compile_model(args.model, options, progress=progress_bar("compiling kernels"),
+                             profile_progress=progress_bar("timing algorithm candidates"))
     artifact.save(output, overwrite=args.force)
     report = artifact.report()
-    memory = report["memory"]
-    print(f"compiled {args.model} for {report['target']}: {report['kernels']} kernels "
-          f"({report['kernels_cached']} from cache), {report['kernel_calls']} kernel calls per run, "
-          f"activations {format_bytes(memory['arena_bytes'])} (bound {format_bytes(memory['bound_bytes'])}), "
-          f"weights {format_bytes(memory['weights_bytes'])}, both {memory['source']} -> {output}")
-    print(f"artifact sha256 {artifact.sha256} (publish it; 'tessel run --expect-sha256' checks it)")
-    if report["conv_layout"]["blocked_values"]:
-        print(f"{report['conv_layout']['blocked_values']} activations kept in NCHW[16]c between conv kernels")
-    if "placement" in report:
-        print(placement_line(report["placement"], report["devices"], output / "reports" / "placement.md"))
-    if "algo" in report:
-        print(algo_line(report["algo"], output / "reports" / "algo.md"))
-    for note in report.get("notes", ()):
-        print(f"note: {note}")
-    for name in args.dump_after:
-        print(f"graph after {name}: {output / 'reports' / f'after_{name}.txt'} and .onnx")
+    if args.json:
+        print_json({"artifact": str(output), "sha256": artifact.sha256, "report": report})
+    else:
+        print("\n".join(compile_lines(args.model, output, report, artifact.sha256, args.dump_after)))
     return 0
 
 
@@ -127,14 +117,25 @@ def _check_writable_directory(output: Path) -> None:
                             "(read-only file system or no permission); choose another -o")
 
 
-def _read_inputs(path: str | None, artifact) -> dict[str, np.ndarray]:
+def _read_inputs(path: str | None, artifact, values: dict) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The run's inputs: from --inputs, else random, with the --input-value ones set; and the names of those made
+    up at random (a failure they cause is explained in their terms)."""
     from tessel.runtime.inputs import random_input, read_npz_inputs
 
+    from .input_values import with_input_values
+
+    types = artifact.batch_input_types()
     if path is None:
         rng = np.random.default_rng(0)
-        print("no --inputs given: running on random inputs", file=sys.stderr)
-        return {name: random_input(t, rng) for name, t in artifact.batch_input_types().items()}
-    return read_npz_inputs(path, artifact.batch_input_types(), artifact.plan.get("input_defaults", ()))
+        guessed = sorted(set(types) - set(values))
+        inputs = {name: random_input(t, rng) for name, t in types.items()}
+    else:
+        inputs, guessed = read_npz_inputs(path, types, artifact.plan.get("input_defaults", ())), []
+    inputs = with_input_values(inputs, values, types)
+    for name, array in inputs.items():
+        source = "--input-value" if name in values else "random" if name in guessed else path
+        _log.debug("input %s: %s[%s] from %s", name, array.dtype, ",".join(map(str, array.shape)), source)
+    return inputs, guessed
 
 
 def _outputs_path(text: str) -> Path:
@@ -142,12 +143,34 @@ def _outputs_path(text: str) -> Path:
     return Path(text if text.endswith(".npz") else text + ".npz")
 
 
+def _execute(artifact, inputs: dict[str, np.ndarray], repeat: int, timeout: float):
+    """Run the artifact once, then `repeat` more times to time it: (outputs, the launcher's measured times of a
+    multi-worker run or None, the seconds of each timed single-process run)."""
+    if artifact.devices > 1 or artifact.microbatches > 1:
+        from tessel.runtime.launch import run_local
+
+        _log.info("running on %d local workers", artifact.devices)
+        outputs, measured = run_local(artifact.directory, artifact.devices, artifact.check_inputs(inputs),
+                                      repeat=repeat, timeout=timeout)
+        return outputs, measured if measured["seconds_per_batch"] is not None else None, []
+    outputs, times = artifact.run(inputs), []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        artifact.run(inputs)
+        times.append(time.perf_counter() - started)
+    return outputs, None, times
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    from tessel.runtime.errors import ArtifactError
+    from tessel.runtime.errors import ArtifactError, InputError
     from tessel.runtime.safe_write import check_writable, write_npz
 
-    from .api import load
+    from .artifact import load
+    from .branch_hints import unrunnable_branch_hint
+    from .input_values import parse_input_values
+    from .measured_times import placement_report, record_measured, stream_lines
 
+    values = parse_input_values(args.input_value)
     artifact = load(args.artifact, expect_sha256=args.expect_sha256)
     outputs_path = _outputs_path(args.outputs) if args.outputs else None
     if outputs_path:  # refused before the run, not after it; write_file checks again
@@ -156,81 +179,48 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise ArtifactError(f"{args.artifact}: compiled for {artifact.devices} device(s); run it with --workers "
                             f"{artifact.devices} or recompile with --devices {args.workers}")
     reference = None
-    if args.check or args.reference:  # found before the run: a missing model is reported at once
-        from .reference_check import reference_model
+    if args.check or args.reference:  # found before the run: a missing model or onnxruntime is reported at once
+        from .reference_check import onnxruntime, reference_model
 
+        onnxruntime()
         reference = reference_model(artifact.directory, args.reference)
-    inputs = _read_inputs(args.inputs, artifact)
-    measured, times = None, []
-    if artifact.devices > 1 or artifact.microbatches > 1:
-        from tessel.runtime.launch import run_local
-
-        print(f"running on {artifact.devices} local workers", file=sys.stderr)
-        outputs, measured = run_local(artifact.directory, artifact.devices, artifact.check_inputs(inputs),
-                                      repeat=max(args.repeat, 0), timeout=args.timeout)
-        if measured["seconds_per_batch"] is None:
-            measured = None
-    else:
-        outputs = artifact.run(inputs)
-        for _ in range(max(args.repeat, 0)):
-            started = time.perf_counter()
-            artifact.run(inputs)
-            times.append(time.perf_counter() - started)
-    placement = _print_stream(artifact, measured) if measured else None
-    for name, array in outputs.items():
-        summary = f"min {array.min():.6g} max {array.max():.6g}" if array.size and array.dtype != bool else ""
-        print(f"{name}: {array.dtype}[{','.join(map(str, array.shape))}] {summary}")
+    inputs, guessed = _read_inputs(args.inputs, artifact, values)
+    try:
+        outputs, measured, times = _execute(artifact, inputs, args.repeat, args.timeout)
+    except TesselError as exc:
+        hint = unrunnable_branch_hint(artifact.directory, str(exc), guessed)
+        if hint is None:
+            raise
+        raise InputError(hint) from None
+    if guessed:  # told after the run: a run that fails on them says so in its one error line
+        _log.info("no --inputs given: ran on random inputs%s",
+                  f" (all but {', '.join(sorted(values))}, set by --input-value)" if values else "")
+    result: dict = {"outputs": {name: output_summary(array) for name, array in outputs.items()}}
+    placement = placement_report(artifact) if measured else None
+    lines = stream_lines(measured, placement) if placement else []
+    lines += [output_line(name, summary) for name, summary in result["outputs"].items()]
     if times:
-        print(f"latency over {len(times)} runs: median {1e3 * float(np.median(times)):.3f} ms, min {1e3 * min(times):.3f} ms")
+        result["latency"] = latency_summary(times)
+        lines.append(latency_line(result["latency"]))
+    if measured:
+        result["measured"] = measured
     if outputs_path:  # before the reports: a report that cannot be written must not cost the outputs
         write_npz(outputs_path.parent, outputs_path.name, outputs, overwrite=args.force)
+        result["outputs_file"] = str(outputs_path)
     if placement:
-        _record_measured(artifact, placement, measured)
+        record_measured(artifact, placement, measured)
+    if not args.json:  # the outputs are shown even when the check below cannot run
+        print("\n".join(lines))
     if reference:
         from .reference_check import check_outputs
 
-        return 0 if check_outputs(reference, inputs, outputs) else 1
-    return 0
-
-
-def _print_stream(artifact, measured) -> dict | None:
-    """Print the latency of one run and the time per batch streaming --repeat runs, each against the placement's
-    prediction; return the placement report (None, with a note, when it cannot be read)."""
-    from tessel.runtime.safe_write import FileReadError, read_text
-
-    try:
-        placement = json.loads(read_text(artifact.directory, "reports/placement.json"))
-        predictions = (float(placement["predicted_makespan_s"]), float(placement["predicted_steady_s"]))
-    except (FileReadError, ValueError, KeyError, TypeError) as exc:
-        print(f"note: measured times not compared with the placement: reports/placement.json is unusable ({exc})",
-              file=sys.stderr)
-        return None
-    for label, got, predicted in (("latency of one run", measured["latency_s"], predictions[0]),
-                                  (f"time per batch over {measured['runs']} streamed runs", measured["seconds_per_batch"],
-                                   predictions[1])):
-        print(f"{label}: {1e3 * got:.3f} ms; placement predicted {1e3 * predicted:.3f} ms "
-              f"(error {100 * (predicted - got) / got:+.1f}%)")
-    return placement
-
-
-def _record_measured(artifact, placement: dict, measured) -> None:
-    """Add the measured times to reports/placement.json and .md, atomically and never through a link;
-    an artifact that cannot be written (read-only) keeps its reports, with one note line."""
-    from tessel.runtime.safe_write import FileWriteError, write_text
-
-    from .distribute import placement_markdown
-
-    placement["measured"] = {**measured, "prediction_error": (placement["predicted_steady_s"] - measured["seconds_per_batch"])
-                             / measured["seconds_per_batch"],
-                             "latency_prediction_error": (placement["predicted_makespan_s"] - measured["latency_s"])
-                             / measured["latency_s"]}
-    try:
-        write_text(artifact.directory, "reports/placement.json", json.dumps(placement, indent=1))
-        write_text(artifact.directory, "reports/placement.md", placement_markdown(placement))
-    except FileWriteError as exc:
-        print(f"note: measured times not added to the reports: {exc}", file=sys.stderr)
-        return
-    print(f"measured times added to {artifact.directory / 'reports' / 'placement.md'}")
+        check = check_outputs(reference, inputs, outputs)
+        result["check"] = check.to_json()
+        if not args.json:
+            print("\n".join(check.lines()))
+    if args.json:
+        print_json(result)
+    return 0 if reference is None or result["check"]["ok"] else 1
 
 
 def version_line() -> str:
@@ -242,9 +232,47 @@ def version_line() -> str:
     return f"tessel {__version__} (TVM {tvm_version()}, ONNX opset {CANONICAL_OPSET})"
 
 
+def _count_from(minimum: int):
+    """An argparse type: an integer >= `minimum`."""
+    def count(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}; give {minimum} or more")
+        return value
+
+    return count
+
+
+def _positive_seconds(text: str) -> float:
+    """An argparse type: a number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} seconds: give a finite time above 0")
+    return value
+
+
+def _output_options() -> argparse.ArgumentParser:
+    """-v and -q, shared by every command."""
+    common = argparse.ArgumentParser(add_help=False)
+    chatter = common.add_mutually_exclusive_group()
+    chatter.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=VERBOSE, default=NORMAL,
+                         help="also print the details of each stage on stderr")
+    chatter.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=QUIET,
+                         help="print only warnings, errors and the result (no progress)")
+    return common
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `tessel` command."""
     from .options import CompileOptions
+
+    common = [_output_options()]
 
     parser = _Parser(prog="tessel", description="Tessel: compile ONNX models for one or many devices.",
                      epilog="Trust: an artifact is native code. Run only artifacts that you or a source you trust "
@@ -252,22 +280,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=version_line(),
                         help="print Tessel's, TVM's and the ONNX opset versions")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    inspect = commands.add_parser("inspect", help="summarize a model: inputs, ops, parameters, FLOPs, memory bound")
+    inspect = commands.add_parser("inspect", parents=common, help="summarize a model: inputs, ops, parameters, FLOPs, memory bound")
     inspect.add_argument("model", help="path of an .onnx model")
     inspect.add_argument("--input-shape", action="append", default=[], metavar="NAME=DIMS",
                          help="bind an input's shape, e.g. x=1x3x224x224 (repeatable)")
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     inspect.set_defaults(run=_cmd_inspect)
 
-    compile_cmd = commands.add_parser("compile", help="compile a model into an artifact directory")
+    compile_cmd = commands.add_parser("compile", parents=common, help="compile a model into an artifact directory")
     compile_cmd.add_argument("model", help="path of an .onnx model")
     compile_cmd.add_argument("-o", "--output", required=True, metavar="DIR", help="artifact directory to write")
     compile_cmd.add_argument("--target", default=CompileOptions.default("target"),
                              help="llvm (host CPU, default) or cuda:sm_XX")
     compile_cmd.add_argument("--input-shape", action="append", default=[], metavar="NAME=DIMS",
                              help="bind an input's shape, e.g. x=1x3x224x224 (repeatable)")
-    compile_cmd.add_argument("--jobs", type=int, default=None, help="kernels compiled at once (default: one per core)")
+    compile_cmd.add_argument("--jobs", type=_count_from(1), default=None, help="kernels compiled at once (default: one per core)")
     compile_cmd.add_argument("--force", action="store_true", help="replace an existing artifact directory")
+    compile_cmd.add_argument("--json", action="store_true",
+                             help="print the result as one JSON document (the compile report) on stdout")
     compile_cmd.add_argument("--dump-after", action="append", default=[], metavar="PASS",
                              choices=CompileOptions.CHOICES["dump_after"],
                              help="write the graph after PASS to reports/after_PASS.txt and .onnx (repeatable)")
@@ -311,11 +341,14 @@ def build_parser() -> argparse.ArgumentParser:
                              help="time candidate kernels for at most this long; estimate the rest")
     compile_cmd.set_defaults(run=_cmd_compile)
 
-    run = commands.add_parser("run", help="run a compiled artifact")
+    run = commands.add_parser("run", parents=common, help="run a compiled artifact")
     run.add_argument("artifact", help="artifact directory written by 'tessel compile'")
     run.add_argument("--inputs", metavar="IN.npz", help="inputs by name (default: random inputs)")
     run.add_argument("--outputs", metavar="OUT.npz", help="write the outputs here")
-    run.add_argument("--repeat", type=int, default=0, metavar="N", help="time N more runs and print the latency")
+    run.add_argument("--input-value", action="append", default=[], metavar="NAME=VALUE",
+                     help="set input NAME to VALUE everywhere (scalars and control inputs, e.g. sr=16000; repeatable)")
+    run.add_argument("--repeat", type=_count_from(0), default=0, metavar="N",
+                     help="time N more runs and print the latency")
     run.add_argument("--check", action="store_true", help="compare with onnxruntime on the original model (the "
                      "artifact's copy from --keep-model, else the file it was compiled from, if unchanged)")
     run.add_argument("--reference", metavar="MODEL.onnx", help="compare with onnxruntime on this model (implies --check)")
@@ -324,38 +357,35 @@ def build_parser() -> argparse.ArgumentParser:
                      "(64 hex digits, or a file holding them), as printed by 'tessel compile'")
     run.add_argument("--workers", type=int, metavar="N",
                      help="local workers to spawn (must equal the artifact's devices; default: that many)")
-    run.add_argument("--timeout", type=float, default=30.0, metavar="S",
+    run.add_argument("--json", action="store_true", help="print the result as one JSON document on stdout")
+    run.add_argument("--timeout", type=_positive_seconds, default=30.0, metavar="S",
                      help="seconds a worker waits for a peer before all of them stop (default 30)")
     run.set_defaults(run=_cmd_run)
 
-    report = commands.add_parser("report", help="print an artifact's reports: compile, passes, memory, placement")
+    report = commands.add_parser("report", parents=common, help="print an artifact's reports: compile, passes, memory, placement")
     report.add_argument("artifact", help="artifact directory written by 'tessel compile'")
+    report.add_argument("--json", action="store_true", help="print every report as one JSON document")
     report.set_defaults(run=_cmd_report)
 
-    calibrate = commands.add_parser("calibrate", help="measure the link cost (alpha, beta) between two local workers")
-    calibrate.add_argument("--repeat", type=int, default=20, metavar="N", help="round trips per message size")
+    calibrate = commands.add_parser("calibrate", parents=common, help="measure the link cost (alpha, beta) between two local workers")
+    calibrate.add_argument("--repeat", type=_count_from(1), default=20, metavar="N", help="round trips per message size")
     calibrate.set_defaults(run=_cmd_calibrate)
     return parser
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from tessel.runtime.safe_write import FileReadError, read_text
-
     from .api import load
+    from .report_files import report_document, report_markdown
 
     artifact = load(args.artifact)
+    if args.json:
+        print_json(report_document(artifact))
+        return 0
     report = artifact.report()
     print(f"# {args.artifact}: {report['target']}, {report.get('devices', 1)} device(s), {report['kernel_calls']} kernel calls")
-    for name in ("passes.md", "memory.md", "algo.md", "placement.md"):
-        if not os.path.lexists(artifact.directory / "reports" / name):
-            continue
-        try:
-            text = read_text(artifact.directory, f"reports/{name}")  # never a file a link points to elsewhere
-        except FileReadError as exc:
-            print(f"note: {exc}", file=sys.stderr)
-            continue
+    for text in report_markdown(artifact):
         print()
-        print(text.rstrip())
+        print(text)
     return 0
 
 
@@ -370,21 +400,29 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the `tessel` command; return its exit code."""
     args = build_parser().parse_args(argv)
+    with logging_to_stderr(args.verbosity):
+        return _run_command(args)
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """Run the parsed command; every failure the user can act on becomes one line and its exit code."""
     try:
         return args.run(args)
     except TesselError as exc:
-        print(f"tessel: error: {exc}", file=sys.stderr)
+        _log.error("%s", exc)
         return EXIT_USAGE
     except OSError as exc:  # the file system refused something no check above foresaw: still one line
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"tessel: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        _log.error("%s%s", where, exc.strerror or exc)
         return EXIT_USAGE
     except MemoryError:
-        print("tessel: error: out of memory; use smaller inputs or a machine with more memory", file=sys.stderr)
+        _log.error("out of memory; use smaller inputs or a machine with more memory")
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
-        # A stop signal during a launch says which signal and what was cleaned up; Ctrl-C elsewhere has no text.
-        print(f"tessel: {exc or 'interrupted'}", file=sys.stderr)
+        # A stop signal during a launch says which signal and what was cleaned up (LaunchInterrupted's text);
+        # a Ctrl-C elsewhere has none. Kernel build workers print nothing (their stderr is a file of the
+        # builder's) and the builder kills them; atexit stops the idle ones.
+        print(f"tessel: {str(exc) or 'interrupted (Ctrl-C)'}", file=sys.stderr)
         return 128 + getattr(exc, "signum", 2)
 
 

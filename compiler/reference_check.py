@@ -109,12 +109,20 @@ def compare(got: np.ndarray, want: np.ndarray, rtol: float = CHECK_RTOL, atol: f
                       ok=within and not len(positions))
 
 
-def reference_outputs(model: ReferenceModel, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """onnxruntime's outputs of `model` by name; ReferenceRunError (one line) when it cannot run the model."""
+def onnxruntime():
+    """The onnxruntime module, the reference of the check; ReferenceRunError, one line, when it cannot be imported
+    (callers ask before a run, so a check that cannot happen costs no run)."""
     try:
         import onnxruntime as ort
     except ImportError as exc:
-        raise ReferenceRunError(f"--check needs onnxruntime, which is not installed ({exc}); pip install onnxruntime") from exc
+        raise ReferenceRunError(f"--check needs onnxruntime, which cannot be imported ({exc}); "
+                                "pip install onnxruntime") from None
+    return ort
+
+
+def reference_outputs(model: ReferenceModel, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """onnxruntime's outputs of `model` by name; ReferenceRunError (one line) when it cannot run the model."""
+    ort = onnxruntime()
     options = ort.SessionOptions()
     options.log_severity_level = 3
     try:
@@ -127,22 +135,65 @@ def reference_outputs(model: ReferenceModel, inputs: Mapping[str, np.ndarray]) -
                              "compared") from exc
 
 
-def check_outputs(model: ReferenceModel, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> bool:
-    """Print each output's comparison with onnxruntime and a verdict line; whether all of them match."""
+@dataclass(frozen=True)
+class OutputCheck:
+    """One output's comparison with onnxruntime, and the remarks a person needs (NaN on one side, shapes)."""
+
+    name: str
+    comparison: Comparison
+    remarks: tuple[str, ...]
+
+    def line(self) -> str:
+        """The output's line of the check report."""
+        return (f"check {self.name}: max |tessel - onnxruntime| = {self.comparison.max_error:.3g}"
+                + "".join(f"; {remark}" for remark in self.remarks))
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Every output's comparison with onnxruntime and the verdict."""
+
+    outputs: tuple[OutputCheck, ...]
+
+    @property
+    def ok(self) -> bool:
+        """True when every output matches."""
+        return all(o.comparison.ok for o in self.outputs)
+
+    @property
+    def max_error(self) -> float:
+        """The largest error over the outputs."""
+        return max((o.comparison.max_error for o in self.outputs), default=0.0)
+
+    def lines(self) -> list[str]:
+        """The check report: a line per output and the verdict."""
+        return [o.line() for o in self.outputs] + [
+            f"check: {'ok' if self.ok else 'MISMATCH'} (max error {self.max_error:.3g}; rtol {CHECK_RTOL}, "
+            f"atol {CHECK_ATOL}; NaN equals NaN at the same position)"]
+
+    def to_json(self) -> dict:
+        """The result for `--json`."""
+        return {"ok": self.ok, "max_error": self.max_error, "rtol": CHECK_RTOL, "atol": CHECK_ATOL,
+                "outputs": {o.name: {"ok": o.comparison.ok, "max_error": o.comparison.max_error,
+                                     "nan_mismatches": o.comparison.nan_mismatches, "remarks": list(o.remarks)}
+                            for o in self.outputs}}
+
+
+def check_outputs(model: ReferenceModel, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> CheckResult:
+    """Compare each output of a run with onnxruntime's on the same inputs."""
     reference = reference_outputs(model, inputs)
-    worst, ok = 0.0, True
+    checks = []
     for name, got in outputs.items():
         if name not in reference:
             raise ReferenceRunError(f"--check: onnxruntime's outputs of {model.label} lack '{name}'; the run's outputs are not compared")
-        result = compare(got, reference[name])
-        worst, ok = max(worst, result.max_error), ok and result.ok
-        nan_note = ""
+        want = reference[name]
+        result = compare(got, want)
+        remarks = []
         if result.nan_mismatches:
-            position = ",".join(map(str, result.first_nan_mismatch))
-            nan_note = (f"; NaN on one side only at {result.nan_mismatches} position(s), first [{position}]: "
-                        f"tessel {got[result.first_nan_mismatch]}, onnxruntime {reference[name][result.first_nan_mismatch]}")
-        shape_note = "" if got.shape == reference[name].shape else f"; shapes differ: {got.shape} vs {reference[name].shape}"
-        print(f"check {name}: max |tessel - onnxruntime| = {result.max_error:.3g}{nan_note}{shape_note}")
-    print(f"check: {'ok' if ok else 'MISMATCH'} (max error {worst:.3g}; rtol {CHECK_RTOL}, atol {CHECK_ATOL}; "
-          "NaN equals NaN at the same position)")
-    return ok
+            at = result.first_nan_mismatch
+            remarks.append(f"NaN on one side only at {result.nan_mismatches} position(s), first [{','.join(map(str, at))}]: "
+                           f"tessel {got[at]}, onnxruntime {want[at]}")
+        if got.shape != want.shape:
+            remarks.append(f"shapes differ: {got.shape} vs {want.shape}")
+        checks.append(OutputCheck(name, result, tuple(remarks)))
+    return CheckResult(tuple(checks))

@@ -101,7 +101,7 @@ def test_tessel_compile_exits_2_with_one_line_and_leaves_nothing_when_tvm_crashe
     script = (f"import sys; from tessel.backends import builder; builder.WORKER_MODULE = {CRASHING_WORKER!r}; "
               "from tessel.compiler.cli import main; sys.exit(main(sys.argv[1:]))")
     env = dict(os.environ, TMPDIR=str(scratch), TESSEL_CACHE_DIR=str(tmp_path / "cache"))
-    result = subprocess.run([sys.executable, "-c", script, "compile", str(model), "-o", str(output)],
+    result = subprocess.run([sys.executable, "-c", script, "compile", str(model), "-o", str(output), "-q"],
                             capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1

@@ -100,7 +100,7 @@ def test_tessel_compile_rebuilds_a_truncated_cached_library_and_the_artifact_run
     env = dict(os.environ, TESSEL_CACHE_DIR=str(cache_dir))
 
     def compile_to(name: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "tessel.compiler.cli", "compile", str(model), "-o", str(tmp_path / name)],
+        return subprocess.run([sys.executable, "-m", "tessel.compiler.cli", "compile", str(model), "-o", str(tmp_path / name), "-q"],
                               capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
 
     first = compile_to("a")

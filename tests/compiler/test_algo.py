@@ -113,5 +113,5 @@ def test_cli_selects_and_reports(kernel_cache, tmp_path):
                             cwd=ROOT)
     assert "# Algorithm and micro-batch selection (dp" in report.stdout
     bad = subprocess.run([sys.executable, "-m", "tessel.compiler.cli", "compile", str(_model("mtcnn_onet").path), "-o",
-                          str(tmp_path / "bad"), "--algo-select", "ilp"], capture_output=True, text=True, cwd=ROOT)
+                          str(tmp_path / "bad"), "--algo-select", "ilp", "-q"], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "bad").exists()

@@ -1,0 +1,69 @@
+"""`--input-value NAME=VALUE`: one value for a whole input (a sample rate, a flag, a length), broadcast to the
+input's shape and dtype. Random inputs are fine for data; control inputs need a value the model expects."""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from tessel.ir.types import TensorType, numpy_dtype
+from tessel.runtime.errors import InputError
+
+Number = bool | int | float
+
+
+def parse_input_values(items: Sequence[str]) -> dict[str, Number]:
+    """Read NAME=VALUE items (VALUE an integer, a number or true/false) into {name: value}; InputError, one line,
+    on a malformed or repeated item."""
+    values: dict[str, Number] = {}
+    for item in items:
+        name, sep, text = item.rpartition("=")
+        if not sep or not name or not text:
+            raise InputError(f"bad --input-value '{item}': expected NAME=VALUE, e.g. sr=16000")
+        if name in values:
+            raise InputError(f"--input-value gives '{name}' twice")
+        values[name] = _number(text, item)
+    return values
+
+
+def _number(text: str, item: str) -> Number:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        raise InputError(f"bad --input-value '{item}': VALUE must be a number or true/false") from None
+
+
+def with_input_values(inputs: Mapping[str, np.ndarray], values: Mapping[str, Number],
+                      types: Mapping[str, TensorType]) -> dict[str, np.ndarray]:
+    """`inputs` with each input named in `values` replaced by that value in its shape and dtype (`types`, the
+    model's input types); InputError, one line, for a name the model lacks or a value its dtype cannot hold."""
+    result = dict(inputs)
+    for name, value in values.items():
+        if name not in types:
+            raise InputError(f"--input-value {name}: the model has no input '{name}'; "
+                             f"its inputs are {', '.join(sorted(types)) or 'none'}")
+        dtype = np.dtype(numpy_dtype(types[name].dtype))
+        result[name] = np.full(tuple(types[name].shape), _fit(name, value, dtype), dtype)
+    return result
+
+
+def _fit(name: str, value: Number, dtype: np.dtype) -> Number:
+    """`value` as `dtype` holds it, refusing what would change it (a fraction or an out-of-range integer)."""
+    if dtype == np.bool_:
+        if value not in (0, 1):
+            raise InputError(f"--input-value {name}={value}: the input is bool; give true or false")
+        return bool(value)
+    if np.issubdtype(dtype, np.integer):
+        if float(value) != int(value):
+            raise InputError(f"--input-value {name}={value}: the input is {dtype}; give an integer")
+        info = np.iinfo(dtype)
+        if not info.min <= int(value) <= info.max:
+            raise InputError(f"--input-value {name}={value}: out of the range of {dtype} [{info.min}, {info.max}]")
+        return int(value)
+    return value
