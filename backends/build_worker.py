@@ -8,6 +8,7 @@ Requests are {"key", "spec", "target", "cache"}; replies are {"key", "error": nu
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from typing import Callable
 
@@ -42,4 +43,8 @@ def main(handle: Callable[[dict, str, str, str], str | None] = build_one) -> int
 
 
 if __name__ == "__main__":
+    # Ctrl-C reaches the whole foreground process group: the compiling process reports it once and stops its
+    # workers, which would otherwise each print a KeyboardInterrupt traceback. A worker whose parent is gone
+    # sees stdin close and leaves.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(main())
