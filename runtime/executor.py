@@ -77,7 +77,8 @@ class Executor:
             op()
         self.run_instructions = [i for i in self.instructions if not i.runs_at_load]
         self._ops = self._bind(self.run_instructions)
-        self._inputs = [(name, self._buffer(name)) for name in self.plan["inputs"]]
+        self._inputs = [(name, self._buffer(name), self._types[name].shape, np.dtype(numpy_dtype(self._types[name].dtype)))
+                        for name in self.plan["inputs"]]
         self._input_names = frozenset(self.plan["inputs"])
         self._native = None
         self._timed = None
@@ -395,27 +396,34 @@ class Executor:
         """Name → type of each model output."""
         return {name: self._types[name] for name in self.plan["outputs"]}
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the model once; returns fresh output arrays by name."""
+    def run(self, inputs: Mapping[str, np.ndarray], copy: bool = True) -> dict[str, np.ndarray]:
+        """Run the model once; returns fresh output arrays by name.
+
+        With `copy=False` the outputs may be views of the executor's buffers (on the native host
+        of a one-worker program they are): valid until the next run, and cheaper on small models.
+        """
         if self._whole_native is not None:
-            # The whole run is one native call: the inputs go straight into their slots, outputs are copied out.
+            # The whole run is one native call: the inputs go straight into their slots.
             self._write_inputs(inputs)
             status = self._whole_native()
             if status:
                 raise self._native_error(self._native, status)
-            return {name: buffer.copy() for name, buffer in self._outputs}
+            if copy:
+                return {name: buffer.copy() for name, buffer in self._outputs}
+            return dict(self._outputs)
         return self.start(inputs)()
 
     def _write_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
         """Copy the inputs into their host buffers; the full check only when an input is not an exact match."""
         if inputs.keys() != self._input_names:
             self._check_inputs(inputs)
-        for name, buffer in self._inputs:
+        for name, buffer, shape, dtype in self._inputs:
             array = inputs[name]
-            if type(array) is not np.ndarray or array.shape != buffer.shape or array.dtype != buffer.dtype:
+            # `is` on the dtype: an equal dtype that is another object takes the full check, and passes it.
+            if type(array) is not np.ndarray or array.dtype is not dtype or array.shape != shape:
                 self._check_inputs(inputs)
                 array = np.asarray(array)
-            np.copyto(buffer, array, casting="no")
+            buffer[...] = array  # same shape and dtype (checked): a plain copy
 
     def start(self, inputs: Mapping[str, np.ndarray]) -> Callable[[], dict[str, np.ndarray]]:
         """Run the model once, except for waiting on outputs other devices send; returns the wait.
