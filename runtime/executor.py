@@ -369,21 +369,35 @@ class Executor:
         return exc
 
     def kernel_seconds(self, inputs: Mapping[str, np.ndarray], runs: int = 20) -> float:
-        """Mean seconds per run spent inside kernels (a timed copy of the native program times each call).
+        """Median over `runs` runs of the seconds a run spends inside kernels (a timed copy of the native
+        program times each call); the rest of a run's time is the host's.
 
-        Needs the native host and a program without transfers: the rest of a run's time is the host's.
+        Needs the native host and a program without transfers.
         """
         if self._whole_native is None:
             raise ArtifactError(f"{self.directory}: kernel times need the native host on a one-worker program")
         if self._timed is None:
             self._timed = NativeHost([self.run_instructions], self._buffer, self._entries, timed=True)
-        self._timed.kernel_ns[:] = 0
+        totals = []
         for _ in range(runs):
+            self._timed.kernel_ns[:] = 0
             self._write_inputs(inputs)
             status = self._timed.run(0)
             if status:
                 raise self._native_error(self._timed, status)
-        return float(self._timed.kernel_ns.sum()) / runs / 1e9
+            totals.append(int(self._timed.kernel_ns.sum()))
+        return float(np.median(totals)) / 1e9
+
+    def kernel_profile(self, inputs: Mapping[str, np.ndarray], runs: int = 20) -> list[tuple[str, str, float]]:
+        """(node, op, mean microseconds per run) of each kernel call site of the native program, slowest first."""
+        self.kernel_seconds(inputs, 1)
+        self._timed.kernel_ns[:] = 0
+        for _ in range(runs):
+            self._write_inputs(inputs)
+            self._timed.run(0)
+        rows = [(site.instruction.node, site.instruction.op, float(ns) / runs / 1e3)
+                for site, ns in zip(self._timed.sites, self._timed.kernel_ns)]
+        return sorted(rows, key=lambda row: -row[2])
 
     # ---- running ------------------------------------------------------------
     @property
