@@ -1,9 +1,10 @@
 """LSTM and GRU as hand-written TIR kernels (the recurrence has no TE form).
 
-Per direction: transpose the weights once, project every time step's input
-with one vectorized pass (X·Wᵀ + biases), then walk the sequence doing only
-the recurrent matrix-vector product and the gate arithmetic. Directions of a
-bidirectional layer run in parallel.
+Per direction: project every time step's input (X·Wᵀ + biases), then walk the
+sequence doing only the recurrent matrix-vector product and the gate
+arithmetic. Both products read the weights in their ONNX layout, one gate row
+at a time, as dot products vectorized along the row (no per-call transpose of
+the weights). Directions of a bidirectional layer run in parallel.
 """
 from __future__ import annotations
 
@@ -27,16 +28,19 @@ class PrimFuncResult:
     func: object
 
 
-@contextlib.contextmanager
-def _vector_loop(extent: int, vectorize: bool = True):
-    """Loop over `extent`, vectorized LANES at a time where it divides evenly; yields the index."""
-    if not vectorize or extent % LANES or extent < LANES:
-        with T.serial(0, extent) as j:
-            yield j
-        return
-    with T.serial(0, extent // LANES) as outer:
-        with T.vectorized(0, LANES) as inner:
-            yield outer * LANES + inner
+def _dot(part, d, n: int, a, b, vectorize: bool):
+    """The sum over k < n of a(k) · b(k): LANES partial sums in part[d, :] where n allows, then their total."""
+    lanes = LANES if vectorize and n % LANES == 0 else 1
+    with T.serial(0, lanes) as lane:
+        T.buffer_store(part, T.float32(0.0), [d, lane])
+    with T.serial(0, n // lanes) as outer:
+        with (T.vectorized if lanes > 1 else T.serial)(0, lanes) as lane:
+            k = outer * lanes + lane
+            T.buffer_store(part, part[d, lane] + a(k) * b(k), [d, lane])
+    total = part[d, 0]
+    for lane in range(1, lanes):
+        total = total + part[d, lane]
+    return total
 
 
 def _sigmoid(x):
@@ -85,8 +89,7 @@ def _recurrent(ctx: LowerContext, gates: int):
             X, W, R = args[0], args[1], args[2]
             bias = args.get(3)
             h0, c0 = args.get(5), args.get(6) if gates == 4 else None
-            wt = T.alloc_buffer((dirs, width, gh), "float32")
-            rt = T.alloc_buffer((dirs, hidden, gh), "float32")
+            part = T.alloc_buffer((dirs, LANES), "float32")
             gx = T.alloc_buffer((dirs, steps, batch, gh), "float32")
             acc = T.alloc_buffer((dirs, batch, gh), "float32")
             h = T.alloc_buffer((dirs, batch, hidden), "float32")
@@ -101,24 +104,17 @@ def _recurrent(ctx: LowerContext, gates: int):
                 else:
                     loop = T.parallel(0, dirs) if dirs > 1 else T.serial(0, dirs)
                 d = device.enter_context(loop)
-                with T.serial(0, gh) as j:
-                    with T.serial(0, width) as k:
-                        T.buffer_store(wt, W[d, j, k], [d, k, j])
-                    with T.serial(0, hidden) as k:
-                        T.buffer_store(rt, R[d, j, k], [d, k, j])
                 with T.serial(0, steps) as t:
                     with T.serial(0, batch) as b:
-                        with _vector_loop(gh, not ctx.gpu) as j:
+                        with T.serial(0, gh) as j:
                             start = T.float32(0.0)
                             if bias is not None:
                                 # GRU keeps the recurrent bias of its candidate gate for the reset product.
                                 recurrent_bias = bias[d, gh + j] if gates == 4 else T.if_then_else(
                                     j < 2 * hidden, bias[d, gh + j], T.float32(0.0))
                                 start = bias[d, j] + recurrent_bias
-                            T.buffer_store(gx, start, [d, t, b, j])
-                        with T.serial(0, width) as k:
-                            with _vector_loop(gh, not ctx.gpu) as j:
-                                T.buffer_store(gx, gx[d, t, b, j] + x_at(X, t, b, k) * wt[d, k, j], [d, t, b, j])
+                            total = _dot(part, d, width, lambda k: x_at(X, t, b, k), lambda k: W[d, j, k], not ctx.gpu)
+                            T.buffer_store(gx, start + total, [d, t, b, j])
                 with T.serial(0, batch) as b:
                     with T.serial(0, hidden) as q:
                         T.buffer_store(h, h0[d, b, q] if h0 is not None else T.float32(0.0), [d, b, q])
@@ -132,7 +128,8 @@ def _recurrent(ctx: LowerContext, gates: int):
                     else:
                         t = s
                     with T.serial(0, batch) as b:
-                        _step(gates, d, t, b, gx, acc, rt, h, c, rh, bias, hidden, gh, clip, lbr, input_forget, results, layout, not ctx.gpu)
+                        _step(gates, d, t, b, gx, acc, R, part, h, c, rh, bias, hidden, gh, clip, lbr, input_forget, results, layout,
+                              not ctx.gpu)
                 with T.serial(0, batch) as b:
                     with T.serial(0, hidden) as q:
                         if 1 in results:
@@ -148,15 +145,13 @@ def _clip(value, clip):
     return T.max(T.min(value, T.float32(clip)), T.float32(-clip))
 
 
-def _step(gates, d, t, b, gx, acc, rt, h, c, rh, bias, hidden, gh, clip, lbr, input_forget, results, layout, vectorize):
+def _step(gates, d, t, b, gx, acc, R, part, h, c, rh, bias, hidden, gh, clip, lbr, input_forget, results, layout, vectorize):
     """One time step for one batch row: recurrent product, gates, new state, output."""
     # For GRU without linear_before_reset, the candidate gate's product waits for r ⊙ h.
     product = gh if gates == 4 or lbr else 2 * hidden
-    with _vector_loop(product, vectorize) as j:
-        T.buffer_store(acc, gx[d, t, b, j], [d, b, j])
-    with T.serial(0, hidden) as k:
-        with _vector_loop(product, vectorize) as j:
-            T.buffer_store(acc, acc[d, b, j] + h[d, b, k] * rt[d, k, j], [d, b, j])
+    with T.serial(0, product) as j:
+        total = _dot(part, d, hidden, lambda k: h[d, b, k], lambda k: R[d, j, k], vectorize)
+        T.buffer_store(acc, gx[d, t, b, j] + total, [d, b, j])
     if gates == 4:
         with T.serial(0, hidden) as q:
             i = _sigmoid(_clip(acc[d, b, q], clip))
@@ -176,12 +171,10 @@ def _step(gates, d, t, b, gx, acc, rt, h, c, rh, bias, hidden, gh, clip, lbr, in
     else:
         with T.serial(0, hidden) as q:
             T.buffer_store(rh, _sigmoid(_clip(acc[d, b, hidden + q], clip)) * h[d, b, q], [d, b, q])
-        with _vector_loop(hidden, vectorize) as q:
+        with T.serial(0, hidden) as q:
             bias_h = bias[d, candidate_bias + q] if bias is not None else T.float32(0.0)
-            T.buffer_store(acc, gx[d, t, b, 2 * hidden + q] + bias_h, [d, b, 2 * hidden + q])
-        with T.serial(0, hidden) as k:
-            with _vector_loop(hidden, vectorize) as q:
-                T.buffer_store(acc, acc[d, b, 2 * hidden + q] + rh[d, b, k] * rt[d, k, 2 * hidden + q], [d, b, 2 * hidden + q])
+            total = _dot(part, d, hidden, lambda k: rh[d, b, k], lambda k: R[d, 2 * hidden + q, k], vectorize)
+            T.buffer_store(acc, gx[d, t, b, 2 * hidden + q] + bias_h + total, [d, b, 2 * hidden + q])
     with T.serial(0, hidden) as q:
         z = _sigmoid(_clip(acc[d, b, q], clip))
         if lbr:
