@@ -115,14 +115,16 @@ def test_wrong_inputs_get_the_same_error_on_the_native_host(nested_if):
         executor.run(lists)
 
 
-def test_kernel_seconds_times_the_kernels_alone(nested_if):
+def test_kernel_times_time_the_kernels_alone(nested_if):
     _, artifact = nested_if
     executor = Executor(artifact.directory)
     feeds = {"x": np.ones((2, 3), np.float32), "c": np.array(True), "d": np.array(True)}
-    seconds = executor.kernel_seconds(feeds, runs=50)
-    assert 0 < seconds < 1e-3
+    times = executor.kernel_times(feeds, runs=50)
+    assert len(times) == 50 and 0 < np.median(times) < 1e-3
+    rows = executor.kernel_profile(feeds, runs=5)
+    assert {node for node, _, _ in rows} >= {"Relu_0", "Add_0"} and all(us >= 0 for _, _, us in rows)
     with pytest.raises(Exception, match="native host"):
-        Executor(artifact.directory, host="python").kernel_seconds(feeds)
+        Executor(artifact.directory, host="python").kernel_times(feeds)
 
 
 def test_an_unknown_host_is_refused(nested_if):
