@@ -29,8 +29,9 @@ class PrimFuncResult:
 
 
 def _dot(part, d, n: int, a, b, vectorize: bool):
-    """The sum over k < n of a(k) · b(k): LANES partial sums in part[d, :] where n allows, then their total."""
-    lanes = LANES if vectorize and n % LANES == 0 else 1
+    """The sum over k < n of a(k) · b(k): LANES partial sums in part[d, :] over the whole vectors, their
+    total, then the last n % LANES products one by one."""
+    lanes = LANES if vectorize and n >= LANES else 1
     with T.serial(0, lanes) as lane:
         T.buffer_store(part, T.float32(0.0), [d, lane])
     with T.serial(0, n // lanes) as outer:
@@ -40,6 +41,8 @@ def _dot(part, d, n: int, a, b, vectorize: bool):
     total = part[d, 0]
     for lane in range(1, lanes):
         total = total + part[d, lane]
+    for k in range(n - n % lanes, n):
+        total = total + a(k) * b(k)
     return total
 
 
