@@ -23,10 +23,10 @@ from tessel.ir.types import TensorType, numpy_dtype
 
 from .artifact_files import PLAN_FILE, read_plan, verify_files
 from .errors import ArtifactError, ExecutionError, InputError
+from .ffi_abi import kernel_entry, take_raised_error
 from .graph_names import member_name
 from .instructions import (AllReduce, Fail, Gather, If, Instruction, KernelCall, Recv, Scatter, Send, View, kernel_keys,
                            program_from_json)
-from .ffi_abi import kernel_entry, take_raised_error
 from .memory import HostMemory
 from .native_host import NativeHost, native_able
 
@@ -394,7 +394,9 @@ class Executor:
         self._timed.kernel_ns[:] = 0
         for _ in range(runs):
             self._write_inputs(inputs)
-            self._timed.run(0)
+            status = self._timed.run(0)
+            if status:
+                raise self._native_error(self._timed, status)
         rows = [(site.instruction.node, site.instruction.op, float(ns) / runs / 1e3)
                 for site, ns in zip(self._timed.sites, self._timed.kernel_ns)]
         return sorted(rows, key=lambda row: -row[2])

@@ -78,7 +78,7 @@ class NativeHost:
         plans = [self._plan(list(segment)) for segment in segments]
         self._pack_arguments()
         self.kernel_ns = np.zeros(max(len(self.sites), 1), np.int64) if timed else None
-        self._ir, self._llvm = ir, llvm
+        self._ir = ir
         module = ir.Module("tessel_host")
         for index, steps in enumerate(plans):
             self._emit_segment(module, f"segment{index}", steps)
