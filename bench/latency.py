@@ -6,6 +6,10 @@ geomean, the speedup fusion gives Tessel (the same pipeline without the fuse
 pass), the speedup of keeping NCHW[16]c between conv kernels (the same compile
 with `conv_layout="nchw"`), and how much faster Tessel is than TVM's own pipeline
 (`relax.frontend.onnx.from_onnx` + `tvm.compile`) where TVM imports the model.
+Tessel runs on its native host program (runtime/native_host.py); `py-host` is the
+same artifact on the python host, and `overhead` is Tessel's run time minus the
+time spent inside its kernels (each kernel call timed by a timed copy of the
+native program): what the host, Python's boundary included, costs per run.
 
 `--baseline DIR` also times Tessel as another checkout DIR builds it (e.g. a
 git worktree of the commit before a change), alternating with this one
@@ -13,7 +17,7 @@ git worktree of the commit before a change), alternating with this one
 of each: a change's before/after in one run, under the same load.
 
     python bench/latency.py [MODEL ...] [--runs 20] [--skip-tvm] [--skip-unfused] [--skip-nchw]
-                            [--baseline DIR] [--repeats 3]
+                            [--skip-python-host] [--baseline DIR] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -77,8 +81,36 @@ def measure_tessel(model, runs: int, skip_passes=(), conv_layout="blocked") -> d
     artifact = compile_model(model.path, input_shapes=model.input_shapes, skip_passes=skip_passes,
                              conv_layout=conv_layout)
     feeds = model.make_inputs()
-    return {"ms": _median_ms(lambda: artifact.run(feeds), runs),
-            "blocked": artifact.report()["conv_layout"]["blocked_values"]}
+    ms = _median_ms(lambda: artifact.run(feeds), runs)
+    executor = artifact.executor() if artifact.devices == 1 and artifact.microbatches == 1 else None
+    overhead = _overhead_us(artifact, executor, feeds, runs, ms) if executor is not None and executor.host == "native" else None
+    return {"ms": ms, "overhead_us": overhead, "blocked": artifact.report()["conv_layout"]["blocked_values"]}
+
+
+def _overhead_us(artifact, executor, feeds, runs: int, ms: float) -> float:
+    """Median µs of a run minus median µs of its kernels: samples of timed runs alternate with samples of
+    runs of the timed native program (the kernels' own time), so both see the same load."""
+    calls = max(1, math.ceil(MIN_SAMPLE_S / max(ms / 1e3, 1e-6)))
+    run_times, kernel_times = [], []
+    for _ in range(runs):
+        for _ in range(calls):
+            started = time.perf_counter()
+            artifact.run(feeds)
+            run_times.append(time.perf_counter() - started)
+        kernel_times.extend(executor.kernel_times(artifact.with_defaults(feeds), calls))
+    run_times.sort()
+    kernel_times.sort()
+    return 1e6 * (run_times[len(run_times) // 2] - kernel_times[len(kernel_times) // 2])
+
+
+def measure_tessel_python_host(model, runs: int) -> dict:
+    from tessel.compiler.api import compile as compile_model
+    from tessel.runtime.executor import Executor
+
+    artifact = compile_model(model.path, input_shapes=model.input_shapes)
+    executor = Executor(artifact.directory, host="python")
+    feeds = artifact.with_defaults(model.make_inputs())
+    return {"ms": _median_ms(lambda: executor.run(feeds), runs)}
 
 
 def measure_tessel_unfused(model, runs: int) -> dict:
@@ -107,7 +139,8 @@ def measure_tvm(model, runs: int) -> dict:
 
 
 MEASURES = {"onnxruntime": measure_onnxruntime, "tessel": measure_tessel, "tessel_unfused": measure_tessel_unfused,
-            "tessel_nchw": measure_tessel_nchw, "tvm": measure_tvm}
+            "tessel_nchw": measure_tessel_nchw, "tvm": measure_tvm,
+            "tessel_python_host": measure_tessel_python_host}
 
 
 def _isolated(kind: str, name: str, runs: int, timeout: float, root: Path = ROOT) -> tuple[dict | None, str]:
@@ -138,6 +171,7 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-tvm", action="store_true", help="do not measure TVM's own pipeline")
     parser.add_argument("--skip-unfused", action="store_true", help="do not measure Tessel without fusion")
     parser.add_argument("--skip-nchw", action="store_true", help="do not measure Tessel with NCHW between convs")
+    parser.add_argument("--skip-python-host", action="store_true", help="do not measure Tessel on its python host")
     parser.add_argument("--baseline", metavar="DIR", type=Path,
                         help="also time Tessel from this checkout, alternating with this one (before/after a change)")
     parser.add_argument("--repeats", type=int, default=3, help="with --baseline: alternations per model")
@@ -151,13 +185,16 @@ def main(argv=None) -> int:
     names = args.models or [m.name for m in corpus.values() if not m.negative and not m.topology]
     if args.baseline:
         return _before_after(names, args.baseline.resolve(), args.runs, args.repeats)
-    print(f"{'model':<20} {'onnxruntime':>12} {'tvm':>10} {'unfused':>10} {'nchw':>10} {'tessel':>10} "
-          f"{'tessel/ort':>11} {'fusion':>8} {'blocked':>8} {'layout':>8} {'tvm/tessel':>11}")
+    print(f"{'model':<20} {'onnxruntime':>12} {'tvm':>10} {'unfused':>10} {'nchw':>10} {'py-host':>10} {'tessel':>10} "
+          f"{'overhead':>9} {'tessel/ort':>11} {'fusion':>8} {'blocked':>8} {'layout':>8} {'tvm/tessel':>11}"
+          "  (ms; overhead in µs)")
     ratios, tvm_speedups, fusion_speedups, layout_speedups = [], [], [], []
     for name in names:
         ort_ms = _ms(_isolated("onnxruntime", name, args.runs, 300))
         tessel, why = _isolated("tessel", name, args.runs, 1800)
         tessel_ms, blocked = _ms((tessel, why)), (tessel or {}).get("blocked")
+        overhead_us = (tessel or {}).get("overhead_us")
+        python_ms = None if args.skip_python_host else _ms(_isolated("tessel_python_host", name, args.runs, 1800))
         unfused_ms = None if args.skip_unfused else _ms(_isolated("tessel_unfused", name, args.runs, 1800))
         # Without blocked activations both layouts compile to the same program: nothing to measure.
         nchw_ms = None if args.skip_nchw or not blocked else _ms(_isolated("tessel_nchw", name, args.runs, 1800))
@@ -179,8 +216,9 @@ def main(argv=None) -> int:
         def cell(value, width, fmt="{:.2f}"):
             return f"{fmt.format(value) if value is not None else 'n/a':>{width}}"
 
-        print(f"{name:<20} {cell(ort_ms, 12)} {cell(tvm_ms, 10)} {cell(unfused_ms, 10)} {cell(nchw_ms, 10)} "
-              f"{cell(tessel_ms, 10)} {cell(ratio, 11)} {cell(fusion, 8, '{:.2f}x')} "
+        print(f"{name:<20} {cell(ort_ms, 12, '{:.3f}')} {cell(tvm_ms, 10)} {cell(unfused_ms, 10)} {cell(nchw_ms, 10)} "
+              f"{cell(python_ms, 10, '{:.3f}')} {cell(tessel_ms, 10, '{:.3f}')} {cell(overhead_us, 9, '{:.1f}')} "
+              f"{cell(ratio, 11)} {cell(fusion, 8, '{:.2f}x')} "
               f"{cell(blocked, 8, '{}')} {cell(layout, 8, '{:.2f}x')} "
               f"{cell(speedup, 11, '{:.1f}x')}"
               + (f"  tessel: {why}" if why else "") + (f"  tvm: {tvm_why}" if tvm_ms is None and not args.skip_tvm else ""),

@@ -4,6 +4,12 @@ Every buffer is allocated once, 64-byte aligned, when the executor is made;
 weights are loaded once; each run copies the inputs in, runs the instructions
 in order on pre-bound arguments (kernel calls, views, branches, and with other
 workers, transfers and collectives over `comm`), and copies the outputs out.
+
+Two hosts run the instructions. "native" (the default for host memory) compiles
+the run loop to machine code when the executor loads (runtime/native_host.py):
+one call from Python per run, or per segment between transfers and collectives.
+"python" calls a bound closure per instruction: the fallback, what `profile`
+times, and the host of artifacts whose buffers live on a GPU.
 """
 from __future__ import annotations
 
@@ -17,24 +23,31 @@ from tessel.ir.types import TensorType, numpy_dtype
 
 from .artifact_files import PLAN_FILE, read_plan, verify_files
 from .errors import ArtifactError, ExecutionError, InputError
+from .ffi_abi import kernel_entry, take_raised_error
 from .graph_names import member_name
 from .instructions import (AllReduce, Fail, Gather, If, Instruction, KernelCall, Recv, Scatter, Send, View, kernel_keys,
                            program_from_json)
 from .memory import HostMemory
+from .native_host import NativeHost, native_able
 
 Op = Callable[[], None]
+HOSTS = ("native", "python")
 
 
 class Executor:
     """Runs one worker's program of an artifact directory: llvm kernels on host memory, cuda kernels on GPU memory."""
 
     def __init__(self, directory: str | Path, threads: int | None = None, worker: int = 0, comm=None,
-                 memory_device: str | None = None):
+                 memory_device: str | None = None, host: str = "native"):
         """`worker` picks the program of a multi-worker artifact; `comm` (runtime/comm.py) carries its transfers
         and collectives. `memory_device` ("cpu", "cuda") puts the buffers in TVM memory on that device; by
-        default host numpy memory for llvm artifacts and the GPU for cuda ones."""
+        default host numpy memory for llvm artifacts and the GPU for cuda ones. `host` ("native", "python")
+        picks what runs the instructions; buffers outside host memory always run on the python host
+        (`self.host` says which one runs)."""
         from tessel.backends.tvm_env import set_threads, tvm
 
+        if host not in HOSTS:
+            raise ValueError(f"host must be one of {', '.join(HOSTS)}, not {host!r}")
         if threads is not None:
             set_threads(threads)
         self._tvm = tvm()
@@ -64,6 +77,16 @@ class Executor:
             op()
         self.run_instructions = [i for i in self.instructions if not i.runs_at_load]
         self._ops = self._bind(self.run_instructions)
+        self._inputs = [(name, self._buffer(name), self._types[name].shape, np.dtype(numpy_dtype(self._types[name].dtype)))
+                        for name in self.plan["inputs"]]
+        self._input_names = frozenset(self.plan["inputs"])
+        self._native = None
+        self._timed = None
+        self._steps: list[Op] = self._ops
+        self._whole_native: Callable[[], int] | None = None
+        if host == "native" and isinstance(self._memory, HostMemory):
+            self._use_native_host()
+        self.host = "native" if self._native is not None else "python"
 
     def _make_memory(self, arena_bytes: int, memory_device: str | None):
         if memory_device is None and not str(self.plan["target"]).startswith("cuda"):
@@ -82,6 +105,7 @@ class Executor:
 
             enable_cuda()  # a runtime-only TVM registers no CUDA module loader by itself
         kernels = {}
+        self._entries: dict[str, int] = {}
         used = set(kernel_keys(self.instructions))
         for key, entry in self.plan["kernels"].items():
             if key not in used:
@@ -89,6 +113,8 @@ class Executor:
             path = self.directory / entry["file"]
             try:
                 kernels[key] = self._tvm.runtime.load_module(str(path))["main"]
+                if not str(self.plan["target"]).startswith("cuda"):
+                    self._entries[key] = kernel_entry(path)
             except Exception as exc:  # noqa: BLE001 - a broken library must not crash the caller
                 raise ArtifactError(f"{path}: cannot load kernel library ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from exc
         return kernels
@@ -288,6 +314,93 @@ class Executor:
 
         return gather_slices
 
+    # ---- the native host -------------------------------------------------------
+    def _segments(self) -> list[list[Instruction] | int] | None:
+        """The run program cut at each instruction that needs Python: native segments (instruction lists)
+        and, between them, the index of each Python instruction; None when an If holds one."""
+        parts: list[list[Instruction] | int] = []
+        for index, instruction in enumerate(self.run_instructions):
+            if native_able(instruction):
+                if not parts or not isinstance(parts[-1], list):
+                    parts.append([])
+                parts[-1].append(instruction)
+            elif isinstance(instruction, If):
+                return None
+            else:
+                parts.append(index)
+        return parts
+
+    def _use_native_host(self) -> None:
+        parts = self._segments()
+        if parts is None:
+            return
+        segments = [part for part in parts if isinstance(part, list)]
+        self._native = NativeHost(segments, self._buffer, self._entries)
+        steps, segment = [], 0
+        for part in parts:
+            if isinstance(part, list):
+                steps.append(self._native_step(segment))
+                segment += 1
+            else:
+                steps.append(self._ops[part])
+        self._steps = steps
+        if len(parts) == 1 and self._comm is None:
+            self._whole_native = self._native.function
+            self._outputs = [(name, self._buffer(name)) for name in self.plan["outputs"]]
+
+    def _native_step(self, segment: int) -> Op:
+        run = self._native.run
+
+        def run_segment() -> None:
+            status = run(segment)
+            if status:
+                raise self._native_error(self._native, status)
+
+        return run_segment
+
+    def _native_error(self, native: NativeHost, status: int) -> Exception:
+        """The error a native segment stopped with: the same as the python host raises."""
+        site = native.sites[status - 1]
+        if isinstance(site.instruction, Fail):
+            return ExecutionError(site.instruction.message)
+        exc = take_raised_error()
+        if isinstance(exc, IndexError):
+            return self._index_error(site.instruction, site.arg_names, exc)
+        return exc
+
+    def kernel_times(self, inputs: Mapping[str, np.ndarray], runs: int = 20) -> list[float]:
+        """Seconds each of `runs` runs spends inside kernels (a timed copy of the native program times each
+        call); the rest of a run's time is the host's.
+
+        Needs the native host and a program without transfers.
+        """
+        if self._whole_native is None:
+            raise ArtifactError(f"{self.directory}: kernel times need the native host on a one-worker program")
+        if self._timed is None:
+            self._timed = NativeHost([self.run_instructions], self._buffer, self._entries, timed=True)
+        totals = []
+        for _ in range(runs):
+            self._timed.kernel_ns[:] = 0
+            self._write_inputs(inputs)
+            status = self._timed.run(0)
+            if status:
+                raise self._native_error(self._timed, status)
+            totals.append(int(self._timed.kernel_ns.sum()) / 1e9)
+        return totals
+
+    def kernel_profile(self, inputs: Mapping[str, np.ndarray], runs: int = 20) -> list[tuple[str, str, float]]:
+        """(node, op, mean microseconds per run) of each kernel call site of the native program, slowest first."""
+        self.kernel_times(inputs, 1)
+        self._timed.kernel_ns[:] = 0
+        for _ in range(runs):
+            self._write_inputs(inputs)
+            status = self._timed.run(0)
+            if status:
+                raise self._native_error(self._timed, status)
+        rows = [(site.instruction.node, site.instruction.op, float(ns) / runs / 1e3)
+                for site, ns in zip(self._timed.sites, self._timed.kernel_ns)]
+        return sorted(rows, key=lambda row: -row[2])
+
     # ---- running ------------------------------------------------------------
     @property
     def input_types(self) -> dict[str, TensorType]:
@@ -299,9 +412,34 @@ class Executor:
         """Name → type of each model output."""
         return {name: self._types[name] for name in self.plan["outputs"]}
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the model once; returns fresh output arrays by name."""
+    def run(self, inputs: Mapping[str, np.ndarray], copy: bool = True) -> dict[str, np.ndarray]:
+        """Run the model once; returns fresh output arrays by name.
+
+        With `copy=False` the outputs may be views of the executor's buffers (on the native host
+        of a one-worker program they are): valid until the next run, and cheaper on small models.
+        """
+        if self._whole_native is not None:
+            # The whole run is one native call: the inputs go straight into their slots.
+            self._write_inputs(inputs)
+            status = self._whole_native()
+            if status:
+                raise self._native_error(self._native, status)
+            if copy:
+                return {name: buffer.copy() for name, buffer in self._outputs}
+            return dict(self._outputs)
         return self.start(inputs)()
+
+    def _write_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
+        """Copy the inputs into their host buffers; the full check only when an input is not an exact match."""
+        if inputs.keys() != self._input_names:
+            self._check_inputs(inputs)
+        for name, buffer, shape, dtype in self._inputs:
+            array = inputs[name]
+            # `is` on the dtype: an equal dtype that is another object takes the full check, and passes it.
+            if type(array) is not np.ndarray or array.dtype is not dtype or array.shape != shape:
+                self._check_inputs(inputs)
+                array = np.asarray(array)
+            buffer[...] = array  # same shape and dtype (checked): a plain copy
 
     def start(self, inputs: Mapping[str, np.ndarray]) -> Callable[[], dict[str, np.ndarray]]:
         """Run the model once, except for waiting on outputs other devices send; returns the wait.
@@ -313,8 +451,8 @@ class Executor:
         for name in self.plan["inputs"]:
             self._memory.write(self._buffer(name), np.asarray(inputs[name]))
         self._arriving = {}
-        for op in self._ops:
-            op()
+        for step in self._steps:
+            step()
         if self._comm is not None:
             self._comm.wait_sends()
         local = {name: self._memory.read(self._buffer(name)) for name in self.plan["outputs"] if name not in self._arriving}

@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     set_threads(args.threads)
     from .executor import Executor
 
-    executor = Executor(args.artifact)
+    executor = Executor(args.artifact, host="python")  # profile times the python host's per-instruction calls
     rng = np.random.default_rng(0)
     feeds = {name: random_input(t, rng) for name, t in executor.input_types.items()}
     rows = executor.profile(feeds, runs=args.runs)

@@ -1,0 +1,259 @@
+"""The native host program: a worker's run loop compiled to machine code with llvmlite when the executor loads.
+
+Every buffer has a fixed address once the executor is made (runtime/memory.py), so each kernel call's
+arguments are built once — DLTensor structs and TVMFFIAny argument arrays in memory this object keeps
+alive — and the program is straight-line code calling each kernel's C entry with those addresses as
+constants (runtime/ffi_abi.py documents the calling convention). Views cost nothing (their buffers share
+the address); an If loads its condition from the arena and branches; its branch's results are moved to
+the If's outputs.
+
+The program is one function per segment: a segment is a run of instructions the native code can do
+(kernel calls with or without pieces, views, If, Fail). Transfers and collectives need Python
+(torch.distributed) and run between segments. A segment function takes no argument and returns a
+status: 0 when it ran to its end, else k + 1 where k indexes `sites`: the kernel call that failed
+(its error is raised in the calling thread: ffi_abi.take_raised_error) or the Fail reached.
+
+With `timed`, each kernel call is bracketed by clock_gettime(CLOCK_MONOTONIC) and its nanoseconds are
+added to `kernel_ns[k]` (k its site): the kernels' own time, without the host's.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from . import ffi_abi
+from .instructions import Fail, If, Instruction, KernelCall, View
+
+CLOCK_MONOTONIC = 1
+
+
+def native_able(instruction: Instruction) -> bool:
+    """Whether the native program runs the instruction (not a transfer or collective, nor an If holding one)."""
+    if isinstance(instruction, If):
+        return all(native_able(i) for _, branch in instruction.branches() for i in branch.instructions)
+    return isinstance(instruction, (KernelCall, View, Fail))
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a segment can stop: a kernel call (`arg_names` its piece's or its own inputs) or a Fail."""
+
+    instruction: Instruction
+    arg_names: tuple[str, ...] = ()
+
+
+@dataclass
+class _Call:
+    entry: int
+    arrays: list[np.ndarray]
+    site: int
+    first_arg: int = 0
+
+
+@dataclass
+class _Branch:
+    condition: np.ndarray
+    then_steps: list
+    else_steps: list
+    then_moves: list[tuple[np.ndarray, np.ndarray]]
+    else_moves: list[tuple[np.ndarray, np.ndarray]]
+
+
+class NativeHost:
+    """The compiled run loop of one worker: `run(segment)` runs one segment and returns its status."""
+
+    def __init__(self, segments: Sequence[Sequence[Instruction]], buffer: Callable[[str], np.ndarray],
+                 entries: Mapping[str, int], timed: bool = False):
+        """`buffer(name)` gives each value's host buffer (its address is baked in), `entries` each kernel key's
+        C entry address (ffi_abi.kernel_entry)."""
+        import llvmlite.binding as llvm
+        import llvmlite.ir as ir
+
+        self._buffer, self._entries = buffer, entries
+        self.sites: list[Site] = []
+        self._calls: list[_Call] = []
+        plans = [self._plan(list(segment)) for segment in segments]
+        self._pack_arguments()
+        self.kernel_ns = np.zeros(max(len(self.sites), 1), np.int64) if timed else None
+        self._ir = ir
+        module = ir.Module("tessel_host")
+        for index, steps in enumerate(plans):
+            self._emit_segment(module, f"segment{index}", steps)
+        llvm.initialize_native_target()
+        llvm.initialize_native_asmprinter()
+        parsed = llvm.parse_assembly(str(module))
+        parsed.verify()
+        machine = llvm.Target.from_default_triple().create_target_machine(opt=1)
+        self._engine = llvm.create_mcjit_compiler(parsed, machine)
+        self._engine.finalize_object()
+        prototype = ctypes.CFUNCTYPE(ctypes.c_int32)
+        self._functions = [prototype(self._engine.get_function_address(f"segment{k}")) for k in range(len(plans))]
+
+    def run(self, segment: int) -> int:
+        """Run segment `segment`; 0, or 1 + the index in `sites` of where it stopped."""
+        return self._functions[segment]()
+
+    @property
+    def function(self) -> Callable[[], int]:
+        """The first segment's function (the whole program when it has one segment): status = function()."""
+        return self._functions[0]
+
+    # ---- planning: instructions → calls with their argument buffers ------------
+    def _plan(self, instructions: list[Instruction]) -> list:
+        steps: list = []
+        for instruction in instructions:
+            if isinstance(instruction, View):
+                continue
+            if isinstance(instruction, KernelCall):
+                steps.extend(self._plan_call(instruction))
+            elif isinstance(instruction, If):
+                branches = dict(instruction.branches())
+                outputs = [self._buffer(n) for n in instruction.outputs]
+                moves = {field: [(out, self._buffer(r)) for out, r in zip(outputs, branch.results)]
+                         for field, branch in branches.items()}
+                steps.append(_Branch(self._buffer(instruction.condition),
+                                     self._plan(list(branches["then_branch"].instructions)),
+                                     self._plan(list(branches["else_branch"].instructions)),
+                                     moves["then_branch"], moves["else_branch"]))
+            elif isinstance(instruction, Fail):
+                steps.append(self._site(Site(instruction)))
+            else:
+                raise ValueError(f"{type(instruction).__name__} at node {instruction.node!r} does not run natively")
+        return steps
+
+    def _site(self, site: Site) -> int:
+        self.sites.append(site)
+        return len(self.sites) - 1
+
+    def _plan_call(self, call: KernelCall) -> list[_Call]:
+        if not call.pieces:
+            arrays = [self._buffer(n) for n in call.inputs + call.outputs]
+            return [self._add_call(call.kernel, arrays, Site(call, call.inputs))]
+        calls = []
+        for piece in call.pieces:
+            sliced, start, stop = set(piece.sliced), piece.start, piece.start + piece.size
+            arrays = [self._buffer(n)[start:stop] if n in sliced else self._buffer(n) for n in piece.inputs + call.outputs]
+            calls.append(self._add_call(piece.kernel, arrays, Site(call, piece.inputs)))
+        return calls
+
+    def _add_call(self, kernel: str, arrays: list[np.ndarray], site: Site) -> _Call:
+        for array in arrays:
+            if not array.flags.c_contiguous:
+                raise ValueError("a kernel argument is not contiguous")
+        call = _Call(self._entries[kernel], arrays, self._site(site))
+        self._calls.append(call)
+        return call
+
+    def _pack_arguments(self) -> None:
+        """One DLTensor and one TVMFFIAny per argument, each call's TVMFFIAny contiguous: built once, kept alive."""
+        count = sum(len(c.arrays) for c in self._calls)
+        dims = sum(a.ndim for c in self._calls for a in c.arrays)
+        self._tensors = np.zeros(max(count, 1), ffi_abi.DLTENSOR)
+        self._shapes = np.zeros(max(dims, 1), np.int64)
+        self._args = np.zeros(max(count, 1), ffi_abi.ANY)
+        self._result = np.zeros(1, ffi_abi.ANY)
+        slot, dim = 0, 0
+        for call in self._calls:
+            call.first_arg = slot
+            for array in call.arrays:
+                code, bits, lanes = ffi_abi.dl_dtype(array.dtype)
+                self._shapes[dim:dim + array.ndim] = array.shape
+                self._tensors[slot] = (array.ctypes.data, ffi_abi.DEVICE_CPU, 0, array.ndim, code, bits, lanes,
+                                       self._shapes.ctypes.data + 8 * dim, 0, 0)
+                self._args[slot] = (ffi_abi.TYPE_INDEX_DLTENSOR_PTR, 0,
+                                    self._tensors.ctypes.data + slot * ffi_abi.DLTENSOR.itemsize)
+                slot, dim = slot + 1, dim + array.ndim
+
+    # ---- code -------------------------------------------------------------
+    def _emit_segment(self, module, name: str, steps: list) -> None:
+        ir = self._ir
+        i32 = ir.IntType(32)
+        function = ir.Function(module, ir.FunctionType(i32, []), name)
+        builder = ir.IRBuilder(function.append_basic_block("entry"))
+        self._clock = builder.alloca(ir.LiteralStructType([ir.IntType(64), ir.IntType(64)])) if self.kernel_ns is not None else None
+        self._emit_steps(builder, function, steps)
+        builder.ret(ir.Constant(i32, 0))
+
+    def _emit_steps(self, builder, function, steps: list) -> None:
+        for step in steps:
+            if isinstance(step, _Call):
+                self._emit_call(builder, function, step)
+            elif isinstance(step, _Branch):
+                self._emit_branch(builder, function, step)
+            else:  # a Fail: stop with its site
+                self._emit_stop(builder, function, step)
+
+    def _pointer(self, builder, address: int, type_=None):
+        ir = self._ir
+        return builder.inttoptr(ir.Constant(ir.IntType(64), address), type_ or ir.IntType(8).as_pointer())
+
+    def _emit_call(self, builder, function, call: _Call) -> None:
+        ir = self._ir
+        i8p, i32, i64 = ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(64)
+        kernel_type = ir.FunctionType(i32, [i8p, i8p, i32, i8p])
+        result = self._result.ctypes.data
+        builder.store(ir.Constant(i32, ffi_abi.TYPE_INDEX_NONE), self._pointer(builder, result, i32.as_pointer()))
+        started = self._now(builder) if self.kernel_ns is not None else None
+        status = builder.call(self._pointer(builder, call.entry, kernel_type.as_pointer()),
+                              [ir.Constant(i8p, None),
+                               self._pointer(builder, self._args.ctypes.data + call.first_arg * ffi_abi.ANY.itemsize),
+                               ir.Constant(i32, len(call.arrays)), self._pointer(builder, result)])
+        if started is not None:
+            slot = self._pointer(builder, self.kernel_ns.ctypes.data + 8 * call.site, i64.as_pointer())
+            builder.store(builder.add(builder.load(slot), builder.sub(self._now(builder), started)), slot)
+        failed, done = function.append_basic_block("failed"), function.append_basic_block("next")
+        builder.cbranch(builder.icmp_signed("!=", status, ir.Constant(i32, 0)), failed, done)
+        builder.position_at_end(failed)
+        builder.ret(ir.Constant(i32, call.site + 1))
+        builder.position_at_end(done)
+
+    def _emit_stop(self, builder, function, site: int) -> None:
+        ir = self._ir
+        builder.ret(ir.Constant(ir.IntType(32), site + 1))
+        # Code after a Fail is unreachable; it goes into a block of its own so the function stays well formed.
+        builder.position_at_end(function.append_basic_block("after_fail"))
+
+    def _emit_branch(self, builder, function, branch: _Branch) -> None:
+        ir = self._ir
+        condition = branch.condition
+        if condition.dtype.kind == "f":
+            kind = {2: ir.HalfType(), 4: ir.FloatType(), 8: ir.DoubleType()}[condition.dtype.itemsize]
+            value = builder.load(self._pointer(builder, condition.ctypes.data, kind.as_pointer()))
+            taken = builder.fcmp_unordered("!=", value, ir.Constant(kind, 0.0))
+        else:
+            kind = ir.IntType(8 * condition.dtype.itemsize)
+            value = builder.load(self._pointer(builder, condition.ctypes.data, kind.as_pointer()))
+            taken = builder.icmp_unsigned("!=", value, ir.Constant(kind, 0))
+        with builder.if_else(taken) as (then, otherwise):
+            with then:
+                self._emit_steps(builder, function, branch.then_steps)
+                self._emit_moves(builder, branch.then_moves)
+            with otherwise:
+                self._emit_steps(builder, function, branch.else_steps)
+                self._emit_moves(builder, branch.else_moves)
+
+    def _emit_moves(self, builder, moves: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        ir = self._ir
+        i8p, i64 = ir.IntType(8).as_pointer(), ir.IntType(64)
+        module = builder.module
+        memmove = module.globals.get("llvm.memmove.p0.p0.i64") or ir.Function(
+            module, ir.FunctionType(ir.VoidType(), [i8p, i8p, i64, ir.IntType(1)]), "llvm.memmove.p0.p0.i64")
+        for destination, source in moves:
+            if destination.ctypes.data != source.ctypes.data:
+                builder.call(memmove, [self._pointer(builder, destination.ctypes.data),
+                                       self._pointer(builder, source.ctypes.data),
+                                       ir.Constant(i64, destination.nbytes), ir.Constant(ir.IntType(1), 0)])
+
+    def _now(self, builder):
+        """Nanoseconds of CLOCK_MONOTONIC (clock_gettime from the C library, called by address)."""
+        ir = self._ir
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        clock_type = ir.FunctionType(i32, [i32, self._clock.type])
+        address = ctypes.cast(ctypes.CDLL(None).clock_gettime, ctypes.c_void_p).value
+        builder.call(self._pointer(builder, address, clock_type.as_pointer()), [ir.Constant(i32, CLOCK_MONOTONIC), self._clock])
+        seconds = builder.load(builder.gep(self._clock, [ir.Constant(i32, 0), ir.Constant(i32, 0)]))
+        nanoseconds = builder.load(builder.gep(self._clock, [ir.Constant(i32, 0), ir.Constant(i32, 1)]))
+        return builder.add(builder.mul(seconds, ir.Constant(i64, 1_000_000_000)), nanoseconds)

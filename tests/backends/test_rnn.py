@@ -1,0 +1,41 @@
+"""LSTM and GRU kernels equal onnxruntime in both forms of their products (few steps: row dot products of 16 lanes
+and a tail; many: transposed weights), at vectorized sizes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tessel.compiler.api import compile
+from tests.conftest import assert_matches_onnxruntime, run_onnxruntime
+
+BATCH, WIDTH, HIDDEN = 2, 40, 16  # a width of 2 vectors and a tail of 8
+
+
+def _recurrent_model(op: str, direction: str, steps: int, **attrs):
+    gates = 4 if op == "LSTM" else 3
+    dirs = 2 if direction == "bidirectional" else 1
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name) for name, shape in
+               (("W", (dirs, gates * HIDDEN, WIDTH)), ("R", (dirs, gates * HIDDEN, HIDDEN)), ("B", (dirs, 2 * gates * HIDDEN)))]
+    node = helper.make_node(op, ["x", "W", "R", "B"], ["y", "y_h"], hidden_size=HIDDEN, direction=direction, **attrs)
+    graph = helper.make_graph([node], "rnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, BATCH, WIDTH])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("y_h", TensorProto.FLOAT, None)], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("op,direction,attrs", [
+    ("LSTM", "bidirectional", {}),
+    ("GRU", "forward", {}),
+    ("GRU", "reverse", {"linear_before_reset": 1}),
+])
+@pytest.mark.parametrize("steps", [1, 6])  # 2 and 12 rows of steps × batch: below and above TRANSPOSE_MIN_ROWS
+def test_vectorized_recurrences_equal_onnxruntime(op, direction, attrs, steps, kernel_cache):
+    from tessel.backends.lowering.rnn import TRANSPOSE_MIN_ROWS
+
+    assert BATCH < TRANSPOSE_MIN_ROWS <= 6 * BATCH
+    original = _recurrent_model(op, direction, steps, **attrs)
+    feeds = {"x": np.random.default_rng(1).standard_normal((steps, BATCH, WIDTH)).astype(np.float32)}
+    outputs = compile(original, cache_dir=kernel_cache).run(feeds)
+    assert_matches_onnxruntime(outputs, run_onnxruntime(original, feeds))

@@ -1,0 +1,132 @@
+"""The native host program runs artifacts as the python host does: same outputs, same errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tessel.compiler.api import compile
+from tessel.runtime.errors import ExecutionError
+from tessel.runtime.executor import Executor
+from tests.conftest import POSITIVE, assert_matches_onnxruntime, run_onnxruntime
+from tests.ir.helpers import F, model
+
+HOSTS = ["native", "python"]
+
+
+def _nested_if_model():
+    """y = If(c, then: Relu(x) + 1 through a Reshape, else: If(d, Neg(x), Abs(x)))."""
+    inner = helper.make_node("If", ["d"], ["er"],
+                             then_branch=helper.make_graph([helper.make_node("Neg", ["x"], ["n"])], "neg", [],
+                                                           [helper.make_tensor_value_info("n", F, None)]),
+                             else_branch=helper.make_graph([helper.make_node("Abs", ["x"], ["a"])], "abs", [],
+                                                           [helper.make_tensor_value_info("a", F, None)]))
+    then_nodes = [helper.make_node("Relu", ["x"], ["t0"]),
+                  helper.make_node("Reshape", ["t0", "flat"], ["t1"]),
+                  helper.make_node("Add", ["t1", "one"], ["t2"]),
+                  helper.make_node("Reshape", ["t2", "back"], ["tr"])]
+    then_branch = helper.make_graph(then_nodes, "then", [], [helper.make_tensor_value_info("tr", F, None)])
+    else_branch = helper.make_graph([inner], "else", [], [helper.make_tensor_value_info("er", F, None)])
+    nodes = [helper.make_node("If", ["c"], ["y"], then_branch=then_branch, else_branch=else_branch)]
+    proto = model(nodes, [("x", F, [2, 3]), ("c", TensorProto.BOOL, []), ("d", TensorProto.BOOL, [])], [("y", F, None)])
+    proto.graph.initializer.extend([numpy_helper.from_array(np.array([6], np.int64), "flat"),
+                                    numpy_helper.from_array(np.array([2, 3], np.int64), "back"),
+                                    numpy_helper.from_array(np.ones(6, np.float32), "one")])
+    return proto
+
+
+@pytest.fixture(scope="module")
+def nested_if(kernel_cache):
+    original = _nested_if_model()
+    return original, compile(original, cache_dir=kernel_cache)
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_runtime_ifs_take_the_branch_the_arena_holds(nested_if, host):
+    original, artifact = nested_if
+    executor = Executor(artifact.directory, host=host)
+    assert executor.host == host
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    for c in (True, False):
+        for d in (True, False):
+            feeds = {"x": x, "c": np.array(c), "d": np.array(d)}
+            executor.poison()
+            np.testing.assert_array_equal(executor.run(feeds)["y"], run_onnxruntime(original, feeds)[0])
+
+
+@pytest.mark.parametrize("name", ["silero_vad", "mtcnn_onet"])
+def test_corpus_models_equal_onnxruntime_on_a_poisoned_arena(name, kernel_cache):
+    corpus_model = next(m for m in POSITIVE if m.name == name)
+    artifact = compile(corpus_model.path, input_shapes=corpus_model.input_shapes, cache_dir=kernel_cache)
+    feeds = corpus_model.make_inputs()
+    expected = run_onnxruntime(str(corpus_model.path), feeds)
+    for host in HOSTS:
+        executor = Executor(artifact.directory, host=host)
+        assert executor.host == host
+        for _ in range(2):  # a second run starts from what the first left in the arena
+            executor.poison()
+            assert_matches_onnxruntime(executor.run(artifact.with_defaults(feeds)), expected)
+
+
+def test_silero_with_an_unsupported_rate_fails_with_the_same_line_on_both_hosts(kernel_cache):
+    silero = next(m for m in POSITIVE if m.name == "silero_vad")
+    artifact = compile(silero.path, input_shapes=silero.input_shapes, cache_dir=kernel_cache)
+    feeds = artifact.with_defaults({**silero.make_inputs(), "sr": np.array(12345, np.int64)})
+    messages = []
+    for host in HOSTS:
+        with pytest.raises(ExecutionError) as error:
+            Executor(artifact.directory, host=host).run(feeds)
+        messages.append(str(error.value))
+    assert messages[0] == messages[1] and "\n" not in messages[0]
+
+
+def test_an_index_out_of_range_gives_the_one_line_error_of_the_python_host(kernel_cache):
+    weight = np.arange(40, dtype=np.float32).reshape(10, 4)
+    graph = helper.make_graph([helper.make_node("Gather", ["w", "i"], ["y"], axis=0, name="Gather_3")], "g",
+                              [helper.make_tensor_value_info("i", TensorProto.INT64, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])],
+                              [numpy_helper.from_array(weight, "w")])
+    artifact = compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), cache_dir=kernel_cache)
+    native, python = (Executor(artifact.directory, host=host) for host in HOSTS)
+    for bad in (10, -11):
+        feeds = {"i": np.array([0, bad, 1], np.int64)}
+        errors = []
+        for executor in (native, python):
+            with pytest.raises(ExecutionError) as error:
+                executor.run(feeds)
+            errors.append(str(error.value))
+        assert errors[0] == errors[1]
+        assert errors[0].startswith(f"node 'Gather_3': index {bad} out of range [-10, 9] on axis 0 of 'w'")
+    good = {"i": np.array([9, -10, 3], np.int64)}
+    np.testing.assert_array_equal(native.run(good)["y"], weight[[9, 0, 3]])
+
+
+def test_wrong_inputs_get_the_same_error_on_the_native_host(nested_if):
+    from tessel.runtime.errors import InputError
+
+    _, artifact = nested_if
+    executor = Executor(artifact.directory)
+    with pytest.raises(InputError, match="input 'x' is float64"):
+        executor.run({"x": np.zeros((2, 3)), "c": np.array(True), "d": np.array(True)})
+    with pytest.raises(InputError, match="missing 'd'"):
+        executor.run({"x": np.zeros((2, 3), np.float32), "c": np.array(True)})
+    lists = {"x": np.zeros((2, 3), np.float32).tolist(), "c": True, "d": False}  # array-likes are taken as before
+    with pytest.raises(InputError):
+        executor.run(lists)
+
+
+def test_kernel_times_time_the_kernels_alone(nested_if):
+    _, artifact = nested_if
+    executor = Executor(artifact.directory)
+    feeds = {"x": np.ones((2, 3), np.float32), "c": np.array(True), "d": np.array(True)}
+    times = executor.kernel_times(feeds, runs=50)
+    assert len(times) == 50 and 0 < np.median(times) < 1e-3
+    rows = executor.kernel_profile(feeds, runs=5)
+    assert {node for node, _, _ in rows} == {"fused_Relu_0", "Neg_0", "Abs_0"} and all(us >= 0 for _, _, us in rows)
+    with pytest.raises(Exception, match="native host"):
+        Executor(artifact.directory, host="python").kernel_times(feeds)
+
+
+def test_an_unknown_host_is_refused(nested_if):
+    with pytest.raises(ValueError, match="host must be one of native, python"):
+        Executor(nested_if[1].directory, host="c")
