@@ -72,6 +72,7 @@ class Artifact:
         self._staging = staging  # keeps a freshly compiled artifact's temporary directory alive
         self.plan: dict[str, Any] = read_plan(self.directory, expect_sha256, signature)
         self._executor = None
+        self._session = None
 
     @property
     def sha256(self) -> str:
@@ -123,13 +124,20 @@ class Artifact:
     def run(self, inputs: Mapping[str, np.ndarray], timeout: float = 30.0) -> dict[str, np.ndarray]:
         """Run the model on numpy inputs by name; returns numpy outputs by name.
 
-        A multi-device artifact launches its local workers (one process per device) for the run.
+        The first run opens this artifact's InferenceSession (runtime/session.py), which later runs reuse: a
+        multi-device artifact starts its local workers (one process per device) once, not per run.
         """
-        if self.devices > 1 or self.microbatches > 1:
-            from tessel.runtime.launch import run_local
+        return self.session(timeout).run(inputs)
 
-            return run_local(self.directory, self.devices, self.check_inputs(inputs), timeout=timeout)[0]
-        return self.executor().run(self.with_defaults(inputs))
+    def session(self, timeout: float = 30.0):
+        """This artifact's InferenceSession, opened on first use (again after `close` or with another timeout)."""
+        if self._session is None or self._session.closed or self._session.timeout != timeout:
+            from tessel.runtime.session import InferenceSession
+
+            if self._session is not None:
+                self._session.close()
+            self._session = InferenceSession(self, timeout=timeout)
+        return self._session
 
     def with_defaults(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The inputs, plus the default (the model's initializer) of every overridable input not given."""

@@ -1,0 +1,301 @@
+"""The long-lived worker processes of an InferenceSession, and the pipes that carry its requests.
+
+One process per worker (`python -m tessel.runtime.serve`), each in its own
+session (a Ctrl-C in the terminal reaches the client, which stops them), with
+two pipes: requests in, answers out. A reader thread drains the answer pipes
+all the time, so a worker never blocks writing outputs while the client is busy
+writing the next request (large tensors both ways would otherwise deadlock).
+
+Failures: a worker's own error line, a worker that exits (its answer pipe
+reaches end of file: killed, crashed) or no answer within `timeout` seconds of
+the oldest request or the last progress. The first such event starts a short
+grace period in which the others report too, the clearest line is kept (a
+worker's own error, then a death, then an error caused by a peer), the group is
+killed and every pending and later request fails with that line.
+
+No worker outlives the client: a stop message on close, then SIGKILL to the
+stragglers; a worker whose control pipe closes exits, and one busy in a
+transfer notices within a second that its parent is gone (runtime/worker.py).
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from tessel import IMPORT_ROOT
+
+from .errors import ExecutionError
+from .launch import free_port
+from .serve import CONTROL_ENV
+from .wire import ChannelClosed, read_message, write_message
+from .worker import LAUNCHER_ENV
+
+# After the first sign of a failure, the other workers have this long to report theirs.
+GRACE_S = 1.0
+# How long a closing session waits for its workers to exit by themselves before killing them.
+STOP_S = 2.0
+# Seconds, on top of the timeout, that starting the workers may take (importing torch and TVM, loading kernels).
+STARTUP_S = 60.0
+# Requests each worker keeps in flight: enough to fill every stage of a pipeline.
+WINDOW_PER_WORKER = 2
+# Failures ranked by how well they explain themselves: a worker's own error first, an error after a peer's last.
+_OWN, _DIED, _TIMEOUT, _PEER = range(4)
+
+
+class Request(Future):
+    """The outputs of one request, by name, once its answer came; `worker_seconds` is how long rank 0 spent on it."""
+
+    worker_seconds: float | None = None
+
+
+class WorkerGroup:
+    """`workers` local processes serving the artifact in `directory`, until `close`."""
+
+    def __init__(self, directory: str | Path, workers: int, threads: int | None, timeout: float):
+        self.timeout = timeout
+        self.window = WINDOW_PER_WORKER * workers
+        self._pending: deque[tuple[int, Request]] = deque()
+        self._lock = threading.Lock()
+        self._sending = threading.Lock()
+        self._next_id = 0
+        self._progress = time.monotonic()
+        self._error: ExecutionError | None = None
+        self._failed = threading.Event()
+        self._closing = False
+        self.processes: list[subprocess.Popen] = []
+        self._logs: list = []
+        self._requests: list[int] = []
+        self._answers: list[int] = []
+        try:
+            self._start(Path(directory).resolve(), workers, threads or max(1, (os.cpu_count() or 1) // workers))
+        except BaseException:
+            self._kill()
+            self._close_files()
+            raise
+        self._reader = threading.Thread(target=self._read_answers, name="tessel-session-reader", daemon=True)
+        self._reader.start()
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the workers, rank 0 first."""
+        return [p.pid for p in self.processes]
+
+    def _start(self, directory: Path, workers: int, threads: int) -> None:
+        port = free_port()
+        command = [sys.executable, "-m", "tessel.runtime.serve", str(directory), "--timeout", str(self.timeout),
+                   "--window", str(self.window)]
+        for rank in range(workers):
+            request_read, request_write = os.pipe()
+            answer_read, answer_write = os.pipe()
+            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(workers), "LOCAL_WORLD_SIZE": str(workers),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TESSEL_THREADS": str(threads),
+                   LAUNCHER_ENV: str(os.getpid()), CONTROL_ENV: f"{request_read},{answer_write}"}
+            # An unlinked file: the worker's stderr, read back for a failure's line, and gone with the last descriptor.
+            log = tempfile.TemporaryFile()
+            self._logs.append(log)
+            try:
+                self.processes.append(subprocess.Popen(
+                    command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=IMPORT_ROOT,
+                    pass_fds=(request_read, answer_write), start_new_session=True))
+            finally:
+                os.close(request_read)
+                os.close(answer_write)
+                self._requests.append(request_write)
+                self._answers.append(answer_read)
+            os.set_blocking(request_write, False)
+        deadline = time.monotonic() + self.timeout + STARTUP_S
+        for rank, fd in enumerate(self._answers):
+            try:
+                message = read_message(fd, deadline)
+            except ChannelClosed:
+                message = None
+            if message is None or "error" in message[0]:
+                self._kill()
+                line = message[0]["error"] if message else self._death_line(rank)
+                raise ExecutionError(f"the session's workers did not start: {line}")
+
+    # ---- requests -------------------------------------------------------------
+    def submit(self, inputs: Mapping[str, np.ndarray]) -> Request:
+        """Send one request (whole-batch inputs, already checked); returns its future."""
+        request = Request()
+        # Requests are written whole and in order; the reader thread may take answers meanwhile (it needs only
+        # self._lock), so a worker blocked writing an answer never blocks this write.
+        with self._sending:
+            self._raise_if_failed()
+            with self._lock:
+                if self._closing:
+                    raise ExecutionError("the session is closed")
+                ident = self._next_id
+                self._next_id += 1
+                if not self._pending:
+                    self._progress = time.monotonic()
+                self._pending.append((ident, request))
+            try:
+                deadline = time.monotonic() + self.timeout
+                write_message(self._requests[0], {"op": "run", "id": ident}, inputs, deadline)
+                for fd in self._requests[1:]:
+                    write_message(fd, {"op": "run", "id": ident}, None, deadline)
+            except ChannelClosed:
+                pass  # the reader thread finds out why, and fails this request with that line
+        return request
+
+    def _raise_if_failed(self) -> None:
+        """Raise the group's failure; a worker that exited since the last request counts as one (the reader thread
+        names it within GRACE_S), even when no request in flight needed it yet."""
+        if self._error is None and any(p.poll() is not None for p in self.processes):
+            self._failed.wait(3 * GRACE_S)
+        if self._error is not None:
+            raise ExecutionError(str(self._error))
+
+    # ---- answers (the reader thread) --------------------------------------------
+    def _read_answers(self) -> None:
+        live = dict(enumerate(self._answers))
+        while live and not self._failed.is_set():
+            with self._lock:
+                oldest = self._progress + self.timeout if self._pending else None
+            wait = 0.5 if oldest is None else max(0.0, min(0.5, oldest - time.monotonic()))
+            ready = select.select(list(live.values()), [], [], wait)[0]
+            if self._closing:
+                return
+            for rank, fd in list(live.items()):
+                if fd not in ready:
+                    continue
+                failure = self._answer(rank, fd)
+                if failure is not None:
+                    del live[rank]
+                    self._fail(failure, live)
+                    return
+            with self._lock:
+                overdue = self._pending and time.monotonic() > self._progress + self.timeout
+            if overdue:
+                self._fail((_TIMEOUT, f"no answer from the workers within {self.timeout:g} s (timeout); "
+                                      "stopped them"), live)
+                return
+
+    def _answer(self, rank: int, fd: int) -> tuple[int, str] | None:
+        """Read one message from `rank`: a finished request is resolved; a failure is returned (rank, line)."""
+        try:
+            message = read_message(fd)
+        except ChannelClosed:
+            message = None
+        if message is None:
+            return _DIED, self._death_line(rank)
+        header, outputs = message
+        if "error" in header:
+            return (_PEER if header.get("peer") else _OWN), header["error"]
+        with self._lock:
+            ident, request = self._pending.popleft()
+            self._progress = time.monotonic()
+        request.worker_seconds = header.get("worker_s")
+        request.set_result(outputs)
+        return None
+
+    def _fail(self, first: tuple[int, str], live: dict[int, int]) -> None:
+        """Collect the other workers' reports for a moment, keep the clearest line, kill the group, fail every request."""
+        failures = [first]
+        deadline = time.monotonic() + GRACE_S
+        while live and time.monotonic() < deadline and first[0] != _OWN:
+            ready = select.select(list(live.values()), [], [], max(0.0, deadline - time.monotonic()))[0]
+            for rank, fd in list(live.items()):
+                if fd in ready:
+                    failure = self._answer_failure(rank, fd)
+                    if failure is not None:
+                        failures.append(failure)
+                        del live[rank]
+        line = min(failures, key=lambda f: f[0])[1]
+        self._kill()
+        with self._lock:
+            self._error = ExecutionError(line)
+            pending, self._pending = self._pending, deque()
+        self._failed.set()
+        for _, request in pending:
+            request.set_exception(ExecutionError(line))
+
+    def _answer_failure(self, rank: int, fd: int) -> tuple[int, str] | None:
+        """During the grace period: a failure `rank` reports (finished requests are still delivered)."""
+        try:
+            return self._answer(rank, fd)
+        except IndexError:  # an answer to a request already failed
+            return None
+
+    def _death_line(self, rank: int) -> str:
+        """Why `rank` stopped answering: its last line on stderr, else how it ended."""
+        process = self.processes[rank]
+        try:
+            code = process.wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            return f"rank {rank}: worker closed its pipe but still runs"
+        lines = _last_lines(self._logs[rank])
+        ours = [line for line in lines if line.startswith("tessel worker: ")]
+        if ours:
+            return ours[-1].removeprefix("tessel worker: ")
+        if code < 0:
+            return f"rank {rank}: worker (pid {process.pid}) killed by {signal.Signals(-code).name}"
+        return f"rank {rank}: worker (pid {process.pid}) exited with status {code}" + (f": {lines[-1]}" if lines else "")
+
+    # ---- shutdown -----------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the workers (a stop message, then SIGKILL after STOP_S) and release every pipe; always returns."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            pending, self._pending = self._pending, deque()
+        deadline = time.monotonic() + STOP_S
+        for fd in self._requests:
+            try:
+                write_message(fd, {"op": "stop"}, None, deadline)
+            except (ChannelClosed, OSError):
+                pass
+        for process in self.processes:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                break
+        self._kill()
+        if self._reader.ident != threading.get_ident():
+            self._reader.join()
+        self._close_files()
+        for _, request in pending:
+            if not request.done():
+                request.set_exception(ExecutionError("the session was closed before this request finished"))
+
+    def _kill(self) -> None:
+        """SIGKILL every worker's process group that still runs, and reap every worker."""
+        for process in self.processes:
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for process in self.processes:
+            process.wait()
+
+    def _close_files(self) -> None:
+        for fd in self._requests + self._answers:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._requests, self._answers = [], []
+        for log in self._logs:
+            log.close()
+
+
+def _last_lines(log, limit: int = 4096) -> list[str]:
+    """The non-empty lines at the end of a worker's stderr file."""
+    size = log.seek(0, os.SEEK_END)
+    log.seek(max(0, size - limit))
+    return [line.strip() for line in log.read().decode(errors="replace").splitlines() if line.strip()]
