@@ -336,6 +336,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("artifact", help="artifact directory written by 'tessel compile'")
     report.set_defaults(run=_cmd_report)
 
+    from .bench_command import add_bench_parser
+
+    add_bench_parser(commands)
+
     calibrate = commands.add_parser("calibrate", help="measure the link cost (alpha, beta) between two local workers")
     calibrate.add_argument("--repeat", type=int, default=20, metavar="N", help="round trips per message size")
     calibrate.set_defaults(run=_cmd_calibrate)
