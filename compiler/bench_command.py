@@ -115,6 +115,20 @@ def time_calls(call: Callable[[], object], warmup: int, duration: float | None, 
     return samples
 
 
+def measure_stream(session, feeds: dict[str, np.ndarray], runs: int) -> dict:
+    """What `tessel run --repeat N` records for a placement: the latency of one run alone, then the time per batch
+    over `runs` runs streamed through the session's workers (reports/placement.json's "measured")."""
+    started = time.perf_counter()
+    session.run(feeds)
+    latency = time.perf_counter() - started
+    started = time.perf_counter()
+    for _ in session.run_many(feeds for _ in range(runs)):
+        pass
+    workers = session.artifact.devices
+    return {"latency_s": latency, "seconds_per_batch": (time.perf_counter() - started) / runs, "runs": runs,
+            "workers": workers, "threads": session.threads or max(1, (os.cpu_count() or 1) // workers)}
+
+
 def run_bench(args: argparse.Namespace) -> int:
     """The `tessel bench` command."""
     from tessel.runtime.session import InferenceSession

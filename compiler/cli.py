@@ -166,20 +166,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
         reference = reference_model(artifact.directory, args.reference)
     inputs = _read_inputs(args.inputs, artifact)
     measured, times = None, []
-    if artifact.devices > 1 or artifact.microbatches > 1:
-        from tessel.runtime.launch import run_local
+    from tessel.runtime.session import InferenceSession
 
+    from .bench_command import measure_stream
+
+    if artifact.devices > 1:  # checked before any worker starts
+        artifact.check_inputs(inputs)
         print(f"running on {artifact.devices} local workers", file=sys.stderr)
-        outputs, measured = run_local(artifact.directory, artifact.devices, artifact.check_inputs(inputs),
-                                      repeat=max(args.repeat, 0), timeout=args.timeout)
-        if measured["seconds_per_batch"] is None:
-            measured = None
-    else:
-        outputs = artifact.run(inputs)
-        for _ in range(max(args.repeat, 0)):
-            started = time.perf_counter()
-            artifact.run(inputs)
-            times.append(time.perf_counter() - started)
+    with InferenceSession(artifact, timeout=args.timeout) as session:
+        outputs = session.run(inputs)
+        if args.repeat > 0 and (artifact.devices > 1 or artifact.microbatches > 1):
+            measured = measure_stream(session, inputs, args.repeat)
+        else:
+            for _ in range(max(args.repeat, 0)):
+                started = time.perf_counter()
+                session.run(inputs)
+                times.append(time.perf_counter() - started)
     placement = _print_stream(artifact, measured) if measured else None
     for name, array in outputs.items():
         summary = f"min {array.min():.6g} max {array.max():.6g}" if array.size and array.dtype != bool else ""

@@ -99,14 +99,14 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
             header, inputs = message
             started = time.perf_counter()
             slices = _split(inputs, microbatches) if rank == 0 else [{}] * microbatches
-            in_flight.append((header["id"], [executor.start(feeds) for feeds in slices], started))
+            in_flight.append(([executor.start(feeds) for feeds in slices], started))
             continue
-        request, waits, started = in_flight.popleft()
+        waits, started = in_flight.popleft()
         parts = [wait() for wait in waits]
         if rank == 0:
             outputs = {name: np.concatenate([p[name] for p in parts]) if len(parts) > 1 else parts[0][name]
                        for name in parts[0]}
-            write_message(reply, {"id": request, "worker_s": time.perf_counter() - started}, outputs)
+            write_message(reply, {"worker_s": time.perf_counter() - started}, outputs)
 
 
 def _split(inputs: dict[str, np.ndarray], parts: int) -> list[dict[str, np.ndarray]]:

@@ -41,8 +41,7 @@ import threading
 import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 

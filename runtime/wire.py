@@ -17,7 +17,7 @@ import os
 import select
 import struct
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -46,11 +46,12 @@ def encode(header: Mapping[str, Any], tensors: Mapping[str, np.ndarray] | None =
 
 
 def write_message(fd: int, header: Mapping[str, Any], tensors: Mapping[str, np.ndarray] | None = None,
-                  deadline: float | None = None) -> None:
+                  deadline: float | None = None, wait: Callable[[int, float | None], None] | None = None) -> None:
     """Write one message to `fd`; raise ChannelClosed when the reader is gone or, on a non-blocking `fd`
-    with a `deadline` (time.monotonic), when it has not taken the message by then."""
+    with a `deadline` (time.monotonic), when it has not taken the message by then. `wait(fd, deadline)`, when
+    given, is called instead of a plain wait whenever the pipe is full (it may do other work meanwhile)."""
     for piece in encode(header, tensors):
-        _write_all(fd, piece, deadline)
+        _write_all(fd, piece, deadline, wait or _wait_writable)
 
 
 def read_message(fd: int, deadline: float | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
@@ -83,6 +84,10 @@ def read_message(fd: int, deadline: float | None = None) -> tuple[dict[str, Any]
     return header, tensors
 
 
+def _wait_writable(fd: int, deadline: float | None) -> None:
+    _wait(fd, True, deadline)
+
+
 def _wait(fd: int, writing: bool, deadline: float | None) -> None:
     remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
     ready = select.select([], [fd], [], remaining) if writing else select.select([fd], [], [], remaining)
@@ -90,12 +95,12 @@ def _wait(fd: int, writing: bool, deadline: float | None) -> None:
         raise ChannelClosed("no answer from the other end of the pipe in time")
 
 
-def _write_all(fd: int, data: memoryview, deadline: float | None) -> None:
+def _write_all(fd: int, data: memoryview, deadline: float | None, wait: Callable[[int, float | None], None]) -> None:
     while data:
         try:
             written = os.write(fd, data)
         except BlockingIOError:  # a non-blocking pipe that is full: wait until the reader takes some
-            _wait(fd, True, deadline)
+            wait(fd, deadline)
             continue
         except (BrokenPipeError, ConnectionResetError):
             raise ChannelClosed("the reader of the pipe is gone") from None

@@ -2,9 +2,11 @@
 
 One process per worker (`python -m tessel.runtime.serve`), each in its own
 session (a Ctrl-C in the terminal reaches the client, which stops them), with
-two pipes: requests in, answers out. A reader thread drains the answer pipes
-all the time, so a worker never blocks writing outputs while the client is busy
-writing the next request (large tensors both ways would otherwise deadlock).
+two pipes: requests in, answers out. No thread of its own: answers are read by
+whoever waits (`Request.result`), and by `submit` while the next request waits
+for room in a pipe, so a worker never blocks writing outputs while the client
+writes it a request (large tensors both ways would otherwise deadlock). Each
+answer then costs one wake-up of the waiting thread, not two.
 
 Failures: a worker's own error line, a worker that exits (its answer pipe
 reaches end of file: killed, crashed) or no answer within `timeout` seconds of
@@ -19,6 +21,7 @@ transfer notices within a second that its parent is gone (runtime/worker.py).
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import signal
@@ -50,14 +53,28 @@ STOP_S = 2.0
 STARTUP_S = 60.0
 # Requests each worker keeps in flight: enough to fill every stage of a pipeline.
 WINDOW_PER_WORKER = 2
+# Bytes each pipe holds: 1 MiB, Linux's default most for a process without CAP_SYS_RESOURCE.
+PIPE_BYTES = 1 << 20
+# How often a thread waiting for an answer that another thread reads looks again.
+POLL_S = 0.01
 # Failures ranked by how well they explain themselves: a worker's own error first, an error after a peer's last.
 _OWN, _DIED, _TIMEOUT, _PEER = range(4)
 
 
 class Request(Future):
-    """The outputs of one request, by name, once its answer came; `worker_seconds` is how long rank 0 spent on it."""
+    """The outputs of one request, by name. Answers are read by whoever waits: `result()` reads them (this one's
+    and those of earlier requests) until its own came; `worker_seconds` is how long rank 0 spent on it."""
 
     worker_seconds: float | None = None
+
+    def __init__(self, group: "WorkerGroup"):
+        super().__init__()
+        self._group = group
+
+    def result(self, timeout: float | None = None):
+        """The outputs, once the workers answered; ExecutionError (one line) when they failed."""
+        self._group.wait_for(self, timeout)
+        return super().result(0)
 
 
 class WorkerGroup:
@@ -66,13 +83,11 @@ class WorkerGroup:
     def __init__(self, directory: str | Path, workers: int, threads: int | None, timeout: float):
         self.timeout = timeout
         self.window = WINDOW_PER_WORKER * workers
-        self._pending: deque[tuple[int, Request]] = deque()
-        self._lock = threading.Lock()
-        self._sending = threading.Lock()
-        self._next_id = 0
+        self._pending: deque[Request] = deque()
+        self._sending = threading.Lock()  # one request written at a time, whole
+        self._reading = threading.Lock()  # one thread reads answers at a time
         self._progress = time.monotonic()
-        self._error: ExecutionError | None = None
-        self._failed = threading.Event()
+        self._error: str | None = None
         self._closing = False
         self.processes: list[subprocess.Popen] = []
         self._logs: list = []
@@ -84,8 +99,6 @@ class WorkerGroup:
             self._kill()
             self._close_files()
             raise
-        self._reader = threading.Thread(target=self._read_answers, name="tessel-session-reader", daemon=True)
-        self._reader.start()
 
     @property
     def pids(self) -> list[int]:
@@ -115,6 +128,8 @@ class WorkerGroup:
                 self._requests.append(request_write)
                 self._answers.append(answer_read)
             os.set_blocking(request_write, False)
+            for fd in (request_write, answer_read):
+                _widen(fd)
         deadline = time.monotonic() + self.timeout + STARTUP_S
         for rank, fd in enumerate(self._answers):
             try:
@@ -129,60 +144,87 @@ class WorkerGroup:
     # ---- requests -------------------------------------------------------------
     def submit(self, inputs: Mapping[str, np.ndarray]) -> Request:
         """Send one request (whole-batch inputs, already checked); returns its future."""
-        request = Request()
-        # Requests are written whole and in order; the reader thread may take answers meanwhile (it needs only
-        # self._lock), so a worker blocked writing an answer never blocks this write.
+        request = Request(self)
         with self._sending:
-            self._raise_if_failed()
-            with self._lock:
-                if self._closing:
-                    raise ExecutionError("the session is closed")
-                ident = self._next_id
-                self._next_id += 1
-                if not self._pending:
-                    self._progress = time.monotonic()
-                self._pending.append((ident, request))
+            if self._closing:
+                raise ExecutionError("the session is closed")
+            self._check_alive()
+            if not self._pending:
+                self._progress = time.monotonic()
+            self._pending.append(request)
             try:
                 deadline = time.monotonic() + self.timeout
-                write_message(self._requests[0], {"op": "run", "id": ident}, inputs, deadline)
+                # The other ranks first: their headers are small, and they can start while rank 0 reads the inputs.
                 for fd in self._requests[1:]:
-                    write_message(fd, {"op": "run", "id": ident}, None, deadline)
+                    write_message(fd, {"op": "run"}, None, deadline, self._wait_writable)
+                write_message(self._requests[0], {"op": "run"}, inputs, deadline, self._wait_writable)
             except ChannelClosed:
-                pass  # the reader thread finds out why, and fails this request with that line
+                self._read_answers(GRACE_S)  # a worker is gone: its end of file says which, and fails the request
         return request
 
-    def _raise_if_failed(self) -> None:
-        """Raise the group's failure; a worker that exited since the last request counts as one (the reader thread
-        names it within GRACE_S), even when no request in flight needed it yet."""
-        if self._error is None and any(p.poll() is not None for p in self.processes):
-            self._failed.wait(3 * GRACE_S)
+    def _check_alive(self) -> None:
+        """Raise the group's failure; a worker that exited since the last request counts as one, even when no
+        request needed it yet (its answer pipe's end of file names it)."""
+        dead = next((rank for rank, p in enumerate(self.processes) if p.poll() is not None), None)
+        if self._error is None and dead is not None:
+            self._read_answers(GRACE_S)  # its own line, if it wrote one, or its end of file
+            with self._reading:
+                if self._error is None:
+                    self._fail((_DIED, self._death_line(dead)),
+                               {rank: fd for rank, fd in enumerate(self._answers) if rank != dead})
         if self._error is not None:
-            raise ExecutionError(str(self._error))
+            raise ExecutionError(self._error)
 
-    # ---- answers (the reader thread) --------------------------------------------
-    def _read_answers(self) -> None:
-        live = dict(enumerate(self._answers))
-        while live and not self._failed.is_set():
-            with self._lock:
-                oldest = self._progress + self.timeout if self._pending else None
-            wait = 0.5 if oldest is None else max(0.0, min(0.5, oldest - time.monotonic()))
-            ready = select.select(list(live.values()), [], [], wait)[0]
-            if self._closing:
+    def _wait_writable(self, fd: int, deadline: float | None) -> None:
+        """While a request waits for room in rank `fd`'s pipe, read answers: a worker blocked writing one would
+        otherwise never read the request."""
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise ChannelClosed("no worker took the request in time")
+            writable = select.select(self._answers, [fd], [], remaining)[1]
+            if writable:
                 return
-            for rank, fd in list(live.items()):
-                if fd not in ready:
-                    continue
-                failure = self._answer(rank, fd)
-                if failure is not None:
-                    del live[rank]
-                    self._fail(failure, live)
+            self._read_answers(0)
+            if self._error is not None:
+                raise ChannelClosed(self._error)
+
+    # ---- answers -------------------------------------------------------------------
+    def wait_for(self, request: Request, timeout: float | None) -> None:
+        """Read answers until `request` is done (answered or failed), or `timeout` seconds passed."""
+        until = None if timeout is None else time.monotonic() + timeout
+        while not request.done():
+            if self._error is not None or self._closing:
+                request.set_exception(ExecutionError(self._error or "the session is closed"))
+                return
+            wait = self._progress + self.timeout - time.monotonic()
+            if until is not None:
+                wait = min(wait, until - time.monotonic())
+                if wait <= 0:
                     return
-            with self._lock:
-                overdue = self._pending and time.monotonic() > self._progress + self.timeout
-            if overdue:
-                self._fail((_TIMEOUT, f"no answer from the workers within {self.timeout:g} s (timeout); "
-                                      "stopped them"), live)
+            self._read_answers(max(0.0, wait))
+
+    def _read_answers(self, wait: float) -> None:
+        """Wait up to `wait` seconds for answers and read those that came; a failure (or no answer in time to a
+        pending request) fails the group. Another thread already reading stands for this one."""
+        acquired = self._reading.acquire(timeout=min(wait, POLL_S)) if wait > 0 else self._reading.acquire(blocking=False)
+        if not acquired:
+            return
+        try:
+            if self._error is not None or self._closing:
                 return
+            ready = select.select(self._answers, [], [], wait)[0]
+            for rank, fd in enumerate(self._answers):
+                if fd in ready:
+                    failure = self._answer(rank, fd)
+                    if failure is not None:
+                        self._fail(failure, {r: f for r, f in enumerate(self._answers) if r != rank})
+                        return
+            if self._pending and time.monotonic() > self._progress + self.timeout:
+                self._fail((_TIMEOUT, f"no answer from the workers within {self.timeout:g} s (timeout); "
+                                      "stopped them"), dict(enumerate(self._answers)))
+        finally:
+            self._reading.release()
 
     def _answer(self, rank: int, fd: int) -> tuple[int, str] | None:
         """Read one message from `rank`: a finished request is resolved; a failure is returned (rank, line)."""
@@ -195,33 +237,29 @@ class WorkerGroup:
         header, outputs = message
         if "error" in header:
             return (_PEER if header.get("peer") else _OWN), header["error"]
-        with self._lock:
-            ident, request = self._pending.popleft()
-            self._progress = time.monotonic()
+        request = self._pending.popleft()
+        self._progress = time.monotonic()
         request.worker_seconds = header.get("worker_s")
         request.set_result(outputs)
         return None
 
-    def _fail(self, first: tuple[int, str], live: dict[int, int]) -> None:
+    def _fail(self, first: tuple[int, str], others: dict[int, int]) -> None:
         """Collect the other workers' reports for a moment, keep the clearest line, kill the group, fail every request."""
         failures = [first]
         deadline = time.monotonic() + GRACE_S
-        while live and time.monotonic() < deadline and first[0] != _OWN:
-            ready = select.select(list(live.values()), [], [], max(0.0, deadline - time.monotonic()))[0]
-            for rank, fd in list(live.items()):
+        while others and time.monotonic() < deadline and first[0] != _OWN:
+            ready = select.select(list(others.values()), [], [], max(0.0, deadline - time.monotonic()))[0]
+            for rank, fd in list(others.items()):
                 if fd in ready:
                     failure = self._answer_failure(rank, fd)
                     if failure is not None:
                         failures.append(failure)
-                        del live[rank]
-        line = min(failures, key=lambda f: f[0])[1]
+                        del others[rank]
+        self._error = min(failures, key=lambda f: f[0])[1]
         self._kill()
-        with self._lock:
-            self._error = ExecutionError(line)
-            pending, self._pending = self._pending, deque()
-        self._failed.set()
-        for _, request in pending:
-            request.set_exception(ExecutionError(line))
+        pending, self._pending = self._pending, deque()
+        for request in pending:
+            request.set_exception(ExecutionError(self._error))
 
     def _answer_failure(self, rank: int, fd: int) -> tuple[int, str] | None:
         """During the grace period: a failure `rank` reports (finished requests are still delivered)."""
@@ -248,11 +286,9 @@ class WorkerGroup:
     # ---- shutdown -----------------------------------------------------------------
     def close(self) -> None:
         """Stop the workers (a stop message, then SIGKILL after STOP_S) and release every pipe; always returns."""
-        with self._lock:
-            if self._closing:
-                return
-            self._closing = True
-            pending, self._pending = self._pending, deque()
+        if self._closing:
+            return
+        self._closing = True
         deadline = time.monotonic() + STOP_S
         for fd in self._requests:
             try:
@@ -265,10 +301,10 @@ class WorkerGroup:
             except subprocess.TimeoutExpired:
                 break
         self._kill()
-        if self._reader.ident != threading.get_ident():
-            self._reader.join()
-        self._close_files()
-        for _, request in pending:
+        with self._reading:
+            self._close_files()
+            pending, self._pending = self._pending, deque()
+        for request in pending:
             if not request.done():
                 request.set_exception(ExecutionError("the session was closed before this request finished"))
 
@@ -292,6 +328,15 @@ class WorkerGroup:
         self._requests, self._answers = [], []
         for log in self._logs:
             log.close()
+
+
+def _widen(fd: int) -> None:
+    """Let the pipe hold PIPE_BYTES (Linux), so that a request's inputs usually go in one write: with the default
+    64 KiB, a 600 KB image would take ten round trips between the client and rank 0, each a wake-up."""
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
+    except OSError:  # above /proc/sys/fs/pipe-max-size, or not Linux: the default size works, more slowly
+        pass
 
 
 def _last_lines(log, limit: int = 4096) -> list[str]:
