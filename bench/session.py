@@ -10,9 +10,11 @@
    any worker is left.
 4. Streaming (`--pipeline DIR`, e.g. resnet18 --batch 8 --devices 2 --placement pipeline --microbatches 4): `--stream`
    requests through the 2-worker pipeline session (one thread per worker) against the same batch on one worker
-   in this process (`--pipeline-one DIR`, resnet18 --batch 8, one thread), in the same run.
+   in this process (`--pipeline-one DIR ...`: resnet18 --batch 8, and --batch 8 --microbatches 4, the
+   pipeline's own kernels; one thread), timed before and after the pipeline, in the same run.
 
-    python bench/session.py --two r18_d2 --one r18_d1 --pipeline r18_b8_pipe --pipeline-one r18_b8_d1 [--loop 1000]
+    python bench/session.py --two r18_d2 --one r18_d1 --pipeline r18_b8_pipe \
+        --pipeline-one r18_b8_d1 r18_b8_mb4_d1 [--loop 1000]
 """
 from __future__ import annotations
 
@@ -29,14 +31,15 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
+from tessel.compiler.artifact import load  # noqa: E402
 from tessel.runtime.errors import ExecutionError  # noqa: E402
 from tessel.runtime.inputs import random_input  # noqa: E402
 from tessel.runtime.session import InferenceSession  # noqa: E402
 
 
-def _feeds(session: InferenceSession, seed: int = 0) -> dict[str, np.ndarray]:
+def _feeds(artifact, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {name: random_input(t, rng) for name, t in session.artifact.batch_input_types().items()}
+    return {name: random_input(t, rng) for name, t in artifact.batch_input_types().items()}
 
 
 def _usage(pid: int) -> tuple[int, int]:
@@ -65,7 +68,7 @@ def _ms(seconds) -> str:
 def two_workers(directory: str, one: str | None, calls: int, loop: int) -> None:
     started = time.perf_counter()
     session = InferenceSession(directory, threads=1)
-    feeds = _feeds(session)
+    feeds = _feeds(session.artifact)
     session.run(feeds)
     print(f"2-worker session of {directory}: first call (start-up included) {_ms(time.perf_counter() - started)}")
     rounds, inside = [], []
@@ -81,7 +84,7 @@ def two_workers(directory: str, one: str | None, calls: int, loop: int) -> None:
           f"(p90 {_ms(np.percentile(rounds - inside, 90))})")
     if one:
         with InferenceSession(one, threads=1) as alone:
-            single = _feeds(alone)
+            single = _feeds(alone.artifact)
             alone.run(single)
             times = []
             for _ in range(calls):
@@ -117,22 +120,28 @@ def two_workers(directory: str, one: str | None, calls: int, loop: int) -> None:
     print(f"  close() returned after {_ms(time.perf_counter() - t0)}; children left: {_children(os.getpid())}")
 
 
-def pipeline(directory: str, one: str, requests: int) -> None:
-    with InferenceSession(one, threads=1) as alone:
-        feeds = [_feeds(alone, seed) for seed in range(4)]
-        alone.run(feeds[0])
-        t0 = time.perf_counter()
-        for k in range(requests):
-            alone.run(feeds[k % 4])
-        single = requests / (time.perf_counter() - t0)
+def _stream(directory: str, feeds: list[dict[str, np.ndarray]], requests: int) -> float:
+    """Requests per second streaming `requests` runs through a session of `directory` (one thread per worker)."""
     with InferenceSession(directory, threads=1) as session:
         session.run(feeds[0])
         t0 = time.perf_counter()
-        for _ in session.run_many(feeds[k % 4] for k in range(requests)):
+        for _ in session.run_many(feeds[k % len(feeds)] for k in range(requests)):
             pass
-        streamed = requests / (time.perf_counter() - t0)
-    print(f"streaming {requests} requests: one worker {single:.2f} requests/s, 2-stage pipeline session "
-          f"{streamed:.2f} requests/s: {streamed / single:.2f}x")
+        return requests / (time.perf_counter() - t0)
+
+
+def pipeline(directory: str, ones: list[str], requests: int) -> None:
+    artifact = load(directory)
+    feeds = [_feeds(artifact, seed) for seed in range(4)]
+    # One worker, the pipeline, one worker again: the load of the machine shows as a difference between the two.
+    singles = [[_stream(one, feeds, requests)] for one in ones]
+    streamed = _stream(directory, feeds, requests)
+    for one, single in zip(ones, singles):
+        single.append(_stream(one, feeds, requests))
+    print(f"streaming {requests} requests of {directory}: 2-stage pipeline session {streamed:.3f} requests/s")
+    for one, single in zip(ones, singles):
+        print(f"  one worker ({one}): {single[0]:.3f} and {single[1]:.3f} requests/s: pipeline / one worker "
+              f"{streamed / max(single):.2f}x to {streamed / min(single):.2f}x")
 
 
 def main() -> None:
@@ -142,7 +151,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=50, help="later calls timed")
     parser.add_argument("--loop", type=int, default=0, metavar="N", help="calls in the leak check")
     parser.add_argument("--pipeline", metavar="DIR", help="a pipeline artifact (--devices 2 --microbatches K)")
-    parser.add_argument("--pipeline-one", metavar="DIR", help="the same batch compiled for one device")
+    parser.add_argument("--pipeline-one", nargs="+", default=[], metavar="DIR",
+                        help="the same batch compiled for one device (several: each is compared)")
     parser.add_argument("--stream", type=int, default=64, metavar="N", help="requests streamed")
     args = parser.parse_args()
     if args.two:

@@ -76,6 +76,11 @@ class Request(Future):
         self._group.wait_for(self, timeout)
         return super().result(0)
 
+    def exception(self, timeout: float | None = None):
+        """The request's failure (None when it succeeded), once the workers answered."""
+        self._group.wait_for(self, timeout)
+        return super().exception(0)
+
 
 class WorkerGroup:
     """`workers` local processes serving the artifact in `directory`, until `close`."""
