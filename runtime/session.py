@@ -22,9 +22,10 @@ artifact request k+1 enters stage 0 while request k is in stage 1; `run_many`
 streams an iterable of feeds with a window of requests in flight.
 
 Shutdown: `close()`, the with-block, interpreter exit (atexit) and SIGTERM or
-SIGHUP to a process that left their default action (the handler closes every
-session, then lets the signal act) all stop the workers; SIGINT (Ctrl-C) raises
-KeyboardInterrupt as usual and the exit closes them. Killed with SIGKILL, the
+SIGHUP to a process that left their default action (the handler stops every
+session's workers and raises SessionInterrupted, a KeyboardInterrupt; with no
+session open the signal acts as by default) all stop the workers; SIGINT
+(Ctrl-C) raises KeyboardInterrupt as usual and the exit stops them. Killed with SIGKILL, the
 client cannot stop anyone: its workers notice that their pipes closed or that
 their parent is gone, and exit.
 
@@ -89,7 +90,13 @@ class InferenceSession:
         if devices > 1:
             from .worker_group import WorkerGroup
 
-            self._group = WorkerGroup(self.artifact.directory, devices, threads, timeout)
+            global _starting
+            _stop_on_signals()
+            _starting += 1  # a stop signal during the start-up interrupts it: the group kills what it started
+            try:
+                self._group = WorkerGroup(self.artifact.directory, devices, threads, timeout)
+            finally:
+                _starting -= 1
             _OPEN_GROUPS.add(self._group)
             # A session dropped without close() still stops its workers when it is collected.
             weakref.finalize(self, _close_group, self._group)
@@ -99,7 +106,6 @@ class InferenceSession:
 
                 set_threads(threads)
             self._executor = self.artifact.executor()
-            _stop_on_signals()
 
     def _batch_output_types(self) -> dict[str, TensorType]:
         microbatches = self.artifact.microbatches
@@ -197,6 +203,7 @@ def _info(name: str, t: TensorType) -> TensorInfo:
 _OPEN_GROUPS: set = set()
 _SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 _signals_installed = False
+_starting = 0  # sessions whose workers are starting
 
 
 def _close_group(group) -> None:
@@ -213,19 +220,32 @@ def close_all() -> None:
 atexit.register(close_all)
 
 
+class SessionInterrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP came while sessions were open: their workers were stopped. A KeyboardInterrupt, so that
+    it passes `except Exception` the way Ctrl-C does (the CLI prints it as one line and exits 128 + signum)."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"interrupted by {signal.Signals(signum).name}: stopped the session's workers")
+
+
 def _stop_on_signals() -> None:
-    """Once, from the main thread: SIGTERM and SIGHUP close every session before they end the process. A signal
-    whose handler someone set (or that is ignored) is left alone: that handler decides, and atexit still closes."""
+    """Once, from the main thread: SIGTERM and SIGHUP stop the workers of every open session and raise
+    SessionInterrupted. A signal whose handler someone set (or that is ignored) is left alone: that handler
+    decides, and interpreter exit still stops the workers."""
     global _signals_installed
     if _signals_installed or threading.current_thread() is not threading.main_thread():
         return
     _signals_installed = True
     for signum in _SIGNALS:
         if signal.getsignal(signum) is signal.SIG_DFL:
-            signal.signal(signum, _close_and_die)
+            signal.signal(signum, _stop_sessions)
 
 
-def _close_and_die(signum, frame) -> None:
+def _stop_sessions(signum, frame) -> None:
+    if not _OPEN_GROUPS and not _starting:  # no session open: the signal acts as it would have
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
     close_all()
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
+    raise SessionInterrupted(signum)

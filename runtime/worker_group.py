@@ -90,7 +90,9 @@ class WorkerGroup:
         self.window = WINDOW_PER_WORKER * workers
         self._pending: deque[Request] = deque()
         self._sending = threading.Lock()  # one request written at a time, whole
-        self._reading = threading.Lock()  # one thread reads answers at a time
+        # One thread reads answers at a time; reentrant, for a signal handler that closes the session while the
+        # main thread it interrupted reads.
+        self._reading = threading.RLock()
         self._progress = time.monotonic()
         self._error: str | None = None
         self._closing = False
@@ -165,6 +167,9 @@ class WorkerGroup:
                 write_message(self._requests[0], {"op": "run"}, inputs, deadline, self._wait_writable)
             except ChannelClosed:
                 self._read_answers(GRACE_S)  # a worker is gone: its end of file says which, and fails the request
+            except BaseException:
+                self._break("interrupted while sending a request")
+                raise
         return request
 
     def _check_alive(self) -> None:
@@ -237,6 +242,9 @@ class WorkerGroup:
             message = read_message(fd)
         except ChannelClosed:
             message = None
+        except BaseException:
+            self._break("interrupted while reading an answer")
+            raise
         if message is None:
             return _DIED, self._death_line(rank)
         header, outputs = message
@@ -265,6 +273,16 @@ class WorkerGroup:
         pending, self._pending = self._pending, deque()
         for request in pending:
             request.set_exception(ExecutionError(self._error))
+
+    def _break(self, what: str) -> None:
+        """A request or an answer was cut in the middle (KeyboardInterrupt): the pipes no longer hold whole
+        messages, so the group stops and every request fails."""
+        if self._error is None and not self._closing:
+            self._error = f"the session was {what}; open a new one"
+            self._kill()
+            pending, self._pending = self._pending, deque()
+            for request in pending:
+                request.set_exception(ExecutionError(self._error))
 
     def _answer_failure(self, rank: int, fd: int) -> tuple[int, str] | None:
         """During the grace period: a failure `rank` reports (finished requests are still delivered)."""
