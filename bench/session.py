@@ -81,7 +81,7 @@ def two_workers(directory: str, one: str | None, calls: int, loop: int) -> None:
     rounds, inside = np.array(rounds[5:]), np.array(inside[5:])
     print(f"  later calls ({calls}): round trip p50 {_ms(np.median(rounds))}, rank 0 on the request "
           f"(compute + transfers) p50 {_ms(np.median(inside))}, overhead p50 {_ms(np.median(rounds - inside))} "
-          f"(p90 {_ms(np.percentile(rounds - inside, 90))})")
+          f"(p10 {_ms(np.percentile(rounds - inside, 10))}, p90 {_ms(np.percentile(rounds - inside, 90))})")
     if one:
         with InferenceSession(one, threads=1) as alone:
             single = _feeds(alone.artifact)

@@ -161,10 +161,11 @@ class WorkerGroup:
             self._pending.append(request)
             try:
                 deadline = time.monotonic() + self.timeout
-                # The other ranks first: their headers are small, and they can start while rank 0 reads the inputs.
+                # Rank 0 first: the others wait for its tensors anyway, and woken earlier they would take a core
+                # from this process while it writes the inputs.
+                write_message(self._requests[0], {"op": "run"}, inputs, deadline, self._wait_writable)
                 for fd in self._requests[1:]:
                     write_message(fd, {"op": "run"}, None, deadline, self._wait_writable)
-                write_message(self._requests[0], {"op": "run"}, inputs, deadline, self._wait_writable)
             except ChannelClosed:
                 self._read_answers(GRACE_S)  # a worker is gone: its end of file says which, and fails the request
             except BaseException:
