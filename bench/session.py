@@ -68,7 +68,7 @@ def _ms(seconds) -> str:
 def two_workers(directory: str, one: str | None, calls: int, loop: int) -> None:
     started = time.perf_counter()
     session = InferenceSession(directory, threads=1)
-    feeds = _feeds(session.artifact)
+    feeds = _feeds(load(directory))
     session.run(feeds)
     print(f"2-worker session of {directory}: first call (start-up included) {_ms(time.perf_counter() - started)}")
     rounds, inside = [], []
@@ -84,7 +84,7 @@ def two_workers(directory: str, one: str | None, calls: int, loop: int) -> None:
           f"(p10 {_ms(np.percentile(rounds - inside, 10))}, p90 {_ms(np.percentile(rounds - inside, 90))})")
     if one:
         with InferenceSession(one, threads=1) as alone:
-            single = _feeds(alone.artifact)
+            single = _feeds(load(one))
             alone.run(single)
             times = []
             for _ in range(calls):

@@ -124,7 +124,7 @@ def measure_stream(session, feeds: dict[str, np.ndarray], runs: int) -> dict:
     started = time.perf_counter()
     for _ in session.run_many(feeds for _ in range(runs)):
         pass
-    workers = session.artifact.devices
+    workers = session.workers
     return {"latency_s": latency, "seconds_per_batch": (time.perf_counter() - started) / runs, "runs": runs,
             "workers": workers, "threads": session.threads or max(1, (os.cpu_count() or 1) // workers)}
 

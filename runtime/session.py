@@ -41,6 +41,7 @@ import signal
 import threading
 import weakref
 from concurrent.futures import Future
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping
 
@@ -48,6 +49,8 @@ import numpy as np
 
 from tessel.ir.types import TensorType
 
+from .artifact_files import read_plan, verify_files, worker_count
+from .batch_io import batch_input_types, batch_output_types, check_inputs, with_defaults
 from .errors import ArtifactError, InputError
 
 # onnxruntime's names of tensor element types, by Tessel's dtype names.
@@ -70,23 +73,28 @@ class InferenceSession:
 
     def __init__(self, path_or_artifact, workers: int | None = None, threads: int | None = None,
                  timeout: float = 30.0):
-        """`path_or_artifact`: an artifact directory or a loaded Artifact. `workers` must equal the artifact's
-        devices when given; `threads` are TVM threads per worker (default: the cores shared among the workers);
-        `timeout`: seconds a request (and a transfer between workers) may take before the run fails."""
-        from tessel.compiler.artifact import Artifact, load
-
-        self.artifact = path_or_artifact if isinstance(path_or_artifact, Artifact) else load(path_or_artifact)
-        devices = self.artifact.devices
+        """`path_or_artifact`: an artifact directory (its plan and files are checked) or a loaded Artifact.
+        `workers` must equal the artifact's devices when given; `threads` are TVM threads per worker (default: the
+        cores shared among the workers); `timeout`: seconds a request (and a transfer between workers) may take
+        before the run fails."""
+        if hasattr(path_or_artifact, "plan") and hasattr(path_or_artifact, "directory"):
+            loaded, self.directory, self.plan = path_or_artifact, Path(path_or_artifact.directory), path_or_artifact.plan
+        else:
+            loaded, self.directory = None, Path(path_or_artifact)
+            self.plan = read_plan(self.directory)
+            verify_files(self.directory, self.plan)
+        devices = worker_count(self.plan)
         if workers is not None and workers != devices:
-            raise ArtifactError(f"{self.artifact.directory}: compiled for {devices} device(s); run it with "
+            raise ArtifactError(f"{self.directory}: compiled for {devices} device(s); run it with "
                                 f"{devices} worker(s) or recompile with --devices {workers}")
+        self.workers = devices
+        self.microbatches = int(self.plan.get("microbatches", 1))
         self.timeout = timeout
         self.threads = threads
         self._group = None
         self._closed = False
-        input_types = self.artifact.batch_input_types()
-        self._inputs = [_info(name, t) for name, t in input_types.items()]
-        self._outputs = [_info(name, t) for name, t in self._batch_output_types().items()]
+        self._inputs = [_info(name, t) for name, t in batch_input_types(self.plan).items()]
+        self._outputs = [_info(name, t) for name, t in batch_output_types(self.plan).items()]
         if devices > 1:
             from .worker_group import WorkerGroup
 
@@ -94,26 +102,18 @@ class InferenceSession:
             _stop_on_signals()
             _starting += 1  # a stop signal during the start-up interrupts it: the group kills what it started
             try:
-                self._group = WorkerGroup(self.artifact.directory, devices, threads, timeout)
+                self._group = WorkerGroup(self.directory, devices, threads, timeout)
             finally:
                 _starting -= 1
             _OPEN_GROUPS.add(self._group)
             # A session dropped without close() still stops its workers when it is collected.
             weakref.finalize(self, _close_group, self._group)
+        elif loaded is not None and threads is None:
+            self._executor = loaded.executor()  # the Artifact's own executor: its weights are loaded once
         else:
-            if threads is not None:
-                from tessel.backends.tvm_env import set_threads
+            from .executor import Executor
 
-                set_threads(threads)
-            self._executor = self.artifact.executor()
-
-    def _batch_output_types(self) -> dict[str, TensorType]:
-        microbatches = self.artifact.microbatches
-        types = {}
-        for name, spec in self.artifact.outputs.items():
-            t = TensorType.parse(spec)
-            types[name] = TensorType(t.dtype, (t.shape[0] * microbatches,) + t.shape[1:]) if t.rank else t
-        return types
+            self._executor = Executor(self.directory, threads=threads)
 
     # ---- onnxruntime's surface -----------------------------------------------------
     def get_inputs(self) -> list[TensorInfo]:
@@ -143,11 +143,11 @@ class InferenceSession:
         """Start one run and return at once; the future's result is the outputs by name. With several workers
         the requests pipeline through them in order (its `worker_seconds`: time rank 0 spent on it)."""
         if self._closed:
-            raise ArtifactError(f"{self.artifact.directory}: the session is closed")
+            raise ArtifactError(f"{self.directory}: the session is closed")
         if self._group is not None:
-            return self._group.submit(self.artifact.check_inputs(feeds))
+            return self._group.submit(check_inputs(self.directory, self.plan, feeds))
         done: Future = Future()
-        done.set_result(self._run_here(self.artifact.with_defaults(feeds)))
+        done.set_result(self._run_here(with_defaults(self.directory, self.plan, feeds)))
         return done
 
     def run_many(self, feeds: Iterable[Mapping[str, np.ndarray]], window: int | None = None) -> Iterator[dict[str, np.ndarray]]:
@@ -162,7 +162,7 @@ class InferenceSession:
             yield in_flight.pop(0).result()
 
     def _run_here(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        microbatches = self.artifact.microbatches
+        microbatches = self.microbatches
         if microbatches == 1:
             return self._executor.run(feeds)
         parts = [self._executor.run({name: np.ascontiguousarray(np.array_split(np.asarray(a), microbatches)[k])
