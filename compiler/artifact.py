@@ -17,9 +17,10 @@ import numpy as np
 
 from tessel.ir.graph import Graph
 from tessel.ir.serialize import to_json
-from tessel.ir.types import TensorType, numpy_dtype
+from tessel.ir.types import TensorType
 from tessel.runtime.artifact_files import (PLAN_FILE, artifact_digest, file_hash, parse_expected_digest, read_plan,
                                            unlisted_files, verify_files, worker_count)
+from tessel.runtime.batch_io import DEFAULTS_FILE, batch_input_types, check_inputs, with_defaults
 from tessel.runtime.errors import ArtifactError
 from tessel.runtime.graph_names import GRAPH_FILE
 from tessel.runtime.signature import Signature
@@ -28,8 +29,6 @@ if TYPE_CHECKING:
     import onnx
 
 
-# Overridable inputs' defaults (initializers that are also graph inputs), listed in plan.json's "input_defaults".
-DEFAULTS_FILE = "input_defaults.npz"
 # The model as compiled (re-batched when asked), kept only with `keep_model`.
 MODEL_FILE = "model.onnx"
 
@@ -72,6 +71,7 @@ class Artifact:
         self._staging = staging  # keeps a freshly compiled artifact's temporary directory alive
         self.plan: dict[str, Any] = read_plan(self.directory, expect_sha256, signature)
         self._executor = None
+        self._session = None
 
     @property
     def sha256(self) -> str:
@@ -123,44 +123,32 @@ class Artifact:
     def run(self, inputs: Mapping[str, np.ndarray], timeout: float = 30.0) -> dict[str, np.ndarray]:
         """Run the model on numpy inputs by name; returns numpy outputs by name.
 
-        A multi-device artifact launches its local workers (one process per device) for the run.
+        The first run opens this artifact's InferenceSession (runtime/session.py), which later runs reuse: a
+        multi-device artifact starts its local workers (one process per device) once, not per run.
         """
-        if self.devices > 1 or self.microbatches > 1:
-            from tessel.runtime.launch import run_local
+        return self.session(timeout).run(inputs)
 
-            return run_local(self.directory, self.devices, self.check_inputs(inputs), timeout=timeout)[0]
-        return self.executor().run(self.with_defaults(inputs))
+    def session(self, timeout: float = 30.0):
+        """This artifact's InferenceSession, opened on first use (again after `close` or with another timeout)."""
+        if self._session is None or self._session.closed or self._session.timeout != timeout:
+            from tessel.runtime.session import InferenceSession
+
+            if self._session is not None:
+                self._session.close()
+            self._session = InferenceSession(self, timeout=timeout)
+        return self._session
 
     def with_defaults(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The inputs, plus the default (the model's initializer) of every overridable input not given."""
-        missing = [name for name in self.plan.get("input_defaults", []) if name not in inputs]
-        if not missing:
-            return dict(inputs)
-        with np.load(self.directory / DEFAULTS_FILE, allow_pickle=False) as defaults:
-            return {**{name: defaults[name] for name in missing}, **inputs}
+        return with_defaults(self.directory, self.plan, inputs)
 
     def batch_input_types(self) -> dict[str, TensorType]:
         """Input name → type of one whole batch (micro-batched artifacts run several micro-batches)."""
-        types = {}
-        for name, spec in self.inputs.items():
-            t = TensorType.parse(spec)
-            shape = (t.shape[0] * self.microbatches,) + t.shape[1:] if t.rank else t.shape
-            types[name] = TensorType(t.dtype, shape)
-        return types
+        return batch_input_types(self.plan)
 
     def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Inputs checked against the whole-batch types before any worker starts."""
-        from tessel.runtime.errors import InputError
-
-        inputs = self.with_defaults(inputs)
-        expected = {name: (t.shape, numpy_dtype(t.dtype)) for name, t in self.batch_input_types().items()}
-        if set(inputs) != set(expected):
-            raise InputError(f"inputs do not match the model: it takes {', '.join(sorted(expected))}, got {', '.join(sorted(inputs))}")
-        for name, (shape, dtype) in expected.items():
-            array = np.asarray(inputs[name])
-            if array.shape != shape or array.dtype != dtype:
-                raise InputError(f"input '{name}' is {array.dtype}{list(array.shape)}, the model takes {np.dtype(dtype)}{list(shape)}")
-        return {name: np.asarray(a) for name, a in inputs.items()}
+        return check_inputs(self.directory, self.plan, inputs)
 
     def save(self, directory: str | Path, overwrite: bool = False) -> Path:
         """Write the artifact to `directory`; an existing non-empty directory is refused unless `overwrite`."""

@@ -117,47 +117,30 @@ def _check_writable_directory(output: Path) -> None:
                             "(read-only file system or no permission); choose another -o")
 
 
-def _read_inputs(path: str | None, artifact, values: dict) -> tuple[dict[str, np.ndarray], list[str]]:
-    """The run's inputs: from --inputs, else random, with the --input-value ones set; and the names of those made
-    up at random (a failure they cause is explained in their terms)."""
-    from tessel.runtime.inputs import random_input, read_npz_inputs
-
-    from .input_values import with_input_values
-
-    types = artifact.batch_input_types()
-    if path is None:
-        rng = np.random.default_rng(0)
-        guessed = sorted(set(types) - set(values))
-        inputs = {name: random_input(t, rng) for name, t in types.items()}
-    else:
-        inputs, guessed = read_npz_inputs(path, types, artifact.plan.get("input_defaults", ())), []
-    inputs = with_input_values(inputs, values, types)
-    for name, array in inputs.items():
-        source = "--input-value" if name in values else "random" if name in guessed else path
-        _log.debug("input %s: %s[%s] from %s", name, array.dtype, ",".join(map(str, array.shape)), source)
-    return inputs, guessed
-
-
 def _outputs_path(text: str) -> Path:
     """The file `--outputs` writes: numpy's savez adds .npz to a name without it."""
     return Path(text if text.endswith(".npz") else text + ".npz")
 
 
 def _execute(artifact, inputs: dict[str, np.ndarray], repeat: int, timeout: float):
-    """Run the artifact once, then `repeat` more times to time it: (outputs, the launcher's measured times of a
+    """Run the artifact once in a session, then `repeat` more times to time it: (outputs, the streamed times of a
     multi-worker run or None, the seconds of each timed single-process run)."""
-    if artifact.devices > 1 or artifact.microbatches > 1:
-        from tessel.runtime.launch import run_local
+    from tessel.runtime.session import InferenceSession
 
+    from .bench_command import measure_stream
+
+    if artifact.devices > 1:  # checked before any worker starts
+        artifact.check_inputs(inputs)
         _log.info("running on %d local workers", artifact.devices)
-        outputs, measured = run_local(artifact.directory, artifact.devices, artifact.check_inputs(inputs),
-                                      repeat=repeat, timeout=timeout)
-        return outputs, measured if measured["seconds_per_batch"] is not None else None, []
-    outputs, times = artifact.run(inputs), []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        artifact.run(inputs)
-        times.append(time.perf_counter() - started)
+    times: list[float] = []
+    with InferenceSession(artifact, timeout=timeout) as session:
+        outputs = session.run(inputs)
+        if repeat > 0 and (artifact.devices > 1 or artifact.microbatches > 1):
+            return outputs, measure_stream(session, inputs, repeat), times
+        for _ in range(repeat):
+            started = time.perf_counter()
+            session.run(inputs)
+            times.append(time.perf_counter() - started)
     return outputs, None, times
 
 
@@ -167,7 +150,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from .artifact import load
     from .branch_hints import unrunnable_branch_hint
-    from .input_values import parse_input_values
+    from .input_values import parse_input_values, run_inputs
     from .measured_times import placement_report, record_measured, stream_lines
 
     values = parse_input_values(args.input_value)
@@ -184,7 +167,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         onnxruntime()
         reference = reference_model(artifact.directory, args.reference)
-    inputs, guessed = _read_inputs(args.inputs, artifact, values)
+    inputs, guessed = run_inputs(args.inputs, artifact, values)
     try:
         outputs, measured, times = _execute(artifact, inputs, args.repeat, args.timeout)
     except TesselError as exc:
@@ -366,6 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("artifact", help="artifact directory written by 'tessel compile'")
     report.add_argument("--json", action="store_true", help="print every report as one JSON document")
     report.set_defaults(run=_cmd_report)
+
+    from .bench_command import add_bench_parser
+
+    add_bench_parser(commands, common)
 
     calibrate = commands.add_parser("calibrate", parents=common, help="measure the link cost (alpha, beta) between two local workers")
     calibrate.add_argument("--repeat", type=_count_from(1), default=20, metavar="N", help="round trips per message size")

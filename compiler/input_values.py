@@ -2,6 +2,7 @@
 input's shape and dtype. Random inputs are fine for data; control inputs need a value the model expects."""
 from __future__ import annotations
 
+import logging
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -10,6 +11,7 @@ from tessel.ir.types import TensorType, numpy_dtype
 from tessel.runtime.errors import InputError
 
 Number = bool | int | float
+_log = logging.getLogger("tessel")
 
 
 def parse_input_values(items: Sequence[str]) -> dict[str, Number]:
@@ -67,3 +69,22 @@ def _fit(name: str, value: Number, dtype: np.dtype) -> Number:
             raise InputError(f"--input-value {name}={value}: out of the range of {dtype} [{info.min}, {info.max}]")
         return int(value)
     return value
+
+
+def run_inputs(path: str | None, artifact, values: dict) -> tuple[dict[str, np.ndarray], list[str]]:
+    """A run's inputs (`tessel run`, `tessel bench`): from --inputs, else random, with the --input-value ones set; and the names of those made
+    up at random (a failure they cause is explained in their terms)."""
+    from tessel.runtime.inputs import random_input, read_npz_inputs
+
+    types = artifact.batch_input_types()
+    if path is None:
+        rng = np.random.default_rng(0)
+        guessed = sorted(set(types) - set(values))
+        inputs = {name: random_input(t, rng) for name, t in types.items()}
+    else:
+        inputs, guessed = read_npz_inputs(path, types, artifact.plan.get("input_defaults", ())), []
+    inputs = with_input_values(inputs, values, types)
+    for name, array in inputs.items():
+        source = "--input-value" if name in values else "random" if name in guessed else path
+        _log.debug("input %s: %s[%s] from %s", name, array.dtype, ",".join(map(str, array.shape)), source)
+    return inputs, guessed

@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     threads = int(os.environ.get("TESSEL_THREADS", str(max(1, (os.cpu_count() or 1) // local_world))))
     if LAUNCHER_ENV in os.environ:
-        _leave_with_the_launcher(int(os.environ[LAUNCHER_ENV]), rank)
+        leave_with_the_launcher(int(os.environ[LAUNCHER_ENV]), rank)
     try:
         return _run(args, rank, world, threads)
     except KeyboardInterrupt:
@@ -72,7 +72,7 @@ LAUNCHER_ENV = "TESSEL_LAUNCHER_PID"
 LAUNCHER_POLL_S = 1.0
 
 
-def _leave_with_the_launcher(launcher: int, rank: int) -> None:
+def leave_with_the_launcher(launcher: int, rank: int) -> None:
     """Exit as soon as the launcher is gone (killed with SIGKILL, it can stop nobody): the worker runs in
     its own session, so nothing else would end it before its peers' receives time out, if ever."""
     def watch() -> None:

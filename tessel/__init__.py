@@ -1,8 +1,9 @@
 """Tessel: a DNN compiler for ONNX models with distributed code generation.
 
 `tessel.compile(model, **options)` returns an `Artifact` to run or save;
-`tessel.load(dir)` reads a saved one; `tessel.ir.from_onnx` imports a model
-into the graph IR. Subpackages: `tessel.ir` (graph IR), `tessel.passes`
+`tessel.load(dir)` reads a saved one; `tessel.InferenceSession(dir)` loads
+one to run many times (its workers stay up); `tessel.ir.from_onnx` imports a
+model into the graph IR. Subpackages: `tessel.ir` (graph IR), `tessel.passes`
 (graph passes and planners), `tessel.backends` (TVM lowering and kernels),
 `tessel.runtime` (executor, workers, artifact checks), `tessel.compiler`
 (pipeline, packaging, reports, CLI).
@@ -23,7 +24,7 @@ if not (_HERE / "ir").is_dir():
 IMPORT_ROOT = _HERE.parent
 
 _API = ("Artifact", "CompileError", "CompileOptions", "compile", "load")
-__all__ = [*_API, "__version__", "ir"]
+__all__ = [*_API, "InferenceSession", "__version__", "ir"]
 
 
 def __getattr__(name: str):
@@ -33,6 +34,10 @@ def __getattr__(name: str):
         from .compiler import api
 
         return getattr(api, name)
+    if name == "InferenceSession":
+        from .runtime.session import InferenceSession
+
+        return InferenceSession
     if name == "ir":
         import importlib
 

@@ -57,7 +57,7 @@ def pipeline_artifact(kernel_cache):
 
 
 def _workers_of(parent: int) -> list[int]:
-    """Pids of the runtime.worker processes whose parent is `parent`."""
+    """Pids of the worker processes (one-shot runtime.worker, or a session's runtime.serve) whose parent is `parent`."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -68,7 +68,7 @@ def _workers_of(parent: int) -> list[int]:
         except OSError:  # the process ended meanwhile
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and b"tessel.runtime.worker" in command:
+        if ppid == parent and (b"tessel.runtime.worker" in command or b"tessel.runtime.serve" in command):
             found.append(int(entry.name))
     return found
 
@@ -191,7 +191,7 @@ def test_a_stopped_worker_fails_the_launch_within_timeout_and_grace(pipeline_art
     assert _scratch_dirs(tmp_path) == []
 
 
-def test_sigterm_to_tessel_run_stops_the_workers_and_removes_the_scratch_directory(pipeline_artifact, tmp_path):
+def test_sigterm_to_tessel_run_stops_the_workers_and_leaves_no_file(pipeline_artifact, tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     run = subprocess.Popen([sys.executable, "-m", "tessel.compiler.cli", "run", str(pipeline_artifact.directory),
                             "--repeat", "100000"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -199,7 +199,6 @@ def test_sigterm_to_tessel_run_stops_the_workers_and_removes_the_scratch_directo
     workers = []
     try:
         workers = _wait_for_workers(run.pid, pipeline_artifact.directory)
-        assert len(_scratch_dirs(tmp_path)) == 1
         time.sleep(1)
         run.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
@@ -211,7 +210,7 @@ def test_sigterm_to_tessel_run_stops_the_workers_and_removes_the_scratch_directo
     assert run.returncode != 0 and len(ours) == 1 and "Traceback" not in err, err
     assert waited < SLACK_S + 5, waited
     assert all(_gone(pid) for pid in workers)
-    assert _scratch_dirs(tmp_path) == []
+    assert list(tmp_path.iterdir()) == []  # a session's workers write their stderr to unlinked files
 
 
 

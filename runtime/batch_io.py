@@ -1,0 +1,60 @@
+"""A whole batch's inputs and outputs as the user sees them: types, the defaults of overridable inputs, checks.
+
+A micro-batched artifact's programs run one micro-batch; its callers give and get the whole batch (axis 0
+times the micro-batches). Shared by compiler.artifact.Artifact and runtime.session.InferenceSession.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from tessel.ir.types import TensorType, numpy_dtype
+
+from .errors import InputError
+
+# Overridable inputs' defaults (initializers that are also graph inputs), listed in plan.json's "input_defaults".
+DEFAULTS_FILE = "input_defaults.npz"
+
+
+def _whole_batch(plan: dict[str, Any], names_key: str) -> dict[str, TensorType]:
+    entry = plan["workers"][0]
+    microbatches = int(plan.get("microbatches", 1))
+    types = {}
+    for name in entry[names_key]:
+        t = TensorType.parse(entry["values"][name])
+        types[name] = TensorType(t.dtype, (t.shape[0] * microbatches,) + t.shape[1:]) if t.rank else t
+    return types
+
+
+def batch_input_types(plan: dict[str, Any]) -> dict[str, TensorType]:
+    """Input name → type of one whole batch."""
+    return _whole_batch(plan, "inputs")
+
+
+def batch_output_types(plan: dict[str, Any]) -> dict[str, TensorType]:
+    """Output name → type of one whole batch."""
+    return _whole_batch(plan, "outputs")
+
+
+def with_defaults(directory: Path, plan: dict[str, Any], inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The inputs, plus the default (the model's initializer) of every overridable input not given."""
+    missing = [name for name in plan.get("input_defaults", []) if name not in inputs]
+    if not missing:
+        return dict(inputs)
+    with np.load(Path(directory) / DEFAULTS_FILE, allow_pickle=False) as defaults:
+        return {**{name: defaults[name] for name in missing}, **inputs}
+
+
+def check_inputs(directory: Path, plan: dict[str, Any], inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The inputs with their defaults, checked against the whole-batch types (before any worker runs them)."""
+    inputs = with_defaults(directory, plan, inputs)
+    expected = {name: (t.shape, numpy_dtype(t.dtype)) for name, t in batch_input_types(plan).items()}
+    if set(inputs) != set(expected):
+        raise InputError(f"inputs do not match the model: it takes {', '.join(sorted(expected))}, got {', '.join(sorted(inputs))}")
+    for name, (shape, dtype) in expected.items():
+        array = np.asarray(inputs[name])
+        if array.shape != shape or array.dtype != dtype:
+            raise InputError(f"input '{name}' is {array.dtype}{list(array.shape)}, the model takes {np.dtype(dtype)}{list(shape)}")
+    return {name: np.asarray(a) for name, a in inputs.items()}

@@ -1,0 +1,120 @@
+"""One long-lived worker of an InferenceSession: `python -m tessel.runtime.serve DIR` (started by runtime/session.py).
+
+It joins the gloo group like a one-shot worker (runtime/worker.py), loads its
+program once, says it is ready, then serves requests until told to stop or
+until its control pipe closes (the session, or the process that held it, is
+gone). Each request runs the whole batch: rank 0 receives the inputs with the
+request, splits them into the artifact's micro-batches and answers with the
+outputs; every other rank receives only the request's header and runs its
+program once per micro-batch, exchanging activations with its peers over gloo.
+
+Requests are pipelined: while the outputs of a request are still on their
+way from the last stage, the next request already enters the first stage
+(up to `--window` requests in flight). A failure of any kind is answered with
+one line, and the worker exits: a gloo group that failed cannot be reused.
+
+The control pipes are the file descriptors in TESSEL_CONTROL_FDS ("IN,OUT");
+messages are runtime/wire.py's (JSON and raw tensor bytes, never pickle).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+from tessel.runtime.errors import PeerError
+from tessel.runtime.worker import EXIT_FAILED, LAUNCHER_ENV, leave_with_the_launcher
+
+CONTROL_ENV = "TESSEL_CONTROL_FDS"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tessel.runtime.serve",
+                                     description="Serve one worker of a Tessel artifact to an InferenceSession.")
+    parser.add_argument("artifact", help="artifact directory compiled with --devices N")
+    parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                        help="seconds to wait for the rendezvous and for each transfer from a peer")
+    parser.add_argument("--window", type=int, default=2, metavar="N", help="requests in flight at most")
+    return parser
+
+
+def main(argv=None) -> int:
+    """Serve requests until the session says stop or goes away; exit 1 with one line after any failure."""
+    args = _parser().parse_args(argv)
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # one line per failure, not torch's backtraces
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    threads = int(os.environ.get("TESSEL_THREADS", "1"))
+    control, reply = (int(fd) for fd in os.environ[CONTROL_ENV].split(","))
+    if LAUNCHER_ENV in os.environ:
+        leave_with_the_launcher(int(os.environ[LAUNCHER_ENV]), rank)
+    from tessel.runtime.wire import write_message
+
+    try:
+        _serve(args, rank, world, threads, control, reply)
+    except KeyboardInterrupt:
+        os._exit(EXIT_FAILED)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line for the session
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if not message.startswith("rank "):
+            message = f"rank {rank}: {message}"
+        try:
+            write_message(reply, {"error": message, "peer": isinstance(exc, PeerError)})
+        except Exception:  # noqa: BLE001 - the session may be gone already; the exit status still tells
+            pass
+        print(f"tessel worker: {message}", file=sys.stderr, flush=True)
+        # Leave without tearing down the process group: a dead peer would make that hang.
+        os._exit(EXIT_FAILED)
+    os._exit(0)
+
+
+def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) -> None:
+    from tessel.runtime.artifact_files import read_plan, worker_count
+    from tessel.runtime.comm import TorchComm, join_group
+    from tessel.runtime.errors import ArtifactError
+    from tessel.runtime.executor import Executor
+    from tessel.runtime.wire import read_message, write_message
+
+    plan = read_plan(Path(args.artifact))
+    if worker_count(plan) != world:
+        raise ArtifactError(f"{args.artifact}: the artifact runs on {worker_count(plan)} worker(s) but {world} were started")
+    join_group(rank, world, args.timeout, EXIT_FAILED)
+    comm = TorchComm(rank, args.timeout)
+    executor = Executor(args.artifact, threads=threads, worker=rank, comm=comm)
+    microbatches = int(plan.get("microbatches", 1))
+    write_message(reply, {"ready": True, "rank": rank, "pid": os.getpid()})
+    in_flight: deque = deque()
+    while True:
+        # A new request is taken whenever one waits and the window has room; otherwise the oldest is finished.
+        if not in_flight or (len(in_flight) < args.window and select.select([control], [], [], 0)[0]):
+            message = read_message(control)
+            if message is None or message[0].get("op") == "stop":
+                return
+            header, inputs = message
+            started = time.perf_counter()
+            slices = _split(inputs, microbatches) if rank == 0 else [{}] * microbatches
+            in_flight.append(([executor.start(feeds) for feeds in slices], started))
+            continue
+        waits, started = in_flight.popleft()
+        parts = [wait() for wait in waits]
+        if rank == 0:
+            outputs = {name: np.concatenate([p[name] for p in parts]) if len(parts) > 1 else parts[0][name]
+                       for name in parts[0]}
+            write_message(reply, {"worker_s": time.perf_counter() - started}, outputs)
+
+
+def _split(inputs: dict[str, np.ndarray], parts: int) -> list[dict[str, np.ndarray]]:
+    """The whole-batch inputs as `parts` micro-batches along axis 0."""
+    if parts == 1:
+        return [inputs]
+    return [{name: np.ascontiguousarray(np.array_split(a, parts)[k]) for name, a in inputs.items()} for k in range(parts)]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

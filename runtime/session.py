@@ -1,0 +1,251 @@
+"""InferenceSession: load an artifact once, run it many times (onnxruntime's surface).
+
+A single-worker artifact runs in this process on the Executor. A multi-worker
+artifact starts its worker group once (runtime/worker_group.py: one local
+process per worker) and keeps it until `close()`; each run is then a request
+sent to the workers.
+
+Control channel, and why: the session is a client of its workers over two
+pipes per worker (requests in, answers out), carrying runtime/wire.py's
+messages (a JSON header and raw tensor bytes, never pickle). The workers still
+exchange activations with each other over gloo, as the one-shot launch does.
+The alternative, the client joining the gloo group as an extra rank, would
+change every program's rank numbers and tie the client to torch's process
+group (one per process, unusable after any failure, a rendezvous per session);
+pipes need neither, cost a few microseconds, and give two things for free: a
+worker learns that the client is gone from its pipe's end of file, and the
+client learns that a worker died (kill -9, crash) from its answer pipe's end of
+file, at once rather than after a transfer's timeout.
+
+Requests are pipelined: `run_async` returns at once, so with a pipeline
+artifact request k+1 enters stage 0 while request k is in stage 1; `run_many`
+streams an iterable of feeds with a window of requests in flight.
+
+Shutdown: `close()`, the with-block, interpreter exit (atexit) and SIGTERM or
+SIGHUP to a process that left their default action (the handler stops every
+session's workers and raises SessionInterrupted, a KeyboardInterrupt; with no
+session open the signal acts as by default) all stop the workers; SIGINT
+(Ctrl-C) raises KeyboardInterrupt as usual and the exit stops them. Killed with SIGKILL, the
+client cannot stop anyone: its workers notice that their pipes closed or that
+their parent is gone, and exit.
+
+torchrun: a session starts its own local workers; it does not join a group that
+torchrun started (`torchrun ... -m tessel.runtime.worker DIR` runs an artifact
+once per launch, as before).
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import threading
+import weakref
+from concurrent.futures import Future
+from pathlib import Path
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Mapping
+
+import numpy as np
+
+from tessel.ir.types import TensorType
+
+from .artifact_files import read_plan, verify_files, worker_count
+from .batch_io import batch_input_types, batch_output_types, check_inputs, with_defaults
+from .errors import ArtifactError, InputError
+
+# onnxruntime's names of tensor element types, by Tessel's dtype names.
+_ORT_TYPES = {"float32": "float", "float64": "double", "float16": "float16", "bfloat16": "bfloat16",
+              "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64", "uint8": "uint8",
+              "uint16": "uint16", "uint32": "uint32", "uint64": "uint64", "bool": "bool"}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """An input or output of the model, as onnxruntime's NodeArg: name, shape (whole batch), type ('tensor(float)')."""
+
+    name: str
+    shape: list[int]
+    type: str
+
+
+class InferenceSession:
+    """A loaded artifact that runs many times: in this process (one worker) or on workers started once."""
+
+    def __init__(self, path_or_artifact, workers: int | None = None, threads: int | None = None,
+                 timeout: float = 30.0):
+        """`path_or_artifact`: an artifact directory (its plan and files are checked) or a loaded Artifact.
+        `workers` must equal the artifact's devices when given; `threads` are TVM threads per worker (default: the
+        cores shared among the workers); `timeout`: seconds a request (and a transfer between workers) may take
+        before the run fails."""
+        if hasattr(path_or_artifact, "plan") and hasattr(path_or_artifact, "directory"):
+            loaded, self.directory, self.plan = path_or_artifact, Path(path_or_artifact.directory), path_or_artifact.plan
+        else:
+            loaded, self.directory = None, Path(path_or_artifact)
+            self.plan = read_plan(self.directory)
+            verify_files(self.directory, self.plan)
+        devices = worker_count(self.plan)
+        if workers is not None and workers != devices:
+            raise ArtifactError(f"{self.directory}: compiled for {devices} device(s); run it with "
+                                f"{devices} worker(s) or recompile with --devices {workers}")
+        self.workers = devices
+        self.microbatches = int(self.plan.get("microbatches", 1))
+        self.timeout = timeout
+        self.threads = threads
+        self._group = None
+        self._closed = False
+        self._inputs = [_info(name, t) for name, t in batch_input_types(self.plan).items()]
+        self._outputs = [_info(name, t) for name, t in batch_output_types(self.plan).items()]
+        if devices > 1:
+            from .worker_group import WorkerGroup
+
+            global _starting
+            _stop_on_signals()
+            _starting += 1  # a stop signal during the start-up interrupts it: the group kills what it started
+            try:
+                self._group = WorkerGroup(self.directory, devices, threads, timeout)
+            finally:
+                _starting -= 1
+            _OPEN_GROUPS.add(self._group)
+            # A session dropped without close() still stops its workers when it is collected.
+            weakref.finalize(self, _close_group, self._group)
+        elif loaded is not None and threads is None:
+            self._executor = loaded.executor()  # the Artifact's own executor: its weights are loaded once
+        else:
+            from .executor import Executor
+
+            self._executor = Executor(self.directory, threads=threads)
+
+    # ---- onnxruntime's surface -----------------------------------------------------
+    def get_inputs(self) -> list[TensorInfo]:
+        """The model's inputs (name, whole-batch shape, onnxruntime type string)."""
+        return list(self._inputs)
+
+    def get_outputs(self) -> list[TensorInfo]:
+        """The model's outputs (name, whole-batch shape, onnxruntime type string)."""
+        return list(self._outputs)
+
+    def run(self, output_names, input_feed: Mapping[str, np.ndarray] | None = None):
+        """`run(output_names, input_feed)` → list of outputs (all of them when `output_names` is None), as
+        onnxruntime; or `run(feeds)` → dict of every output by name."""
+        if input_feed is None and isinstance(output_names, Mapping):
+            return self.run_async(output_names).result()
+        if input_feed is None:
+            raise InputError("run(output_names, input_feed) needs the inputs by name (or call run(feeds))")
+        known = [info.name for info in self._outputs]
+        names = known if output_names is None else list(output_names)
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise InputError(f"unknown output(s) {', '.join(map(repr, unknown))}; the model's outputs are {', '.join(known)}")
+        outputs = self.run_async(input_feed).result()
+        return [outputs[name] for name in names]
+
+    def run_async(self, feeds: Mapping[str, np.ndarray]) -> Future:
+        """Start one run and return at once; the future's result is the outputs by name. With several workers
+        the requests pipeline through them in order (its `worker_seconds`: time rank 0 spent on it)."""
+        if self._closed:
+            raise ArtifactError(f"{self.directory}: the session is closed")
+        if self._group is not None:
+            return self._group.submit(check_inputs(self.directory, self.plan, feeds))
+        done: Future = Future()
+        done.set_result(self._run_here(with_defaults(self.directory, self.plan, feeds)))
+        return done
+
+    def run_many(self, feeds: Iterable[Mapping[str, np.ndarray]], window: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+        """Outputs of each feeds in turn, keeping up to `window` requests in flight (default: two per worker)."""
+        window = window or (self._group.window if self._group is not None else 1)
+        in_flight: list[Future] = []
+        for item in feeds:
+            in_flight.append(self.run_async(item))
+            if len(in_flight) >= window:
+                yield in_flight.pop(0).result()
+        while in_flight:
+            yield in_flight.pop(0).result()
+
+    def _run_here(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        microbatches = self.microbatches
+        if microbatches == 1:
+            return self._executor.run(feeds)
+        parts = [self._executor.run({name: np.ascontiguousarray(np.array_split(np.asarray(a), microbatches)[k])
+                                     for name, a in feeds.items()}) for k in range(microbatches)]
+        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+    # ---- lifetime -------------------------------------------------------------------
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the workers (empty when the artifact runs in this process)."""
+        return self._group.pids if self._group is not None else []
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called."""
+        return self._closed
+
+    def close(self) -> None:
+        """Stop the workers and release their pipes; safe to call twice, always returns."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._group is not None:
+            _close_group(self._group)
+
+    def __enter__(self) -> "InferenceSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _info(name: str, t: TensorType) -> TensorInfo:
+    return TensorInfo(name, list(t.shape), f"tensor({_ORT_TYPES.get(t.dtype, t.dtype)})")
+
+
+# The worker groups of every open session, stopped at interpreter exit and on SIGTERM/SIGHUP.
+_OPEN_GROUPS: set = set()
+_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_signals_installed = False
+_starting = 0  # sessions whose workers are starting
+
+
+def _close_group(group) -> None:
+    _OPEN_GROUPS.discard(group)
+    group.close()
+
+
+def close_all() -> None:
+    """Stop the workers of every open session (what interpreter exit and SIGTERM do)."""
+    for group in list(_OPEN_GROUPS):
+        _close_group(group)
+
+
+atexit.register(close_all)
+
+
+class SessionInterrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP came while sessions were open: their workers were stopped. A KeyboardInterrupt, so that
+    it passes `except Exception` the way Ctrl-C does (the CLI prints it as one line and exits 128 + signum)."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"interrupted by {signal.Signals(signum).name}: stopped the session's workers")
+
+
+def _stop_on_signals() -> None:
+    """Once, from the main thread: SIGTERM and SIGHUP stop the workers of every open session and raise
+    SessionInterrupted. A signal whose handler someone set (or that is ignored) is left alone: that handler
+    decides, and interpreter exit still stops the workers."""
+    global _signals_installed
+    if _signals_installed or threading.current_thread() is not threading.main_thread():
+        return
+    _signals_installed = True
+    for signum in _SIGNALS:
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            signal.signal(signum, _stop_sessions)
+
+
+def _stop_sessions(signum, frame) -> None:
+    if not _OPEN_GROUPS and not _starting:  # no session open: the signal acts as it would have
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    close_all()
+    raise SessionInterrupted(signum)

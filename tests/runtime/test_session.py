@@ -1,0 +1,203 @@
+"""InferenceSession: workers started once and reused, onnxruntime's surface, pipelined requests, failures, shutdown."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tessel.compiler.api import compile
+from tessel.compiler.cli import main as cli_main
+from tessel.runtime.errors import ExecutionError, InputError
+from tessel.runtime.session import InferenceSession
+
+ROOT = Path(__file__).resolve().parents[2]
+# Worker start-up (importing torch) on a busy machine.
+STARTUP_S = 300
+TIMEOUT_S = 20.0
+
+
+def _mlp(batch: int = 16, width: int = 256):
+    """Four MatMul+Relu layers (big enough that a two-stage pipeline splits them) and their weights."""
+    rng = np.random.default_rng(0)
+    nodes, weights, x = [], [], "x"
+    for k in range(4):
+        w = (rng.standard_normal((width, width)) * 0.1).astype(np.float32)
+        weights.append(w)
+        nodes += [helper.make_node("MatMul", [x, f"w{k}"], [f"m{k}"]), helper.make_node("Relu", [f"m{k}"], [f"r{k}"])]
+        x = f"r{k}"
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, width])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [batch, width])],
+                              [numpy_helper.from_array(w, f"w{k}") for k, w in enumerate(weights)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), weights
+
+
+def _expected(x: np.ndarray, weights) -> np.ndarray:
+    for w in weights:
+        x = np.maximum(x @ w, 0)
+    return x
+
+
+@pytest.fixture(scope="module")
+def mlp(kernel_cache, tmp_path_factory):
+    """A two-stage pipeline of 2 micro-batches on 2 workers, saved; and its weights."""
+    model, weights = _mlp()
+    artifact = compile(model, devices=2, placement="pipeline", microbatches=2, profile=False, cache_dir=kernel_cache)
+    assert artifact.devices == 2 and artifact.report()["placement"]["transfer_bytes"] > 0
+    return artifact.save(tmp_path_factory.mktemp("session") / "mlp"), weights
+
+
+@pytest.fixture(scope="module")
+def session(mlp):
+    with InferenceSession(mlp[0], timeout=TIMEOUT_S) as opened:
+        yield opened
+
+
+def _feeds(seed: int) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(seed).standard_normal((16, 256)).astype(np.float32)}
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _wait_gone(pids, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if all(_gone(pid) for pid in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_workers_start_once_and_serve_every_run(session, mlp):
+    pids = session.worker_pids
+    assert len(pids) == 2
+    for seed in range(3):
+        feeds = _feeds(seed)
+        np.testing.assert_allclose(session.run(feeds)["r3"], _expected(feeds["x"], mlp[1]), rtol=1e-4, atol=1e-4)
+        assert session.worker_pids == pids and not any(_gone(pid) for pid in pids)
+
+
+def test_onnxruntime_surface(session, mlp):
+    (x,), (y,) = session.get_inputs(), session.get_outputs()
+    assert (x.name, x.shape, x.type) == ("x", [16, 256], "tensor(float)")
+    assert (y.name, y.shape, y.type) == ("r3", [16, 256], "tensor(float)")
+    feeds = _feeds(7)
+    everything = session.run(None, feeds)
+    named = session.run(["r3"], feeds)
+    assert isinstance(everything, list) and len(everything) == 1
+    np.testing.assert_array_equal(everything[0], named[0])
+    with pytest.raises(InputError, match="unknown output"):
+        session.run(["nope"], feeds)
+    with pytest.raises(InputError):
+        session.run({"x": np.zeros((3, 256), np.float32)})
+
+
+def test_pipelined_requests_come_back_in_order(session, mlp):
+    feeds = [_feeds(seed) for seed in range(6)]
+    requests = [session.run_async(f) for f in feeds]
+    for f, request in zip(feeds, requests):
+        np.testing.assert_allclose(request.result(timeout=TIMEOUT_S)["r3"], _expected(f["x"], mlp[1]), rtol=1e-4, atol=1e-4)
+        assert request.worker_seconds > 0
+    streamed = list(session.run_many(iter(feeds)))
+    for f, outputs in zip(feeds, streamed):
+        np.testing.assert_allclose(outputs["r3"], _expected(f["x"], mlp[1]), rtol=1e-4, atol=1e-4)
+
+
+def test_a_killed_worker_fails_the_next_run_with_one_line_and_close_returns(mlp):
+    with InferenceSession(mlp[0], timeout=TIMEOUT_S) as opened:
+        opened.run(_feeds(0))
+        pids = opened.worker_pids
+        os.kill(pids[1], signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(ExecutionError) as failed:
+            opened.run(_feeds(1))
+        assert time.monotonic() - started < TIMEOUT_S
+        assert str(failed.value) == "rank 1: worker (pid %d) killed by SIGKILL" % pids[1]
+        with pytest.raises(ExecutionError, match="killed by SIGKILL"):  # and every later run
+            opened.run(_feeds(2))
+        started = time.monotonic()
+    assert time.monotonic() - started < 5  # leaving the with-block closed the session
+    assert all(_gone(pid) for pid in pids)
+
+
+EXIT_WITHOUT_CLOSE = """
+import sys, time
+import numpy as np
+from tessel.runtime.session import InferenceSession
+session = InferenceSession(sys.argv[1])
+session.run({"x": np.zeros((16, 256), np.float32)})
+print(" ".join(map(str, session.worker_pids)), flush=True)
+if sys.argv[2] == "wait":
+    time.sleep(600)
+"""
+
+
+def test_no_worker_outlives_its_client(mlp):
+    endings = ("exit", "sigterm", "sigkill")
+    # The three clients start together: their start-ups overlap.
+    clients = {ending: subprocess.Popen([sys.executable, "-c", EXIT_WITHOUT_CLOSE, str(mlp[0]),
+                                         "exit" if ending == "exit" else "wait"],
+                                        cwd=ROOT, stdout=subprocess.PIPE, text=True) for ending in endings}
+    try:
+        workers = {ending: [int(p) for p in client.stdout.readline().split()] for ending, client in clients.items()}
+        assert all(len(pids) == 2 for pids in workers.values()), workers
+        clients["sigterm"].send_signal(signal.SIGTERM)
+        clients["sigkill"].send_signal(signal.SIGKILL)
+        for client in clients.values():
+            client.wait(timeout=STARTUP_S)
+        # Closed by atexit or the SIGTERM handler at once; after SIGKILL the workers see their pipes close.
+        for ending, pids in workers.items():
+            assert _wait_gone(pids), f"workers {pids} still run after the client's {ending}"
+    finally:
+        for client in clients.values():
+            client.kill()
+            client.wait()
+
+
+@pytest.fixture(scope="module")
+def one_worker(kernel_cache, tmp_path_factory):
+    """The same model on one worker, in 2 micro-batches (the pipeline's kernels, from the cache)."""
+    model, weights = _mlp()
+    artifact = compile(model, microbatches=2, profile=False, cache_dir=kernel_cache)
+    return artifact.save(tmp_path_factory.mktemp("session") / "one"), weights
+
+
+def test_a_single_worker_artifact_runs_in_this_process(one_worker):
+    directory, weights = one_worker
+    with InferenceSession(directory) as opened:
+        assert opened.worker_pids == []
+        feeds = _feeds(3)
+        np.testing.assert_allclose(opened.run(feeds)["r3"], _expected(feeds["x"], weights), rtol=1e-4, atol=1e-4)
+        assert opened.run_async(feeds).result()["r3"].shape == (16, 256)
+    with pytest.raises(Exception, match="closed"):
+        opened.run(feeds)
+
+
+def test_bench_json_has_the_percentiles(one_worker, capsys):
+    assert cli_main(["bench", str(one_worker[0]), "--iterations", "20", "--warmup", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["iterations"] == 20 and report["workers"] == 1
+    assert set(report["latency_ms"]) == {"min", "mean", "p50", "p90", "p99", "max"}
+    assert report["latency_ms"]["min"] <= report["latency_ms"]["p50"] <= report["latency_ms"]["max"]
+
+
+@pytest.mark.parametrize("arguments", [["--iterations", "0"], ["--duration", "-1"], ["--duration", "1", "--iterations", "2"],
+                                       ["--threads", "x"]])
+def test_bench_refuses_bad_arguments_in_one_line(arguments, capsys):
+    with pytest.raises(SystemExit) as done:
+        cli_main(["bench", "somewhere", *arguments])
+    assert done.value.code == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
