@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -30,6 +29,8 @@ import numpy as np
 
 from tessel.ir.errors import TesselError
 
+from .arg_types import count_from, positive_seconds
+
 DEFAULT_DURATION_S = 10.0
 DEFAULT_WARMUP = 10
 PERCENTILES = (50, 90, 99)
@@ -41,47 +42,17 @@ class BenchError(TesselError):
     """The benchmark cannot run as asked (e.g. onnxruntime failed on the original model)."""
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got '{text}'") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got '{text}'")
-    return value
-
-
 def add_bench_parser(commands, parents) -> None:
     """Register `tessel bench` among the CLI's subcommands (`parents`: the options every command takes)."""
     bench = commands.add_parser("bench", parents=parents, help="measure an artifact's latency percentiles and throughput")
     bench.add_argument("artifact", help="artifact directory written by 'tessel compile'")
-    bench.add_argument("--warmup", type=_non_negative_int, default=DEFAULT_WARMUP, metavar="N",
+    bench.add_argument("--warmup", type=count_from(0), default=DEFAULT_WARMUP, metavar="N",
                        help=f"untimed runs first (default {DEFAULT_WARMUP})")
     length = bench.add_mutually_exclusive_group()
-    length.add_argument("--duration", type=_positive_seconds, metavar="S",
+    length.add_argument("--duration", type=positive_seconds, metavar="S",
                         help=f"time runs for S seconds (default {DEFAULT_DURATION_S:g})")
-    length.add_argument("--iterations", type=_positive_int, metavar="N", help="time exactly N runs")
-    bench.add_argument("--threads", type=_positive_int, metavar="N",
+    length.add_argument("--iterations", type=count_from(1), metavar="N", help="time exactly N runs")
+    bench.add_argument("--threads", type=count_from(1), metavar="N",
                        help="threads per worker (default: the cores shared among the workers)")
     bench.add_argument("--inputs", metavar="IN.npz", help="inputs by name (default: random inputs)")
     bench.add_argument("--input-value", action="append", default=[], metavar="NAME=VALUE",
@@ -90,7 +61,7 @@ def add_bench_parser(commands, parents) -> None:
     bench.add_argument("--compare", choices=["onnxruntime"],
                        help="also time the original model with onnxruntime in its own process and print the ratio")
     bench.add_argument("--reference", metavar="MODEL.onnx", help="the model --compare runs (default: as run --check finds it)")
-    bench.add_argument("--timeout", type=_positive_seconds, default=30.0, metavar="S",
+    bench.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="S",
                        help="seconds a run (and a transfer between workers) may take (default 30)")
     bench.set_defaults(run=run_bench)
 

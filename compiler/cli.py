@@ -17,6 +17,7 @@ import numpy as np
 
 from tessel.ir.errors import ShapeBindingError, TesselError, UnsupportedModelError
 
+from .arg_types import count_from, positive_seconds
 from .cli_output import compile_lines, latency_line, latency_summary, output_line, output_summary, print_json
 from .progress import NORMAL, QUIET, VERBOSE, logging_to_stderr, progress_bar
 
@@ -215,31 +216,6 @@ def version_line() -> str:
     return f"tessel {__version__} (TVM {tvm_version()}, ONNX opset {CANONICAL_OPSET})"
 
 
-def _count_from(minimum: int):
-    """An argparse type: an integer >= `minimum`."""
-    def count(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} is below {minimum}; give {minimum} or more")
-        return value
-
-    return count
-
-
-def _positive_seconds(text: str) -> float:
-    """An argparse type: a number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} seconds: give a finite time above 0")
-    return value
-
-
 def _output_options() -> argparse.ArgumentParser:
     """-v and -q, shared by every command."""
     common = argparse.ArgumentParser(add_help=False)
@@ -277,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
                              help="llvm (host CPU, default) or cuda:sm_XX")
     compile_cmd.add_argument("--input-shape", action="append", default=[], metavar="NAME=DIMS",
                              help="bind an input's shape, e.g. x=1x3x224x224 (repeatable)")
-    compile_cmd.add_argument("--jobs", type=_count_from(1), default=None, help="kernels compiled at once (default: one per core)")
+    compile_cmd.add_argument("--jobs", type=count_from(1), default=None, help="kernels compiled at once (default: one per core)")
     compile_cmd.add_argument("--force", action="store_true", help="replace an existing artifact directory")
     compile_cmd.add_argument("--json", action="store_true",
                              help="print the result as one JSON document (the compile report) on stdout")
@@ -330,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--outputs", metavar="OUT.npz", help="write the outputs here")
     run.add_argument("--input-value", action="append", default=[], metavar="NAME=VALUE",
                      help="set input NAME to VALUE everywhere (scalars and control inputs, e.g. sr=16000; repeatable)")
-    run.add_argument("--repeat", type=_count_from(0), default=0, metavar="N",
+    run.add_argument("--repeat", type=count_from(0), default=0, metavar="N",
                      help="time N more runs and print the latency")
     run.add_argument("--check", action="store_true", help="compare with onnxruntime on the original model (the "
                      "artifact's copy from --keep-model, else the file it was compiled from, if unchanged)")
@@ -341,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", type=int, metavar="N",
                      help="local workers to spawn (must equal the artifact's devices; default: that many)")
     run.add_argument("--json", action="store_true", help="print the result as one JSON document on stdout")
-    run.add_argument("--timeout", type=_positive_seconds, default=30.0, metavar="S",
+    run.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="S",
                      help="seconds a worker waits for a peer before all of them stop (default 30)")
     run.set_defaults(run=_cmd_run)
 
@@ -355,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(commands, common)
 
     calibrate = commands.add_parser("calibrate", parents=common, help="measure the link cost (alpha, beta) between two local workers")
-    calibrate.add_argument("--repeat", type=_count_from(1), default=20, metavar="N", help="round trips per message size")
+    calibrate.add_argument("--repeat", type=count_from(1), default=20, metavar="N", help="round trips per message size")
     calibrate.set_defaults(run=_cmd_calibrate)
     return parser
 
