@@ -10,7 +10,9 @@ the gate rows; over a few steps that transpose costs more than all the products
 (silero_vad's one-step LSTM: 2 ms of its 2.06), so the products read the
 weights in their ONNX layout, as dot products vectorized along each row.
 The transposed form walks the gate rows in blocks of up to BLOCK lanes whose
-running sums stay in registers over the whole product. Gate activations are
+running sums stay in registers over the whole product; the input projection
+runs block by block over all steps (a GEMM whose weight block stays in L1),
+and the weights are transposed in tiles. Gate activations are
 rational approximations (`_fast_tanh`) so that they vectorize along the hidden
 units like the rest of the step.
 """
@@ -85,20 +87,26 @@ def _matvec(weights: _Weights, d, out, where, rows: int, n: int, x, base, vector
                 with T.serial(0, rows) as j:
                     T.buffer_store(out, out[tuple(where(j))] + x(k) * wt[d, k, offset + j], where(j))
             return
-        # One block's sums live in a small local buffer that LLVM keeps in registers across the loop over k.
-        acc = weights.block
         with T.serial(0, rows // size) as outer:
-            with T.vectorized(0, size) as lane:
-                T.buffer_store(acc, base(outer * size + lane), [lane])
-            with T.serial(0, n) as k:
-                with T.vectorized(0, size) as lane:
-                    T.buffer_store(acc, acc[lane] + x(k) * wt[d, k, offset + outer * size + lane], [lane])
-            with T.vectorized(0, size) as lane:
-                T.buffer_store(out, acc[lane], where(outer * size + lane))
+            _block_product(weights, d, outer * size, size, n, x, base, out, where, offset)
         return
     with T.serial(0, rows) as j:
         total = _dot(weights.part, d, n, x, lambda k: weights.tensor[d, offset + j, k], vectorize)
         T.buffer_store(out, base(j) + total, where(j))
+
+
+def _block_product(weights: _Weights, d, first, size: int, n: int, x, base, out, where, offset: int = 0) -> None:
+    """out[where(j)] = base(j) + Σ_k<n x(k) · weights[d, offset + j, k] for the `size` rows j from `first`, through
+    the transposed weights. The block's sums live in a small stack buffer that LLVM keeps in registers across
+    the loop over k."""
+    acc, wt = weights.block, weights.transposed
+    with T.vectorized(0, size) as lane:
+        T.buffer_store(acc, base(first + lane), [lane])
+    with T.serial(0, n) as k:
+        with T.vectorized(0, size) as lane:
+            T.buffer_store(acc, acc[lane] + x(k) * wt[d, k, offset + first + lane], [lane])
+    with T.vectorized(0, size) as lane:
+        T.buffer_store(out, acc[lane], where(first + lane))
 
 
 def _transpose(src, dst, d, rows: int, cols: int) -> None:
@@ -189,9 +197,6 @@ def _recurrent(ctx: LowerContext, gates: int):
     present = [i for i, t in enumerate(ctx.input_types) if t is not None and i != 4]
     outs = [i for i, t in enumerate(ctx.output_types) if t is not None]
 
-    def x_at(X, t, b, k):
-        return X[b, t, k] if layout else X[t, b, k]
-
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("main")
@@ -234,10 +239,7 @@ def _recurrent(ctx: LowerContext, gates: int):
                         j < 2 * hidden, bias[d, gh + j], T.float32(0.0))
                     return bias[d, j] + recurrent_bias
 
-                with T.serial(0, steps) as t:
-                    with T.serial(0, batch) as b:
-                        _matvec(w_weights, d, gx, lambda j: [d, t, b, j], gh, width, lambda k: x_at(X, t, b, k), start,
-                                not ctx.gpu)
+                _project(w_weights, d, X, gx, start, steps, batch, gh, width, layout, not ctx.gpu)
                 with T.serial(0, batch) as b:
                     with T.serial(0, hidden) as q:
                         T.buffer_store(h, h0[d, b, q] if h0 is not None else T.float32(0.0), [d, b, q])
@@ -260,6 +262,27 @@ def _recurrent(ctx: LowerContext, gates: int):
                         if 2 in results:
                             T.buffer_store(results[2], c[d, b, q], [b, d, q] if layout else [d, b, q])
     return [PrimFuncResult(ib.get())]
+
+
+def _project(weights: _Weights, d, X, gx, start, steps: int, batch: int, gh: int, width: int, layout: int,
+             vectorize: bool) -> None:
+    """gx[d, t, b, :] = start + X[t, b, :] · Wᵀ for every step and batch row. With transposed weights, block by
+    block of gate rows over all steps: a block's columns of Wᵀ stay in L1 while every step reads them."""
+
+    def x_at(t, b, k):
+        return X[b, t, k] if layout else X[t, b, k]
+
+    size = _block_size(gh, vectorize) if weights.transposed is not None else 0
+    if not size:
+        with T.serial(0, steps) as t:
+            with T.serial(0, batch) as b:
+                _matvec(weights, d, gx, lambda j: [d, t, b, j], gh, width, lambda k: x_at(t, b, k), start, vectorize)
+        return
+    with T.serial(0, gh // size) as outer:
+        with T.serial(0, steps) as t:
+            with T.serial(0, batch) as b:
+                _block_product(weights, d, outer * size, size, width, lambda k: x_at(t, b, k), start, gx,
+                               lambda j: [d, t, b, j])
 
 
 def _clip(value, clip):
