@@ -35,6 +35,9 @@ TRANSPOSE_MIN_ROWS = 8
 # Gate rows whose running sums one product keeps in registers (8 AVX2 or 4 AVX-512 registers). Measured on
 # gru_classifier's GRU (AVX-512): 32 rows 0.39 ms, 64 0.29, 128 0.29 (and 128 would spill on AVX2).
 BLOCK = 64
+# Columns of Wᵀ one pass of the input projection reads: a block of BLOCK gate rows of them is 32 KiB, in L1
+# (lstm_tagger's second layer has 512).
+PROJECTION_TILE_K = 128
 # Side of the square tiles in which the kernel transposes the weights.
 TRANSPOSE_TILE = 16
 
@@ -95,16 +98,17 @@ def _matvec(weights: _Weights, d, out, where, rows: int, n: int, x, base, vector
         T.buffer_store(out, base(j) + total, where(j))
 
 
-def _block_product(weights: _Weights, d, first, size: int, n: int, x, base, out, where, offset: int = 0) -> None:
-    """out[where(j)] = base(j) + Σ_k<n x(k) · weights[d, offset + j, k] for the `size` rows j from `first`, through
-    the transposed weights. The block's sums live in a small stack buffer that LLVM keeps in registers across
-    the loop over k."""
+def _block_product(weights: _Weights, d, first, size: int, n: int, x, base, out, where, offset: int = 0,
+                   first_k: int = 0) -> None:
+    """out[where(j)] = base(j) + Σ_k<n x(k) · weights[d, offset + j, first_k + k] for the `size` rows j from
+    `first`, through the transposed weights. The block's sums live in a small stack buffer that LLVM keeps in
+    registers across the loop over k."""
     acc, wt = weights.block, weights.transposed
     with T.vectorized(0, size) as lane:
         T.buffer_store(acc, base(first + lane), [lane])
     with T.serial(0, n) as k:
         with T.vectorized(0, size) as lane:
-            T.buffer_store(acc, acc[lane] + x(k) * wt[d, k, offset + first + lane], [lane])
+            T.buffer_store(acc, acc[lane] + x(k) * wt[d, first_k + k, offset + first + lane], [lane])
     with T.vectorized(0, size) as lane:
         T.buffer_store(out, acc[lane], where(first + lane))
 
@@ -278,10 +282,13 @@ def _project(weights: _Weights, d, X, gx, start, steps: int, batch: int, gh: int
                 _matvec(weights, d, gx, lambda j: [d, t, b, j], gh, width, lambda k: x_at(t, b, k), start, vectorize)
         return
     with T.serial(0, gh // size) as outer:
-        with T.serial(0, steps) as t:
-            with T.serial(0, batch) as b:
-                _block_product(weights, d, outer * size, size, width, lambda k: x_at(t, b, k), start, gx,
-                               lambda j: [d, t, b, j])
+        for first_k in range(0, width, PROJECTION_TILE_K):
+            with T.serial(0, steps) as t:
+                with T.serial(0, batch) as b:
+                    base = start if first_k == 0 else (lambda j: gx[d, t, b, j])
+                    _block_product(weights, d, outer * size, size, min(PROJECTION_TILE_K, width - first_k),
+                                   lambda k: x_at(t, b, first_k + k), base, gx, lambda j: [d, t, b, j],
+                                   first_k=first_k)
 
 
 def _clip(value, clip):
