@@ -113,14 +113,18 @@ def _block_product(weights: _Weights, d, first, size: int, n: int, x, base, out,
         T.buffer_store(out, acc[lane], where(first + lane))
 
 
-def _transpose(src, dst, d, rows: int, cols: int) -> None:
+def _transpose(src, dst, d, rows: int, cols: int, vectorize: bool) -> None:
     """dst[d, k, j] = src[d, j, k], tile by tile: a row-by-row copy writes each element to another cache line
     (and, for lstm_tagger's 1024 gate rows, another page)."""
     tile = TRANSPOSE_TILE
     with T.serial(0, (rows + tile - 1) // tile) as row_tile:
         with T.serial(0, (cols + tile - 1) // tile) as col_tile:
             with T.serial(0, T.min(tile, cols - col_tile * tile)) as kk:
-                with T.serial(0, T.min(tile, rows - row_tile * tile)) as jj:
+                if vectorize and rows % tile == 0:
+                    rows_loop = T.vectorized(0, tile)  # gathers one column of the tile, writes one vector
+                else:
+                    rows_loop = T.serial(0, T.min(tile, rows - row_tile * tile))
+                with rows_loop as jj:
                     j, k = row_tile * tile + jj, col_tile * tile + kk
                     T.buffer_store(dst, src[d, j, k], [d, k, j])
 
@@ -231,8 +235,8 @@ def _recurrent(ctx: LowerContext, gates: int):
                 block = None if ctx.gpu else T.alloc_buffer((BLOCK,), "float32")
                 w_weights, r_weights = _Weights(W, wt, part, block), _Weights(R, rt, part, block)
                 if transpose:
-                    _transpose(W, wt, d, gh, width)
-                    _transpose(R, rt, d, gh, hidden)
+                    _transpose(W, wt, d, gh, width, not ctx.gpu)
+                    _transpose(R, rt, d, gh, hidden, not ctx.gpu)
 
                 def start(j):
                     if bias is None:
