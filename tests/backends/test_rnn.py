@@ -1,5 +1,6 @@
 """LSTM and GRU kernels equal onnxruntime in both forms of their products (few steps: row dot products of 16 lanes
-and a tail; many: transposed weights), at vectorized sizes."""
+and a tail; many: transposed weights), at vectorized sizes, and at sizes that no vector block divides with gates
+driven into saturation."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,14 +13,14 @@ from tests.conftest import assert_matches_onnxruntime, run_onnxruntime
 BATCH, WIDTH, HIDDEN = 2, 40, 16  # a width of 2 vectors and a tail of 8
 
 
-def _recurrent_model(op: str, direction: str, steps: int, **attrs):
+def _recurrent_model(op: str, direction: str, steps: int, hidden: int = HIDDEN, width: int = WIDTH, **attrs):
     gates = 4 if op == "LSTM" else 3
     dirs = 2 if direction == "bidirectional" else 1
     rng = np.random.default_rng(0)
     weights = [numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name) for name, shape in
-               (("W", (dirs, gates * HIDDEN, WIDTH)), ("R", (dirs, gates * HIDDEN, HIDDEN)), ("B", (dirs, 2 * gates * HIDDEN)))]
-    node = helper.make_node(op, ["x", "W", "R", "B"], ["y", "y_h"], hidden_size=HIDDEN, direction=direction, **attrs)
-    graph = helper.make_graph([node], "rnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, BATCH, WIDTH])],
+               (("W", (dirs, gates * hidden, width)), ("R", (dirs, gates * hidden, hidden)), ("B", (dirs, 2 * gates * hidden)))]
+    node = helper.make_node(op, ["x", "W", "R", "B"], ["y", "y_h"], hidden_size=hidden, direction=direction, **attrs)
+    graph = helper.make_graph([node], "rnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, BATCH, width])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
                                helper.make_tensor_value_info("y_h", TensorProto.FLOAT, None)], weights)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -37,5 +38,25 @@ def test_vectorized_recurrences_equal_onnxruntime(op, direction, attrs, steps, k
     assert BATCH < TRANSPOSE_MIN_ROWS <= 6 * BATCH
     original = _recurrent_model(op, direction, steps, **attrs)
     feeds = {"x": np.random.default_rng(1).standard_normal((steps, BATCH, WIDTH)).astype(np.float32)}
+    outputs = compile(original, cache_dir=kernel_cache).run(feeds)
+    assert_matches_onnxruntime(outputs, run_onnxruntime(original, feeds))
+
+
+@pytest.mark.parametrize("op,attrs", [("LSTM", {}), ("GRU", {"linear_before_reset": 1})])
+def test_unblocked_rows_and_saturated_gates_equal_onnxruntime(op, attrs, kernel_cache):
+    # 5 hidden units: gate rows that no vector block divides, weight tiles with tails; inputs ×10 drive the
+    # gates past the ±9 where the rational tanh saturates.
+    original = _recurrent_model(op, "forward", 6, hidden=5, **attrs)
+    feeds = {"x": 10 * np.random.default_rng(2).standard_normal((6, BATCH, WIDTH)).astype(np.float32)}
+    outputs = compile(original, cache_dir=kernel_cache).run(feeds)
+    assert_matches_onnxruntime(outputs, run_onnxruntime(original, feeds))
+
+
+def test_input_projection_in_column_tiles_equals_onnxruntime(kernel_cache):
+    from tessel.backends.lowering.rnn import PROJECTION_TILE_K
+
+    width = PROJECTION_TILE_K + 8  # a full tile of Wᵀ columns, then a partial one adding into the first's sums
+    original = _recurrent_model("GRU", "forward", 6, width=width)
+    feeds = {"x": np.random.default_rng(3).standard_normal((6, BATCH, width)).astype(np.float32)}
     outputs = compile(original, cache_dir=kernel_cache).run(feeds)
     assert_matches_onnxruntime(outputs, run_onnxruntime(original, feeds))
