@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from tessel.compiler.api import compile
-from tests.conftest import POSITIVE, by_name
+from tests.conftest import POSITIVE
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 FATBIN_MAGIC = (0xBA55ED50).to_bytes(4, "little")
@@ -20,8 +20,14 @@ def carries_fatbin(library) -> bool:
     return FATBIN_MAGIC in library.read_bytes()
 
 
+# The largest models take about a minute each through nvcc: `pytest -m slow` builds them, the rest cover the same
+# op kinds (convolutions, RNNs, attention) in the default run.
+SLOW_CUDA_BUILDS = {"topology_densenet121", "ppocr_v4_det", "yolov8n_320", "topology_inception_v1", "topology_inception_v2"}
+
+
 @needs_nvcc
-@pytest.mark.parametrize("model", by_name(POSITIVE))
+@pytest.mark.parametrize("model", [pytest.param(m, id=m.name, marks=[pytest.mark.slow] if m.name in SLOW_CUDA_BUILDS else [])
+                                   for m in POSITIVE])
 def test_corpus_model_compiles_for_cuda_with_nvcc(model, tmp_path_factory):
     cache = tmp_path_factory.getbasetemp() / "cuda-kernel-cache"
     artifact = compile(model.path, input_shapes=model.input_shapes, target="cuda:sm_80", cache_dir=cache)

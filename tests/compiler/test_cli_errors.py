@@ -64,8 +64,11 @@ class Place:
 
     def start(self, argv: list[str]) -> subprocess.Popen:
         # A session of its own: its processes are found, and a Ctrl-C can go to its process group as a terminal's does.
+        # SIGINT as in a terminal: a test run started in the background (`pytest &` without job control) has it
+        # ignored, which the command would inherit and rightly honour.
         return subprocess.Popen(argv, cwd=self.work, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
+                                text=True, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def refused(self, argv: list[str], expected: str, code: int = 2, files: tuple[str, ...] = ()) -> str:
         """Run `argv` to its end and check the refusal; its one stderr line."""

@@ -27,7 +27,10 @@ def _isolated_profiles(tessel_cache, monkeypatch):
     monkeypatch.setenv("TESSEL_CACHE_DIR", str(tessel_cache))
 
 
-@pytest.mark.parametrize("workers,placement", [(2, "pipeline"), (2, "list"), (4, "pipeline"), (4, "list")])
+# Four workers on two cores take minutes per planner: `pytest -m slow` runs them; two workers cover each planner here.
+@pytest.mark.parametrize("workers,placement", [(2, "pipeline"), (2, "list"),
+                                               pytest.param(4, "pipeline", marks=pytest.mark.slow),
+                                               pytest.param(4, "list", marks=pytest.mark.slow)])
 def test_every_corpus_model_on_local_workers_matches_onnxruntime(workers, placement, kernel_cache):
     artifacts, feeds = [], []
     for model in POSITIVE:
