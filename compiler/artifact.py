@@ -20,7 +20,7 @@ from tessel.ir.serialize import to_json
 from tessel.ir.types import TensorType
 from tessel.runtime.artifact_files import (PLAN_FILE, artifact_digest, file_hash, parse_expected_digest, read_plan,
                                            unlisted_files, verify_files, worker_count)
-from tessel.runtime.batch_io import DEFAULTS_FILE, batch_input_types, check_inputs, with_defaults
+from tessel.runtime.batch_io import DEFAULTS_FILE, batch_input_types, check_inputs, read_defaults, with_defaults
 from tessel.runtime.errors import ArtifactError
 from tessel.runtime.graph_names import GRAPH_FILE
 from tessel.runtime.signature import Signature
@@ -72,6 +72,7 @@ class Artifact:
         self.plan: dict[str, Any] = read_plan(self.directory, expect_sha256, signature)
         self._executor = None
         self._session = None
+        self._defaults: dict[str, np.ndarray] | None = None
 
     @property
     def sha256(self) -> str:
@@ -138,9 +139,15 @@ class Artifact:
             self._session = InferenceSession(self, timeout=timeout)
         return self._session
 
+    def input_defaults(self) -> dict[str, np.ndarray]:
+        """The overridable inputs' defaults, read from the artifact on first use."""
+        if self._defaults is None:
+            self._defaults = read_defaults(self.directory, self.plan)
+        return self._defaults
+
     def with_defaults(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The inputs, plus the default (the model's initializer) of every overridable input not given."""
-        return with_defaults(self.directory, self.plan, inputs)
+        return with_defaults(self.input_defaults(), inputs)
 
     def batch_input_types(self) -> dict[str, TensorType]:
         """Input name → type of one whole batch (micro-batched artifacts run several micro-batches)."""
@@ -148,7 +155,7 @@ class Artifact:
 
     def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Inputs checked against the whole-batch types before any worker starts."""
-        return check_inputs(self.directory, self.plan, inputs)
+        return check_inputs(self.input_defaults(), self.plan, inputs)
 
     def save(self, directory: str | Path, overwrite: bool = False) -> Path:
         """Write the artifact to `directory`; an existing non-empty directory is refused unless `overwrite`."""

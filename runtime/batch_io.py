@@ -38,18 +38,28 @@ def batch_output_types(plan: dict[str, Any]) -> dict[str, TensorType]:
     return _whole_batch(plan, "outputs")
 
 
-def with_defaults(directory: Path, plan: dict[str, Any], inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The inputs, plus the default (the model's initializer) of every overridable input not given."""
-    missing = [name for name in plan.get("input_defaults", []) if name not in inputs]
-    if not missing:
-        return dict(inputs)
-    with np.load(Path(directory) / DEFAULTS_FILE, allow_pickle=False) as defaults:
-        return {**{name: defaults[name] for name in missing}, **inputs}
+def read_defaults(directory: Path, plan: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The defaults (the model's initializers) of the overridable inputs plan.json lists, read once: runs reuse them."""
+    if not plan.get("input_defaults"):
+        return {}
+    defaults = {}
+    with np.load(Path(directory) / DEFAULTS_FILE, allow_pickle=False) as stored:
+        for name in plan["input_defaults"]:
+            defaults[name] = stored[name]
+            defaults[name].flags.writeable = False  # shared by every run: a caller must not change them
+    return defaults
 
 
-def check_inputs(directory: Path, plan: dict[str, Any], inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The inputs with their defaults, checked against the whole-batch types (before any worker runs them)."""
-    inputs = with_defaults(directory, plan, inputs)
+def with_defaults(defaults: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The inputs, plus the default (`read_defaults`) of every overridable input not given."""
+    return {**{name: value for name, value in defaults.items() if name not in inputs}, **inputs}
+
+
+def check_inputs(defaults: Mapping[str, np.ndarray], plan: dict[str, Any],
+                 inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The inputs with their defaults (`read_defaults`), checked against the whole-batch types (before any worker
+    runs them)."""
+    inputs = with_defaults(defaults, inputs)
     expected = {name: (t.shape, numpy_dtype(t.dtype)) for name, t in batch_input_types(plan).items()}
     if set(inputs) != set(expected):
         raise InputError(f"inputs do not match the model: it takes {', '.join(sorted(expected))}, got {', '.join(sorted(inputs))}")

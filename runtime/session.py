@@ -50,7 +50,7 @@ import numpy as np
 from tessel.ir.types import TensorType
 
 from .artifact_files import read_plan, verify_files, worker_count
-from .batch_io import batch_input_types, batch_output_types, check_inputs, with_defaults
+from .batch_io import batch_input_types, batch_output_types, check_inputs, read_defaults, with_defaults
 from .errors import ArtifactError, InputError
 
 # onnxruntime's names of tensor element types, by Tessel's dtype names.
@@ -93,6 +93,8 @@ class InferenceSession:
         self.threads = threads
         self._group = None
         self._closed = False
+        # Read once here, not on every run.
+        self._defaults = loaded.input_defaults() if loaded is not None else read_defaults(self.directory, self.plan)
         self._inputs = [_info(name, t) for name, t in batch_input_types(self.plan).items()]
         self._outputs = [_info(name, t) for name, t in batch_output_types(self.plan).items()]
         if devices > 1:
@@ -145,9 +147,9 @@ class InferenceSession:
         if self._closed:
             raise ArtifactError(f"{self.directory}: the session is closed")
         if self._group is not None:
-            return self._group.submit(check_inputs(self.directory, self.plan, feeds))
+            return self._group.submit(check_inputs(self._defaults, self.plan, feeds))
         done: Future = Future()
-        done.set_result(self._run_here(with_defaults(self.directory, self.plan, feeds)))
+        done.set_result(self._run_here(with_defaults(self._defaults, feeds)))
         return done
 
     def run_many(self, feeds: Iterable[Mapping[str, np.ndarray]], window: int | None = None) -> Iterator[dict[str, np.ndarray]]:
