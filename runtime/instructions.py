@@ -11,6 +11,8 @@ naming the field.
 
 Collectives (scatter, gather, all-reduce) run on every worker of the group;
 the root of a scatter holds the whole tensor, every worker its slice of axis 0.
+`Assign` ends a training step: it copies a value into a persistent state
+buffer (plan.json's "state"), which keeps it for the next run.
 """
 from __future__ import annotations
 
@@ -301,8 +303,29 @@ class Fail(Instruction):
     KIND = "fail"
 
 
+@dataclass(frozen=True, kw_only=True)
+class Assign(Instruction):
+    """Copy `src` into the persistent state buffer `dst` (same type): `dst`'s value in the next run.
+
+    State buffers live outside the arena and across runs (plan.json's "state"); the Assigns come last in
+    the program, after every instruction that reads the state's current value.
+    """
+
+    src: str
+    dst: str
+
+    KIND = "assign"
+    VALUE_FIELDS = ("src", "dst")
+
+    def reads(self) -> Iterator[tuple[str, str]]:
+        yield "src", self.src
+
+    def writes(self) -> tuple[str, ...]:
+        return (self.dst,)
+
+
 KINDS: dict[str, type[Instruction]] = {cls.KIND: cls for cls in (KernelCall, View, If, Send, Recv, Scatter, Gather,
-                                                                  AllReduce, Fail)}
+                                                                  AllReduce, Fail, Assign)}
 
 
 # ---- reading JSON -----------------------------------------------------------
