@@ -18,6 +18,7 @@ from tessel.runtime.instructions import Instruction, buffer_uses, sent_values
 
 from .program import Program
 from .provenance import PLANNED
+from .state_program import state_views
 from .sizes import format_bytes
 
 
@@ -28,7 +29,7 @@ def schedule_uses(instructions: Sequence[Instruction]) -> list[StepUse]:
 
 def plan_program_memory(program: Program, target_kind: str) -> MemoryPlan:
     """The arena plan of every activation of `program` (weights and state live in their own region)."""
-    resident = set(program.weights) | set(program.init_values) | set(program.state)
+    resident = set(program.weights) | set(program.init_values) | state_views(program)
     sizes = {name: TensorType.parse(spec).nbytes for name, spec in program.values.items() if name not in resident}
     alignment = CUDA_ALIGNMENT if target_kind == "cuda" else DEFAULT_ALIGNMENT
     uses = schedule_uses(program.instructions)

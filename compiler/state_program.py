@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from tessel.ir.types import TensorType, numpy_dtype
-from tessel.runtime.instructions import Assign
+from tessel.runtime.instructions import Assign, View
 
 from .program import Program
 
@@ -65,3 +65,13 @@ def write_state_file(root: Path, program: Program, state: PersistentState) -> di
     np.savez(root / STATE_FILE, **arrays)
     updates = {i.dst: i.src for i in program.instructions if isinstance(i, Assign)}
     return {"state": {"names": list(program.state), "updates": updates, "file": STATE_FILE}}
+
+
+def state_views(program: Program) -> set[str]:
+    """The state values and the views of them (a parameter reshaped): their buffers are the state's, outside
+    the arena."""
+    held = set(program.state)
+    for instruction in program.instructions:
+        if isinstance(instruction, View) and not instruction.runs_at_load and instruction.input in held:
+            held.add(instruction.output)
+    return held
