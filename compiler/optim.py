@@ -264,7 +264,7 @@ def _fields(obj) -> dict[str, Any]:
 
 def _build(data: Any, kinds: dict[str, type], what: str):
     if not isinstance(data, dict) or data.get("type") not in kinds:
-        raise OptimizerConfigError(f"not a {what} description: {data!r} (types: {', '.join(kinds)})")
+        raise OptimizerConfigError(f"invalid {what} description {data!r}: expected a type among {', '.join(kinds)}")
     cls = kinds[data["type"]]
     arguments = {k: v for k, v in data.items() if k != "type"}
     unknown = set(arguments) - set(cls.__dataclass_fields__)
