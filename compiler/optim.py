@@ -14,9 +14,9 @@ Schedules map (base_lr, step) to the learning rate:
   (torch CosineAnnealingLR with T_max=total_steps, eta_min=min_lr, up to total_steps).
 - `warmup(steps, then=constant(), start_factor=1/3)`: the lr rises linearly from start_factor * base_lr to
   base_lr over `steps` (torch LinearLR), then follows `then` restarted at 0 (torch SequentialLR).
-- `linear_scaling(base_batch, batch, warmup_steps=0, then=constant())`: Goyal et al.'s rule for large
-  batches: the lr tuned for `base_batch` (the optimizer's lr) is scaled by batch / base_batch, reached by
-  a gradual linear warm-up from base_lr over warmup_steps, then follows `then` restarted at 0.
+- `linear_scaling(base_lr, base_batch, batch)`: Goyal et al.'s rule for large batches, the learning rate
+  base_lr * batch / base_batch to give the optimizer; their gradual warm-up from base_lr is
+  `warmup(steps, then, start_factor=base_batch / batch)`.
 """
 from __future__ import annotations
 
@@ -97,30 +97,8 @@ class Warmup:
         return base_lr * (self.start_factor + (1 - self.start_factor) * step / self.steps)
 
 
-@dataclass(frozen=True)
-class LinearScaling:
-    """Goyal et al.: lr = base_lr * batch / base_batch, reached by gradual warm-up from base_lr."""
-
-    base_batch: int
-    batch: int
-    warmup_steps: int = 0
-    then: "Schedule" = field(default_factory=Constant)
-
-    def __post_init__(self):
-        _require(self.base_batch >= 1 and self.batch >= 1,
-                 f"linear_scaling: batch sizes must be >= 1, got base_batch={self.base_batch} batch={self.batch}")
-        _require(self.warmup_steps >= 0, f"linear_scaling: warmup_steps must be >= 0, got {self.warmup_steps}")
-
-    def lr(self, base_lr: float, step: int) -> float:
-        """The learning rate at `step` (0-based)."""
-        peak = base_lr * self.batch / self.base_batch
-        if step < self.warmup_steps:
-            return base_lr + (peak - base_lr) * step / self.warmup_steps
-        return self.then.lr(peak, step - self.warmup_steps)
-
-
-Schedule = Union[Constant, Step, Cosine, Warmup, LinearScaling]
-_SCHEDULES = {"constant": Constant, "step": Step, "cosine": Cosine, "warmup": Warmup, "linear_scaling": LinearScaling}
+Schedule = Union[Constant, Step, Cosine, Warmup]
+_SCHEDULES = {"constant": Constant, "step": Step, "cosine": Cosine, "warmup": Warmup}
 
 
 def constant() -> Constant:
@@ -143,10 +121,13 @@ def warmup(steps: int, then: Schedule | None = None, start_factor: float = 1.0 /
     return Warmup(steps, then or Constant(), start_factor)
 
 
-def linear_scaling(base_batch: int, batch: int, warmup_steps: int = 0, then: Schedule | None = None) -> LinearScaling:
-    """Goyal et al.'s linear scaling rule: the optimizer's lr (tuned for base_batch) times batch / base_batch,
-    after a gradual warm-up of warmup_steps, then `then`."""
-    return LinearScaling(base_batch, batch, warmup_steps, then or Constant())
+def linear_scaling(base_lr: float, base_batch: int, batch: int) -> float:
+    """Goyal et al.'s linear scaling rule: the learning rate for `batch` when base_lr suits base_batch.
+
+    Their gradual warm-up from base_lr is `warmup(steps, then, start_factor=base_batch / batch)`.
+    """
+    _require(base_batch >= 1 and batch >= 1, f"linear_scaling: batch sizes must be >= 1, got {base_batch} and {batch}")
+    return base_lr * batch / base_batch
 
 
 @dataclass(frozen=True)
@@ -183,7 +164,7 @@ class SGD:
         return {name: np.array(values[name], np.float32) for name in self.rule.scalars}
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready description (see `from_json`)."""
+        """A JSON-ready description (see `optimizer_from_json`)."""
         return {"type": "SGD", **_fields(self)}
 
 
@@ -224,7 +205,7 @@ class AdamW:
         return {name: np.array(values[name], np.float32) for name in self.rule.scalars}
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready description (see `from_json`)."""
+        """A JSON-ready description (see `optimizer_from_json`)."""
         return {"type": "AdamW", **_fields(self)}
 
 
@@ -243,7 +224,7 @@ def schedule_from_json(data: Any) -> Schedule:
     return _build(data, _SCHEDULES, "schedule")
 
 
-def from_json(data: Any) -> Optimizer:
+def optimizer_from_json(data: Any) -> Optimizer:
     """The optimizer `to_json` described (a dict, or its JSON text)."""
     if isinstance(data, str):
         data = json.loads(data)
@@ -287,5 +268,5 @@ def _require(condition: bool, message: str) -> None:
 
 
 __all__ = ["SGD", "AdamW", "Optimizer", "Schedule", "OptimizerConfigError", "constant", "step", "cosine", "warmup",
-           "linear_scaling", "from_json", "schedule_to_json", "schedule_from_json"]
+           "linear_scaling", "optimizer_from_json", "schedule_to_json", "schedule_from_json"]
 

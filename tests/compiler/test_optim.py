@@ -50,12 +50,14 @@ def test_cosine_stays_at_min_lr_after_its_steps():
     assert optim.cosine(10, min_lr=0.001).lr(0.1, 25) == pytest.approx(0.001)
 
 
-def test_linear_scaling_warms_up_to_the_scaled_lr():
-    schedule = optim.linear_scaling(base_batch=256, batch=1024, warmup_steps=4, then=optim.step(10, 0.1))
-    lrs = [schedule.lr(0.1, t) for t in range(16)]
+def test_linear_scaling_with_goyal_warmup():
+    lr = optim.linear_scaling(0.1, base_batch=256, batch=1024)
+    assert lr == pytest.approx(0.4)
+    # Goyal et al.: from base_lr (0.1) up to the scaled lr (0.4) over the warm-up, then the schedule.
+    schedule = optim.warmup(4, optim.step(10, 0.1), start_factor=256 / 1024)
+    lrs = [optim.SGD(lr, schedule=schedule).lr_at(t) for t in range(16)]
     np.testing.assert_allclose(lrs[:5], [0.1, 0.175, 0.25, 0.325, 0.4])
     assert lrs[13] == pytest.approx(0.4) and lrs[14] == pytest.approx(0.04)
-    assert optim.linear_scaling(32, 64).lr(0.1, 0) == pytest.approx(0.2)
 
 
 SHAPES = {"w": (4, 3), "b": (3,)}
@@ -110,13 +112,13 @@ def test_scheduled_lr_reaches_the_update():
 
 @pytest.mark.parametrize("optimizer", [
     optim.SGD(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4, schedule=optim.warmup(5, optim.cosine(100))),
-    optim.AdamW(lr=3e-4, betas=(0.8, 0.99), schedule=optim.linear_scaling(256, 1024, 10, optim.step(30, 0.1))),
+    optim.AdamW(lr=3e-4, betas=(0.8, 0.99), schedule=optim.warmup(10, optim.step(30, 0.1), start_factor=0.25)),
     optim.AdamW(),
 ])
 def test_json_round_trip(optimizer):
     text = json.dumps(optimizer.to_json())
-    assert optim.from_json(text) == optimizer
-    assert optim.from_json(json.loads(text)) == optimizer
+    assert optim.optimizer_from_json(text) == optimizer
+    assert optim.optimizer_from_json(json.loads(text)) == optimizer
 
 
 @pytest.mark.parametrize("make, message", [
@@ -124,10 +126,11 @@ def test_json_round_trip(optimizer):
     (lambda: optim.SGD(lr=0.1, nesterov=True), "Nesterov"),
     (lambda: optim.AdamW(betas=(0.9, 1.0)), "betas"),
     (lambda: optim.cosine(0), "total_steps"),
+    (lambda: optim.linear_scaling(0.1, 0, 64), "batch sizes"),
     (lambda: optim.warmup(2, start_factor=0), "start_factor"),
-    (lambda: optim.from_json({"type": "Adagrad"}), "invalid optimizer description"),
-    (lambda: optim.from_json({"type": "SGD", "lr": 0.1, "foo": 1}), "unknown field"),
-    (lambda: optim.from_json({"type": "SGD"}), "missing"),
+    (lambda: optim.optimizer_from_json({"type": "Adagrad"}), "invalid optimizer description"),
+    (lambda: optim.optimizer_from_json({"type": "SGD", "lr": 0.1, "foo": 1}), "unknown field"),
+    (lambda: optim.optimizer_from_json({"type": "SGD"}), "missing"),
 ])
 def test_bad_hyperparameters_are_one_line_errors(make, message):
     with pytest.raises(optim.OptimizerConfigError, match=message) as info:
