@@ -88,7 +88,8 @@ class Warmup:
 
     def __post_init__(self):
         _require(self.steps >= 1, f"warmup schedule: steps must be >= 1, got {self.steps}")
-        _require(0 < self.start_factor <= 1, f"warmup schedule: start_factor must be in (0, 1], got {self.start_factor}")
+        _require(0 < self.start_factor <= 1,
+                 f"warmup schedule: start_factor must be in (0, 1], got {self.start_factor}")
 
     def lr(self, base_lr: float, step: int) -> float:
         """The learning rate at `step` (0-based)."""

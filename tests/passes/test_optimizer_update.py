@@ -94,8 +94,8 @@ def test_adamw_step_numbers():
 
 
 @pytest.mark.parametrize("rule, kernels_per_param", [
-    (SGDRule(), 1), (SGDRule(weight_decay=0.1), 1), (SGDRule(momentum=0.9), 2), (SGDRule(momentum=0.9, nesterov=True), 2),
-    (SGDRule(momentum=0.9, weight_decay=0.1), 3), (AdamWRule(), 5),
+    (SGDRule(), 1), (SGDRule(weight_decay=0.1), 1), (SGDRule(momentum=0.9), 2),
+    (SGDRule(momentum=0.9, nesterov=True), 2), (SGDRule(momentum=0.9, weight_decay=0.1), 3), (AdamWRule(), 5),
 ])
 def test_updates_fuse_into_few_kernels(rule, kernels_per_param):
     graph, _ = _update_graph(rule)
