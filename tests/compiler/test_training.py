@@ -7,11 +7,15 @@ import io
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tessel import ir, optim
 from tessel.compiler.training import StepGraph, build_step_graph
 from tessel.ir.interpret import interpret
 from tessel.passes.loss import LossError
+
+# The legacy exporter (the one that keeps BatchNormalization unfolded) warns that it is legacy.
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::torch.jit.TracerWarning")
 
 BATCH, FEATURES, HIDDEN, CLASSES = 6, 5, 7, 3
 STEPS = 3
@@ -120,3 +124,81 @@ def test_eval_graph_gives_the_model_outputs(mlp):
 def test_unknown_loss_is_one_error(mlp):
     with pytest.raises(LossError, match="unknown loss 'hinge'"):
         build_step_graph(mlp[1], None, "hinge", optim.SGD(lr=0.1))
+
+
+class BatchNormMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(FEATURES, HIDDEN)
+        self.bn = torch.nn.BatchNorm1d(HIDDEN)
+        self.fc2 = torch.nn.Linear(HIDDEN, CLASSES)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.bn(self.fc1(x))))
+
+
+LOSSES = {
+    "cross_entropy": lambda y, t: F.cross_entropy(y, t, label_smoothing=0.1),
+    "mse": F.mse_loss, "l1": F.l1_loss, "bce_with_logits": F.binary_cross_entropy_with_logits,
+}
+
+
+@pytest.mark.parametrize("kind", list(LOSSES))
+def test_each_loss_and_batch_norm_statistics_match_torch(kind):
+    torch.manual_seed(1)
+    module = BatchNormMLP()
+    optimizer = optim.SGD(lr=0.05, momentum=0.9, nesterov=True)
+    smoothing = 0.1 if kind == "cross_entropy" else 0.0
+    step = build_step_graph(_export(module), None, kind, optimizer, label_smoothing=smoothing)
+    assert {"bn.running_mean", "bn.running_var"} <= set(step.state_updates) - set(step.parameters)
+    rng = np.random.default_rng(2)
+    batches = [(x, labels if kind == "cross_entropy" else rng.random((BATCH, CLASSES)).astype(np.float32))
+               for x, labels in _batches(2)]
+    losses, state = _run_steps(step, optimizer, batches)
+
+    module.train()
+    torch_optimizer = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9, nesterov=True)
+    want = []
+    for x, labels in batches:
+        torch_optimizer.zero_grad()
+        loss = LOSSES[kind](module(torch.from_numpy(x)), torch.from_numpy(labels))
+        loss.backward()
+        torch_optimizer.step()
+        want.append(loss.item())
+    np.testing.assert_allclose(losses, want, rtol=1e-5)
+    for name, tensor in module.state_dict().items():
+        if name in step.state:
+            np.testing.assert_allclose(state[name], tensor.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+class SelfLossMLP(torch.nn.Module):
+    """Returns its logits and its own loss (the MSE against a `target` input)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(FEATURES, CLASSES)
+
+    def forward(self, x, target):
+        y = self.fc(x)
+        return y, F.mse_loss(y, target)
+
+
+def test_a_model_output_is_the_loss():
+    torch.manual_seed(2)
+    module = SelfLossMLP()
+    buffer = io.BytesIO()
+    torch.onnx.export(module.eval(), (torch.zeros(BATCH, FEATURES), torch.zeros(BATCH, CLASSES)), buffer,
+                      dynamo=False, do_constant_folding=False, input_names=["x", "target"],
+                      output_names=["y", "mse"])
+    optimizer = optim.AdamW(lr=0.1)
+    step = build_step_graph(buffer.getvalue(), None, "output:1", optimizer)
+    assert step.label_input is None and step.data_inputs == ["x", "target"] and step.loss_output == "mse"
+    rng = np.random.default_rng(4)
+    x, target = (rng.standard_normal((BATCH, n)).astype(np.float32) for n in (FEATURES, CLASSES))
+    outputs = interpret(step.graph, {**step.state, "x": x, "target": target, **optimizer.step_scalars(0)})
+    loss = module(torch.from_numpy(x), torch.from_numpy(target))[1]
+    assert float(outputs["mse"]) == pytest.approx(loss.item(), rel=1e-6)
+    torch_optimizer = torch.optim.AdamW(module.parameters(), lr=0.1)
+    loss.backward()
+    torch_optimizer.step()
+    np.testing.assert_allclose(outputs[step.state_updates["fc.weight"]], module.fc.weight.detach().numpy(), rtol=1e-5)
