@@ -98,6 +98,9 @@ def slot_name(param: str, slot: str) -> str:
 
 def add_updates(graph: Graph, rule: Rule, params: Mapping[str, tuple[Value, Value]]) -> OptimizerUpdates:
     """Append the update of every parameter, given as name -> (parameter input, its gradient), to `graph`."""
+    taken = [name for name in rule.scalars if graph.lookup(name) is not None]
+    if taken:
+        raise ValueError(f"the graph already has a value named {taken[0]!r}, the optimizer's scalar input")
     scalars = {name: graph.add_input(name, TensorType("float32", ())) for name in rule.scalars}
     builder = _Builder(graph, scalars)
     next_values: dict[str, Value] = {}

@@ -31,9 +31,10 @@ class MLP(torch.nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
-def _export(module: torch.nn.Module) -> bytes:
+def _export(module: torch.nn.Module, mode=torch.onnx.TrainingMode.EVAL) -> bytes:
     buffer = io.BytesIO()
-    torch.onnx.export(module.eval(), (torch.zeros(BATCH, FEATURES),), buffer, dynamo=False,
+    module.train(mode == torch.onnx.TrainingMode.TRAINING)
+    torch.onnx.export(module, (torch.zeros(BATCH, FEATURES),), buffer, dynamo=False, training=mode,
                       do_constant_folding=False, input_names=["x"], output_names=["logits"])
     return buffer.getvalue()
 
@@ -202,3 +203,23 @@ def test_a_model_output_is_the_loss():
     loss.backward()
     torch_optimizer.step()
     np.testing.assert_allclose(outputs[step.state_updates["fc.weight"]], module.fc.weight.detach().numpy(), rtol=1e-5)
+
+
+class DropoutMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(FEATURES, CLASSES)
+        self.drop = torch.nn.Dropout(0.25)
+
+    def forward(self, x):
+        return self.fc(self.drop(x))
+
+
+def test_dropout_masks_are_fed_per_step_not_data():
+    # An export in eval mode drops Dropout; in training mode it stays.
+    model = _export(DropoutMLP(), torch.onnx.TrainingMode.TRAINING)
+    step = build_step_graph(model, None, "cross_entropy", optim.SGD(lr=0.1))
+    assert list(step.dropout_masks.values()) == [0.25]
+    (mask,) = step.dropout_masks
+    assert step.data_inputs == ["x"] and mask in {v.name for v in step.graph.inputs}
+    assert mask not in step.state and mask not in {v.name for v in step.eval_graph.inputs}

@@ -103,3 +103,11 @@ def test_updates_fuse_into_few_kernels(rule, kernels_per_param):
     ir.verify(graph)
     assert kernel_count(graph) == kernels_per_param * len(SHAPES)
     assert all(n.op_type == FUSED for n in graph.nodes)
+
+
+def test_scalar_names_must_be_free():
+    graph = Graph()
+    param = graph.add_input("w", TensorType("float32", (2,)))
+    grad = graph.add_input(LR, TensorType("float32", (2,)))
+    with pytest.raises(ValueError, match="already has a value named 'optim.lr'"):
+        add_updates(graph, SGDRule(), {"w": (param, grad)})
