@@ -69,11 +69,11 @@ def assemble_step(training: TrainingModel, eval_graph: Graph, spec: LossSpec, op
     graph = training.graph
     persistent = set(training.state) | set(training.dropout_masks)
     data_inputs = [v.name for v in graph.inputs if v.name not in persistent]
-    added = add_loss(graph, spec)
-    parameters = [_input(graph, name) for name in training.parameters]
+    added = add_loss(graph, spec, [_value(graph, name) for name in training.model_outputs])
+    parameters = [_value(graph, name) for name in training.parameters]
     grads = differentiate(graph, added.loss, parameters)
     updates = add_updates(graph, optimizer.rule, {p.name: (p, grads[p.name]) for p in parameters})
-    kept = [_input(graph, name) for name in training.state_updates.values()]
+    kept = [_value(graph, name) for name in training.state_updates.values()]
     loss_value = _loss_output(graph, added.loss)
     graph.outputs = [loss_value] + kept
     state_updates = dict(training.state_updates)
@@ -91,7 +91,8 @@ def assemble_step(training: TrainingModel, eval_graph: Graph, spec: LossSpec, op
     )
 
 
-def _input(graph: Graph, name: str) -> Value:
+def _value(graph: Graph, name: str) -> Value:
+    """The value called `name` (an input or output prepare_training reported)."""
     value = graph.lookup(name)
     if value is None:
         raise AssertionError(f"training graph has no value {name!r}")

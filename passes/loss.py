@@ -11,6 +11,7 @@ counterpart with the default reduction (mean).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -60,15 +61,18 @@ class AddedLoss:
     labels: Value | None
 
 
-def add_loss(graph: Graph, spec: LossSpec) -> AddedLoss:
-    """Append the loss `spec` describes to `graph`; the loss is a scalar float value (not yet a graph output)."""
+def add_loss(graph: Graph, spec: LossSpec, model_outputs: Sequence[Value] | None = None) -> AddedLoss:
+    """Append the loss `spec` describes to `graph`; the loss is a scalar float value (not yet a graph output).
+
+    `model_outputs` are the outputs `spec.output` counts or names (default: all graph outputs).
+    """
     if spec.kind not in KINDS:
         raise LossError(f"unknown loss {spec.kind!r}; expected one of {', '.join(KINDS)}, output:K or an output name")
     if not 0.0 <= spec.label_smoothing <= 1.0:
         raise LossError(f"label_smoothing must be in [0, 1], got {spec.label_smoothing}")
     if spec.label_smoothing and spec.kind != "cross_entropy":
         raise LossError(f"label smoothing applies to cross_entropy only, not {spec.kind}")
-    output = _model_output(graph, spec.output)
+    output = _model_output(list(graph.outputs if model_outputs is None else model_outputs), spec.output)
     if not output.type.dtype.startswith(("float", "bfloat")):
         raise LossError(f"the loss reads model output {output.name!r} of type {output.type.dtype}; it must be float")
     if spec.kind == "output":
@@ -80,15 +84,15 @@ def add_loss(graph: Graph, spec: LossSpec) -> AddedLoss:
     return AddedLoss(builders[spec.kind](graph, output, labels), labels)
 
 
-def _model_output(graph: Graph, which: int | str) -> Value:
+def _model_output(outputs: list[Value], which: int | str) -> Value:
     if isinstance(which, int):
-        if not 0 <= which < len(graph.outputs):
-            raise LossError(f"the model has {len(graph.outputs)} output(s); there is no output {which}")
-        return graph.outputs[which]
-    for value in graph.outputs:
+        if not 0 <= which < len(outputs):
+            raise LossError(f"the model has {len(outputs)} output(s); there is no output {which}")
+        return outputs[which]
+    for value in outputs:
         if value.name == which:
             return value
-    names = ", ".join(v.name for v in graph.outputs)
+    names = ", ".join(v.name for v in outputs)
     raise LossError(f"unknown loss {which!r}: not a loss kind ({', '.join(LABELLED_KINDS)}), output:K, "
                     f"or a model output ({names})")
 
