@@ -61,8 +61,8 @@ def _evaluate_node(node: Node, inputs: list[np.ndarray | None], env: dict[int, n
     if node.op_type == "If":
         branch = node.attrs["then_branch"] if bool(np.asarray(inputs[0]).reshape(-1)[0]) else node.attrs["else_branch"]
         return _run_body(branch, [], env, wide)
-    if wide and node.op_type in _FLOAT64_OVERRIDES and inputs[0].dtype == np.float64:
-        return [_FLOAT64_OVERRIDES[node.op_type](node.attrs, inputs[0])]
+    if node.op_type in _OVERRIDES:
+        return [_OVERRIDES[node.op_type](node.attrs, inputs).astype(inputs[0].dtype)]
     schema = get_schema(node.op_type, node.domain)
     try:
         return evaluate(schema, node.attrs, inputs, len(node.outputs))
@@ -75,16 +75,54 @@ def _evaluate_node(node: Node, inputs: list[np.ndarray | None], env: dict[int, n
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
-def _gelu(attrs: Attributes, x: np.ndarray) -> np.ndarray:
+def _gelu(attrs: Attributes, inputs: list[np.ndarray]) -> np.ndarray:
+    x = inputs[0].astype(np.float64)
     if attrs.get("approximate", "none") == "tanh":
         return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
     return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
 
 
-# onnx.reference computes these in float32 whatever the input type; float64 mode needs them exact.
-_FLOAT64_OVERRIDES = {
-    "Erf": lambda attrs, x: _erf(x),
+def _conv_transpose(attrs: Attributes, inputs: list[np.ndarray | None]) -> np.ndarray:
+    """ConvTranspose as the adjoint of Conv: each input element adds its filter-weighted taps to the output."""
+    x, w = inputs[0].astype(np.float64), inputs[1].astype(np.float64)
+    bias = inputs[2] if len(inputs) > 2 else None
+    rank, group = x.ndim - 2, attrs.get("group", 1)
+    kernel = tuple(w.shape[2:])
+    strides = tuple(attrs.get("strides") or (1,) * rank)
+    dilations = tuple(attrs.get("dilations") or (1,) * rank)
+    extra = tuple(attrs.get("output_padding") or (0,) * rank)
+    full = [(i - 1) * s + (k - 1) * d + 1 + e for i, s, k, d, e in zip(x.shape[2:], strides, kernel, dilations, extra)]
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    if attrs.get("output_shape") or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = list(attrs.get("output_shape") or [i * s for i, s in zip(x.shape[2:], strides)])
+        totals = [f - o for f, o in zip(full, out)]
+        begins = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in totals]
+    else:
+        pads = tuple(attrs.get("pads") or (0,) * (2 * rank))
+        begins = list(pads[:rank])
+        out = [f - b - a for f, b, a in zip(full, pads[:rank], pads[rank:])]
+    n, channels = x.shape[:2]
+    per_group_in, per_group_out = channels // group, w.shape[1]
+    buffer = np.zeros((n, group, per_group_out, *[max(f, b + o) for f, b, o in zip(full, begins, out)]))
+    xg = x.reshape(n, group, per_group_in, *x.shape[2:])
+    wg = w.reshape(group, per_group_in, per_group_out, *kernel)
+    for tap in np.ndindex(*kernel):
+        window = tuple(slice(k * d, k * d + (i - 1) * s + 1, s)
+                       for k, d, i, s in zip(tap, dilations, x.shape[2:], strides))
+        buffer[(slice(None),) * 3 + window] += np.einsum("ngc...,gco->ngo...", xg, wg[(Ellipsis, *tap)])
+    y = buffer[(slice(None),) * 3 + tuple(slice(b, b + o) for b, o in zip(begins, out))]
+    y = y.reshape(n, group * per_group_out, *out)
+    if bias is not None:
+        y = y + bias.reshape(-1, *[1] * rank)
+    return y
+
+
+# Ops computed here rather than by onnx.reference: it computes Erf (and Gelu through it) in float32 whatever the
+# input type, and gets grouped ConvTranspose and output_shape wrong.
+_OVERRIDES = {
+    "Erf": lambda attrs, inputs: _erf(inputs[0].astype(np.float64)),
     "Gelu": _gelu,
+    "ConvTranspose": _conv_transpose,
 }
 
 # Typed evaluators built so far (building one takes milliseconds; finite differences run a graph many times).

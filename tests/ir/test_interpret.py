@@ -49,3 +49,21 @@ def test_float64_feeds_compute_in_float64_throughout():
 def test_a_missing_feed_is_named():
     with pytest.raises(ValueError, match="no feed for graph input"):
         interpret(ir.from_onnx(_small_model()), {})
+
+
+@pytest.mark.parametrize("x_shape,w_shape,attrs", [
+    ((1, 4, 3, 3), (4, 3, 2, 3), {"group": 2, "dilations": [2, 1], "strides": [2, 1], "pads": [1, 0, 0, 1],
+                                  "output_padding": [1, 0]}),
+    ((2, 3, 3, 4), (3, 1, 3, 3), {"group": 3, "strides": [2, 2], "output_shape": [7, 9]}),
+    ((1, 2, 5), (2, 3, 3), {"strides": [3], "auto_pad": "SAME_UPPER"}),
+])
+def test_conv_transpose_matches_onnxruntime(x_shape, w_shape, attrs):
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    bias = rng.standard_normal(w_shape[1] * attrs.get("group", 1)).astype(np.float32)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], **attrs)
+    onnx_model = model([node], [("x", F, list(x_shape))], [("y", F, None)], [("w", w), ("b", bias)])
+    want = run_onnxruntime(onnx_model, {"x": x})[0]
+    got = interpret(ir.from_onnx(onnx_model), {"x": x})
+    np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-5, atol=1e-5)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tessel.ir.grad_ops import REFERENCE
 from tessel.ir.graph import Graph
 from tessel.ir.interpret import interpret
 from tessel.ir.types import TensorType
@@ -251,3 +252,98 @@ def test_the_loss_must_be_a_scalar():
     graph, (x,) = _graph_with_inputs((2,))
     with pytest.raises(ValueError, match="one-element"):
         differentiate(graph, add_op(graph, "Exp", [x]).outputs[0], [x])
+
+
+# ---- convolution, pooling, normalization ---------------------------------------------------------------
+
+def _needs(op):
+    """Skip while ir/grad_ops.REFERENCE lacks `op` (helper B's gradient ops land in a separate branch)."""
+    return pytest.mark.skipif(op not in REFERENCE, reason=f"ir/grad_ops.REFERENCE has no {op} yet (gradient ops branch)")
+
+
+CONV_CASES = [
+    ("plain", (1, 2, 5, 5), (3, 2, 3, 3), {}),
+    ("stride-pads", (2, 2, 6, 5), (2, 2, 3, 2), {"strides": [2, 2], "pads": [1, 0, 1, 1]}),
+    ("dilation", (1, 2, 7, 6), (2, 2, 2, 2), {"dilations": [2, 3], "strides": [1, 2]}),
+    ("groups", (1, 4, 5, 5), (6, 2, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),
+    ("depthwise", (2, 3, 6, 6), (3, 1, 3, 3), {"group": 3, "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("same-upper", (1, 2, 5, 6), (2, 2, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ("1d", (2, 2, 7), (3, 2, 3), {"strides": [2], "pads": [1, 2]}),
+]
+
+
+@pytest.mark.parametrize("name,x,w,attrs", CONV_CASES, ids=[c[0] for c in CONV_CASES])
+def test_conv_data_gradient(name, x, w, attrs):
+    check_gradients("Conv", {"x": rand(*x), "w": Const(rand(*w, seed=1).astype(np.float32))}, attrs)
+
+
+@_needs("ConvGradFilter")
+@pytest.mark.parametrize("name,x,w,attrs", CONV_CASES, ids=[c[0] for c in CONV_CASES])
+def test_conv_all_gradients(name, x, w, attrs):
+    check_gradients("Conv", {"x": rand(*x), "w": rand(*w, seed=1), "b": rand(w[0], seed=2)}, attrs)
+
+
+CONV_TRANSPOSE_CASES = [
+    ("plain", (1, 3, 3, 3), (3, 2, 3, 3), {}),
+    ("stride-pads-outpad", (2, 2, 3, 4), (2, 3, 3, 2), {"strides": [2, 2], "pads": [1, 0, 0, 1], "output_padding": [1, 0]}),
+    ("groups-dilation", (1, 4, 3, 3), (4, 1, 2, 2), {"group": 2, "dilations": [2, 1]}),
+    ("output-shape", (1, 2, 3, 3), (2, 2, 3, 3), {"strides": [2, 2], "output_shape": [6, 6]}),
+]
+
+
+@pytest.mark.parametrize("name,x,w,attrs", CONV_TRANSPOSE_CASES, ids=[c[0] for c in CONV_TRANSPOSE_CASES])
+def test_conv_transpose_data_gradient(name, x, w, attrs):
+    check_gradients("ConvTranspose", {"x": rand(*x), "w": Const(rand(*w, seed=1).astype(np.float32))}, attrs)
+
+
+@_needs("ConvGradFilter")
+@pytest.mark.parametrize("name,x,w,attrs", CONV_TRANSPOSE_CASES, ids=[c[0] for c in CONV_TRANSPOSE_CASES])
+def test_conv_transpose_all_gradients(name, x, w, attrs):
+    out_channels = w[1] * attrs.get("group", 1)
+    check_gradients("ConvTranspose", {"x": rand(*x), "w": rand(*w, seed=1), "b": rand(out_channels, seed=2)}, attrs)
+
+
+POOL_CASES = [
+    ("plain", {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    ("overlap-pads", {"kernel_shape": [3, 3], "strides": [2, 1], "pads": [1, 1, 1, 0]}),
+    ("ceil", {"kernel_shape": [2, 3], "strides": [2, 2], "ceil_mode": 1}),
+    ("same-upper", {"kernel_shape": [3, 2], "strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+]
+
+
+@_needs("MaxPoolGrad")
+@pytest.mark.parametrize("name,attrs", POOL_CASES, ids=[c[0] for c in POOL_CASES])
+def test_max_pool(name, attrs):
+    check_gradients("MaxPool", {"x": rand(1, 2, 5, 5)}, attrs)
+
+
+@_needs("AveragePoolGrad")
+@pytest.mark.parametrize("include_pad", [0, 1])
+@pytest.mark.parametrize("name,attrs", POOL_CASES, ids=[c[0] for c in POOL_CASES])
+def test_average_pool(name, attrs, include_pad):
+    check_gradients("AveragePool", {"x": rand(1, 2, 5, 5)}, {**attrs, "count_include_pad": include_pad})
+
+
+def test_global_average_pool():
+    check_gradients("GlobalAveragePool", {"x": rand(2, 3, 4, 3)})
+
+
+@_needs("MaxPoolGrad")
+def test_global_max_pool():
+    check_gradients("GlobalMaxPool", {"x": rand(2, 3, 4, 3)})
+
+
+@pytest.mark.parametrize("axis,scale_shape", [(-1, (5,)), (1, (3, 5)), (2, (1, 5))])
+def test_layer_normalization(axis, scale_shape):
+    check_gradients("LayerNormalization", {"x": rand(2, 3, 5), "scale": rand(*scale_shape, seed=1), "b": rand(5, seed=2)},
+                    {"axis": axis, "epsilon": 1e-3})
+    check_gradients("LayerNormalization", {"x": rand(2, 3, 5), "scale": rand(*scale_shape, seed=1)}, {"axis": axis})
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 2), (4, 3)])
+def test_batch_normalization_with_frozen_statistics(shape):
+    channels = shape[1]
+    check_gradients("BatchNormalization", {
+        "x": rand(*shape), "scale": rand(channels, seed=1), "b": rand(channels, seed=2),
+        "mean": Const(rand(channels, seed=3).astype(np.float32)),
+        "var": Const(rand(channels, seed=4, low=0.5, high=2.0).astype(np.float32))}, {"epsilon": 1e-3})
