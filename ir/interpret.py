@@ -117,9 +117,20 @@ def _conv_transpose(attrs: Attributes, inputs: list[np.ndarray | None]) -> np.nd
     return y
 
 
+def _lrn(attrs: Attributes, inputs: list[np.ndarray]) -> np.ndarray:
+    x = inputs[0].astype(np.float64)
+    size = attrs["size"]
+    alpha, beta, bias = attrs.get("alpha", 1e-4), attrs.get("beta", 0.75), attrs.get("bias", 1.0)
+    square_sum = np.zeros_like(x)
+    for c in range(x.shape[1]):
+        square_sum[:, c] = np.sum(x[:, max(0, c - (size - 1) // 2):c + size // 2 + 1] ** 2, axis=1)
+    return x / (bias + alpha / size * square_sum) ** beta
+
+
 # Ops computed here rather than by onnx.reference: it computes Erf (and Gelu through it) in float32 whatever the
-# input type, and gets grouped ConvTranspose and output_shape wrong.
+# input type, gets grouped ConvTranspose and output_shape wrong, and windows LRN over the batch axis.
 _OVERRIDES = {
+    "LRN": _lrn,
     "Erf": lambda attrs, inputs: _erf(inputs[0].astype(np.float64)),
     "Gelu": _gelu,
     "ConvTranspose": _conv_transpose,

@@ -1,10 +1,14 @@
-"""Gradient rules of neural-network ops: softmax family, MatMul and Gemm, convolutions, pooling, normalization."""
+"""Gradient rules of neural-network ops: softmax family, MatMul and Gemm, convolutions, pooling, normalization,
+LRN and inference-form Dropout."""
 from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from tessel.ir.graph import Node, Value
 from tessel.ir.schema import TESSEL_DOMAIN
+from tessel.ir.types import numpy_dtype
 
 from .builder import GradBuilder, Grads, Rule
 
@@ -227,6 +231,45 @@ def _batch_norm_unsupported(node: Node) -> str | None:
     return None
 
 
+def _channel_window_sum(b: GradBuilder, value: Value, band: np.ndarray) -> Value:
+    """sum over channels c' of value[:, c'] * band[c', c], for each channel c (axis 1)."""
+    rank = value.type.rank
+    last = b.transpose(value, [0] + list(range(2, rank)) + [1])
+    summed = b.op("MatMul", [last, b.constant(band.astype(numpy_dtype(value.type.dtype)))])
+    return b.transpose(summed, [0, rank - 1] + list(range(1, rank - 1)))
+
+
+def _lrn(b: GradBuilder, node: Node, grads: Grads) -> Grads:
+    # y = x s^-beta with s = bias + alpha/size * (sum of x^2 over the channel window):
+    # dx = dy s^-beta - 2 beta alpha/size * x * (sum over the windows holding x of dy y / s)
+    dy, x, y = grads[0], node.inputs[0], node.outputs[0]
+    size = node.attrs["size"]
+    alpha, beta, bias = node.attrs.get("alpha", 1e-4), node.attrs.get("beta", 0.75), node.attrs.get("bias", 1.0)
+    channels = x.type.shape[1]
+    band = np.zeros((channels, channels))
+    for c in range(channels):
+        band[max(0, c - (size - 1) // 2):min(channels - 1, c + size // 2) + 1, c] = 1.0
+    s = b.add(b.scalar(bias, x), b.mul(b.scalar(alpha / size, x), _channel_window_sum(b, b.mul(x, x), band)))
+    direct = b.mul(dy, b.op("Pow", [s, b.scalar(-beta, s)]))
+    spread = _channel_window_sum(b, b.div(b.mul(dy, y), s), band.T)
+    return [b.sub(direct, b.mul(b.scalar(2.0 * beta * alpha / size, x), b.mul(x, spread)))]
+
+
+def _dropout(b: GradBuilder, node: Node, grads: Grads) -> Grads:
+    return [grads[0]] + [None] * (len(node.inputs) - 1)
+
+
+def _dropout_unsupported(node: Node) -> str | None:
+    # Only the inference form is the identity; prepare_training rewrites a training-mode Dropout into x * mask.
+    training = node.inputs[2] if len(node.inputs) > 2 else None
+    ratio = node.inputs[1] if len(node.inputs) > 1 else None
+    if training is None or (training.const is not None and not training.const.any()):
+        return None
+    if ratio is not None and ratio.const is not None and not ratio.const.any():
+        return None
+    return "training mode (prepare_training rewrites it into x * mask)"
+
+
 RULES: dict[str, Rule] = {
     "Softmax": Rule(_softmax),
     "LogSoftmax": Rule(_log_softmax),
@@ -240,4 +283,6 @@ RULES: dict[str, Rule] = {
     "GlobalMaxPool": Rule(_global_max_pool),
     "LayerNormalization": Rule(_layer_norm, _layer_norm_unsupported),
     "BatchNormalization": Rule(_batch_norm, _batch_norm_unsupported),
+    "LRN": Rule(_lrn),
+    "Dropout": Rule(_dropout, _dropout_unsupported),
 }

@@ -67,3 +67,11 @@ def test_conv_transpose_matches_onnxruntime(x_shape, w_shape, attrs):
     want = run_onnxruntime(onnx_model, {"x": x})[0]
     got = interpret(ir.from_onnx(onnx_model), {"x": x})
     np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-5, atol=1e-5)
+
+
+def test_lrn_matches_onnxruntime():
+    x = np.random.default_rng(3).standard_normal((2, 5, 3, 2)).astype(np.float32)
+    node = helper.make_node("LRN", ["x"], ["y"], size=3, alpha=0.3, beta=0.75, bias=1.5)
+    onnx_model = model([node], [("x", F, [2, 5, 3, 2])], [("y", F, [2, 5, 3, 2])])
+    got = interpret(ir.from_onnx(onnx_model), {"x": x})["y"]
+    np.testing.assert_allclose(got, run_onnxruntime(onnx_model, {"x": x})[0], rtol=1e-5, atol=1e-6)

@@ -347,3 +347,13 @@ def test_batch_normalization_with_frozen_statistics(shape):
         "x": rand(*shape), "scale": rand(channels, seed=1), "b": rand(channels, seed=2),
         "mean": Const(rand(channels, seed=3).astype(np.float32)),
         "var": Const(rand(channels, seed=4, low=0.5, high=2.0).astype(np.float32))}, {"epsilon": 1e-3})
+
+
+@pytest.mark.parametrize("size", [3, 4])
+def test_local_response_normalization(size):
+    check_gradients("LRN", {"x": rand(2, 5, 2, 2)}, {"size": size, "alpha": 0.3, "beta": 0.75, "bias": 1.5})
+
+
+def test_dropout_in_inference_form_passes_the_gradient():
+    check_gradients("Dropout", {"x": rand(2, 3), "ratio": Const(np.array(0.5, np.float32))}, num_outputs=1)
+    check_gradients("Dropout", {"x": rand(2, 3), "ratio": None, "training": Const(np.array(False))}, num_outputs=2)
