@@ -357,3 +357,97 @@ def test_local_response_normalization(size):
 def test_dropout_in_inference_form_passes_the_gradient():
     check_gradients("Dropout", {"x": rand(2, 3), "ratio": Const(np.array(0.5, np.float32))}, num_outputs=1)
     check_gradients("Dropout", {"x": rand(2, 3), "ratio": None, "training": Const(np.array(False))}, num_outputs=2)
+
+
+# ---- whole blocks ----------------------------------------------------------------------------------------
+
+def _attention_block():
+    """x [2, 4, 6] -> LayerNorm -> single-head attention -> residual -> Gelu MLP -> mean: the loss.
+    Parameters are graph inputs; returns (graph, loss, parameters, feeds in float64)."""
+    rng = np.random.default_rng(11)
+    shapes = {"x": (2, 4, 6), "ln_scale": (6,), "ln_bias": (6,), "wq": (6, 6), "wk": (6, 6), "wv": (6, 6),
+              "w1": (6, 8), "b1": (8,), "w2": (8, 6)}
+    graph = Graph()
+    v = {name: graph.add_input(name, TensorType("float32", shape)) for name, shape in shapes.items()}
+
+    def op(op_type, *inputs, **attrs):
+        return add_op(graph, op_type, list(inputs), attrs).outputs[0]
+
+    def const(array):
+        return graph.add_constant("c", np.asarray(array))
+
+    h = op("LayerNormalization", v["x"], v["ln_scale"], v["ln_bias"], axis=-1)
+    q, k, val = (op("MatMul", h, v[w]) for w in ("wq", "wk", "wv"))
+    heads = const(np.array([2, 4, 2, 3]))
+    q = op("Transpose", op("Reshape", q, heads), perm=[0, 2, 1, 3])
+    k = op("Transpose", op("Reshape", k, heads), perm=[0, 2, 3, 1])
+    val = op("Transpose", op("Reshape", val, heads), perm=[0, 2, 1, 3])
+    scores = op("Softmax", op("Div", op("MatMul", q, k), const(np.array(3.0 ** 0.5, np.float32))), axis=-1)
+    attended = op("Reshape", op("Transpose", op("MatMul", scores, val), perm=[0, 2, 1, 3]), const(np.array([2, 4, 6])))
+    r = op("Add", v["x"], attended)
+    mlp = op("MatMul", op("Gelu", op("Add", op("MatMul", r, v["w1"]), v["b1"])), v["w2"])
+    first, _ = add_op(graph, "Split", [op("Add", r, mlp), const(np.array([1, 3]))], {"axis": 1}, num_outputs=2).outputs
+    loss = op("ReduceMean", op("Mul", first, first), keepdims=0)
+    feeds = {name: rng.standard_normal(shape) * 0.5 for name, shape in shapes.items()}
+    return graph, loss, list(v.values()), feeds
+
+
+def test_attention_block_gradients_match_directional_finite_differences():
+    graph, loss, params, feeds = _attention_block()
+    grads = differentiate(graph, loss, params)
+    graph.outputs = [loss, *grads.values()]
+    got = interpret(graph, feeds)
+    rng = np.random.default_rng(5)
+    for name in feeds:
+        direction = rng.standard_normal(feeds[name].shape)
+        values = [interpret(graph, {**feeds, name: feeds[name] + sign * 1e-6 * direction})[loss.name] for sign in (1, -1)]
+        expected = (values[0] - values[1]) / 2e-6
+        assert np.sum(got[grads[name].name] * direction) == pytest.approx(expected, rel=1e-5, abs=1e-8), name
+
+
+def test_the_backward_graph_is_valid_onnx_that_onnxruntime_runs_alike():
+    import onnx
+    from tessel import ir
+    from tests.conftest import run_onnxruntime
+
+    graph, loss, params, feeds = _attention_block()
+    grads = differentiate(graph, loss, params)
+    graph.outputs = [loss, *grads.values()]
+    exported = ir.to_onnx(graph)
+    onnx.checker.check_model(exported, full_check=True)
+    feeds32 = {name: a.astype(np.float32) for name, a in feeds.items()}
+    expected = interpret(graph, feeds)
+    for value, have in zip(graph.outputs, run_onnxruntime(exported, feeds32)):
+        np.testing.assert_allclose(have, expected[value.name], rtol=2e-4, atol=1e-5, err_msg=value.name)
+
+
+@_needs("ConvGradFilter")
+@_needs("MaxPoolGrad")
+def test_small_cnn_gradients_match_directional_finite_differences():
+    rng = np.random.default_rng(12)
+    shapes = {"x": (2, 2, 6, 6), "w1": (4, 2, 3, 3), "b1": (4,), "bn_scale": (4,), "bn_bias": (4,),
+              "dw": (4, 1, 3, 3), "fc": (3, 4), "fc_b": (3,)}
+    graph = Graph()
+    v = {name: graph.add_input(name, TensorType("float32", shape)) for name, shape in shapes.items()}
+
+    def op(op_type, *inputs, **attrs):
+        return add_op(graph, op_type, list(inputs), attrs).outputs[0]
+
+    stats = [graph.add_constant(n, a.astype(np.float32)) for n, a in (("mean", rng.standard_normal(4)),
+                                                                        ("var", rng.uniform(0.5, 2, 4)))]
+    h = op("Conv", v["x"], v["w1"], v["b1"], pads=[1, 1, 1, 1])
+    h = op("Relu", op("BatchNormalization", h, v["bn_scale"], v["bn_bias"], *stats))
+    h = op("MaxPool", h, kernel_shape=[2, 2], strides=[2, 2])
+    h = op("Conv", h, v["dw"], group=4, pads=[1, 1, 1, 1], strides=[2, 2])
+    h = op("Flatten", op("GlobalAveragePool", h))
+    logits = op("Gemm", h, v["fc"], v["fc_b"], transB=1)
+    loss = op("ReduceSum", op("Mul", op("LogSoftmax", logits), graph.add_constant("t", np.eye(3)[[0, 2]].astype(np.float32))),
+              keepdims=0)
+    grads = differentiate(graph, loss, list(v.values()))
+    graph.outputs = [loss, *grads.values()]
+    feeds = {name: rng.standard_normal(shape) for name, shape in shapes.items()}
+    got = interpret(graph, feeds)
+    for name in feeds:
+        direction = rng.standard_normal(feeds[name].shape)
+        values = [interpret(graph, {**feeds, name: feeds[name] + sign * 1e-6 * direction})[loss.name] for sign in (1, -1)]
+        assert np.sum(got[grads[name].name] * direction) == pytest.approx((values[0] - values[1]) / 2e-6, rel=1e-5), name
