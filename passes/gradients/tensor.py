@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tessel.ir.evaluate import evaluate
-from tessel.ir.graph import Node, Value
+from tessel.ir.graph import Node
 from tessel.ir.schema import get_schema
 
 from .builder import GradBuilder, Grads, Rule, const_ints
