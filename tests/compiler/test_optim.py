@@ -136,3 +136,9 @@ def test_bad_hyperparameters_are_one_line_errors(make, message):
     with pytest.raises(optim.OptimizerConfigError, match=message) as info:
         make()
     assert "\n" not in str(info.value)
+
+
+def test_tessel_optim_is_an_attribute_of_tessel():
+    import tessel
+
+    assert tessel.optim.SGD is optim.SGD and tessel.optim.AdamW is optim.AdamW
