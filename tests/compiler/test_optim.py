@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
+import tessel
 from tessel import ir, optim
 from tessel.ir.graph import Graph
 from tessel.ir.types import TensorType
@@ -139,6 +142,7 @@ def test_bad_hyperparameters_are_one_line_errors(make, message):
 
 
 def test_tessel_optim_is_an_attribute_of_tessel():
-    import tessel
-
-    assert tessel.optim.SGD is optim.SGD and tessel.optim.AdamW is optim.AdamW
+    # A fresh interpreter: here tessel.optim is already imported, which sets the attribute anyway.
+    code = "import tessel; print(tessel.optim.SGD(lr=0.1).lr)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tessel.IMPORT_ROOT)
+    assert result.stdout.strip() == "0.1", result.stderr
