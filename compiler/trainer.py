@@ -29,8 +29,11 @@ from tessel.runtime.executor import Executor
 
 from .api import ModelSource, compile_graph, load_model, model_name, prepare_machine
 from .artifact import Artifact, load
+from .optim import Optimizer, optimizer_from_json
 from .options import CompileOptions
 from .state_program import STATE_FILE, PersistentState
+from .training import StepGraph, build_step_graph
+from .worker_programs import MachineShape
 
 TRAINING_FILE = "training.json"
 MODEL_FILE = "model.onnx"
@@ -55,7 +58,7 @@ class StepNames:
     dropout_masks: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, step_graph, loss: str) -> StepNames:
+    def of(cls, step_graph: StepGraph, loss: str) -> StepNames:
         """The names of a StepGraph."""
         return cls(str(loss), list(step_graph.data_inputs), step_graph.label_input, step_graph.loss_output,
                    list(step_graph.model_outputs), list(step_graph.parameters), list(step_graph.scalar_inputs),
@@ -87,7 +90,7 @@ class StepNames:
 class Trainer:
     """Runs a compiled training step on persistent state; `steps_done` steps so far."""
 
-    def __init__(self, step_artifact: Artifact, eval_artifact: Artifact, names: StepNames, optimizer, seed: int,
+    def __init__(self, step_artifact: Artifact, eval_artifact: Artifact, names: StepNames, optimizer: Optimizer, seed: int,
                  model_bytes: bytes, steps_done: int = 0, state: Mapping[str, np.ndarray] | None = None):
         """Load both artifacts' executors; `state` (by default the step artifact's starting state) is set in."""
         self.step_artifact, self.eval_artifact = step_artifact, eval_artifact
@@ -197,27 +200,28 @@ class Trainer:
         return Path(path)
 
 
-def compile_training(model, loss: str, optimizer, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-                     trainable: str | None = None, frozen: str | None = None, seed: int = 0, **options) -> Trainer:
+def compile_training(model, loss: str, optimizer: Optimizer, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+                     trainable: str | None = None, frozen: str | None = None, seed: int = 0,
+                     label_smoothing: float = 0.0, **options) -> Trainer:
     """Compile an ONNX model (path, bytes or ModelProto) into a Trainer: one compiled graph per step.
 
-    `loss`: "cross_entropy", "mse", "l1", "bce_with_logits", or "output:K" (the model's output K is the loss);
-    `optimizer`: a `tessel.optim` optimizer; `trainable` / `frozen`: regexes on initializer names; `seed` seeds
-    the dropout masks; the other keywords are compile options (compiler/options.py).
+    `loss`: "cross_entropy" (with `label_smoothing`), "mse", "l1", "bce_with_logits", or "output:K" (the
+    model's output K is the loss); `optimizer`: a `tessel.optim` optimizer; `trainable` / `frozen`: regexes on
+    initializer names; `seed` seeds the dropout masks; the other keywords are compile options
+    (compiler/options.py).
     """
-    from .training import build_step_graph
-
     options = CompileOptions.create(None, input_shapes=dict(input_shapes or {}), **options)
     machine = prepare_machine(options)
     started = time.perf_counter()
     proto, shapes = load_model(model, options)
-    step_graph = build_step_graph(proto, shapes, loss, optimizer, trainable=trainable, frozen=frozen)
+    step_graph = build_step_graph(proto, shapes, loss, optimizer, trainable=trainable, frozen=frozen,
+                                  label_smoothing=label_smoothing)
     source = ModelSource(model_name(model, proto), proto, model, {}, time.perf_counter() - started)
     return compile_step(step_graph, source, loss, optimizer, seed, options, machine)
 
 
-def compile_step(step_graph, source: ModelSource, loss: str, optimizer, seed: int, options: CompileOptions,
-                 machine=None) -> Trainer:
+def compile_step(step_graph: StepGraph, source: ModelSource, loss: str, optimizer: Optimizer, seed: int,
+                 options: CompileOptions, machine: MachineShape | None = None) -> Trainer:
     """Compile a StepGraph's step graph and eval graph (`source`: the model they came from); their Trainer."""
     machine = machine or prepare_machine(options)
     state = PersistentState(step_graph.state, step_graph.state_updates)
@@ -251,13 +255,6 @@ def load_training(directory: str | Path) -> Trainer:
         raise ArtifactError(f"{directory / TRAINING_FILE}: the optimizer cannot be read ({exc})") from None
     return Trainer(step_artifact, eval_artifact, StepNames.from_json(doc["step"], str(directory / TRAINING_FILE)),
                    optimizer, doc["seed"], (directory / MODEL_FILE).read_bytes(), doc["steps_done"], state)
-
-
-def optimizer_from_json(doc: Any):
-    """The optimizer training.json describes (compiler/optim.py reads its own JSON)."""
-    from .optim import optimizer_from_json as read
-
-    return read(doc)
 
 
 def _read_training_file(directory: Path) -> dict[str, Any]:

@@ -1,39 +1,23 @@
 """A training step built by hand: linear regression, pred = x @ W + b, MSE loss, plain SGD.
 
 The gradient and the update are written out as ONNX nodes, so the runtime state and the Trainer are
-tested on their own, without autodiff or the optimizer passes.
+tested on their own, without autodiff or the optimizer passes; the learning rate is the graph input that
+tessel.optim.SGD feeds.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 import onnx
 from onnx import helper
 
 from tessel import ir
+from tessel.compiler.training import StepGraph
+from tessel.passes.optimizer_update import LR
 from tests.ir.helpers import F, model
 
 BATCH, FEATURES = 8, 3
 TRUE_W = np.array([[1.5], [-2.0], [0.5]], np.float32)
 TRUE_B = np.array([0.25], np.float32)
-
-
-@dataclass
-class StepGraph:
-    """The fields of compiler/training.py's StepGraph (the design's dataclass)."""
-
-    graph: ir.Graph
-    eval_graph: ir.Graph
-    data_inputs: list
-    label_input: str | None
-    loss_output: str
-    model_outputs: list
-    state: dict
-    state_updates: dict
-    parameters: list
-    scalar_inputs: list
-    dropout_masks: dict
 
 
 def inference_model(w: np.ndarray | None = None, b: np.ndarray | None = None) -> onnx.ModelProto:
@@ -45,7 +29,7 @@ def inference_model(w: np.ndarray | None = None, b: np.ndarray | None = None) ->
 
 
 def step_model(with_mask: bool = False) -> onnx.ModelProto:
-    """One SGD step on the MSE: loss, W_next, b_next from x, labels, W, b and the learning rate `lr`; with
+    """One SGD step on the MSE: loss, W_next, b_next from x, labels, W, b and the learning rate; with
     `with_mask`, x is first multiplied by a dropout mask input `x_mask`."""
     source = "x_dropped" if with_mask else "x"
     nodes = ([helper.make_node("Mul", ["x", "x_mask"], ["x_dropped"])] if with_mask else []) + [
@@ -58,13 +42,13 @@ def step_model(with_mask: bool = False) -> onnx.ModelProto:
         helper.make_node("Transpose", [source], ["x_t"], perm=[1, 0]),
         helper.make_node("MatMul", ["x_t", "grad_pred"], ["grad_W"]),
         helper.make_node("ReduceSum", ["grad_pred", "axis0"], ["grad_b"], keepdims=0),
-        helper.make_node("Mul", ["lr", "grad_W"], ["step_W"]),
+        helper.make_node("Mul", [LR, "grad_W"], ["step_W"]),
         helper.make_node("Sub", ["W", "step_W"], ["W_next"]),
-        helper.make_node("Mul", ["lr", "grad_b"], ["step_b"]),
+        helper.make_node("Mul", [LR, "grad_b"], ["step_b"]),
         helper.make_node("Sub", ["b", "step_b"], ["b_next"]),
     ]
     inputs = [("x", F, [BATCH, FEATURES]), ("labels", F, [BATCH, 1]), ("W", F, [FEATURES, 1]), ("b", F, [1]),
-              ("lr", F, [])] + ([("x_mask", F, [BATCH, FEATURES])] if with_mask else [])
+              (LR, F, [])] + ([("x_mask", F, [BATCH, FEATURES])] if with_mask else [])
     outputs = [("loss", F, []), ("W_next", F, [FEATURES, 1]), ("b_next", F, [1])]
     return model(nodes, inputs, outputs, [("two_over_n", np.array(2.0 / BATCH, np.float32)),
                                           ("axis0", np.array([0], np.int64))])
@@ -83,23 +67,8 @@ def linear_step_graph(with_mask: bool = False) -> StepGraph:
         graph=ir.from_onnx(step_model(with_mask)), eval_graph=ir.from_onnx(eval_model()),
         data_inputs=["x"], label_input="labels", loss_output="loss", model_outputs=["pred"],
         state={"W": np.zeros((FEATURES, 1), np.float32), "b": np.zeros(1, np.float32)},
-        state_updates={"W": "W_next", "b": "b_next"}, parameters=["W", "b"], scalar_inputs=["lr"],
+        state_updates={"W": "W_next", "b": "b_next"}, parameters=["W", "b"], scalar_inputs=[LR],
         dropout_masks={"x_mask": 0.25} if with_mask else {})
-
-
-class ConstantSGD:
-    """A stand-in optimizer with the interface the Trainer uses: a fixed learning rate."""
-
-    def __init__(self, lr: float):
-        self.lr = lr
-
-    def step_scalars(self, step: int) -> dict[str, np.ndarray]:
-        """The learning rate fed at every step."""
-        return {"lr": np.array(self.lr, np.float32)}
-
-    def to_json(self) -> dict:
-        """The optimizer as JSON."""
-        return {"kind": "constant_sgd", "lr": self.lr}
 
 
 def batch(seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,34 +1,23 @@
-"""The Trainer on a hand-built step (linear regression): steps, evaluate, checkpoints, ONNX export."""
+"""The Trainer: a hand-built step (linear regression, exact SGD numbers) and a tiny model through
+compile_training (Gemm, Dropout, cross-entropy, SGD with momentum): steps, evaluate, checkpoints, ONNX export."""
 from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper
 
-from tessel.compiler import trainer as trainer_module
+import tessel
 from tessel.compiler.api import ModelSource
+from tessel.compiler.optim import SGD
 from tessel.compiler.options import CompileOptions
 from tessel.compiler.trainer import Trainer, compile_step, load_training
 from tessel.runtime.errors import ArtifactError, InputError
-from tests.compiler.step_graphs import ConstantSGD, batch, inference_model, linear_step_graph, numpy_step
+from tests.compiler.step_graphs import batch, inference_model, linear_step_graph, numpy_step
+from tests.ir.helpers import F, model
 
-LR = 0.1
-
-
-def _compile(kernel_cache, with_mask: bool = False) -> Trainer:
-    options = CompileOptions.create(None, cache_dir=kernel_cache)
-    return compile_step(linear_step_graph(with_mask), ModelSource("linear", inference_model(), None, {}, 0.0), "mse",
-                        ConstantSGD(LR), 7, options)
-
-
-@pytest.fixture(scope="module")
-def compiled(kernel_cache):
-    return _compile(kernel_cache)
-
-
-@pytest.fixture(scope="module")
-def compiled_with_mask(kernel_cache):
-    return _compile(kernel_cache, with_mask=True)
+RATE = 0.1
+CLASSES = 3
 
 
 def _fresh(trainer: Trainer) -> Trainer:
@@ -37,35 +26,58 @@ def _fresh(trainer: Trainer) -> Trainer:
                    trainer._model_bytes)
 
 
-@pytest.fixture
-def reads_constant_sgd(monkeypatch):
-    monkeypatch.setattr(trainer_module, "optimizer_from_json", lambda doc: ConstantSGD(doc["lr"]))
+@pytest.fixture(scope="module")
+def linear(kernel_cache):
+    options = CompileOptions.create(None, cache_dir=kernel_cache)
+    return compile_step(linear_step_graph(), ModelSource("linear", inference_model(), None, {}, 0.0), "mse",
+                        SGD(lr=RATE), 7, options)
 
 
-def test_steps_follow_sgd_and_reduce_the_loss(compiled):
-    trainer = _fresh(compiled)
+def _classifier():
+    """logits = Dropout(x @ W^T + b, 0.25): a linear classifier with dropout on its logits."""
+    rng = np.random.default_rng(1)
+    nodes = [helper.make_node("Gemm", ["x", "W", "b"], ["h"], transB=1),
+             helper.make_node("Dropout", ["h", "ratio"], ["logits"])]
+    return model(nodes, [("x", F, [8, 4])], [("logits", F, [8, CLASSES])],
+                 [("W", (0.3 * rng.standard_normal((CLASSES, 4))).astype(np.float32)),
+                  ("b", np.zeros(CLASSES, np.float32)), ("ratio", np.array(0.25, np.float32))])
+
+
+@pytest.fixture(scope="module")
+def classifier(kernel_cache):
+    return tessel.compile_training(_classifier(), loss="cross_entropy", optimizer=tessel.optim.SGD(lr=0.2, momentum=0.9),
+                                   input_shapes={"x": (8, 4)}, seed=5, cache_dir=kernel_cache)
+
+
+def _classes(seed: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    x = np.random.default_rng(seed).standard_normal((8, 4)).astype(np.float32)
+    return {"x": x}, (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0).astype(np.int64)
+
+
+def test_steps_follow_sgd_and_reduce_the_loss(linear):
+    trainer = _fresh(linear)
     w, b = trainer.state["W"], trainer.state["b"]
     losses = []
     for seed in range(30):
         x, y = batch(seed)
         losses.append(trainer.step({"x": x}, y))
-        want, w, b = numpy_step(w, b, x, y, LR)
+        want, w, b = numpy_step(w, b, x, y, RATE)
         assert losses[-1] == pytest.approx(want, rel=1e-4)
     assert trainer.steps_done == 30 and losses[-1] < 1e-3 * losses[0]
     np.testing.assert_allclose(trainer.state["W"], w, rtol=1e-4, atol=1e-6)
 
 
-def test_evaluate_runs_the_model_on_the_current_state(compiled):
-    trainer = _fresh(compiled)
+def test_evaluate_runs_the_model_on_the_current_state(linear):
+    trainer = _fresh(linear)
     for seed in range(3):
-        trainer.step(dict(x=batch(seed)[0]), batch(seed)[1])
+        trainer.step({"x": batch(seed)[0]}, batch(seed)[1])
     x = batch(100)[0]
     state = trainer.state
     np.testing.assert_allclose(trainer.evaluate({"x": x})["pred"], x @ state["W"] + state["b"], rtol=1e-5, atol=1e-6)
 
 
-def test_step_refuses_inputs_that_do_not_match(compiled):
-    trainer = _fresh(compiled)
+def test_step_refuses_inputs_that_do_not_match(linear):
+    trainer = _fresh(linear)
     x, y = batch(0)
     with pytest.raises(InputError, match=r"missing 'x'; unknown 'X'\); it takes x: float32\[8,3\]"):
         trainer.step({"X": x}, y)
@@ -74,55 +86,64 @@ def test_step_refuses_inputs_that_do_not_match(compiled):
     assert trainer.steps_done == 0
 
 
-def test_a_loaded_checkpoint_continues_identically(compiled_with_mask, tmp_path, reads_constant_sgd):
-    trainer = _fresh(compiled_with_mask)
+def test_a_compiled_model_trains(classifier):
+    trainer = _fresh(classifier)
+    assert trainer.names.dropout_masks and trainer.names.label_input == "labels"
+    inputs, labels = _classes(0)
+    losses = [trainer.step(inputs, labels) for _ in range(25)]
+    assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
+
+
+def test_a_loaded_checkpoint_continues_identically(classifier, tmp_path):
+    trainer = _fresh(classifier)
     for seed in range(3):
-        trainer.step({"x": batch(seed)[0]}, batch(seed)[1])
+        trainer.step(*_classes(seed))
     trainer.save(tmp_path / "ckpt")
     resumed = load_training(tmp_path / "ckpt")
-    assert resumed.steps_done == 3 and resumed.seed == 7 and resumed.names == trainer.names
+    assert resumed.steps_done == 3 and resumed.seed == 5 and resumed.names == trainer.names
+    assert resumed.optimizer == trainer.optimizer
     for seed in range(3, 6):
-        x, y = batch(seed)
-        assert resumed.step({"x": x}, y) == trainer.step({"x": x}, y)
+        assert resumed.step(*_classes(seed)) == trainer.step(*_classes(seed))
     for name, value in trainer.state.items():
         np.testing.assert_array_equal(resumed.state[name], value)
 
 
-def test_dropout_masks_are_seeded_by_seed_and_step(compiled_with_mask):
-    trainer = _fresh(compiled_with_mask)
-    first, again, other = trainer.dropout_masks(4)["x_mask"], trainer.dropout_masks(4)["x_mask"], trainer.dropout_masks(5)["x_mask"]
-    np.testing.assert_array_equal(first, again)
-    assert not np.array_equal(first, other)
-    assert set(np.unique(first)) <= {0.0, np.float32(1 / 0.75)}
+def test_dropout_masks_are_seeded_by_seed_and_step(classifier):
+    trainer = _fresh(classifier)
+    (name, first), = trainer.dropout_masks(4).items()
+    np.testing.assert_array_equal(trainer.dropout_masks(4)[name], first)
+    assert not np.array_equal(trainer.dropout_masks(5)[name], first)
+    assert set(np.unique(first)) == {0.0, np.float32(1 / 0.75)}
 
 
-def test_save_refuses_to_overwrite_unless_forced(compiled, tmp_path):
-    trainer = _fresh(compiled)
+def test_exported_onnx_runs_in_onnxruntime_as_evaluate(classifier, tmp_path):
+    trainer = _fresh(classifier)
+    for seed in range(5):
+        trainer.step(*_classes(seed))
+    path = trainer.export_onnx(tmp_path / "trained.onnx")
+    inputs = _classes(99)[0]
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, inputs)[0], trainer.evaluate(inputs)["logits"], rtol=1e-5, atol=1e-6)
+
+
+def test_save_refuses_to_overwrite_unless_forced(linear, tmp_path):
+    trainer = _fresh(linear)
     trainer.save(tmp_path / "ckpt")
     with pytest.raises(ArtifactError, match="already exists and is not empty; choose another directory or pass force=True"):
         trainer.save(tmp_path / "ckpt")
     trainer.step({"x": batch(0)[0]}, batch(0)[1])
     trainer.save(tmp_path / "ckpt", force=True)
+    assert load_training(tmp_path / "ckpt").steps_done == 1
     (tmp_path / "project").mkdir()
     (tmp_path / "project" / "notes.txt").write_text("mine")
     with pytest.raises(ArtifactError, match="force replaces only a Tessel checkpoint"):
         trainer.save(tmp_path / "project", force=True)
 
 
-def test_load_refuses_an_edited_state(compiled, tmp_path, reads_constant_sgd):
-    _fresh(compiled).save(tmp_path / "ckpt")
+def test_load_refuses_an_edited_state(linear, tmp_path):
+    _fresh(linear).save(tmp_path / "ckpt")
     np.savez(tmp_path / "ckpt" / "state.npz", W=np.ones((3, 1), np.float32), b=np.ones(1, np.float32))
     with pytest.raises(ArtifactError, match="state.npz: missing, or its content does not match its hash"):
         load_training(tmp_path / "ckpt")
     with pytest.raises(ArtifactError, match="not a Tessel checkpoint"):
         load_training(tmp_path)
-
-
-def test_exported_onnx_runs_in_onnxruntime_as_evaluate(compiled, tmp_path):
-    trainer = _fresh(compiled)
-    for seed in range(5):
-        trainer.step({"x": batch(seed)[0]}, batch(seed)[1])
-    path = trainer.export_onnx(tmp_path / "trained.onnx")
-    x = batch(200)[0]
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    np.testing.assert_allclose(session.run(None, {"x": x})[0], trainer.evaluate({"x": x})["pred"], rtol=1e-5, atol=1e-6)

@@ -13,11 +13,12 @@ from tessel.compiler.state_program import PersistentState
 from tessel.runtime.errors import ArtifactError, InputError
 from tessel.runtime.executor import Executor
 from tessel.runtime.instructions import Assign, ProgramFormatError, from_json, program_from_json, program_to_json
+from tessel.passes.optimizer_update import LR
 from tessel.runtime.plan_schema import validate_plan
 from tests.compiler.step_graphs import batch, linear_step_graph, numpy_step, step_model
 
 HOSTS = ["native", "python"]
-LR = 0.1
+RATE = 0.1
 
 
 def _compile_step(kernel_cache, **options):
@@ -34,7 +35,7 @@ def artifact(kernel_cache):
 
 def _feeds(seed: int) -> dict[str, np.ndarray]:
     x, y = batch(seed)
-    return {"x": x, "labels": y, "lr": np.array(LR, np.float32)}
+    return {"x": x, "labels": y, LR: np.array(RATE, np.float32)}
 
 
 def test_assign_round_trips_through_json_text():
@@ -54,7 +55,7 @@ def test_the_plan_names_the_state_outside_inputs_outputs_and_arena(artifact):
     plan = artifact.plan
     worker = plan["workers"][0]
     assert plan["state"] == {"names": ["W", "b"], "updates": {"W": "W_next", "b": "b_next"}, "file": "state.npz"}
-    assert worker["inputs"] == ["x", "labels", "lr"] and worker["outputs"] == ["loss"]
+    assert worker["inputs"] == ["x", "labels", LR] and worker["outputs"] == ["loss"]
     assert not {"W", "b"} & set(worker["memory"]["offsets"])
     kinds = [step["kind"] for step in worker["instructions"]]
     assert kinds[-2:] == ["assign", "assign"] and "assign" not in kinds[:-2]
@@ -70,7 +71,7 @@ def test_state_persists_across_runs_as_numpy_steps_it(artifact, host):
     for seed in range(4):
         executor.poison()
         loss = executor.run(_feeds(seed))["loss"]
-        want, w, b = numpy_step(w, b, *batch(seed), LR)
+        want, w, b = numpy_step(w, b, *batch(seed), RATE)
         np.testing.assert_allclose(loss, want, rtol=1e-5)
     state = executor.state()
     np.testing.assert_allclose(state["W"], w, rtol=1e-5, atol=1e-6)
