@@ -13,6 +13,7 @@ from tessel.compiler.state_program import PersistentState
 from tessel.runtime.errors import ArtifactError, InputError
 from tessel.runtime.executor import Executor
 from tessel.runtime.instructions import Assign, ProgramFormatError, from_json, program_from_json, program_to_json
+from tessel.runtime.native_host import native_able
 from tessel.passes.optimizer_update import LR
 from tessel.runtime.plan_schema import validate_plan
 from tests.compiler.step_graphs import batch, linear_step_graph, numpy_step, step_model
@@ -44,6 +45,7 @@ def test_assign_round_trips_through_json_text():
     assert program_from_json(json.loads(json.dumps(program_to_json([assign])))) == [assign]
     assert list(assign.reads()) == [("src", "W_next")] and assign.writes() == ("W",)
     assert assign.renamed({"W": "V"}).dst == "V"
+    assert native_able(assign)  # a memmove in the native program: a step stays one native call
 
 
 def test_assign_fields_are_typed():
