@@ -3,8 +3,10 @@
 The step graph takes each state value as a graph input and returns its next value as a graph output
 (compiler/training.py). In the program the state is neither: its buffers live outside the arena and keep
 their values across runs, loaded once from the artifact's state.npz (plan.json's "state"), and one
-`Assign` per update, after every other instruction, copies the next value in. Nothing that reads the state
-runs at load: a parameter's packed layout is recomputed each step.
+`Assign` per update copies the next value in, right after the last read of the current value: from there
+the next value's buffer is free for the rest of the step, so the arena does not hold a second copy of
+every parameter and optimizer slot until the step's end. Nothing that reads the state runs at load: a
+parameter's packed layout is recomputed each step.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from tessel.ir.types import TensorType, numpy_dtype
-from tessel.runtime.instructions import Assign, View
+from tessel.runtime.instructions import Assign, Instruction, View, reads_within
 
 from .program import Program
 
@@ -47,9 +49,34 @@ def with_state(program: Program, state: PersistentState) -> Program:
     sources = set(state.updates.values())
     assigns = [Assign(node=f"assign/{name}", op="Assign", src=state.updates[name], dst=name)
                for name in names if state.updates.get(name, name) != name]
-    return replace(program, instructions=program.instructions + assigns,
+    return replace(program, instructions=placed_assigns(program.instructions, assigns),
                    inputs=[name for name in program.inputs if name not in state.initial],
                    outputs=[name for name in program.outputs if name not in sources], state=names)
+
+
+def placed_assigns(instructions: list[Instruction], assigns: list[Assign]) -> list[Instruction]:
+    """The instructions with each Assign inserted right after the later of its source's producer and the last
+    reader of its state value or of a view of it (at the start when neither is in the program)."""
+    owner = {assign.dst: assign.dst for assign in assigns}  # a state value or a view of one -> the state value
+    last: dict[str, int] = {}  # state value -> the last instruction that reads it, its views or its update
+    source_of = {assign.src: assign.dst for assign in assigns}
+    for index, instruction in enumerate(instructions):
+        for name in reads_within(instruction):
+            if name in owner:
+                last[owner[name]] = index
+        for name in instruction.writes():
+            if name in source_of:
+                last[source_of[name]] = max(last.get(source_of[name], -1), index)
+        if isinstance(instruction, View) and instruction.input in owner:
+            owner[instruction.output] = owner[instruction.input]
+    follows: dict[int, list[Assign]] = {}
+    for assign in assigns:
+        follows.setdefault(last.get(assign.dst, -1), []).append(assign)
+    placed: list[Instruction] = list(follows.get(-1, []))
+    for index, instruction in enumerate(instructions):
+        placed.append(instruction)
+        placed.extend(follows.get(index, []))
+    return placed
 
 
 def write_state_file(root: Path, program: Program, state: PersistentState) -> dict[str, Any]:

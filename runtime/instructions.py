@@ -11,8 +11,9 @@ naming the field.
 
 Collectives (scatter, gather, all-reduce) run on every worker of the group;
 the root of a scatter holds the whole tensor, every worker its slice of axis 0.
-`Assign` ends a training step: it copies a value into a persistent state
-buffer (plan.json's "state"), which keeps it for the next run.
+`Assign` copies a value into a persistent state buffer (plan.json's "state"),
+which keeps it for the next run: it comes after every read of the state's
+current value.
 """
 from __future__ import annotations
 
@@ -307,8 +308,9 @@ class Fail(Instruction):
 class Assign(Instruction):
     """Copy `src` into the persistent state buffer `dst` (same type): `dst`'s value in the next run.
 
-    State buffers live outside the arena and across runs (plan.json's "state"); the Assigns come last in
-    the program, after every instruction that reads the state's current value.
+    State buffers live outside the arena and across runs (plan.json's "state"). An Assign comes after every
+    instruction that reads the state's current value (directly or through a view), and as early as that
+    allows, so that `src`'s buffer is free again.
     """
 
     src: str
@@ -424,6 +426,16 @@ def walk(instructions: Iterable[Instruction]) -> Iterator[Instruction]:
         if isinstance(instruction, If):
             for _, branch in instruction.branches():
                 yield from walk(branch.instructions)
+
+
+def reads_within(instruction: Instruction) -> set[str]:
+    """Every value the instruction reads, with what its branches read and return."""
+    names = set()
+    for inner in walk([instruction]):
+        names.update(name for _, name in inner.reads())
+        if isinstance(inner, If):
+            names.update(inner.then_branch.results + inner.else_branch.results)
+    return names
 
 
 def kernel_keys(instructions: Iterable[Instruction]) -> Iterator[str]:

@@ -15,9 +15,9 @@ buffers held. Each worker's program is checked on its own, its peers and roots
 against the number of workers.
 
 A training artifact's "state" names its persistent values: one worker only,
-outside the arena, never a per-run input or a weight, written only by the
-`Assign`s that end the program (each copying a value of the same type), and
-never read by an instruction that runs at load.
+outside the arena, never a per-run input or a weight, written only by
+`Assign`s (each copying a value of the same type, after every read of the
+state's current value), and never read by an instruction that runs at load.
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ from tessel.ir.types import TensorType
 
 from .errors import ArtifactError
 from .instructions import (Assign, BufferUse, Fail, Gather, If, Instruction, KernelCall, ProgramFormatError, Recv,
-                           Scatter, Send, View, buffer_uses, json_type_name, program_from_json, sent_values,
-                           walk)
+                           Scatter, Send, View, buffer_uses, json_type_name, program_from_json, reads_within,
+                           sent_values, walk)
 
 # No tensor or arena of a real model comes near 256 TiB; anything larger is damage, not a plan.
 MAX_BYTES = 1 << 48
@@ -262,25 +262,28 @@ def _check_instructions(instructions: list[Instruction], where: str, types: Mapp
 
 def _check_assigns(instructions: list[Instruction], where: str, types: Mapping[str, TensorType],
                    state: frozenset[str]) -> None:
-    """State is written only by Assigns, which come last (after every read of the current state), one per state
-    value, each copying a value of the state's type."""
-    seen: set[str] = set()
-    tail = False
+    """State is written only by top-level Assigns, one per state value, each copying a value of the state's
+    type, and nothing reads the state (or a view of it) after its Assign."""
+    assigned: set[str] = set()
+    owner: dict[str, str] = {name: name for name in state}  # a state value or a view of one -> the state value
     for index, instruction in enumerate(instructions):
         at = f"{where}[{index}]"
+        stale = sorted(name for name in reads_within(instruction) if owner.get(name) in assigned)
+        if stale:
+            raise _Invalid(at, f"reads '{stale[0]}' after the Assign of state '{owner[stale[0]]}'; an Assign comes "
+                               "after every read of its state")
         if isinstance(instruction, Assign):
-            tail = True
             if instruction.dst not in state:
                 raise _Invalid(f"{at}.dst", f"'{instruction.dst}' is not a state value")
-            if instruction.dst in seen:
+            if instruction.dst in assigned:
                 raise _Invalid(f"{at}.dst", f"state '{instruction.dst}' is assigned twice")
-            seen.add(instruction.dst)
+            assigned.add(instruction.dst)
             if types[instruction.src] != types[instruction.dst]:
                 raise _Invalid(at, f"assigns '{instruction.src}' ({types[instruction.src].spec()}) to state "
                                    f"'{instruction.dst}' ({types[instruction.dst].spec()})")
             continue
-        if tail:
-            raise _Invalid(at, "follows an Assign; the Assigns end the program")
+        if isinstance(instruction, View) and instruction.input in owner:
+            owner[instruction.output] = owner[instruction.input]
         for inner in walk([instruction]):
             if isinstance(inner, Assign):
                 raise _Invalid(at, "holds an Assign inside a branch; Assigns run at the top level")

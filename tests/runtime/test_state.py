@@ -59,8 +59,8 @@ def test_the_plan_names_the_state_outside_inputs_outputs_and_arena(artifact):
     assert plan["state"] == {"names": ["W", "b"], "updates": {"W": "W_next", "b": "b_next"}, "file": "state.npz"}
     assert worker["inputs"] == ["x", "labels", LR] and worker["outputs"] == ["loss"]
     assert not {"W", "b"} & set(worker["memory"]["offsets"])
-    kinds = [step["kind"] for step in worker["instructions"]]
-    assert kinds[-2:] == ["assign", "assign"] and "assign" not in kinds[:-2]
+    assigns = [step for step in worker["instructions"] if step["kind"] == "assign"]
+    assert {(a["src"], a["dst"]) for a in assigns} == {("W_next", "W"), ("b_next", "b")}
     # Nothing that reads the state runs at load: the state changes every run.
     assert not any(step.get("init") and {"W", "b"} & set(step.get("inputs", [])) for step in worker["instructions"])
 
@@ -127,6 +127,10 @@ def _edited(artifact, edit) -> dict:
     return plan
 
 
+def _assign_index(worker: dict, state: str) -> int:
+    return next(k for k, i in enumerate(worker["instructions"]) if i["kind"] == "assign" and i["dst"] == state)
+
+
 def _producer(worker: dict, name: str) -> dict:
     return next(i for i in worker["instructions"] if name in i.get("outputs", []))
 
@@ -136,10 +140,13 @@ def test_the_plan_as_compiled_validates(artifact):
 
 
 @pytest.mark.parametrize("edit, problem", [
-    (lambda plan, w: w["instructions"][-1].update(dst="x"), "'x' is not a state value"),
-    (lambda plan, w: w["instructions"][-1].update(src="W_next"), "assigns 'W_next' (float32[3,1]) to state 'b'"),
-    (lambda plan, w: w["instructions"].append(w["instructions"][0]), "follows an Assign"),
-    (lambda plan, w: w["instructions"].append(dict(w["instructions"][-1])), "state 'b' is assigned twice"),
+    (lambda plan, w: w["instructions"][_assign_index(w, "b")].update(dst="x"), "'x' is not a state value"),
+    (lambda plan, w: w["instructions"][_assign_index(w, "b")].update(src="W_next"),
+     "assigns 'W_next' (float32[3,1]) to state 'b'"),
+    (lambda plan, w: w["instructions"].insert(0, w["instructions"].pop(_assign_index(w, "W"))),
+     "reads 'W' after the Assign of state 'W'"),
+    (lambda plan, w: w["instructions"].append(dict(w["instructions"][_assign_index(w, "b")])),
+     "state 'b' is assigned twice"),
     (lambda plan, w: w["memory"]["offsets"].update(W=0), "memory.offsets: 'W' is persistent state"),
     (lambda plan, w: plan["state"]["updates"].update(W="b_next"), "does not assign 'b_next' to 'W'"),
     (lambda plan, w: plan["state"]["updates"].pop("b"), "assigns 'b' but the state lists no update"),
