@@ -23,7 +23,7 @@ CLASSES = 3
 def _fresh(trainer: Trainer) -> Trainer:
     """A new Trainer on the same artifacts, from the starting state."""
     return Trainer(trainer.step_artifact, trainer.eval_artifact, trainer.names, trainer.optimizer, trainer.seed,
-                   trainer._model_bytes)
+                   trainer.model_bytes)
 
 
 @pytest.fixture(scope="module")
