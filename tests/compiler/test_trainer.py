@@ -1,5 +1,6 @@
 """The Trainer: a hand-built step (linear regression, exact SGD numbers) and a tiny model through
-compile_training (Gemm, Dropout, cross-entropy, SGD with momentum): steps, evaluate, checkpoints, ONNX export."""
+compile_training (Gemm, BatchNormalization, Dropout, cross-entropy, SGD with momentum): steps, evaluate,
+checkpoints, ONNX export."""
 from __future__ import annotations
 
 import numpy as np
@@ -34,13 +35,16 @@ def linear(kernel_cache):
 
 
 def _classifier():
-    """logits = Dropout(x @ W^T + b, 0.25): a linear classifier with dropout on its logits."""
+    """logits = Dropout(BatchNormalization(x @ W^T + b), 0.25): a linear classifier."""
     rng = np.random.default_rng(1)
     nodes = [helper.make_node("Gemm", ["x", "W", "b"], ["h"], transB=1),
-             helper.make_node("Dropout", ["h", "ratio"], ["logits"])]
+             helper.make_node("BatchNormalization", ["h", "bn.scale", "bn.bias", "bn.mean", "bn.var"], ["n"]),
+             helper.make_node("Dropout", ["n", "ratio"], ["logits"])]
     return model(nodes, [("x", F, [8, 4])], [("logits", F, [8, CLASSES])],
                  [("W", (0.3 * rng.standard_normal((CLASSES, 4))).astype(np.float32)),
-                  ("b", np.zeros(CLASSES, np.float32)), ("ratio", np.array(0.25, np.float32))])
+                  ("b", np.zeros(CLASSES, np.float32)), ("bn.scale", np.ones(CLASSES, np.float32)),
+                  ("bn.bias", np.zeros(CLASSES, np.float32)), ("bn.mean", np.zeros(CLASSES, np.float32)),
+                  ("bn.var", np.ones(CLASSES, np.float32)), ("ratio", np.array(0.25, np.float32))])
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +124,7 @@ def test_exported_onnx_runs_in_onnxruntime_as_evaluate(classifier, tmp_path):
     trainer = _fresh(classifier)
     for seed in range(5):
         trainer.step(*_classes(seed))
+    assert not np.array_equal(trainer.state["bn.mean"], np.zeros(CLASSES))  # running statistics were updated
     path = trainer.export_onnx(tmp_path / "trained.onnx")
     inputs = _classes(99)[0]
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
