@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Iterable
 
 import numpy as np
 
@@ -48,13 +49,16 @@ def prepare_training(graph: Graph, trainable: str | None = None, frozen: str | N
     graph input; BatchNormalization running statistics become persistent non-trainable inputs (unless `frozen`
     matches them); the other float initializers stay constants.
     """
+    selected, excluded = _pattern("trainable", trainable), _pattern("frozen", frozen)
     _split_aliases(graph)
     model_outputs = [v.name for v in graph.outputs]
     running = _running_stats(graph)
-    candidates = _parameter_candidates(graph) - running
-    parameters = [name for name in _initializer_order(graph) if name in candidates
-                  and (trainable is None or re.search(trainable, name)) and not (frozen and re.search(frozen, name))]
-    stats = [name for name in _initializer_order(graph) if name in running and not (frozen and re.search(frozen, name))]
+    candidates = [name for name in _initializer_order(graph) if name in _parameter_candidates(graph) - running]
+    parameters = [name for name in candidates
+                  if (selected is None or selected.search(name)) and not (excluded and excluded.search(name))]
+    if not parameters:
+        raise ModelImportError(_no_parameters(candidates, trainable, frozen))
+    stats = [name for name in _initializer_order(graph) if name in running and not (excluded and excluded.search(name))]
     state = _make_inputs(graph, parameters + stats)
     model = TrainingModel(graph, parameters, state, model_outputs=model_outputs)
     updates: dict[str, Value] = {}
@@ -75,13 +79,13 @@ def prepare_training(graph: Graph, trainable: str | None = None, frozen: str | N
     return model
 
 
-def prepare_eval(graph: Graph, state_names) -> Graph:
+def prepare_eval(graph: Graph, state_names: Iterable[str]) -> Graph:
     """Give `graph` (imported with from_onnx(..., training=True); edited in place) inference semantics with the
     persistent inputs `state_names` of the training graph: BatchNormalization uses the running statistics,
     Dropout passes its input through."""
     _split_aliases(graph)
-    present = {v.name for v in graph.constants}
-    _make_inputs(graph, [name for name in _initializer_order(graph) if name in set(state_names) & present])
+    persistent = set(state_names)
+    _make_inputs(graph, [name for name in _initializer_order(graph) if name in persistent])
     for node in list(graph.nodes):
         if node.op_type == "BatchNormalization" and node.attrs.get("training_mode", 0):
             _batch_norm_inference(graph, node)
@@ -101,6 +105,26 @@ def _finish(graph: Graph) -> None:
 
 
 # ---- parameters ------------------------------------------------------------------------------------------------
+def _pattern(option: str, pattern: str | None) -> re.Pattern | None:
+    """The compiled regular expression of `trainable=` or `frozen=`; a malformed one is a one-line error."""
+    if pattern is None:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ModelImportError(f"{option}={pattern!r} is not a valid regular expression: {exc}") from None
+
+
+def _no_parameters(candidates: list[str], trainable: str | None, frozen: str | None) -> str:
+    """Why nothing would be trained, as one line."""
+    if not candidates:
+        return ("the model has no float initializers to train (import it with from_onnx(..., training=True); "
+                "an inference import folds them)")
+    shown = ", ".join(candidates[:8]) + (f" and {len(candidates) - 8} more" if len(candidates) > 8 else "")
+    given = " and ".join(f"{k}={v!r}" for k, v in (("trainable", trainable), ("frozen", frozen)) if v is not None)
+    return f"{given} leave(s) no parameter to train; the model's float initializers are {shown}"
+
+
 def _split_aliases(graph: Graph) -> None:
     """Identity(initializer) becomes an initializer of its own under the Identity's output name.
 

@@ -158,6 +158,13 @@ def test_trainable_and_frozen_select_parameters_and_frozen_ones_stay_constants()
     assert {"conv.weight", "conv.bias", "bn.bias", "fc.bias", "bn1.weight"} <= constants
     frozen_stats = prepare_training(ir.from_onnx(data, training=True), frozen=r"running")
     assert not frozen_stats.state_updates and not any("running" in name for name in frozen_stats.state)
+    cases = [(True, {"trainable": "^decoder"}, r"trainable='\^decoder' leave\(s\) no parameter to train; the "
+                                               r"model's float initializers are conv.weight, conv.bias"),
+             (True, {"frozen": "("}, r"frozen='\(' is not a valid regular expression"),
+             (False, {}, r"no float initializers to train \(import it with from_onnx\(\.\.\., training=True\)")]
+    for training, options, message in cases:
+        with pytest.raises(ModelImportError, match=message):
+            prepare_training(ir.from_onnx(data, training=training), **options)
 
 
 class _Classifier(torch.nn.Module):
