@@ -289,10 +289,13 @@ def test_training_import_keeps_the_path_from_an_initializer_that_inference_impor
 
 
 def test_dropout_of_ratio_zero_passes_its_input_through():
-    nodes = [helper.make_node("Dropout", ["x", "ratio"], ["y"]), helper.make_node("Relu", ["y"], ["z"])]
+    nodes = [helper.make_node("Mul", ["x", "w"], ["xw"]), helper.make_node("Dropout", ["xw", "ratio"], ["y"]),
+             helper.make_node("Relu", ["y"], ["z"])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
                               [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 3])],
-                              [numpy_helper.from_array(np.array(0.0, np.float32), "ratio")])
+                              [numpy_helper.from_array(np.full(3, 2, np.float32), "w"),
+                               numpy_helper.from_array(np.array(0.0, np.float32), "ratio")])
     model = prepare_training(ir.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
                                           training=True))
-    assert [n.op_type for n in model.graph.nodes] == ["Relu"] and not model.dropout_masks and not model.parameters
+    assert [n.op_type for n in model.graph.nodes] == ["Mul", "Relu"] and not model.dropout_masks
+    assert model.parameters == ["w"]  # the ratio is the op's setting, not a parameter
