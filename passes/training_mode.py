@@ -38,7 +38,8 @@ class TrainingModel:
     parameters: list[str]             # trainable inputs, in graph order
     state: dict[str, np.ndarray]      # initial value of every persistent input: parameters and BN running stats
     state_updates: dict[str, str] = field(default_factory=dict)  # persistent input -> graph output with its next value
-    dropout_masks: dict[str, float] = field(default_factory=dict)  # mask input -> drop ratio (mask = bernoulli(1-p)/(1-p))
+    # mask input -> drop ratio (the mask fed each step is bernoulli(1-p)/(1-p), of the masked value's shape)
+    dropout_masks: dict[str, float] = field(default_factory=dict)
     model_outputs: list[str] = field(default_factory=list)  # the model's own outputs (still graph outputs, first)
 
 
@@ -202,7 +203,8 @@ def _batch_norm_training(graph: Graph, node: Node, updates: dict[str, Value]) ->
     factors = {3: 1.0 - momentum, 4: (1.0 - momentum) * count / (count - 1)}
     for index, output in zip(_RUNNING_STATS, node.outputs[1:3] if len(node.outputs) > 1 else []):
         if output is not None:
-            replacements[index - 2] = _running_update(em, node.inputs[index], batch_stats[index], momentum, factors[index])
+            replacements[index - 2] = _running_update(em, node.inputs[index], batch_stats[index], momentum,
+                                                      factors[index])
     for index in _RUNNING_STATS:
         stat = node.inputs[index]
         if stat is not None and stat.is_graph_input and stat.name not in updates:

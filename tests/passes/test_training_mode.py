@@ -25,7 +25,8 @@ pytestmark = [pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning"),
               pytest.mark.filterwarnings("ignore:Exporting a model to ONNX with a batch_size:UserWarning")]
 
 
-def _export(module: torch.nn.Module, x: torch.Tensor, outputs: list[str], training=torch.onnx.TrainingMode.EVAL) -> bytes:
+def _export(module: torch.nn.Module, x: torch.Tensor, outputs: list[str],
+            training=torch.onnx.TrainingMode.EVAL) -> bytes:
     f = io.BytesIO()
     torch.onnx.export(module, (x,), f, dynamo=False, do_constant_folding=False, input_names=["x"],
                       output_names=outputs, training=training)
@@ -37,7 +38,8 @@ def _run(graph: ir.Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     return interpret(graph, {v.name: feeds[v.name] for v in graph.inputs})
 
 
-def _gradients(model: TrainingModel, output: str, feeds: dict[str, np.ndarray], weights: np.ndarray) -> dict[str, np.ndarray]:
+def _gradients(model: TrainingModel, output: str, feeds: dict[str, np.ndarray],
+               weights: np.ndarray) -> dict[str, np.ndarray]:
     """d sum(output * weights) / d parameter for every parameter, by autodiff on the training graph."""
     graph = model.graph
     product = add_op(graph, "Mul", [graph.lookup(output), graph.add_constant("loss_weights", weights)]).outputs[0]
@@ -69,6 +71,10 @@ class _Masked(torch.nn.Module):
 
     def forward(self, x):
         return x * self.mask
+
+
+# The CNN's BatchNorm buffers: persistent, not trainable.
+_RUNNING = {f"{bn}.running_{stat}" for bn in ("bn", "bn1") for stat in ("mean", "var")}
 
 
 class _CNN(torch.nn.Module):
@@ -104,7 +110,7 @@ def test_cnn_exported_for_inference_trains_with_batch_statistics():
     # A fresh BN's running stats equal bn.weight/bn.bias: the exporter wrote them as Identity aliases.
     assert model.parameters == ["conv.weight", "conv.bias", "bn.weight", "bn.bias", "fc.weight", "fc.bias",
                                 "bn1.weight", "bn1.bias"]
-    assert set(model.state) == set(model.parameters) | {f"{bn}.running_{s}" for bn in ("bn", "bn1") for s in ("mean", "var")}
+    assert set(model.state) == set(model.parameters) | _RUNNING
     assert {v.name for v in model.graph.inputs} == {"x"} | set(model.state)
     assert not model.dropout_masks and model.model_outputs == ["y"]
     assert {n.op_type for n in model.graph.nodes}.isdisjoint({"BatchNormalization", "Identity"})
@@ -153,7 +159,7 @@ def test_trainable_and_frozen_select_parameters_and_frozen_ones_stay_constants()
     data = _export(_CNN().eval(), torch.randn(3, 1, 8, 8), ["y"])
     model = prepare_training(ir.from_onnx(data, training=True), trainable=r"^(fc|bn)\.", frozen=r"bias$")
     assert model.parameters == ["bn.weight", "fc.weight"]
-    assert set(model.state) == {"bn.weight", "fc.weight"} | {f"{bn}.running_{s}" for bn in ("bn", "bn1") for s in ("mean", "var")}
+    assert set(model.state) == {"bn.weight", "fc.weight"} | _RUNNING
     constants = {v.name for v in model.graph.constants}
     assert {"conv.weight", "conv.bias", "bn.bias", "fc.bias", "bn1.weight"} <= constants
     frozen_stats = prepare_training(ir.from_onnx(data, training=True), frozen=r"running")
@@ -185,7 +191,8 @@ def test_rnn_classifier_unrolls_to_primitive_ops_equal_to_pytorch(cell, bidirect
     data = _export(module, x, ["y", "h"])
     model = prepare_training(ir.from_onnx(data, training=True))
     assert {n.op_type for n in model.graph.nodes}.isdisjoint({"LSTM", "GRU"})
-    assert set(model.parameters) == {name for name, _ in module.named_parameters()} and set(model.state) == set(model.parameters)
+    assert set(model.parameters) == {name for name, _ in module.named_parameters()}
+    assert set(model.state) == set(model.parameters)
     for name, parameter in module.named_parameters():
         np.testing.assert_array_equal(model.state[name], parameter.detach().numpy())
     expected = module(x)
@@ -240,7 +247,8 @@ def _onnx_rnn(op: str, direction: str, attrs: dict, initial_state: bool, peephol
         names += [""] * (7 - len(names)) + ["P"]
     outputs = ["y", "y_h", "y_c"] if op == "LSTM" else ["y", "y_h"]
     node = helper.make_node(op, names, outputs, hidden_size=3, direction=direction, **attrs)
-    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name) for name, shape in shapes.items()]
+    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+             for name, shape in shapes.items()]
     graph = helper.make_graph([node], "rnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2, 2])],
                               [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -275,7 +283,8 @@ def test_training_import_keeps_the_path_from_an_initializer_that_inference_impor
              helper.make_node("Mul", ["y", "two"], ["z"])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
                               [helper.make_tensor_value_info("z", TensorProto.FLOAT, [4, 2])],
-                              [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.array(2, np.float32), "two"),
+                              [numpy_helper.from_array(weight, "w"),
+                               numpy_helper.from_array(np.array(2, np.float32), "two"),
                                numpy_helper.from_array(np.array([7], np.int64), "unused")])
     onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     assert [n.op_type for n in ir.from_onnx(onnx_model).nodes] == ["MatMul", "Mul"]
