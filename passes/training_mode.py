@@ -199,17 +199,16 @@ def _batch_norm_training(graph: Graph, node: Node, updates: dict[str, Value]) ->
     per_channel = [channels] + [1] * (rank - 2)
     y = em.op("Add", em.op("Mul", normalized, em.reshape(scale, per_channel)), em.reshape(bias, per_channel))
     replacements = {0: y}
-    batch_stats = {3: mean, 4: var}
-    factors = {3: 1.0 - momentum, 4: (1.0 - momentum) * count / (count - 1)}
-    for index, output in zip(_RUNNING_STATS, node.outputs[1:3] if len(node.outputs) > 1 else []):
-        if output is not None:
-            replacements[index - 2] = _running_update(em, node.inputs[index], batch_stats[index], momentum,
-                                                      factors[index])
-    for index in _RUNNING_STATS:
-        stat = node.inputs[index]
-        if stat is not None and stat.is_graph_input and stat.name not in updates:
-            updates[stat.name] = replacements.get(index - 2) or _running_update(em, stat, batch_stats[index], momentum,
-                                                                                  factors[index])
+    running = {1: (mean_in, mean, 1.0 - momentum), 2: (var_in, var, (1.0 - momentum) * count / (count - 1))}
+    for output, (stat, batch_stat, factor) in running.items():
+        read = output < len(node.outputs) and node.outputs[output] is not None
+        persistent = stat.is_graph_input and stat.name not in updates
+        if read or persistent:
+            update = _running_update(em, stat, batch_stat, momentum, factor)
+            if read:
+                replacements[output] = update
+            if persistent:
+                updates[stat.name] = update
     _retire_or_alias(graph, node, replacements)
 
 
@@ -223,10 +222,9 @@ def _batch_norm_inference(graph: Graph, node: Node) -> None:
     """Training-mode BatchNormalization (3 outputs) as its inference form; the running stats pass through."""
     attrs = {k: v for k, v in node.attrs.items() if k in ("epsilon", "momentum")}
     y = add_op(graph, "BatchNormalization", node.inputs[:5], attrs, name=node.name, before=node).outputs[0]
-    replacements = {0: y}
-    for index in _RUNNING_STATS:
-        if index - 2 < len(node.outputs) and node.outputs[index - 2] is not None:
-            replacements[index - 2] = node.inputs[index]
+    replacements = {output: node.inputs[output + 2] for output in (1, 2)
+                    if output < len(node.outputs) and node.outputs[output] is not None}
+    replacements[0] = y
     _retire_or_alias(graph, node, replacements)
 
 
@@ -241,10 +239,10 @@ def _dropout_training(graph: Graph, node: Node, masks: dict[str, float]) -> None
     x = node.inputs[0]
     ratio_input = node.inputs[1] if len(node.inputs) > 1 else None
     ratio = 0.5 if ratio_input is None else constant_scalar(ratio_input)
-    ratio = None if ratio is None else _float32_literal(ratio)
     if ratio is None:
         raise ModelImportError(f"node '{node.name}' (Dropout): its ratio is computed at run time; training needs a "
                                "constant ratio")
+    ratio = _float32_literal(ratio)
     if ratio == 0.0:
         _pass_through(graph, node)
         return

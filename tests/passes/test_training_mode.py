@@ -308,3 +308,28 @@ def test_dropout_of_ratio_zero_passes_its_input_through():
                                           training=True))
     assert [n.op_type for n in model.graph.nodes] == ["Mul", "Relu"] and not model.dropout_masks
     assert model.parameters == ["w"]  # the ratio is the op's setting, not a parameter
+
+
+def test_training_mode_batch_norm_whose_running_stat_outputs_are_read_returns_pytorchs_updates():
+    rng = np.random.default_rng(0)
+    values = {"scale": rng.standard_normal(2), "bias": rng.standard_normal(2), "mean": rng.standard_normal(2),
+              "var": rng.uniform(0.5, 2, 2)}
+    node = helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y", "new_mean", "new_var"],
+                            training_mode=1, momentum=0.8)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2, 4])],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in node.output],
+                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in values.items()])
+    model = prepare_training(ir.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                                          training=True))
+    assert model.model_outputs == ["y", "new_mean", "new_var"] and set(model.state_updates) == {"mean", "var"}
+    x = rng.standard_normal((3, 2, 4)).astype(np.float32)
+    outputs = _run(model.graph, {"x": x, **model.state})
+    mean, var = x.mean(axis=(0, 2)), x.var(axis=(0, 2))
+    expected_mean, expected_var = 0.8 * values["mean"] + 0.2 * mean, 0.8 * values["var"] + 0.2 * var * 12 / 11
+    for name, want in (("new_mean", expected_mean), ("new_var", expected_var)):
+        np.testing.assert_allclose(outputs[name], want, rtol=1e-5)
+        stat = name.removeprefix("new_")
+        np.testing.assert_allclose(outputs[model.state_updates[stat]], want, rtol=1e-5)
+    normalized = (x - mean[:, None]) / np.sqrt(var[:, None] + 1e-5)
+    np.testing.assert_allclose(outputs["y"], normalized * values["scale"][:, None] + values["bias"][:, None],
+                               rtol=1e-4, atol=1e-5)
