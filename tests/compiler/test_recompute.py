@@ -1,0 +1,58 @@
+"""The compile stage's recomputation hook (compiler/recompute.py): the activation budget is what the weights and
+the training state leave of the device; the pass runs after CSE and DCE and before fusion."""
+from __future__ import annotations
+
+import pytest
+
+from tessel.compiler.pipeline import PIPELINE, run_pipeline
+from tessel.compiler.recompute import place_recompute, recompute_for_budget, recompute_pass, resident_bytes
+from tessel.passes.graph_memory import plan_graph_memory
+from tessel.passes.recompute import COPY_SUFFIX, RecomputeError
+from tests.passes.torch_steps import Step
+
+
+def test_hook_fits_the_step_into_device_memory():
+    step = Step("cnn")
+    resident = resident_bytes(step.graph, step.state)
+    assert resident >= sum(a.nbytes for a in step.state.values())
+    before = step.arena()
+    graph, report = recompute_for_budget(step.graph, resident + int(0.8 * before), persistent=step.state)
+    assert graph is step.graph and report["changed"]
+    assert report["resident_bytes"] == resident and report["budget_bytes"] == int(0.8 * before)
+    assert report["peak"]["source"] == report["flops"]["source"] == "estimated"
+    assert report["peak"]["before_bytes"] == before
+    assert step.arena() == report["peak"]["after_bytes"] <= report["budget_bytes"]
+    assert report["summary"].startswith("recompute: ") and "estimated" in report["summary"]
+
+
+def test_hook_leaves_the_step_alone_without_device_memory_or_when_it_fits():
+    step = Step("cnn")
+    nodes = len(step.graph.nodes)
+    assert recompute_for_budget(step.graph, None, persistent=step.state)[1]["changed"] is False
+    roomy = resident_bytes(step.graph, step.state) + 2 * step.arena()
+    assert recompute_for_budget(step.graph, roomy, persistent=step.state)[1]["changed"] is False
+    assert len(step.graph.nodes) == nodes
+
+
+def test_hook_refuses_a_device_smaller_than_the_weights_and_state():
+    step = Step("cnn")
+    with pytest.raises(RecomputeError, match="no room is left for activations"):
+        recompute_for_budget(step.graph, 1024, persistent=step.state)
+
+
+def test_pipeline_runs_recompute_after_cse_and_dce_and_before_fusion():
+    step = Step("cnn")
+    budget = resident_bytes(step.graph, step.state) + int(0.8 * step.arena())
+    passes = place_recompute(PIPELINE, recompute_pass(budget, persistent=step.state))
+    assert [p.name for p in passes] == ["simplify", "split_variadic", "constant_fold", "cse", "dce", "recompute",
+                                        "fuse"]
+    graph, records = run_pipeline(step.graph, passes, verify=True)
+    stats = records[passes.index(next(p for p in passes if p.name == "recompute"))].stats
+    assert stats["nodes_copied"] > 0 and stats["peak_after_bytes"] < stats["peak_before_bytes"]
+    assert any(COPY_SUFFIX in node.name for node in graph.walk_nodes())  # fusion keeps (and fuses) the copies
+    plain = Step("cnn")
+    without, _ = run_pipeline(plain.graph, PIPELINE)
+    assert plan_graph_memory(graph, step.state).arena_bytes < plan_graph_memory(without, plain.state).arena_bytes
+    with pytest.raises(ValueError, match="after cse and dce and before fuse"):
+        place_recompute(list(reversed(PIPELINE)), recompute_pass(budget))
+
