@@ -43,9 +43,10 @@ def recompute_for_budget(graph: Graph, device_memory: int | None, *, persistent:
     """Recompute activations of the training step `graph` (edited in place) so that it fits `device_memory` bytes.
 
     `persistent` names the state inputs (StepGraph.state), `loss` the loss output (default: the first output,
-    StepGraph's order). Returns the graph and a JSON-ready report: the budget left for activations, the
-    planned arena before and after, its bound, the smallest arena recomputation reaches and the extra FLOPs
-    (every prediction marked "estimated"), and a one-line summary. No `device_memory`, or a step that already
+    StepGraph's order), `alignment` the arena's (passes/memory_plan.py: CUDA_ALIGNMENT on a GPU). Returns the
+    graph and a JSON-ready report: the budget left for activations, the planned arena before and after, its
+    bound, the smallest arena recomputation reaches and the extra FLOPs (every prediction marked "estimated"),
+    and a one-line summary. No `device_memory`, or a step that already
     fits, leaves the graph unchanged. Raises RecomputeError when even recomputation cannot fit the step.
     """
     if device_memory is None:

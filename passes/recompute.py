@@ -81,11 +81,6 @@ class RecomputePlan:
     step_flops: int               # FLOPs of the step without recomputation
     strategy: str                 # how the checkpoints were chosen
 
-    @property
-    def fits(self) -> bool:
-        """True when the predicted arena is within the budget."""
-        return self.peak_after <= self.budget_bytes
-
     def to_json(self) -> dict:
         """The plan as a JSON-ready dict; every predicted number carries its source ("estimated")."""
         return {
@@ -155,7 +150,8 @@ def plan_recompute(graph: Graph, budget_bytes: int, *, persistent: Collection[st
 def apply_recompute(graph: Graph, plan: RecomputePlan, *, persistent: Collection[str] = (),
                     loss: str | None = None) -> PassResult:
     """Copy the forward nodes `plan` recomputes just before their first backward reader and make the backward
-    readers of every dropped value read its copy. `persistent` and `loss` as given to plan_recompute."""
+    readers of every dropped value read its copy. `graph` is the one `plan` was made for, unchanged since;
+    `persistent` and `loss` as given to plan_recompute."""
     if not plan.dropped:
         return PassResult(graph, False, {"values_recomputed": 0, "nodes_copied": 0})
     step = _StepShape(graph, persistent, loss)
@@ -305,7 +301,8 @@ def _copy_order(step: _StepShape, dropped: frozenset[int], held: frozenset[int])
                     order.append((reader, node))
                     continue
                 stack.append((node, True))
-                stack.extend((v.producer, False) for v in node.inputs if needs_copy(v) and id(v.producer) not in copied)
+                stack.extend((v.producer, False) for v in node.inputs
+                             if needs_copy(v) and id(v.producer) not in copied)
     return order
 
 
