@@ -64,11 +64,13 @@ def recompute_for_budget(graph: Graph, device_memory: int | None, *, persistent:
     return result.graph, report
 
 
-def recompute_pass(device_memory: int | None, *, persistent: Collection[str] = (), loss: str | None = None) -> Pass:
+def recompute_pass(device_memory: int | None, *, persistent: Collection[str] = (), loss: str | None = None,
+                   alignment: int = DEFAULT_ALIGNMENT) -> Pass:
     """recompute_for_budget as a pipeline pass; its stats hold the report's numbers (bytes and FLOPs, estimated)."""
 
     def run(graph: Graph) -> PassResult:
-        graph, report = recompute_for_budget(graph, device_memory, persistent=persistent, loss=loss)
+        graph, report = recompute_for_budget(graph, device_memory, persistent=persistent, loss=loss,
+                                             alignment=alignment)
         if "peak" not in report:
             return PassResult(graph, False, {})
         peak = report["peak"]
