@@ -57,7 +57,12 @@ def recompute_for_budget(graph: Graph, device_memory: int | None, *, persistent:
         raise RecomputeError(f"the weights and training state take {format_bytes(resident)}, more than the device's "
                              f"{format_bytes(device_memory)}: no room is left for activations",
                              budget_bytes=budget, floor_bytes=None)
-    plan = plan_recompute(graph, budget, persistent=persistent, loss=loss, alignment=alignment)
+    try:
+        plan = plan_recompute(graph, budget, persistent=persistent, loss=loss, alignment=alignment)
+    except RecomputeError as error:
+        raise RecomputeError(f"{format_bytes(device_memory)} of device memory less {format_bytes(resident)} of "
+                             f"weights and training state leaves {format_bytes(budget)} for activations, and {error}",
+                             budget_bytes=budget, floor_bytes=error.floor_bytes) from None
     result = apply_recompute(graph, plan, persistent=persistent, loss=loss)
     report = {"changed": result.changed, "device_memory_bytes": device_memory, "resident_bytes": resident,
               **plan.to_json(), "summary": plan.summary()}

@@ -58,10 +58,15 @@ def test_hook_leaves_the_step_alone_without_device_memory_or_when_it_fits():
     assert len(step.graph.nodes) == nodes
 
 
-def test_hook_refuses_a_device_smaller_than_the_weights_and_state():
+def test_hook_refuses_a_device_too_small_even_with_recomputation():
     step = Step("cnn")
     with pytest.raises(RecomputeError, match="no room is left for activations"):
         recompute_for_budget(step.graph, 1024, persistent=step.state)
+    resident = resident_bytes(step.graph, step.state)
+    with pytest.raises(RecomputeError, match=r"of device memory less .* of weights and training state leaves 1.0 KiB "
+                                             r"for activations, and the training step's activations need") as info:
+        recompute_for_budget(step.graph, resident + 1024, persistent=step.state)
+    assert info.value.budget_bytes == 1024 and info.value.floor_bytes > 1024
 
 
 def test_pipeline_runs_recompute_after_cse_and_dce_and_before_fusion():
