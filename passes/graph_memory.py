@@ -51,8 +51,8 @@ def activation_sizes(graph: Graph, persistent: Collection[str] = ()) -> dict[str
     held = {id(v) for v in graph.inputs if v.name in persistent}
     for node in graph.nodes:
         # A view of a persistent input (a parameter reshaped) is that input's buffer, outside the arena too.
-        if op_traits(node.op_type).view and not is_kernel(node) and node.inputs and node.inputs[0] is not None \
-                and id(node.inputs[0]) in held:
+        source = node.inputs[0] if node.inputs else None
+        if source is not None and id(source) in held and op_traits(node.op_type).view and not is_kernel(node):
             held.add(id(node.outputs[0]))
     sizes = {v.name: v.type.nbytes for v in graph.inputs if id(v) not in held}
     for node in graph.nodes:
