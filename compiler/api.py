@@ -24,6 +24,7 @@ from tessel.backends.lowering import LoweringError
 from tessel.backends.target import parse_target
 from tessel.backends.tvm_env import version as tvm_version
 from tessel.ir.onnx_import import input_defaults, with_batch
+from tessel.passes.base import Pass
 from tessel.runtime.calibrate import load_link
 from tessel.runtime.instructions import kernel_call_count
 from tessel.runtime.profile_db import ProfileDB
@@ -117,11 +118,13 @@ def prepare_machine(options: CompileOptions) -> MachineShape:
 
 
 def compile_graph(graph: ir.Graph, options: CompileOptions, machine_shape: MachineShape, source: ModelSource, *,
-                  state: PersistentState | None = None, progress: Callable[[int, int], None] | None = None,
+                  state: PersistentState | None = None, passes: Sequence[Pass] | None = None,
+                  progress: Callable[[int, int], None] | None = None,
                   profile_progress: Callable[[int, int], None] | None = None) -> Artifact:
     """The stages after import: passes → micro-batches → program → algorithm selection → kernels → placement →
     memory plans → artifact. Inference compiles the imported model's graph; training (compiler/trainer.py) a
-    step graph and an eval graph, whose `state` persists across runs (compiler/state_program.py)."""
+    step graph and an eval graph, whose `state` persists across runs (compiler/state_program.py). `passes`
+    replaces the options' pipeline (training adds recomputation)."""
     if state is not None and (machine_shape.devices > 1 or options.microbatches > 1):
         raise CompileError("training compiles for one device and one micro-batch; "
                            "distributed training is not supported yet")
@@ -133,8 +136,8 @@ def compile_graph(graph: ir.Graph, options: CompileOptions, machine_shape: Machi
     root = Path(staging.name)
     reports = root / "reports"
     reports.mkdir()
-    graph, pass_records = run_pipeline(graph, options.passes, verify=options.verify, dump_after=options.dump_after,
-                                       dump_dir=reports)
+    graph, pass_records = run_pipeline(graph, options.passes if passes is None else passes, verify=options.verify,
+                                       dump_after=options.dump_after, dump_dir=reports)
     graph = micro_batch_graph(graph, options.microbatches)
     optimized = time.perf_counter()
     _log.info("passes: %d nodes after %d passes (%.1f s)", len(graph.nodes), len(pass_records), optimized - imported)

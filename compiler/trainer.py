@@ -13,7 +13,10 @@ from typing import Mapping
 
 import numpy as np
 
+from tessel.backends.target import parse_target
 from tessel.ir.types import TensorType
+from tessel.passes.base import Pass
+from tessel.passes.memory_plan import CUDA_ALIGNMENT, DEFAULT_ALIGNMENT
 from tessel.runtime.errors import ArtifactError, InputError
 from tessel.runtime.executor import Executor
 
@@ -22,6 +25,7 @@ from .artifact import Artifact
 from .checkpoint import Checkpoint, StepNames, read_checkpoint, write_checkpoint
 from .optim import Optimizer
 from .options import CompileOptions
+from .recompute import place_recompute, recompute_pass
 from .state_program import PersistentState
 from .training import StepGraph, build_step_graph
 from .worker_programs import MachineShape
@@ -143,13 +147,24 @@ def compile_step(step_graph: StepGraph, source: ModelSource, loss: str, optimize
     """Compile a StepGraph's step graph and eval graph (`source`: the model they came from); their Trainer."""
     machine = machine or prepare_machine(options)
     state = PersistentState(step_graph.state, step_graph.state_updates)
-    step = compile_graph(step_graph.graph, options, machine, source, state=state)
+    step = compile_graph(step_graph.graph, options, machine, source, state=state,
+                         passes=_step_passes(options, step_graph))
     eval_names = {v.name for v in step_graph.eval_graph.inputs} & set(step_graph.state)
     eval_state = PersistentState({n: step_graph.state[n] for n in eval_names}, {})
     evaluation = compile_graph(step_graph.eval_graph, options, machine,
                                ModelSource(source.name, source.model, source.origin, {}, 0.0), state=eval_state)
     return Trainer(step, evaluation, StepNames.of(step_graph, loss), optimizer, seed,
                    source.model.SerializeToString())
+
+
+def _step_passes(options: CompileOptions, step_graph: StepGraph) -> tuple[Pass, ...]:
+    """The step's pipeline: with `device_memory`, activations are recomputed where the step would not fit
+    (compiler/recompute.py)."""
+    if options.device_memory is None:
+        return options.passes
+    alignment = CUDA_ALIGNMENT if parse_target(options.target).kind == "cuda" else DEFAULT_ALIGNMENT
+    return place_recompute(options.passes, recompute_pass(options.device_memory, persistent=step_graph.state,
+                                                          loss=step_graph.loss_output, alignment=alignment))
 
 
 def load_training(directory: str | Path) -> Trainer:

@@ -13,6 +13,7 @@ from tessel.compiler.api import ModelSource
 from tessel.compiler.optim import SGD
 from tessel.compiler.options import CompileOptions
 from tessel.compiler.trainer import Trainer, compile_step, load_training
+from tessel.passes.recompute import RecomputeError
 from tessel.runtime.errors import ArtifactError, InputError
 from tests.compiler.step_graphs import batch, inference_model, linear_step_graph, numpy_step
 from tests.ir.helpers import F, model
@@ -152,3 +153,15 @@ def test_load_refuses_an_edited_state(linear, tmp_path):
         load_training(tmp_path / "ckpt")
     with pytest.raises(ArtifactError, match="not a Tessel checkpoint"):
         load_training(tmp_path)
+
+
+def test_device_memory_adds_recomputation_to_the_step_and_refuses_a_step_that_cannot_fit(kernel_cache):
+    def compile_with(device_memory: int) -> Trainer:
+        options = CompileOptions.create(None, cache_dir=kernel_cache, device_memory=device_memory)
+        return compile_step(linear_step_graph(), ModelSource("linear", inference_model(), None, {}, 0.0), "mse",
+                            SGD(lr=RATE), 0, options)
+
+    report = compile_with(1 << 20).step_artifact.report()
+    assert "recompute" in [record["name"] for record in report["passes"]]
+    with pytest.raises(RecomputeError, match="the weights and training state take"):
+        compile_with(16)
