@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from tessel.passes.loss import LossSpec
 from tessel.runtime.artifact_files import check_state_file, file_hash, inside
 from tessel.runtime.errors import ArtifactError
 
@@ -51,10 +52,11 @@ class StepNames:
     dropout_masks: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, step_graph: StepGraph, loss: str) -> StepNames:
-        """The names of a StepGraph."""
-        return cls(str(loss), list(step_graph.data_inputs), step_graph.label_input, step_graph.loss_output,
-                   list(step_graph.model_outputs), list(step_graph.parameters), list(step_graph.scalar_inputs),
+    def of(cls, step_graph: StepGraph, loss: str | LossSpec) -> StepNames:
+        """The names of a StepGraph built for `loss` (a loss spec is recorded by its kind)."""
+        return cls(loss if isinstance(loss, str) else loss.kind, list(step_graph.data_inputs),
+                   step_graph.label_input, step_graph.loss_output, list(step_graph.model_outputs),
+                   list(step_graph.parameters), list(step_graph.scalar_inputs),
                    {name: float(p) for name, p in step_graph.dropout_masks.items()})
 
     @classmethod

@@ -16,6 +16,7 @@ import numpy as np
 from tessel.backends.target import parse_target
 from tessel.ir.types import TensorType
 from tessel.passes.base import Pass
+from tessel.passes.loss import LossSpec
 from tessel.passes.memory_plan import CUDA_ALIGNMENT, DEFAULT_ALIGNMENT
 from tessel.runtime.errors import ArtifactError, InputError
 from tessel.runtime.executor import Executor
@@ -34,8 +35,8 @@ from .worker_programs import MachineShape
 class Trainer:
     """Runs a compiled training step on persistent state; `steps_done` steps so far."""
 
-    def __init__(self, step_artifact: Artifact, eval_artifact: Artifact, names: StepNames, optimizer: Optimizer, seed: int,
-                 model_bytes: bytes, steps_done: int = 0, state: Mapping[str, np.ndarray] | None = None):
+    def __init__(self, step_artifact: Artifact, eval_artifact: Artifact, names: StepNames, optimizer: Optimizer,
+                 seed: int, model_bytes: bytes, steps_done: int = 0, state: Mapping[str, np.ndarray] | None = None):
         """Load both artifacts' executors; `state` (by default the step artifact's starting state) is set in."""
         self.step_artifact, self.eval_artifact = step_artifact, eval_artifact
         self.names, self.optimizer, self.seed = names, optimizer, seed
@@ -98,8 +99,9 @@ class Trainer:
     def save(self, directory: str | Path, force: bool = False) -> Path:
         """Write a checkpoint to `directory` (compiler/checkpoint.py); an existing non-empty one is refused unless
         `force`, which replaces only a checkpoint."""
-        return write_checkpoint(Checkpoint(self.step_artifact, self.eval_artifact, self.names, self.optimizer, self.seed,
-                                           self.steps_done, self.state, self.model_bytes), directory, force)
+        checkpoint = Checkpoint(self.step_artifact, self.eval_artifact, self.names, self.optimizer, self.seed,
+                                self.steps_done, self.state, self.model_bytes)
+        return write_checkpoint(checkpoint, directory, force)
 
     def export_onnx(self, path: str | Path) -> Path:
         """Write the model as given with its trained values: every initializer named like a state value
@@ -122,15 +124,15 @@ class Trainer:
         return Path(path)
 
 
-def compile_training(model, loss: str, optimizer: Optimizer, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-                     trainable: str | None = None, frozen: str | None = None, seed: int = 0,
-                     label_smoothing: float = 0.0, **options) -> Trainer:
+def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
+                     input_shapes: Mapping[str, tuple[int, ...]] | None = None, trainable: str | None = None,
+                     frozen: str | None = None, seed: int = 0, label_smoothing: float = 0.0, **options) -> Trainer:
     """Compile an ONNX model (path, bytes or ModelProto) into a Trainer: one compiled graph per step.
 
-    `loss`: "cross_entropy" (with `label_smoothing`), "mse", "l1", "bce_with_logits", or "output:K" (the
-    model's output K is the loss); `optimizer`: a `tessel.optim` optimizer; `trainable` / `frozen`: regexes on
-    initializer names; `seed` seeds the dropout masks; the other keywords are compile options
-    (compiler/options.py).
+    `loss`: "cross_entropy" (with `label_smoothing`), "mse", "l1", "bce_with_logits", "output:K" (the
+    model's output K is the loss), or a passes.loss.LossSpec; `optimizer`: a `tessel.optim` optimizer;
+    `trainable` / `frozen`: regexes on initializer names; `seed` seeds the dropout masks; the other keywords
+    are compile options (compiler/options.py).
     """
     options = CompileOptions.create(None, input_shapes=dict(input_shapes or {}), **options)
     machine = prepare_machine(options)
@@ -142,8 +144,8 @@ def compile_training(model, loss: str, optimizer: Optimizer, input_shapes: Mappi
     return compile_step(step_graph, source, loss, optimizer, seed, options, machine)
 
 
-def compile_step(step_graph: StepGraph, source: ModelSource, loss: str, optimizer: Optimizer, seed: int,
-                 options: CompileOptions, machine: MachineShape | None = None) -> Trainer:
+def compile_step(step_graph: StepGraph, source: ModelSource, loss: str | LossSpec, optimizer: Optimizer,
+                 seed: int, options: CompileOptions, machine: MachineShape | None = None) -> Trainer:
     """Compile a StepGraph's step graph and eval graph (`source`: the model they came from); their Trainer."""
     machine = machine or prepare_machine(options)
     state = PersistentState(step_graph.state, step_graph.state_updates)

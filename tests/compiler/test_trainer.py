@@ -10,9 +10,11 @@ from onnx import helper
 
 import tessel
 from tessel.compiler.api import ModelSource
+from tessel.compiler.checkpoint import StepNames
 from tessel.compiler.optim import SGD
 from tessel.compiler.options import CompileOptions
 from tessel.compiler.trainer import Trainer, compile_step, load_training
+from tessel.passes.loss import LossSpec
 from tessel.passes.recompute import RecomputeError
 from tessel.runtime.errors import ArtifactError, InputError
 from tests.compiler.step_graphs import batch, inference_model, linear_step_graph, numpy_step
@@ -165,3 +167,8 @@ def test_device_memory_adds_recomputation_to_the_step_and_refuses_a_step_that_ca
     assert "recompute" in [record["name"] for record in report["passes"]]
     with pytest.raises(RecomputeError, match="the weights and training state take"):
         compile_with(16)
+
+
+def test_a_checkpoint_records_the_loss_kind():
+    assert StepNames.of(linear_step_graph(), "mse").loss == "mse"
+    assert StepNames.of(linear_step_graph(), LossSpec.parse("cross_entropy", 0.1)).loss == "cross_entropy"
