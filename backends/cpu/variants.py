@@ -11,7 +11,9 @@ from typing import Any, Callable, Mapping
 
 from ..kernel import ALGORITHM
 from ..lowering.context import LowerContext
+from ..lowering.grad import conv_grad_filter, window_of
 from ..lowering.nn import conv_pads
+from .conv_grad_filter import applies as tiled_grad_filter_applies, conv_grad_filter_tiled
 from .im2col import conv_im2col
 from .packed_kernels import conv_packed, matmul_packed
 from .packing import CONV_BLOCKS, MATMUL_BLOCK
@@ -36,6 +38,12 @@ def _matmul_packed(ctx: LowerContext):
     return matmul_packed(ctx)
 
 
+def _conv_grad_filter(ctx: LowerContext):
+    if not tiled_grad_filter_applies(ctx):
+        return conv_grad_filter(ctx)
+    return conv_grad_filter_tiled(ctx, window_of(ctx, ctx.input_types[0].shape[2:], ctx.input_types[1].shape[2:]))
+
+
 _CONV_ALGORITHMS = {"im2col": _conv_im2col, "winograd": _conv_winograd}
 
 
@@ -45,4 +53,6 @@ def variant_rule(op_type: str, attrs: Mapping[str, Any]) -> Callable | None:
         return _conv_packed if attrs.get(CONV_BLOCKS) else _CONV_ALGORITHMS.get(attrs.get(ALGORITHM))
     if op_type in ("MatMul", "Gemm") and attrs.get(MATMUL_BLOCK):
         return _matmul_packed
+    if op_type == "ConvGradFilter":
+        return _conv_grad_filter
     return None
