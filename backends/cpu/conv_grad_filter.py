@@ -12,15 +12,12 @@ from __future__ import annotations
 
 from ..lowering.context import LowerContext, SelfScheduled
 from ..tvm_env import tvm
+from .broadcast_tiles import LANES, ROWS, tile_product, vectorize_row
 from .schedule import MIN_PARALLEL_WORK, try_step
 
 _tvm = tvm()
 te, tir = _tvm.te, _tvm.tirx
 
-LANES = 16
-# A register tile: ROWS values of j × COLUMNS of o (16 accumulators of 16 lanes: half of AVX-512's registers).
-ROWS = 8
-COLUMNS = 32
 # The reduction length of one chunk (several images when they are small): its x and dyT stay in L2.
 CHUNK_POSITIONS = 2048
 
@@ -35,15 +32,6 @@ def _images_per_chunk(batch: int, positions: int) -> int:
     return max(d for d in range(1, batch + 1) if batch % d == 0 and (d == 1 or d * positions <= CHUNK_POSITIONS))
 
 
-def _vectorize_row(sch, loop) -> None:
-    """Vectorize a copy's innermost loop by at most one vector (wider vectors of gathers compile for minutes)."""
-    extent = int(sch.get(loop).extent)
-    if extent % LANES == 0 and extent > LANES:
-        loop = sch.split(loop, [None, LANES])[1]
-    if extent % LANES == 0 or extent <= LANES:
-        try_step(lambda: sch.vectorize(loop))
-
-
 def conv_grad_filter_tiled(ctx: LowerContext, window):
     """dW[O, C, R, S] of x[N, C, H, W] and dy[N, O, OH, OW] (see the module docstring)."""
     x, dy = ctx.input(0), ctx.input(1)
@@ -53,8 +41,7 @@ def conv_grad_filter_tiled(ctx: LowerContext, window):
     (sh, sw), (dh, dw), (pt, pl) = window.strides, window.dilations, window.before
     hp, wp = window.padded_sizes()
     depth = c * r * s
-    columns = COLUMNS if o > LANES else LANES
-    o_padded = -(-o // columns) * columns
+    o_padded = -(-o // LANES) * LANES
     j_padded = -(-depth // ROWS) * ROWS
 
     def pad(ni, ci, y, q):
@@ -90,22 +77,8 @@ def conv_grad_filter_tiled(ctx: LowerContext, window):
     big = depth * o * n * oh * ow >= MIN_PARALLEL_WORK * 16
 
     def schedule(sch) -> None:
-        block = sch.get_sblock("grad_filter_partial")
-        tile = sch.cache_write(block, 0, "global")
-        chunk, j, oi, bi, by, bq = sch.get_loops(block)
-        jo, ji = sch.split(j, [None, ROWS])
-        oo, oin = sch.split(oi, [None, columns])
-        ov, lanes = sch.split(oin, [None, LANES])
-        sch.reorder(chunk, jo, oo, bi, by, bq, ji, ov, lanes)
-        sch.reverse_compute_at(tile, oo)
-        try_step(lambda: sch.vectorize(sch.get_loops(tile)[-1]))
-        sch.unroll(ji)
-        sch.unroll(ov)
-        sch.vectorize(lanes)
-        tiles = sch.fuse(jo, oo)
-        if big:
-            sch.parallel(tiles)
-        sch.decompose_reduction(block, bi)
+        chunk = sch.get_loops(sch.get_sblock("grad_filter_partial"))[0]
+        tile_product(sch, "grad_filter_partial", ROWS, big, lead=1)
         # Each chunk's padded x and dyT are made just before its tiles read them, while they are in L2.
         for name in ("grad_filter_xpad", "grad_filter_dyt"):
             stage = sch.get_sblock(name)
@@ -114,7 +87,7 @@ def conv_grad_filter_tiled(ctx: LowerContext, window):
             outer = sch.fuse(*loops[:2])
             if big:
                 sch.parallel(outer)
-            _vectorize_row(sch, loops[-1])
+            vectorize_row(sch, loops[-1])
         total = sch.get_sblock("grad_filter_sum")
         loops = sch.get_loops(total)
         if big:

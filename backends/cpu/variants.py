@@ -11,9 +11,11 @@ from typing import Any, Callable, Mapping
 
 from ..kernel import ALGORITHM
 from ..lowering.context import LowerContext
+from ..lowering.conv_transpose import conv_transpose
 from ..lowering.grad import conv_grad_filter, window_of
 from ..lowering.nn import conv_pads
 from .conv_grad_filter import applies as tiled_grad_filter_applies, conv_grad_filter_tiled
+from .conv_transpose import applies as tiled_conv_transpose_applies, conv_transpose_tiled
 from .im2col import conv_im2col
 from .packed_kernels import conv_packed, matmul_packed
 from .packing import CONV_BLOCKS, MATMUL_BLOCK
@@ -44,6 +46,10 @@ def _conv_grad_filter(ctx: LowerContext):
     return conv_grad_filter_tiled(ctx, window_of(ctx, ctx.input_types[0].shape[2:], ctx.input_types[1].shape[2:]))
 
 
+def _conv_transpose(ctx: LowerContext):
+    return conv_transpose_tiled(ctx) if tiled_conv_transpose_applies(ctx) else conv_transpose(ctx)
+
+
 _CONV_ALGORITHMS = {"im2col": _conv_im2col, "winograd": _conv_winograd}
 
 
@@ -55,4 +61,6 @@ def variant_rule(op_type: str, attrs: Mapping[str, Any]) -> Callable | None:
         return _matmul_packed
     if op_type == "ConvGradFilter":
         return _conv_grad_filter
+    if op_type == "ConvTranspose":
+        return _conv_transpose
     return None

@@ -39,6 +39,7 @@ def _random(seed: int, *shape: int) -> np.ndarray:
     ((2, 8, 9, 9), (2, 16, 9, 9), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1))),
     ((2, 3, 15, 12), (2, 20, 7, 6), dict(kernel_shape=(5, 3), pads=(2, 1, 1, 1), strides=(2, 2))),  # odd sizes
     ((3, 16, 6, 6), (3, 32, 3, 3), dict(kernel_shape=(1, 1), strides=(2, 2))),
+    ((3, 2, 48, 48), (3, 16, 48, 48), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1))),  # one image per chunk
     ((2, 4, 8, 8), (2, 6, 4, 4), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), strides=(2, 2), group=2)),
     ((2, 6, 9, 9), (2, 6, 9, 9), dict(kernel_shape=(3, 3), pads=(2, 2, 2, 2), dilations=(2, 2), group=6)),
     ((2, 5, 12), (2, 7, 6), dict(kernel_shape=(3,), pads=(1, 1), strides=(2,))),
