@@ -3,7 +3,7 @@
 Per conv layer: the filter gradient (ConvGradFilter) against torch.nn.grad.conv2d_weight and the data gradient
 (ConvTranspose(dy, W), what autodiff emits) against torch.nn.grad.conv2d_input; then the stem's MaxPoolGrad
 against max_pool2d's backward. Each kernel is built through the normal kernel path (backends/lower.py), checked
-against PyTorch's result, and timed (best of --runs) in the same process as PyTorch with the same threads.
+against PyTorch's result, and timed (best of --runs, alternating with PyTorch's call) in the same process as PyTorch with the same threads.
 Prints ms, GFLOP/s and the ratio Tessel / PyTorch per layer, and the geomean ratio.
 
     flock /tmp/tessel_heavy.lock nice -n 5 python bench/grad_kernels.py [--batch 16] [--threads 2] [--runs 5]
@@ -48,15 +48,17 @@ LAYERS = {
 LLVM = parse_target("llvm")
 
 
-def best_time(fn, runs: int) -> float:
-    """The fastest of `runs` calls (after one warm-up), in seconds."""
-    fn()
-    times = []
+def best_times(first, second, runs: int) -> tuple[float, float]:
+    """The fastest of `runs` calls of each (after a warm-up), alternating them so both see the same machine load."""
+    first()
+    second()
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+        for fn, spent in zip((first, second), times):
+            start = time.perf_counter()
+            fn()
+            spent.append(time.perf_counter() - start)
+    return min(times[0]), min(times[1])
 
 
 def tessel_kernel(op_type: str, domain: str, raw_attrs: dict, arrays: list[np.ndarray]):
@@ -79,7 +81,7 @@ def compare(label: str, flops: float, tessel_call, tessel_out, torch_call, runs:
     want = torch_call().numpy()
     tessel_call()
     error = np.abs(tessel_out.numpy() - want).max() / max(np.abs(want).max(), 1e-30)
-    ours, theirs = best_time(tessel_call, runs), best_time(torch_call, runs)
+    ours, theirs = best_times(tessel_call, torch_call, runs)
     print(f"{label:34s} tessel {ours * 1e3:8.2f} ms {flops / ours / 1e9:6.0f} GFLOP/s | torch {theirs * 1e3:8.2f} ms "
           f"{flops / theirs / 1e9:6.0f} GFLOP/s | ratio {ours / theirs:5.2f} | rel err {error:.1e}", flush=True)
     return ours / theirs

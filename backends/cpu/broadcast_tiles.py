@@ -16,11 +16,13 @@ def tile_columns(columns: int) -> int:
 
 
 def vectorize_row(sch, loop) -> None:
-    """Vectorize a copy's innermost loop by at most one vector (wider vectors of gathers compile for minutes)."""
+    """Vectorize a copy's innermost loop by at most one vector of 16 or 8 lanes (wider vectors of gathers compile
+    for minutes)."""
     extent = int(sch.get(loop).extent)
-    if extent % LANES == 0 and extent > LANES:
-        loop = sch.split(loop, [None, LANES])[1]
-    if extent % LANES == 0 or extent <= LANES:
+    lanes = next((v for v in (LANES, LANES // 2) if extent % v == 0), None)
+    if lanes is not None and extent > lanes:
+        loop = sch.split(loop, [None, lanes])[1]
+    if lanes is not None or extent <= LANES:
         try_step(lambda: sch.vectorize(loop))
 
 

@@ -3,7 +3,8 @@
 A spec chooses through its attributes: the packed layouts that `plan_packing`
 recorded (conv "nchwc" and "direct", matmul "packed"), or the ALGORITHM
 attribute (conv "im2col" and "winograd"). Without them the op's
-target-neutral rule (backends/lowering/) lowers it.
+target-neutral rule (backends/lowering/) lowers it. Dense 2-D ConvTranspose and ConvGradFilter (the backward
+convolutions) always run as register-tiled products on CPU (conv_transpose.py, conv_grad_filter.py).
 """
 from __future__ import annotations
 
