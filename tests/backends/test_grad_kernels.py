@@ -1,5 +1,7 @@
-"""The gradient ops' compiled CPU kernels (backends/lowering/grad.py, backends/cpu/conv_grad_filter.py) equal their
-numpy references (ir/grad_ops.py, themselves checked against PyTorch in tests/ir/test_grad_ops.py)."""
+"""The backward kernels of a training step on CPU: the gradient ops (backends/lowering/grad.py,
+backends/cpu/conv_grad_filter.py) equal their numpy references (ir/grad_ops.py, themselves checked against PyTorch
+in tests/ir/test_grad_ops.py); ConvTranspose (a Conv's data gradient) and a Conv whose weights are a kernel
+argument (a parameter) equal PyTorch's."""
 from __future__ import annotations
 
 import numpy as np
@@ -76,14 +78,14 @@ def test_average_pool_grad_kernel(dy_shape, attrs):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def run_conv_transpose(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: dict) -> np.ndarray:
-    """The compiled ConvTranspose kernel's output."""
-    schema = get_schema("ConvTranspose")
+def run_conv(op_type: str, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: dict) -> np.ndarray:
+    """The output of the compiled Conv or ConvTranspose kernel, its weights a kernel argument."""
+    schema = get_schema(op_type)
     values = schema.make_attributes(attrs, "test")
     arrays = [x, w] + ([bias] if bias is not None else [])
     types = [TensorType.of(a) for a in arrays]
     out = schema.infer(values, types, [None] * len(types), 1)[0]
-    spec = KernelSpec("ConvTranspose", tuple(sorted(values.items())),
+    spec = KernelSpec(op_type, tuple(sorted(values.items())),
                       tuple(KernelInput(t.spec(), ARG) for t in types), (out.spec(),))
     runtime = tvm().runtime
     result = runtime.tensor(np.zeros(out.shape, np.float32))
@@ -119,4 +121,21 @@ def test_conv_transpose_kernel_matches_torch(case):
     op = torch.nn.functional.conv_transpose2d if rank == 2 else torch.nn.functional.conv_transpose1d
     want = op(torch.from_numpy(dy), torch.from_numpy(w), None if bias is None else torch.from_numpy(bias), stride,
               pad, out_pad, group, dilation).numpy()
-    np.testing.assert_allclose(run_conv_transpose(dy, w, bias, attrs), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(run_conv("ConvTranspose", dy, w, bias, attrs), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("x_shape,w_shape,stride,pads,dilation,with_bias", [
+    ((2, 8, 9, 9), (16, 8, 3, 3), 1, (1, 1, 1, 1), 1, True),
+    ((2, 3, 13, 12), (20, 3, 5, 3), 2, (2, 1, 0, 1), 1, False),  # odd sizes, asymmetric pads, 20 channels
+    ((1, 4, 10, 10), (8, 4, 3, 3), 1, (2, 2, 2, 2), 2, True),
+])
+def test_conv_with_runtime_weights_matches_torch(x_shape, w_shape, stride, pads, dilation, with_bias):
+    import torch
+
+    x, w = _random(8, *x_shape), _random(9, *w_shape)
+    bias = _random(10, w_shape[0]) if with_bias else None
+    attrs = dict(strides=(stride, stride), pads=pads, dilations=(dilation, dilation))
+    padded = torch.nn.functional.pad(torch.from_numpy(x), (pads[1], pads[3], pads[0], pads[2]))
+    want = torch.nn.functional.conv2d(padded, torch.from_numpy(w), None if bias is None else torch.from_numpy(bias),
+                                      stride, 0, dilation).numpy()
+    np.testing.assert_allclose(run_conv("Conv", x, w, bias, attrs), want, rtol=1e-4, atol=1e-4)
