@@ -101,12 +101,14 @@ def run_train(args: argparse.Namespace) -> int:
     steps_per_epoch = data.length // settings.batch
     if not args.resume:
         _prepare_run_dir(run_dir, args.force)
-    trainer, start_epoch = _trainer(settings, run_dir, data, inputs, steps_per_epoch, resumed=bool(args.resume))
-    settings.save(run_dir)
-    if start_epoch >= settings.epochs:
-        raise RunDirError(f"{run_dir}: already trained {start_epoch} epoch(s) of {settings.epochs}; "
+    done = completed_epochs(run_dir)[-1:] if args.resume else []
+    if done and done[0] >= settings.epochs:
+        raise RunDirError(f"{run_dir}: already trained {done[0]} epoch(s) of {settings.epochs}; "
                           "give --epochs N to train more")
-    finished = _train_epochs(trainer, settings, run_dir, data, val, start_epoch, steps_per_epoch,
+    optimizer = build_optimizer(settings, steps_per_epoch)
+    trainer, start_epoch = _trainer(settings, optimizer, run_dir, data, inputs, steps_per_epoch, bool(args.resume))
+    settings.save(run_dir)
+    finished = _train_epochs(trainer, optimizer, settings, run_dir, data, val, start_epoch, steps_per_epoch,
                              model_loss or outputs[0], args)
     trainer.export_onnx(str(run_dir / MODEL_FILE))
     from .plots.training_curves import write_training_curves
@@ -177,7 +179,8 @@ def _prepare_run_dir(run_dir: Path, force: bool) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
 
 
-def _trainer(settings: RunSettings, run_dir: Path, data: Dataset, inputs, steps_per_epoch: int, resumed: bool):
+def _trainer(settings: RunSettings, optimizer, run_dir: Path, data: Dataset, inputs, steps_per_epoch: int,
+             resumed: bool):
     """(trainer, epochs already done): the last checkpoint's trainer when resuming, else a fresh compile."""
     import tessel
 
@@ -194,7 +197,7 @@ def _trainer(settings: RunSettings, run_dir: Path, data: Dataset, inputs, steps_
         if resumed:
             _log.info("resuming %s: no checkpoint yet, starting from the beginning", run_dir)
         trainer = tessel.compile_training(
-            settings.model, loss=settings.loss, optimizer=build_optimizer(settings, steps_per_epoch),
+            settings.model, loss=settings.loss, optimizer=optimizer,
             input_shapes=input_shapes(inputs, data, settings.batch), trainable=settings.trainable,
             frozen=settings.frozen, seed=settings.seed, **_loss_options(settings))
     keep_until(run_dir, trainer.steps_done)
@@ -220,15 +223,16 @@ def build_optimizer(settings: RunSettings, steps_per_epoch: int):
         schedule = optim.cosine(total - settings.warmup, min_lr=numbers[0] if numbers else 0.0)
     else:
         schedule = optim.constant()
-    if settings.warmup:
-        schedule = optim.warmup(settings.warmup, schedule)
+    if settings.warmup:  # from the base batch's rate when scaling it (Goyal et al.'s gradual warm-up)
+        start = settings.base_batch / settings.batch if settings.base_batch else 1.0 / 3
+        schedule = optim.warmup(settings.warmup, schedule, start_factor=min(start, 1.0))
     if settings.optimizer == "sgd":
         return optim.SGD(lr, momentum=settings.momentum, nesterov=settings.nesterov,
                          weight_decay=settings.weight_decay, schedule=schedule)
     return optim.AdamW(lr, weight_decay=settings.weight_decay, schedule=schedule)
 
 
-def _train_epochs(trainer, settings: RunSettings, run_dir: Path, data: Dataset, val: Dataset | None,
+def _train_epochs(trainer, optimizer, settings: RunSettings, run_dir: Path, data: Dataset, val: Dataset | None,
                   start_epoch: int, steps_per_epoch: int, first_output: str, args) -> bool:
     """Train epochs start_epoch+1 .. settings.epochs; False when --max-steps stopped the run first."""
     progress = TrainProgress(settings.epochs, steps_per_epoch, settings.batch)
@@ -238,7 +242,7 @@ def _train_epochs(trainer, settings: RunSettings, run_dir: Path, data: Dataset, 
             for index, batch in enumerate(data.batches(settings.batch, settings.seed, epoch), 1):
                 if args.max_steps is not None and trainer.steps_done >= args.max_steps:
                     return False
-                lr = learning_rate(trainer, trainer.steps_done)
+                lr = optimizer.lr_at(trainer.steps_done)
                 step_started = time.perf_counter()
                 loss = _step(trainer, batch, epoch)
                 seconds = time.perf_counter() - step_started
@@ -265,11 +269,6 @@ def _step(trainer, batch: dict, epoch: int) -> float:
     except KeyboardInterrupt:
         raise KeyboardInterrupt(f"interrupted in epoch {epoch} at step {trainer.steps_done}; continue with "
                                 "'tessel train --resume RUN_DIR' (from the last epoch's checkpoint)") from None
-
-
-def learning_rate(trainer, step: int) -> float:
-    """The learning rate the optimizer applies at `step` (0-based)."""
-    return float(trainer.optimizer.step_scalars(step)["lr"])
 
 
 def validate(trainer, val: Dataset, settings: RunSettings, output: str) -> dict[str, float]:

@@ -62,8 +62,10 @@ def _accuracy_panel(ax, epochs) -> None:
     ax.plot([r["epoch"] for r in epochs], values, color=VAL_COLOR, marker="s", markersize=4,
             label="validation accuracy")
     best = max(range(len(values)), key=values.__getitem__)
+    right = len(values) > 1 and best >= len(values) / 2  # the label grows away from the nearer edge
     ax.annotate(f"best {values[best]:.2f} % (epoch {epochs[best]['epoch']})", xy=(epochs[best]["epoch"], values[best]),
-                xytext=(0, -14), textcoords="offset points", ha="center", va="top", fontsize=8)
+                xytext=(-4 if right else 4, -12), textcoords="offset points", ha="right" if right else "left",
+                va="top", fontsize=8)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(max(0.0, min(values) - 5), 100.5)
     ax.set_xlabel("epoch")
