@@ -117,7 +117,7 @@ def compile_tessel(name: str, batch: int, directory: Path) -> dict:
                                       input_shapes={"x": spec.input_shape})
     compile_s = time.perf_counter() - started
     trainer.save(str(directory))
-    memory = trainer.artifact.report()["memory"]
+    memory = trainer.step_artifact.report()["memory"]
     state = sum(array.nbytes for array in trainer.state.values())
     return {"compile_s": compile_s, "state_bytes": state, "arena_bytes": memory["arena_bytes"],
             "bound_bytes": memory["bound_bytes"]}

@@ -105,10 +105,9 @@ def run_train(args: argparse.Namespace) -> int:
     if done and done[0] >= settings.epochs:
         raise RunDirError(f"{run_dir}: already trained {done[0]} epoch(s) of {settings.epochs}; "
                           "give --epochs N to train more")
-    optimizer = build_optimizer(settings, steps_per_epoch)
-    trainer, start_epoch = _trainer(settings, optimizer, run_dir, data, inputs, steps_per_epoch, bool(args.resume))
+    trainer, start_epoch = _trainer(settings, run_dir, data, inputs, steps_per_epoch, bool(args.resume))
     settings.save(run_dir)
-    finished = _train_epochs(trainer, optimizer, settings, run_dir, data, val, start_epoch, steps_per_epoch,
+    finished = _train_epochs(trainer, settings, run_dir, data, val, start_epoch, steps_per_epoch,
                              model_loss or outputs[0], args)
     trainer.export_onnx(str(run_dir / MODEL_FILE))
     from .plots.training_curves import write_training_curves
@@ -179,8 +178,7 @@ def _prepare_run_dir(run_dir: Path, force: bool) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
 
 
-def _trainer(settings: RunSettings, optimizer, run_dir: Path, data: Dataset, inputs, steps_per_epoch: int,
-             resumed: bool):
+def _trainer(settings: RunSettings, run_dir: Path, data: Dataset, inputs, steps_per_epoch: int, resumed: bool):
     """(trainer, epochs already done): the last checkpoint's trainer when resuming, else a fresh compile."""
     import tessel
 
@@ -196,8 +194,9 @@ def _trainer(settings: RunSettings, optimizer, run_dir: Path, data: Dataset, inp
     else:
         if resumed:
             _log.info("resuming %s: no checkpoint yet, starting from the beginning", run_dir)
+        _log.info("compiling the training step of %s (batch %d)", settings.model, settings.batch)
         trainer = tessel.compile_training(
-            settings.model, loss=settings.loss, optimizer=optimizer,
+            settings.model, loss=settings.loss, optimizer=build_optimizer(settings, steps_per_epoch),
             input_shapes=input_shapes(inputs, data, settings.batch), trainable=settings.trainable,
             frozen=settings.frozen, seed=settings.seed, **_loss_options(settings))
     keep_until(run_dir, trainer.steps_done)
@@ -232,7 +231,7 @@ def build_optimizer(settings: RunSettings, steps_per_epoch: int):
     return optim.AdamW(lr, weight_decay=settings.weight_decay, schedule=schedule)
 
 
-def _train_epochs(trainer, optimizer, settings: RunSettings, run_dir: Path, data: Dataset, val: Dataset | None,
+def _train_epochs(trainer, settings: RunSettings, run_dir: Path, data: Dataset, val: Dataset | None,
                   start_epoch: int, steps_per_epoch: int, first_output: str, args) -> bool:
     """Train epochs start_epoch+1 .. settings.epochs; False when --max-steps stopped the run first."""
     progress = TrainProgress(settings.epochs, steps_per_epoch, settings.batch)
@@ -242,7 +241,7 @@ def _train_epochs(trainer, optimizer, settings: RunSettings, run_dir: Path, data
             for index, batch in enumerate(data.batches(settings.batch, settings.seed, epoch), 1):
                 if args.max_steps is not None and trainer.steps_done >= args.max_steps:
                     return False
-                lr = optimizer.lr_at(trainer.steps_done)
+                lr = trainer.optimizer.lr_at(trainer.steps_done)
                 step_started = time.perf_counter()
                 loss = _step(trainer, batch, epoch)
                 seconds = time.perf_counter() - step_started

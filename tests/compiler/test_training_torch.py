@@ -35,16 +35,17 @@ def _torch_run(model: torch.nn.Module, spec: ModelSpec, optimizer: str, batches)
         loss = torch_loss(spec.loss, model(torch.from_numpy(x)), torch.from_numpy(y))
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     state = {name: value.detach().numpy().copy() for name, value in model.state_dict().items()
              if value.dtype.is_floating_point}
     return losses, state
 
 
-def _tessel_run(path, spec: ModelSpec, optimizer: str, batches, out) -> tuple[list[float], dict]:
+def _tessel_run(path, spec: ModelSpec, optimizer: str, batches, out, cache) -> tuple[list[float], dict]:
     """Tessel's losses per step and the initializers of the model it exports after training."""
     opt = optim.SGD(LR["sgd"], momentum=0.9) if optimizer == "sgd" else optim.AdamW(LR["adamw"])
-    trainer = tessel.compile_training(str(path), loss=spec.loss, optimizer=opt, input_shapes={"x": spec.input_shape})
+    trainer = tessel.compile_training(str(path), loss=spec.loss, optimizer=opt, input_shapes={"x": spec.input_shape},
+                                      cache_dir=str(cache))
     losses = [trainer.step({"x": x}, y) for x, y in batches]
     trainer.export_onnx(str(out))
     return losses, {init.name: numpy_helper.to_array(init) for init in onnx.load(str(out)).graph.initializer}
@@ -56,13 +57,13 @@ def _relative(got: np.ndarray, want: np.ndarray) -> float:
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in SPECS])
-def test_training_steps_match_pytorch(tmp_path, name, optimizer):
+def test_training_steps_match_pytorch(tmp_path, kernel_cache, name, optimizer):
     spec = SPECS[name]
     model = spec.model()
     path = export(model, spec.input_shape, tmp_path / f"{name}.onnx")
     batches = _batches(spec)
     want_losses, want_state = _torch_run(model, spec, optimizer, batches)
-    got_losses, got_state = _tessel_run(path, spec, optimizer, batches, tmp_path / "trained.onnx")
+    got_losses, got_state = _tessel_run(path, spec, optimizer, batches, tmp_path / "trained.onnx", kernel_cache)
 
     np.testing.assert_allclose(got_losses, want_losses, rtol=LOSS_RTOL, err_msg="per-step losses")
     missing = sorted(set(want_state) - set(got_state) - {n for n in want_state if n.endswith("num_batches_tracked")})
