@@ -1,16 +1,203 @@
 """Tessel's gradient ops (domain "tessel"): the ops reverse-mode autodiff needs that ONNX does not define.
 
-`REFERENCE` maps each op type to a numpy implementation, `(attrs, inputs) -> outputs`, used by the IR
-interpreter (ir/interpret.py) to check gradient rules against finite differences.
+- `ConvGradFilter(x[N, C, *S], dy[N, O, *So])` -> dW[O, C/group, *kernel_shape]: the gradient of a Conv's
+  filter (attrs kernel_shape, strides, pads, dilations, group as the Conv's; pads explicit, no auto_pad).
+- `MaxPoolGrad(x, dy)` -> dx like x: each window's gradient goes to its FIRST maximum in row-major order among
+  the window's real (not padding) elements, as PyTorch does (attrs as MaxPool's: kernel_shape, strides, pads,
+  dilations, ceil_mode).
+- `AveragePoolGrad(dy)` -> dx of shape `input_shape`: attrs as AveragePool's (kernel_shape, strides, pads,
+  dilations, ceil_mode, count_include_pad) plus `input_shape`. Divisors follow PyTorch: with count_include_pad a
+  window counts its padding but not what ceil_mode adds beyond it; without, only its real elements.
+
+Type inference runs the forward op's inference and checks that dy has the forward output's type, so a gradient
+node always matches the node it differentiates. `REFERENCE` maps each op type to a numpy implementation,
+`(attrs, inputs) -> outputs`, used by the IR interpreter (ir/interpret.py) to check gradient rules against finite
+differences.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import itertools
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .attributes import Attributes
+from .attributes import AttrSpec, Attributes
+from .types import TensorType
 
 Reference = Callable[[Attributes, Sequence[np.ndarray]], list[np.ndarray]]
 
-REFERENCE: dict[str, Reference] = {}
+_WINDOW_ATTRS = {
+    "kernel_shape": AttrSpec("kernel_shape", "ints", True),
+    "strides": AttrSpec("strides", "ints"),
+    "pads": AttrSpec("pads", "ints"),
+    "dilations": AttrSpec("dilations", "ints"),
+}
+CONV_GRAD_FILTER_ATTRS = {**_WINDOW_ATTRS, "group": AttrSpec("group", "int", False, 1)}
+MAX_POOL_GRAD_ATTRS = {**_WINDOW_ATTRS, "ceil_mode": AttrSpec("ceil_mode", "int", False, 0)}
+AVERAGE_POOL_GRAD_ATTRS = {
+    **MAX_POOL_GRAD_ATTRS,
+    "count_include_pad": AttrSpec("count_include_pad", "int", False, 0),
+    "input_shape": AttrSpec("input_shape", "ints", True),
+}
+
+
+class Window:
+    """The sliding-window geometry of a conv or pool over the spatial axes of (N, C, *S)."""
+
+    def __init__(self, attrs: Mapping[str, object], in_sizes: Sequence[int], out_sizes: Sequence[int]):
+        rank = len(in_sizes)
+        self.kernel = tuple(attrs["kernel_shape"])
+        self.strides = tuple(attrs.get("strides") or (1,) * rank)
+        self.dilations = tuple(attrs.get("dilations") or (1,) * rank)
+        pads = tuple(attrs.get("pads") or (0,) * (2 * rank))
+        self.before, self.after = pads[:rank], pads[rank:]
+        self.in_sizes, self.out_sizes = tuple(in_sizes), tuple(out_sizes)
+
+    def padded_sizes(self) -> tuple[int, ...]:
+        """Sizes of the input padded so that every window (ceil_mode's last one included) lies inside it."""
+        return tuple(max(i + b + a, (o - 1) * s + (k - 1) * d + 1)
+                     for i, b, a, o, s, k, d in zip(self.in_sizes, self.before, self.after, self.out_sizes,
+                                                    self.strides, self.kernel, self.dilations))
+
+    def offsets(self):
+        """Each kernel tap (row-major) with the strided slices of the padded input its windows read."""
+        for tap in itertools.product(*(range(k) for k in self.kernel)):
+            yield tap, tuple(slice(t * d, t * d + (o - 1) * s + 1, s)
+                             for t, d, o, s in zip(tap, self.dilations, self.out_sizes, self.strides))
+
+    def crop(self) -> tuple[slice, ...]:
+        """The real input inside the padded one."""
+        return tuple(slice(b, b + i) for b, i in zip(self.before, self.in_sizes))
+
+
+def _pad(x: np.ndarray, window: Window, value: float) -> np.ndarray:
+    out = np.full(x.shape[:2] + window.padded_sizes(), value, dtype=x.dtype)
+    out[(slice(None), slice(None)) + window.crop()] = x
+    return out
+
+
+def conv_grad_filter(attrs: Attributes, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """dW[o, c, *k] = sum over n and output positions p of dy[n, o, p] * x_padded[n, g(o)*C/group + c, p*s + k*d]."""
+    x, dy = inputs
+    window = Window(attrs, x.shape[2:], dy.shape[2:])
+    groups = attrs.get("group", 1)
+    padded = _pad(x, window, 0.0)
+    n, channels, out_channels = x.shape[0], x.shape[1], dy.shape[1]
+    cg, og = channels // groups, out_channels // groups
+    grad = np.zeros((out_channels, cg) + window.kernel, dtype=np.result_type(x, dy))
+    dy_groups = dy.reshape(n, groups, og, -1)
+    for tap, where in window.offsets():
+        taps = padded[(slice(None), slice(None)) + where].reshape(n, groups, cg, -1)
+        grad[(slice(None), slice(None)) + tap] = np.einsum("ngop,ngcp->goc", dy_groups, taps).reshape(out_channels, cg)
+    return [grad.astype(x.dtype)]
+
+
+def max_pool_grad(attrs: Attributes, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """dx: each window's dy added at its first maximum (row-major) among its real elements; NaN counts as maximum."""
+    x, dy = inputs
+    window = Window(attrs, x.shape[2:], dy.shape[2:])
+    padded = _pad(x, window, -np.inf)
+    real = _pad(np.ones(x.shape, bool), window, False)
+    lead = (slice(None), slice(None))
+    values = np.stack([padded[lead + where] for _, where in window.offsets()])
+    valid = np.stack([real[lead + where] for _, where in window.offsets()])
+    masked = np.where(valid, values, -np.inf)
+    peak = masked.max(axis=0)
+    hit = valid & ((values == peak) | (np.isnan(values) & np.isnan(peak)))
+    first = hit.argmax(axis=0)
+    grad = np.zeros(padded.shape, dtype=np.result_type(x, dy))
+    for index, (_, where) in enumerate(window.offsets()):
+        grad[lead + where] += np.where(first == index, dy, 0)
+    return [grad[lead + window.crop()].astype(x.dtype)]
+
+
+def window_counts(window: Window, include_pad: bool) -> np.ndarray:
+    """The divisor of each average-pool window (shape So), as PyTorch counts it."""
+    per_axis = []
+    for i, b, a, o, s, k, d in zip(window.in_sizes, window.before, window.after, window.out_sizes,
+                                   window.strides, window.kernel, window.dilations):
+        start = np.arange(o) * s - b
+        taps = start[:, None] + np.arange(k)[None, :] * d
+        low, high = (-b, i + a) if include_pad else (0, i)
+        per_axis.append(((taps >= low) & (taps < high)).sum(axis=1))
+    counts = np.ones((), np.int64)
+    for c in per_axis:
+        counts = np.multiply.outer(counts, c)
+    return counts
+
+
+def average_pool_grad(attrs: Attributes, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """dx: each window's dy divided by the window's count, added to every real element of the window."""
+    (dy,) = inputs
+    shape = tuple(attrs["input_shape"])
+    window = Window(attrs, shape[2:], dy.shape[2:])
+    share = dy / np.maximum(window_counts(window, bool(attrs.get("count_include_pad", 0))), 1)
+    lead = (slice(None), slice(None))
+    grad = np.zeros(shape[:2] + window.padded_sizes(), dtype=share.dtype)
+    for _, where in window.offsets():
+        grad[lead + where] += share
+    return [grad[lead + window.crop()].astype(dy.dtype)]
+
+
+def _forward_check(op_type: str, attrs: Mapping[str, object], input_types: Sequence[TensorType],
+                   dy: TensorType) -> None:
+    """Raise InferenceFailure unless `dy` has the type of `op_type`'s output for these inputs and attributes."""
+    from .schema import InferenceFailure, get_schema
+
+    schema = get_schema(op_type)
+    forward = schema.make_attributes({k: v for k, v in attrs.items() if k in schema.attributes}, op_type)
+    expected = schema.infer(forward, input_types, [None] * len(input_types), 1)[0]
+    if expected != dy:
+        raise InferenceFailure(f"dy is {dy}, but {op_type} with these attributes gives {expected}")
+
+
+def _check_window_rank(attrs: Mapping[str, object], rank: int) -> None:
+    from .schema import InferenceFailure
+
+    if rank < 3:
+        raise InferenceFailure(f"input must be (N, C, spatial...), has rank {rank}")
+    if len(attrs["kernel_shape"]) != rank - 2:
+        raise InferenceFailure(f"kernel_shape has {len(attrs['kernel_shape'])} axes for {rank - 2} spatial axes")
+
+
+def _infer_conv_grad_filter(attrs, input_types, input_data, num_outputs):
+    from .schema import InferenceFailure
+
+    x, dy = input_types
+    _check_window_rank(attrs, x.rank)
+    groups = attrs.get("group", 1)
+    channels, out_channels = x.shape[1], dy.shape[1]
+    if groups < 1 or channels % groups or out_channels % groups:
+        raise InferenceFailure(f"group {groups} must divide the {channels} input and {out_channels} output channels")
+    weight = TensorType(x.dtype, (out_channels, channels // groups) + tuple(attrs["kernel_shape"]))
+    _forward_check("Conv", attrs, [x, weight], dy)
+    return [weight]
+
+
+def _infer_max_pool_grad(attrs, input_types, input_data, num_outputs):
+    x, dy = input_types
+    _check_window_rank(attrs, x.rank)
+    _forward_check("MaxPool", attrs, [x], dy)
+    return [x]
+
+
+def _infer_average_pool_grad(attrs, input_types, input_data, num_outputs):
+    (dy,) = input_types
+    x = TensorType(dy.dtype, tuple(attrs["input_shape"]))
+    _check_window_rank(attrs, x.rank)
+    _forward_check("AveragePool", attrs, [x], dy)
+    return [x]
+
+
+# op type -> (number of inputs, attributes, type inference); ir/schema.py makes them Tessel-domain schemas.
+GRAD_OPS = {
+    "ConvGradFilter": (2, CONV_GRAD_FILTER_ATTRS, _infer_conv_grad_filter),
+    "MaxPoolGrad": (2, MAX_POOL_GRAD_ATTRS, _infer_max_pool_grad),
+    "AveragePoolGrad": (1, AVERAGE_POOL_GRAD_ATTRS, _infer_average_pool_grad),
+}
+
+REFERENCE: dict[str, Reference] = {
+    "ConvGradFilter": conv_grad_filter,
+    "MaxPoolGrad": max_pool_grad,
+    "AveragePoolGrad": average_pool_grad,
+}

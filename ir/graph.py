@@ -114,6 +114,8 @@ class Graph:
         self.outputs: list[Value] = []
         self.nodes: list[Node] = []
         self.constants: list[Value] = []
+        # Names of the constants that are the model's float initializers (set by a training import, see from_onnx).
+        self.initializers: frozenset[str] = frozenset()
         self._names: set[str] = set()
         self._node_names: set[str] = set()
         self._values: dict[str, Value] = {}

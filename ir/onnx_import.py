@@ -311,15 +311,19 @@ def input_defaults(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return {t.name: _tensor_array(t, f"initializer '{t.name}'") for t in model.graph.initializer if t.name in inputs}
 
 
-def from_onnx(model_or_path: "onnx.ModelProto | bytes | str | os.PathLike", input_shapes: InputShapes | None = None) -> Graph:
+def from_onnx(model_or_path: "onnx.ModelProto | bytes | str | os.PathLike", input_shapes: InputShapes | None = None,
+              *, training: bool = False) -> Graph:
     """Import an ONNX model as a verified Tessel graph in which every tensor has a static shape.
 
     `input_shapes` binds symbolic input dimensions, e.g. {"x": (1, 3, 640, 640)}.
+    `training` imports for passes/training_mode.py: float initializers stay constants under their own
+    names (listed in `graph.initializers`) that no node is folded with, so gradients can reach them, and
+    BatchNormalization in training mode is accepted.
     Raises a TesselError subclass (ModelLoadError, ModelImportError,
     ShapeBindingError, UnsupportedModelError, VerificationError) on bad input.
     """
     model = load_model(model_or_path)
-    importer = _Importer(CANONICAL_OPSET)
+    importer = _Importer(CANONICAL_OPSET, training)
     try:
         graph = importer.import_model(model, dict(input_shapes or {}))
     except TesselError:
@@ -351,9 +355,12 @@ class _Context:
 
 
 class _Importer:
-    def __init__(self, opset: int):
+    def __init__(self, opset: int, training: bool = False):
         self.opset = opset
         self.where = "model"
+        self.training = training
+        # Float initializers kept unfolded in a training import (Value ids).
+        self.kept: set[int] = set()
 
     # ---- graphs -----------------------------------------------------------
     def import_model(self, model: onnx.ModelProto, input_shapes: dict[str, Sequence[int]]) -> Graph:
@@ -386,6 +393,8 @@ class _Importer:
         self._import_body(proto, graph, scope)
         self._bind_outputs(proto, graph, scope)
         _drop_unused_constants(graph)
+        if self.training:
+            graph.initializers = frozenset(v.name for v in graph.constants if id(v) in self.kept)
         return graph
 
     def _add_initializers(self, proto: onnx.GraphProto, graph: Graph, scope, skip: set[str] = frozenset()) -> None:
@@ -394,6 +403,8 @@ class _Importer:
                 continue
             self.where = f"initializer '{tensor.name}'"
             scope[tensor.name] = graph.add_constant(tensor.name, _tensor_array(tensor, self.where))
+            if self.training and scope[tensor.name].type.dtype.startswith("float"):
+                self.kept.add(id(scope[tensor.name]))
 
     def _import_body(self, proto: onnx.GraphProto, graph: Graph, scope) -> None:
         read = {name for node in proto.node for name in node.input} | {vi.name for vi in proto.output}
@@ -431,7 +442,7 @@ class _Importer:
             return
         inputs = [scope[n] if n else None for n in proto.input]
         version = defs.get_schema(proto.op_type, self.opset, "").since_version
-        raw = RawNode(name, proto.op_type, attrs, inputs, list(proto.output), {"used_names": read_names})
+        raw = RawNode(name, proto.op_type, attrs, inputs, list(proto.output), {"used_names": read_names, "training": self.training})
         try:
             raw = normalize(raw, version, _Context(self, graph))
         except (ImportProblem, KeyError, ValueError, TypeError, AttributeError) as exc:
@@ -545,6 +556,8 @@ class _Importer:
         numel = sum(t.numel for t in out_types if t is not None)
         if not (inputs_known and schema.traits.deterministic and not has_graph):
             return None
+        if any(v is not None and id(v) in self.kept for v in raw.inputs):
+            return None  # a training import keeps the path from each initializer for its gradient
         if not over_empty and numel > FOLD_LIMIT:
             return None
         if over_empty and numel > EMPTY_FOLD_LIMIT:

@@ -122,6 +122,8 @@ def _batch_norm(node, version, ctx):
         raise ImportProblem("BatchNormalization with spatial=0 is not supported")
     node.attrs.pop("is_test", None)
     node.attrs.pop("consumed_inputs", None)
+    if node.extra.get("training"):
+        return node  # passes/training_mode.py rewrites either form into training-mode primitive ops
     if node.attrs.get("training_mode", 0):
         raise ImportProblem("BatchNormalization in training mode is not supported (export the model for inference)")
     used_extra = [name for name in node.outputs[1:] if name and name in node.extra.get("used_names", ())]

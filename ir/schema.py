@@ -20,6 +20,7 @@ from onnx import defs, helper
 from onnx.shape_inference import InferenceError, infer_node_outputs
 
 from .attributes import AttrSpec, Attributes, coerce
+from .grad_ops import GRAD_OPS
 from .onnx_proto import ATTR_KIND, attribute_proto, tensor_proto, type_proto
 from .op_traits import OpTraits, op_traits
 from .types import TensorType, dtype_from_onnx, onnx_type_name
@@ -222,6 +223,9 @@ _TESSEL_SCHEMAS = {
         FUSED, TESSEL_DOMAIN, 1, 0, 2**31 - 1, 1, 2**31 - 1,
         {"body": AttrSpec("body", "graph", True)}, None, _infer_fused,
     ),
+    # The gradient ops of reverse-mode autodiff (ir/grad_ops.py).
+    **{op: OpSchema(op, TESSEL_DOMAIN, 1, arity, arity, 1, 1, attrs, None, infer)
+       for op, (arity, attrs, infer) in GRAD_OPS.items()},
 }
 
 

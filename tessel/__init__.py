@@ -38,8 +38,8 @@ def __getattr__(name: str):
         from .runtime.session import InferenceSession
 
         return InferenceSession
-    if name == "ir":
+    if name in ("ir", "optim"):
         import importlib
 
-        return importlib.import_module("tessel.ir")
+        return importlib.import_module(f"tessel.{name}")
     raise AttributeError(f"module 'tessel' has no attribute {name!r}")

@@ -1,0 +1,107 @@
+"""The training step as one graph: forward, loss, backward and optimizer update (`build_step_graph`).
+
+The model is imported for training (tessel.ir.from_onnx with training=True), given
+training semantics (passes/training_mode.py: parameters and BN running statistics
+become persistent inputs), a loss (passes/loss.py), its backward pass
+(passes/autodiff.py) and the optimizer's update of every parameter
+(passes/optimizer_update.py). The result names what the runtime must feed per step
+(data, labels, the optimizer's scalars, dropout masks), what persists between steps
+(`state`) and which output holds each persistent input's next value
+(`state_updates`). A second import of the model with inference semantics reading the
+same persistent inputs is the eval graph.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+import numpy as np
+
+from tessel.ir import from_onnx, load_model, verify
+from tessel.ir.graph import Graph, Value
+from tessel.passes.autodiff import differentiate
+from tessel.passes.loss import LossSpec, add_loss
+from tessel.passes.optimizer_update import add_updates
+from tessel.passes.training_mode import TrainingModel, prepare_eval, prepare_training
+
+if TYPE_CHECKING:
+    from .optim import Optimizer
+
+LOSS_OUTPUT = "loss"
+# Suffix of the graph output holding a persistent input's next value (as passes/training_mode.py names BN's).
+NEXT_SUFFIX = "__next"
+
+
+@dataclass
+class StepGraph:
+    """One training step as a graph, and what the runtime feeds, keeps and updates around it."""
+
+    graph: Graph                       # forward, loss, backward, update (one graph)
+    eval_graph: Graph                  # forward only, inference semantics, same persistent inputs it needs
+    data_inputs: list[str]             # model inputs fed per step (and per evaluate)
+    label_input: str | None            # "labels" unless the loss is a model output
+    loss_output: str                   # scalar float32 output of `graph`
+    model_outputs: list[str]           # outputs of eval_graph
+    state: dict[str, np.ndarray]       # initial values: params, optimizer slots, BN running stats
+    state_updates: dict[str, str]      # persistent input -> output of `graph` with its next value
+    parameters: list[str]
+    scalar_inputs: list[str]           # fed each step from optimizer.step_scalars(step)
+    dropout_masks: dict[str, float]
+
+
+def build_step_graph(model, input_shapes: Mapping[str, Sequence[int]] | None, loss: str | LossSpec,
+                     optimizer: "Optimizer", trainable: str | None = None, frozen: str | None = None,
+                     label_smoothing: float = 0.0) -> StepGraph:
+    """The training step of an ONNX model (path, bytes or ModelProto) for `loss` and `optimizer`.
+
+    `loss` is a loss kind ("cross_entropy", "mse", "l1", "bce_with_logits"), "output:K" or the name of the
+    model output that is the loss, or a LossSpec; `trainable`/`frozen` are regexes on initializer names.
+    """
+    spec = loss if isinstance(loss, LossSpec) else LossSpec.parse(loss, label_smoothing)
+    proto = load_model(model)
+    training = prepare_training(from_onnx(proto, input_shapes, training=True), trainable, frozen)
+    eval_graph = prepare_eval(from_onnx(proto, input_shapes, training=True), list(training.state))
+    return assemble_step(training, eval_graph, spec, optimizer)
+
+
+def assemble_step(training: TrainingModel, eval_graph: Graph, spec: LossSpec, optimizer: "Optimizer") -> StepGraph:
+    """Add the loss, backward pass and updates to the training graph of `training` (edited in place)."""
+    graph = training.graph
+    persistent = set(training.state) | set(training.dropout_masks)
+    data_inputs = [v.name for v in graph.inputs if v.name not in persistent]
+    added = add_loss(graph, spec, [_value(graph, name) for name in training.model_outputs])
+    parameters = [_value(graph, name) for name in training.parameters]
+    grads = differentiate(graph, added.loss, parameters)
+    updates = add_updates(graph, optimizer.rule, {p.name: (p, grads[p.name]) for p in parameters})
+    kept = [_value(graph, name) for name in training.state_updates.values()]
+    loss_value = _loss_output(graph, added.loss)
+    graph.outputs = [loss_value] + kept
+    state_updates = dict(training.state_updates)
+    for name, value in updates.next_values.items():
+        graph.rename_value(value, graph.unique_name(name + NEXT_SUFFIX))
+        graph.outputs.append(value)
+        state_updates[name] = value.name
+    verify(graph)
+    return StepGraph(
+        graph=graph, eval_graph=eval_graph, data_inputs=data_inputs,
+        label_input=added.labels.name if added.labels is not None else None, loss_output=loss_value.name,
+        model_outputs=[v.name for v in eval_graph.outputs], state={**training.state, **updates.initial_slots()},
+        state_updates=state_updates, parameters=list(training.parameters),
+        scalar_inputs=[v.name for v in updates.scalar_inputs], dropout_masks=dict(training.dropout_masks),
+    )
+
+
+def _value(graph: Graph, name: str) -> Value:
+    """The value called `name` (an input or output prepare_training reported)."""
+    value = graph.lookup(name)
+    if value is None:
+        raise AssertionError(f"training graph has no value {name!r}")
+    return value
+
+
+def _loss_output(graph: Graph, loss: Value) -> Value:
+    """The loss as a graph output: a model output that is the loss keeps its name, a new loss is "loss"."""
+    if loss.is_graph_output or loss.is_graph_input:
+        return loss
+    graph.rename_value(loss, graph.unique_name(LOSS_OUTPUT))
+    return loss

@@ -1,0 +1,250 @@
+"""Training import: a graph imported with `from_onnx(..., training=True)` given training or evaluation semantics.
+
+`prepare_training` makes the model's float initializers graph inputs that persist
+across steps ("state": the trainable parameters and BatchNormalization's running
+statistics), rewrites BatchNormalization into batch-statistics primitive ops
+whose running-statistic updates become graph outputs, Dropout into a product
+with a mask fed each step, and LSTM/GRU into unrolled primitive ops, so that
+generic gradient rules differentiate the whole graph. `prepare_eval` gives the
+same persistent inputs with inference semantics.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tessel.ir.errors import ModelImportError
+from tessel.ir.graph import Graph, Node, Value
+from tessel.ir.verify import verify
+
+from .base import add_op, can_replace, constant_scalar, retire
+from .emitter import Emitter
+from .unroll_rnn import unroll_rnn
+
+# Float inputs that configure an op rather than feed its arithmetic: an initializer read there is no parameter.
+_SETTINGS = {("Resize", 1), ("Resize", 2), ("Dropout", 1)}
+# BatchNormalization's running mean and variance inputs.
+_RUNNING_STATS = (3, 4)
+
+
+@dataclass
+class TrainingModel:
+    """A graph with training semantics and what drives it between steps."""
+
+    graph: Graph                      # every parameter and BN running stat is a graph input named as its initializer
+    parameters: list[str]             # trainable inputs, in graph order
+    state: dict[str, np.ndarray]      # initial value of every persistent input: parameters and BN running stats
+    state_updates: dict[str, str] = field(default_factory=dict)  # persistent input -> graph output with its next value
+    dropout_masks: dict[str, float] = field(default_factory=dict)  # mask input -> drop ratio (mask = bernoulli(1-p)/(1-p))
+    model_outputs: list[str] = field(default_factory=list)  # the model's own outputs (still graph outputs, first)
+
+
+def prepare_training(graph: Graph, trainable: str | None = None, frozen: str | None = None) -> TrainingModel:
+    """Give `graph` (imported with from_onnx(..., training=True); edited in place) training semantics.
+
+    Every float initializer matching `trainable` (re.search; default all) and not `frozen` becomes a trainable
+    graph input; BatchNormalization running statistics become persistent non-trainable inputs (unless `frozen`
+    matches them); the other float initializers stay constants.
+    """
+    _split_aliases(graph)
+    model_outputs = [v.name for v in graph.outputs]
+    running = _running_stats(graph)
+    candidates = _parameter_candidates(graph) - running
+    parameters = [name for name in _initializer_order(graph) if name in candidates
+                  and (trainable is None or re.search(trainable, name)) and not (frozen and re.search(frozen, name))]
+    stats = [name for name in _initializer_order(graph) if name in running and not (frozen and re.search(frozen, name))]
+    state = _make_inputs(graph, parameters + stats)
+    model = TrainingModel(graph, parameters, state, model_outputs=model_outputs)
+    updates: dict[str, Value] = {}
+    for node in list(graph.nodes):
+        if node.op_type == "BatchNormalization":
+            _batch_norm_training(graph, node, updates)
+        elif node.op_type == "Dropout":
+            _dropout_training(graph, node, model.dropout_masks)
+        elif node.op_type in ("LSTM", "GRU"):
+            unroll_rnn(graph, node)
+    for name, update in updates.items():
+        if update.is_graph_output or update.is_graph_input:
+            update = add_op(graph, "Identity", [update], name=f"{name}/next").outputs[0]
+        graph.rename_value(update, graph.unique_name(f"{name}__next"))
+        graph.outputs.append(update)
+        model.state_updates[name] = update.name
+    _finish(graph)
+    return model
+
+
+def prepare_eval(graph: Graph, state_names) -> Graph:
+    """Give `graph` (imported with from_onnx(..., training=True); edited in place) inference semantics with the
+    persistent inputs `state_names` of the training graph: BatchNormalization uses the running statistics,
+    Dropout passes its input through."""
+    _split_aliases(graph)
+    present = {v.name for v in graph.constants}
+    _make_inputs(graph, [name for name in _initializer_order(graph) if name in set(state_names) & present])
+    for node in list(graph.nodes):
+        if node.op_type == "BatchNormalization" and node.attrs.get("training_mode", 0):
+            _batch_norm_inference(graph, node)
+        elif node.op_type == "Dropout":
+            _pass_through(graph, node)
+    _finish(graph)
+    return graph
+
+
+def _finish(graph: Graph) -> None:
+    """Drop the constants the rewrites left unread, keep `graph.initializers` to the remaining ones, verify."""
+    for value in list(graph.constants):
+        if not value.uses and not value.is_graph_output:
+            graph.remove_constant(value)
+    graph.initializers = frozenset(v.name for v in graph.constants if v.name in graph.initializers)
+    verify(graph)
+
+
+# ---- parameters ------------------------------------------------------------------------------------------------
+def _split_aliases(graph: Graph) -> None:
+    """Identity(initializer) becomes an initializer of its own under the Identity's output name.
+
+    PyTorch's exporter writes one initializer for buffers of equal initial value and Identity nodes for the
+    others (a fresh BN's running_var is bn.weight's ones); in training each is a tensor of its own.
+    """
+    aliases = set()
+    for node in list(graph.nodes):
+        source = node.inputs[0] if node.op_type == "Identity" and node.inputs else None
+        if source is None or not source.is_constant or source.name not in graph.initializers:
+            continue
+        alias = node.outputs[0]
+        name = alias.name
+        graph.rename_value(alias, graph.unique_name(f"{name}__alias"))
+        copy = graph.add_constant(name, source.const)
+        graph.replace_all_uses_with(alias, copy)
+        graph.remove_node(node)
+        aliases.add(name)
+    graph.initializers = graph.initializers | aliases
+
+
+def _initializer_order(graph: Graph) -> list[str]:
+    """The initializer constants' names in graph order."""
+    return [v.name for v in graph.constants if v.name in graph.initializers]
+
+
+def _running_stats(graph: Graph) -> set[str]:
+    """Initializers that are a BatchNormalization's running mean or variance."""
+    return {node.inputs[i].name for node in graph.walk_nodes() if node.op_type == "BatchNormalization"
+            for i in _RUNNING_STATS if node.inputs[i] is not None and node.inputs[i].name in graph.initializers}
+
+
+def _parameter_candidates(graph: Graph) -> set[str]:
+    """Float initializers that feed arithmetic (none of them read only as an op's setting)."""
+    settings = {node.inputs[i].name for node in graph.walk_nodes() for i, v in enumerate(node.inputs)
+                if v is not None and (node.op_type, i) in _SETTINGS}
+    return set(graph.initializers) - settings
+
+
+def _make_inputs(graph: Graph, names: list[str]) -> dict[str, np.ndarray]:
+    """Turn the named constants into graph inputs of the same name; return their values."""
+    values = {}
+    for name in names:
+        constant = graph.lookup(name)
+        values[name] = np.array(constant.const)
+        graph.rename_value(constant, graph.unique_name(f"{name}__initial"))
+        value = graph.add_input(name, constant.type)
+        graph.replace_all_uses_with(constant, value)
+        graph.remove_constant(constant)
+    return values
+
+
+# ---- BatchNormalization ----------------------------------------------------------------------------------------
+def _batch_norm_training(graph: Graph, node: Node, updates: dict[str, Value]) -> None:
+    """BatchNormalization with batch statistics; running statistics updated as PyTorch does (unbiased variance)."""
+    x, scale, bias, mean_in, var_in = node.inputs[:5]
+    rank, channels = x.type.rank, x.type.shape[1]
+    axes = [0] + list(range(2, rank))
+    count = int(np.prod([x.type.shape[a] for a in axes]))
+    if count < 2:
+        raise ModelImportError(f"node '{node.name}' (BatchNormalization): training needs more than one value per "
+                               f"channel, the input is {x.type}; use a larger batch")
+    momentum = _float32_literal(node.attrs.get("momentum", 0.9))
+    epsilon = _float32_literal(node.attrs.get("epsilon", 1e-5))
+    em = Emitter(graph, node, node.name)
+    axes_value = em.const(axes, np.int64)
+    mean = em.op("ReduceMean", x, axes_value, keepdims=1)
+    centered = em.op("Sub", x, mean)
+    var = em.op("ReduceMean", em.op("Mul", centered, centered), axes_value, keepdims=1)
+    normalized = em.op("Div", centered, em.op("Sqrt", em.op("Add", var, em.scalar(epsilon, x))))
+    per_channel = [channels] + [1] * (rank - 2)
+    y = em.op("Add", em.op("Mul", normalized, em.reshape(scale, per_channel)), em.reshape(bias, per_channel))
+    replacements = {0: y}
+    batch_stats = {3: mean, 4: var}
+    factors = {3: 1.0 - momentum, 4: (1.0 - momentum) * count / (count - 1)}
+    for index, output in zip(_RUNNING_STATS, node.outputs[1:3] if len(node.outputs) > 1 else []):
+        if output is not None:
+            replacements[index - 2] = _running_update(em, node.inputs[index], batch_stats[index], momentum, factors[index])
+    for index in _RUNNING_STATS:
+        stat = node.inputs[index]
+        if stat is not None and stat.is_graph_input and stat.name not in updates:
+            updates[stat.name] = replacements.get(index - 2) or _running_update(em, stat, batch_stats[index], momentum,
+                                                                                  factors[index])
+    _retire_or_alias(graph, node, replacements)
+
+
+def _running_update(em: Emitter, stat: Value, batch_stat: Value, momentum: float, factor: float) -> Value:
+    """momentum * stat + factor * batch_stat, the batch statistic flattened to the stat's shape."""
+    flat = em.reshape(batch_stat, list(stat.type.shape))
+    return em.op("Add", em.op("Mul", stat, em.scalar(momentum, stat)), em.op("Mul", flat, em.scalar(factor, stat)))
+
+
+def _batch_norm_inference(graph: Graph, node: Node) -> None:
+    """Training-mode BatchNormalization (3 outputs) as its inference form; the running stats pass through."""
+    attrs = {k: v for k, v in node.attrs.items() if k in ("epsilon", "momentum")}
+    y = add_op(graph, "BatchNormalization", node.inputs[:5], attrs, name=node.name, before=node).outputs[0]
+    replacements = {0: y}
+    for index in _RUNNING_STATS:
+        if index - 2 < len(node.outputs) and node.outputs[index - 2] is not None:
+            replacements[index - 2] = node.inputs[index]
+    _retire_or_alias(graph, node, replacements)
+
+
+def _float32_literal(value: float) -> float:
+    """The shortest decimal that a float32 attribute stands for (0.9, not 0.8999999761581421), as PyTorch's value."""
+    return float(np.format_float_positional(np.float32(value)))
+
+
+# ---- Dropout ---------------------------------------------------------------------------------------------------
+def _dropout_training(graph: Graph, node: Node, masks: dict[str, float]) -> None:
+    """Dropout as x * mask, the mask a new input fed each step; ratio 0 passes x through."""
+    x = node.inputs[0]
+    ratio_input = node.inputs[1] if len(node.inputs) > 1 else None
+    ratio = 0.5 if ratio_input is None else constant_scalar(ratio_input)
+    ratio = None if ratio is None else _float32_literal(ratio)
+    if ratio is None:
+        raise ModelImportError(f"node '{node.name}' (Dropout): its ratio is computed at run time; training needs a "
+                               "constant ratio")
+    if ratio == 0.0:
+        _pass_through(graph, node)
+        return
+    mask = graph.add_input(graph.unique_name(f"{node.name}_mask"), x.type)
+    masks[mask.name] = ratio
+    em = Emitter(graph, node, node.name)
+    replacements = {0: em.op("Mul", x, mask)}
+    if len(node.outputs) > 1 and node.outputs[1] is not None:
+        replacements[1] = em.op("Greater", mask, em.scalar(0.0, mask))
+    _retire_or_alias(graph, node, replacements)
+
+
+def _pass_through(graph: Graph, node: Node) -> None:
+    """Dropout at inference: the input itself, and a mask of ones."""
+    replacements = {0: node.inputs[0]}
+    if len(node.outputs) > 1 and node.outputs[1] is not None:
+        replacements[1] = graph.add_constant(graph.unique_name(f"{node.name}_mask"),
+                                             np.ones(node.outputs[1].type.shape, bool))
+    _retire_or_alias(graph, node, replacements)
+
+
+def _retire_or_alias(graph: Graph, node: Node, replacements: dict[int, Value]) -> None:
+    """Replace the node's outputs and remove it; a graph output whose replacement cannot take its name (an
+    input, a constant, another output) gets an Identity under that name."""
+    for index, new in list(replacements.items()):
+        old = node.outputs[index]
+        if not can_replace(old, new):
+            replacements[index] = add_op(graph, "Identity", [new], name=f"{node.name}/Identity", before=node).outputs[0]
+    retire(node, replacements)
