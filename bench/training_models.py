@@ -29,13 +29,15 @@ class MLP(nn.Module):
 
 
 class SmallCNN(nn.Module):
-    """Conv-BN-ReLU twice with a max-pool between, global average pool, linear classifier."""
+    """Conv-BN-ReLU twice with a max-pool between, global average pool, linear classifier. The convolutions have
+    no bias: BN removes it, so its gradient is rounding noise, which AdamW's normalisation turns into steps of the
+    learning rate's size in a direction no two engines agree on."""
 
     def __init__(self, classes: int = 10):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+            nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
         self.fc = nn.Linear(16, classes)
 
     def forward(self, x):
