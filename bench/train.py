@@ -14,7 +14,7 @@ count as the step's); Tessel's from the step's memory plan: its state plus the a
 activations kept for backward, gradients, temporaries), and, as the planner's bound, its state plus the most
 bytes live at once in the step's program.
 
-    python bench/train.py [MODEL ...] [--threads N] [--repeats R] [--steps S] [--json]
+    python bench/train.py [MODEL ...] [--threads N] [--repeats R] [--steps S] [--image-size 224] [--json]
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
 BENCH_MODELS = {"resnet18": 16, "transformer_block": 16, "mlp": 16}  # model -> batch
+DEFAULT_IMAGE_SIZE = 224  # ResNet-18's input height and width
 LR = 0.01
 MOMENTUM = 0.9
 WARMUP_STEPS = 3
@@ -54,13 +55,17 @@ def _torch_step_peak(step, batch) -> int:
     return max((e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]"), default=0)
 
 
-def _batch_spec(name: str, batch: int):
+def _batch_spec(name: str, batch: int, image_size: int):
+    """The model's spec at `batch` (and, for the CNNs, images of image_size x image_size)."""
     from dataclasses import replace
 
     from bench.training_models import SPECS
 
     spec = SPECS[name]
-    return replace(spec, input_shape=(batch,) + spec.input_shape[1:])
+    sample = spec.input_shape[1:]
+    if len(sample) == 3:
+        sample = (sample[0], image_size, image_size)
+    return replace(spec, input_shape=(batch,) + sample)
 
 
 def _timed_steps(step, batches, steps: int) -> list[float]:
@@ -76,7 +81,7 @@ def _timed_steps(step, batches, steps: int) -> list[float]:
     return seconds
 
 
-def worker_torch(name: str, batch: int, threads: int, steps: int) -> dict:
+def worker_torch(name: str, batch: int, image_size: int, threads: int, steps: int) -> dict:
     """PyTorch eager: model.train(), zero_grad, forward, loss, backward, SGD step."""
     import numpy as np
     import torch
@@ -84,7 +89,7 @@ def worker_torch(name: str, batch: int, threads: int, steps: int) -> dict:
     from bench.training_models import torch_loss
 
     torch.set_num_threads(threads)
-    spec = _batch_spec(name, batch)
+    spec = _batch_spec(name, batch, image_size)
     model = spec.model().train()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     rng = np.random.default_rng(0)
@@ -104,13 +109,13 @@ def worker_torch(name: str, batch: int, threads: int, steps: int) -> dict:
     return {"seconds": seconds, "peak_bytes": peak}
 
 
-def compile_tessel(name: str, batch: int, directory: Path) -> dict:
+def compile_tessel(name: str, batch: int, image_size: int, directory: Path) -> dict:
     """Export the model and compile its training step (SGD with momentum), saved to `directory`."""
     import tessel
     from bench.training_models import export
     from tessel import optim
 
-    spec = _batch_spec(name, batch)
+    spec = _batch_spec(name, batch, image_size)
     path = export(spec.model(), spec.input_shape, directory.parent / f"{name}.onnx")
     started = time.perf_counter()
     trainer = tessel.compile_training(str(path), loss=spec.loss, optimizer=optim.SGD(LR, momentum=MOMENTUM),
@@ -123,7 +128,7 @@ def compile_tessel(name: str, batch: int, directory: Path) -> dict:
             "bound_bytes": memory["bound_bytes"]}
 
 
-def worker_tessel(name: str, batch: int, threads: int, steps: int, directory: str) -> dict:
+def worker_tessel(name: str, batch: int, image_size: int, threads: int, steps: int, directory: str) -> dict:
     """Tessel: the compiled step loaded from `directory`, one Trainer.step per batch."""
     import numpy as np
     import torch
@@ -135,7 +140,7 @@ def worker_tessel(name: str, batch: int, threads: int, steps: int, directory: st
     set_threads(threads)
     trainer = tessel.load_training(directory)
     rng = np.random.default_rng(0)
-    spec = _batch_spec(name, batch)
+    spec = _batch_spec(name, batch, image_size)
     batches = [spec.batch(rng) for _ in range(4)]
     return {"seconds": _timed_steps(lambda x, y: trainer.step({"x": x}, y), batches, steps)}
 
@@ -159,16 +164,18 @@ def _median(values: list[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-def bench_model(name: str, batch: int, threads: int, repeats: int, steps: int, scratch: Path) -> dict:
+def bench_model(name: str, batch: int, image_size: int, threads: int, repeats: int, steps: int, scratch: Path) -> dict:
     """Compile once, then alternate the engines' timing processes: medians and peaks."""
     directory = scratch / name / "trainer"
     directory.parent.mkdir(parents=True)
-    plan = _isolated(["compile", name, str(batch), str(threads), "0", str(directory)], threads)
+    common = [name, str(batch), str(image_size), str(threads), str(steps)]
+    plan = _isolated(["compile", *common, str(directory)], threads)
     runs = {"torch": [], "tessel": []}
     for _ in range(repeats):
-        runs["torch"].append(_isolated(["torch", name, str(batch), str(threads), str(steps)], threads))
-        runs["tessel"].append(_isolated(["tessel", name, str(batch), str(threads), str(steps), str(directory)], threads))
-    result = {"model": name, "batch": batch, "threads": threads, **plan}
+        runs["torch"].append(_isolated(["torch", *common], threads))
+        runs["tessel"].append(_isolated(["tessel", *common, str(directory)], threads))
+    shape = _batch_spec(name, batch, image_size).input_shape
+    result = {"model": name, "batch": batch, "input_shape": list(shape), "threads": threads, **plan}
     for engine, measured in runs.items():
         result[f"{engine}_ms"] = 1e3 * _median([_median(m["seconds"]) for m in measured])
     result["torch_peak_bytes"] = max(m["peak_bytes"] for m in runs["torch"])
@@ -196,14 +203,14 @@ def geomean(values: list[float]) -> float:
 
 
 def _worker_main(argv: list[str]) -> int:
-    kind, name, batch, threads, steps, *rest = argv
-    batch, threads, steps = int(batch), int(threads), int(steps)
+    kind, name, batch, image_size, threads, steps, *rest = argv
+    batch, image_size, threads, steps = int(batch), int(image_size), int(threads), int(steps)
     if kind == "compile":
-        result = compile_tessel(name, batch, Path(rest[0]))
+        result = compile_tessel(name, batch, image_size, Path(rest[0]))
     elif kind == "torch":
-        result = worker_torch(name, batch, threads, steps)
+        result = worker_torch(name, batch, image_size, threads, steps)
     else:
-        result = worker_tessel(name, batch, threads, steps, rest[0])
+        result = worker_tessel(name, batch, image_size, threads, steps, rest[0])
     print(json.dumps(result))
     return 0
 
@@ -217,6 +224,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads of each engine (default: all cores)")
     parser.add_argument("--repeats", type=int, default=3, help="alternating rounds of the two engines (default 3)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per round (default 10)")
+    parser.add_argument("--image-size", type=int, default=DEFAULT_IMAGE_SIZE,
+                        help=f"ResNet-18's input height and width (default {DEFAULT_IMAGE_SIZE})")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.models) - set(BENCH_MODELS))
@@ -225,7 +234,8 @@ def main(argv=None) -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="tessel-bench-train-") as scratch:
         for name in args.models or list(BENCH_MODELS):
-            results.append(bench_model(name, BENCH_MODELS[name], args.threads, args.repeats, args.steps, Path(scratch)))
+            results.append(bench_model(name, BENCH_MODELS[name], args.image_size, args.threads, args.repeats,
+                                       args.steps, Path(scratch)))
             print(f"{name}: Tessel {results[-1]['tessel_ms']:.2f} ms/step, PyTorch {results[-1]['torch_ms']:.2f} ms/step",
                   file=sys.stderr, flush=True)
     time_geomean = geomean([r["time_ratio"] for r in results])

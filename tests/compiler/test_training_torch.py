@@ -17,7 +17,10 @@ from tessel import optim
 STEPS = 20
 LR = {"sgd": 0.05, "adamw": 1e-3}
 LOSS_RTOL, WEIGHT_RTOL = 1e-4, 1e-3
-SLOW = {"resnet18"}  # minutes on two cores: `pytest -m slow`
+# The default run keeps one case per optimizer (seconds to a minute each on two cores, mostly kernel builds):
+# the MLP with AdamW and the CNN with BatchNorm (conv, pool and BN gradients) with SGD. The rest run with
+# `pytest -m slow` (ResNet-18 takes minutes).
+DEFAULT_RUN = {("mlp", "adamw"), ("cnn_bn", "sgd")}
 
 
 def _batches(spec: ModelSpec) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -55,8 +58,10 @@ def _relative(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.linalg.norm(got.astype(np.float64) - want) / max(np.linalg.norm(want), 1e-12))
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in SPECS])
+@pytest.mark.parametrize("name, optimizer", [
+    pytest.param(name, optimizer, id=f"{name}-{optimizer}",
+                 marks=() if (name, optimizer) in DEFAULT_RUN else pytest.mark.slow)
+    for name in SPECS for optimizer in ("sgd", "adamw")])
 def test_training_steps_match_pytorch(tmp_path, kernel_cache, name, optimizer):
     spec = SPECS[name]
     model = spec.model()
