@@ -196,15 +196,20 @@ def _trainer(settings: RunSettings, run_dir: Path, data: Dataset, inputs, steps_
             _log.info("resuming %s: no checkpoint yet, starting from the beginning", run_dir)
         _log.info("compiling the training step of %s (batch %d)", settings.model, settings.batch)
         trainer = tessel.compile_training(
-            settings.model, loss=settings.loss, optimizer=build_optimizer(settings, steps_per_epoch),
+            settings.model, loss=_loss(settings), optimizer=build_optimizer(settings, steps_per_epoch),
             input_shapes=input_shapes(inputs, data, settings.batch), trainable=settings.trainable,
-            frozen=settings.frozen, seed=settings.seed, **_loss_options(settings))
+            frozen=settings.frozen, seed=settings.seed)
     keep_until(run_dir, trainer.steps_done)
     return trainer, start_epoch
 
 
-def _loss_options(settings: RunSettings) -> dict:
-    return {"label_smoothing": settings.label_smoothing} if settings.label_smoothing else {}
+def _loss(settings: RunSettings):
+    """The loss as compile_training takes it: its name, or a LossSpec when it carries label smoothing."""
+    if not settings.label_smoothing:
+        return settings.loss
+    from tessel.passes.loss import LossSpec
+
+    return LossSpec.parse(settings.loss, settings.label_smoothing)
 
 
 def build_optimizer(settings: RunSettings, steps_per_epoch: int):

@@ -153,7 +153,7 @@ def fake_trainer(monkeypatch):
 
     compiled = []
 
-    def compile_training(model, loss, optimizer, input_shapes, trainable, frozen, seed, **loss_options):
+    def compile_training(model, loss, optimizer, input_shapes, trainable, frozen, seed):
         assert loss == "cross_entropy" and input_shapes == {"x": (8, 4)}
         compiled.append(model)
         return FakeTrainer(model, optimizer)
