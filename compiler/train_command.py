@@ -101,9 +101,9 @@ def run_train(args: argparse.Namespace) -> int:
     steps_per_epoch = data.length // settings.batch
     if not args.resume:
         _prepare_run_dir(run_dir, args.force)
-    done = completed_epochs(run_dir)[-1:] if args.resume else []
-    if done and done[0] >= settings.epochs:
-        raise RunDirError(f"{run_dir}: already trained {done[0]} epoch(s) of {settings.epochs}; "
+    checkpointed = completed_epochs(run_dir)[-1:] if args.resume else []
+    if checkpointed and checkpointed[0] >= settings.epochs:
+        raise RunDirError(f"{run_dir}: already trained {checkpointed[0]} epoch(s) of {settings.epochs}; "
                           "give --epochs N to train more")
     trainer, start_epoch = _trainer(settings, run_dir, data, inputs, steps_per_epoch, bool(args.resume))
     settings.save(run_dir)

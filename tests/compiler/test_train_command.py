@@ -217,3 +217,18 @@ def test_resume_of_a_finished_run_asks_for_more_epochs(capsys, files, fake_train
     _refused(capsys, ["train", "--resume", files["run"]], "already trained 1 epoch(s) of 1; give --epochs N")
     assert main(["train", "--resume", str(files["run"]), "--epochs", "2"]) == 0
     assert len(fake_trainer) == 1  # the second epoch continued from the checkpoint, nothing recompiled
+
+
+def test_ops_without_a_gradient_rule_are_named_in_one_line(capsys, files, tmp_path):
+    import onnx
+    from onnx import helper
+
+    from tests.ir.helpers import F, model
+
+    weights = [("W", np.full((3, 4), 0.1, np.float32))]
+    nodes = [helper.make_node("MatMul", ["x", "Wt"], ["h"], name="fc"),
+             helper.make_node("Transpose", ["W"], ["Wt"], name="t"),
+             helper.make_node("Sin", ["h"], ["s"], name="sin"), helper.make_node("Cosh", ["s"], ["logits"], name="cosh")]
+    onnx.save(model(nodes, [("x", F, ["N", 4])], [("logits", F, ["N", 3])], weights), str(tmp_path / "sin.onnx"))
+    files["model"] = tmp_path / "sin.onnx"
+    _refused(capsys, _train(files, "-q"), "no gradient rule for 2 op type(s): Cosh, Sin")
