@@ -1,13 +1,14 @@
 """The backward kernels of a conv net on CPU against PyTorch, on ResNet-18's layer shapes at batch 16.
 
-Per conv layer: the filter gradient (ConvGradFilter) against torch.nn.grad.conv2d_weight and the data gradient
-(ConvTranspose(dy, W), what autodiff emits) against torch.nn.grad.conv2d_input; then the stem's MaxPoolGrad
-against max_pool2d's backward. Each kernel is built through the normal kernel path (backends/lower.py), checked
+Per conv layer: the filter gradient (ConvGradFilter) against torch.nn.grad.conv2d_weight, the data gradient
+(ConvTranspose(dy, W), what autodiff emits) against torch.nn.grad.conv2d_input, and the forward Conv with its
+weights a kernel argument (a training step's parameters) against conv2d; then the stem's MaxPoolGrad against
+max_pool2d's backward. Each kernel is built through the normal kernel path (backends/lower.py), checked
 against PyTorch's result, and timed (best of --runs, alternating with PyTorch's call) in the same process as PyTorch with the same threads.
 Prints ms, GFLOP/s and the ratio Tessel / PyTorch per layer, and the geomean ratio.
 
     flock /tmp/tessel_heavy.lock nice -n 5 python bench/grad_kernels.py [--batch 16] [--threads 2] [--runs 5]
-        [--layers conv1,layer1,...] [--ops filter,data,pool]
+        [--layers conv1,layer1,...] [--ops forward,filter,data,pool]
 """
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ def compare(label: str, flops: float, tessel_call, tessel_out, torch_call, runs:
 
 
 def conv_layer(name: str, batch: int, ops: set[str], runs: int) -> list[float]:
-    """Time the filter and data gradients of one conv layer; the ratios."""
+    """Time the forward conv and the filter and data gradients of one conv layer; the ratios."""
     channels, size, out_channels, kernel, stride, pad = LAYERS[name]
     out_size = (size + 2 * pad - kernel) // stride + 1
     rng = np.random.default_rng(0)
@@ -99,6 +100,10 @@ def conv_layer(name: str, batch: int, ops: set[str], runs: int) -> list[float]:
     xt, wt, dyt = torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(dy)
     window = dict(strides=(stride, stride), pads=(pad,) * 4)
     ratios = []
+    if "forward" in ops:
+        call, out = tessel_kernel("Conv", "", window, [x, w])
+        ratios.append(compare(f"{name} forward (runtime weights)", flops, call, out,
+                              lambda: torch.nn.functional.conv2d(xt, wt, None, stride, pad), runs))
     if "filter" in ops:
         call, out = tessel_kernel("ConvGradFilter", TESSEL_DOMAIN, dict(window, kernel_shape=(kernel, kernel)), [x, dy])
         ratios.append(compare(f"{name} filter grad", flops, call, out,
@@ -134,7 +139,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="PyTorch's threads (TVM's: TVM_NUM_THREADS)")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--layers", default=",".join(LAYERS))
-    parser.add_argument("--ops", default="filter,data,pool")
+    parser.add_argument("--ops", default="forward,filter,data,pool")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ops = set(args.ops.split(","))

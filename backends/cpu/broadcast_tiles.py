@@ -8,6 +8,14 @@ LANES = 16
 # A register tile: ROWS rows × 2 vectors of columns: 16 accumulators, half of AVX-512's registers.
 ROWS = 8
 COLUMNS = 2 * LANES
+# Column operands (b) up to this size stay in L2 while every row tile sweeps them: the row tiles then run
+# outermost, so the (larger) row operand streams from memory once. Bigger b: column strips outermost instead.
+L2_RESIDENT_BYTES = 1 << 20
+
+
+def rows_outer(column_operand_bytes: int) -> bool:
+    """Whether row tiles run outside column strips, for a column operand (b) of this many bytes."""
+    return column_operand_bytes <= L2_RESIDENT_BYTES
 
 
 def tile_columns(columns: int) -> int:
@@ -26,10 +34,10 @@ def vectorize_row(sch, loop) -> None:
         try_step(lambda: sch.vectorize(loop))
 
 
-def tile_product(sch, name: str, rows: int, parallel: bool, lead: int = 0):
+def tile_product(sch, name: str, rows: int, parallel: bool, lead: int = 0, row_tiles_outer: bool = False):
     """Schedule block `name`, loops (lead..., row, column, reduce...), as register tiles of `rows` × tile_columns;
-    tiles (column blocks outer, so a strip of b stays in cache) run in parallel when `parallel`. Returns the
-    loop of tiles."""
+    tiles (column strips outer, so a strip of b stays in cache, or row tiles outer when `row_tiles_outer`) run in
+    parallel when `parallel`. Returns the loop of tiles."""
     block = sch.get_sblock(name)
     tile = sch.cache_write(block, 0, "global")
     loops = sch.get_loops(block)
@@ -37,13 +45,14 @@ def tile_product(sch, name: str, rows: int, parallel: bool, lead: int = 0):
     row_outer, row_inner = sch.split(row, [None, rows])
     column_outer, column_inner = sch.split(column, [None, tile_columns(int(sch.get(column).extent))])
     vectors, lanes = sch.split(column_inner, [None, LANES])
-    sch.reorder(*outer, column_outer, row_outer, *reduce, row_inner, vectors, lanes)
-    sch.reverse_compute_at(tile, row_outer)
+    first, second = (row_outer, column_outer) if row_tiles_outer else (column_outer, row_outer)
+    sch.reorder(*outer, first, second, *reduce, row_inner, vectors, lanes)
+    sch.reverse_compute_at(tile, second)
     try_step(lambda: sch.vectorize(sch.get_loops(tile)[-1]))
     sch.unroll(row_inner)
     sch.unroll(vectors)
     sch.vectorize(lanes)
-    tiles = sch.fuse(column_outer, row_outer)
+    tiles = sch.fuse(first, second)
     if parallel:
         sch.parallel(tiles)
     sch.decompose_reduction(block, reduce[0])

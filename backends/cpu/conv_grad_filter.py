@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..lowering.context import LowerContext, SelfScheduled
 from ..tvm_env import tvm
-from .broadcast_tiles import LANES, ROWS, tile_product, vectorize_row
+from .broadcast_tiles import LANES, ROWS, rows_outer, tile_product, vectorize_row
 from .schedule import MIN_PARALLEL_WORK, try_step
 
 _tvm = tvm()
@@ -78,7 +78,8 @@ def conv_grad_filter_tiled(ctx: LowerContext, window):
 
     def schedule(sch) -> None:
         chunk = sch.get_loops(sch.get_sblock("grad_filter_partial"))[0]
-        tile_product(sch, "grad_filter_partial", ROWS, big, lead=1)
+        dy_chunk_bytes = per_chunk * oh * ow * o_padded * 4
+        tile_product(sch, "grad_filter_partial", ROWS, big, lead=1, row_tiles_outer=rows_outer(dy_chunk_bytes))
         # Each chunk's padded x and dyT are made just before its tiles read them, while they are in L2.
         for name in ("grad_filter_xpad", "grad_filter_dyt"):
             stage = sch.get_sblock(name)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..lowering.context import LowerContext, SelfScheduled
 from ..lowering.conv_transpose import CHANNEL_TILE, PIXEL_TILE, PhaseProducts, interleave
 from ..tvm_env import tvm
-from .broadcast_tiles import tile_product, vectorize_row
+from .broadcast_tiles import rows_outer, tile_product, vectorize_row
 from .schedule import MIN_PARALLEL_WORK, try_step
 
 _tvm = tvm()
@@ -65,7 +65,7 @@ def conv_runtime_weights(ctx: LowerContext, before, after):
     big = pixels * o * c * r * s >= MIN_PARALLEL_WORK * 16
 
     def schedule(sch) -> None:
-        tile_product(sch, "conv_rw_tiles", PIXEL_TILE, big)
+        tile_product(sch, "conv_rw_tiles", PIXEL_TILE, big, row_tiles_outer=rows_outer(c * r * s * channels * 4))
         for name in ("conv_rw_pad", "conv_rw_weights"):
             loops = sch.get_loops(sch.get_sblock(name))
             outer = sch.fuse(*loops[:2])

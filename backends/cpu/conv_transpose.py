@@ -4,8 +4,8 @@ channels one vector; the interleave writes NCHW a row of pixels at a time."""
 from __future__ import annotations
 
 from ..lowering.context import LowerContext, SelfScheduled
-from ..lowering.conv_transpose import PIXEL_TILE, conv_transpose_operands, interleave, phase_products
-from .broadcast_tiles import tile_product, vectorize_row
+from ..lowering.conv_transpose import CHANNEL_TILE, PIXEL_TILE, conv_transpose_operands, interleave, phase_products
+from .broadcast_tiles import rows_outer, tile_product, vectorize_row
 from .schedule import MIN_PARALLEL_WORK, try_step
 
 
@@ -22,12 +22,13 @@ def conv_transpose_tiled(ctx: LowerContext):
     out = interleave(phases, strides, bias, ctx.out_dtype(), name="deconv_out")
     n, channels, h, wd = out_shape
     in_channels, _, kr, ks = (int(d) for d in w.shape)
+    weight_bytes = in_channels * kr * ks * -(-channels // CHANNEL_TILE) * CHANNEL_TILE * 4  # the channels-last copy
     big = n * channels * h * wd * in_channels * kr * ks >= MIN_PARALLEL_WORK * 16 * strides[0] * strides[1]
 
     def schedule(sch) -> None:
         for (a, b), product in phases.products.items():
             if product is not None:
-                tile_product(sch, f"deconv_tiles_{a}_{b}", PIXEL_TILE, big)
+                tile_product(sch, f"deconv_tiles_{a}_{b}", PIXEL_TILE, big, row_tiles_outer=rows_outer(weight_bytes))
         for name in ("deconv_pad", "deconv_weights"):
             loops = sch.get_loops(sch.get_sblock(name))
             outer = sch.fuse(*loops[:2])
