@@ -84,11 +84,13 @@ def conv_grad_filter_tiled(ctx: LowerContext, window):
         for name in ("grad_filter_xpad", "grad_filter_dyt"):
             stage = sch.get_sblock(name)
             sch.compute_at(stage, chunk)
+            # Loops of extent 1 (one image per chunk, a 1x1 output) are not made: as few as one loop remains.
             loops = sch.get_loops(stage)[1:]
-            outer = sch.fuse(*loops[:2])
-            if big:
+            row = loops[-1]
+            outer = sch.fuse(*loops[:2]) if len(loops) > 2 else (loops[0] if len(loops) == 2 else None)
+            if big and outer is not None:
                 sch.parallel(outer)
-            vectorize_row(sch, loops[-1])
+            vectorize_row(sch, row)
         total = sch.get_sblock("grad_filter_sum")
         loops = sch.get_loops(total)
         if big:

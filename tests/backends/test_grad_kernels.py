@@ -45,6 +45,10 @@ def _random(seed: int, *shape: int) -> np.ndarray:
     ((2, 4, 8, 8), (2, 6, 4, 4), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), strides=(2, 2), group=2)),
     ((2, 6, 9, 9), (2, 6, 9, 9), dict(kernel_shape=(3, 3), pads=(2, 2, 2, 2), dilations=(2, 2), group=6)),
     ((2, 5, 12), (2, 7, 6), dict(kernel_shape=(3,), pads=(1, 1), strides=(2,))),
+    # 1x1 outputs (ResNet-18's last stage on 32x32 images): the chunk's copies have loops of extent 1 only
+    ((4, 32, 2, 2), (4, 64, 1, 1), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), strides=(2, 2))),
+    ((4, 64, 1, 1), (4, 64, 1, 1), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1))),
+    ((4, 32, 2, 2), (4, 64, 1, 1), dict(kernel_shape=(1, 1), strides=(2, 2))),
 ])
 def test_conv_grad_filter_kernel(x_shape, dy_shape, attrs):
     got, want = run_kernel("ConvGradFilter", attrs, [_random(0, *x_shape), _random(1, *dy_shape)])
