@@ -1,8 +1,9 @@
 """The optimizer update ops (ir/optimizer_ops.py): SGDUpdate and AdamWUpdate.
 
 Each is one elementwise compute with several outputs (the new parameter and its new slots), so one loop nest
-reads the parameter, its gradient and its slots once and writes every result: one kernel per parameter, which
-the generic schedule parallelizes and vectorizes like any elementwise kernel. The arithmetic is the one
+reads the parameter, its gradient and its slots once and writes every result: one kernel per parameter. Every
+operand has the parameter's shape, so the compute is marked to run as one flat loop (FLAT_LOOPS_ATTR), vectorized
+and parallel even when the innermost axis is short (a 3x3 conv filter's). The arithmetic is the one
 ir/optimizer_ops.py spells out for the numpy reference, built here on TIR expressions.
 """
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from tessel.ir.optimizer_ops import adamw_update, sgd_update
 
 from ..tvm_env import tvm
-from .context import LowerContext
+from .context import FLAT_LOOPS_ATTR, LowerContext
 
 _tvm = tvm()
 te, tir = _tvm.te, _tvm.tirx
@@ -35,7 +36,7 @@ def _update(ctx: LowerContext, tensors: list[int], scalars: list[int], arithmeti
         results = arithmetic(ctx.attrs, [ctx.input(k)[index] for k in tensors], values, const)
         return [r for r in results if r is not None]
 
-    outputs = te.compute(ctx.out_shape(), body, name=name)
+    outputs = te.compute(ctx.out_shape(), body, name=name, attrs={FLAT_LOOPS_ATTR: 1})
     return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
 
 
