@@ -227,7 +227,7 @@ class ProgramBuilder:
 
     def _member_spec(self, node: Node, inputs: list[Value | None], locate) -> tuple[KernelSpec, tuple] | None:
         """The spec of one op whose inputs are `inputs` (outer values), and per input where it comes from."""
-        if node.domain or not supports(node.op_type):
+        if node.domain not in ("", TESSEL_DOMAIN) or not supports(node.op_type):  # Tessel ops with a lowering: kernels
             self.unsupported.setdefault(node.op_type, node.name)
             return None
         attrs = tuple((name, v) for name, v in node.attrs.items() if not isinstance(v, Graph))
