@@ -2,16 +2,19 @@
 
 Tessel: passes/optimizer_update.py's update graph for every parameter, one compiled AdamWUpdate kernel per
 parameter (backends/lowering/optimizer.py), called in turn as a step's program would. PyTorch:
-torch.optim.AdamW(foreach=True).step() on the same shapes. Both with the same number of threads, in one
-process. Prints the median step time of each and the memory traffic it implies (an AdamW update reads the
-parameter, its gradient and both slots and writes the parameter and both slots: 28 bytes per float32).
+torch.optim.AdamW(foreach=True).step(), and its fused CPU kernel (fused=True), on the same shapes. Each engine in
+its own process (TVM's and PyTorch's thread pools would compete), with the same number of threads. Prints the median step time of each and the memory
+traffic it implies (an AdamW update reads the parameter, its gradient and both slots and writes the parameter
+and both slots: 28 bytes per float32).
 
     TVM_NUM_THREADS=2 python bench/optimizer_update.py [--threads 2] [--repeats 20]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -88,15 +91,16 @@ def tessel_step(shapes, rng):
     return step, len(kernels)
 
 
-def torch_step(shapes, rng, threads: int):
-    """A function running one torch.optim.AdamW(foreach=True) step over parameters of `shapes`."""
+def torch_step(shapes, rng, threads: int, **flavour):
+    """A function running one torch.optim.AdamW(**flavour) step (foreach=True or fused=True) over parameters of
+    `shapes`."""
     import torch
 
     torch.set_num_threads(threads)
     params = [torch.tensor(rng.standard_normal(s).astype(np.float32), requires_grad=True) for s in shapes]
     for p in params:
         p.grad = torch.tensor(rng.standard_normal(p.shape).astype(np.float32))
-    optimizer = torch.optim.AdamW(params, lr=1e-3, foreach=True)
+    optimizer = torch.optim.AdamW(params, lr=1e-3, **flavour)
 
     def step():
         with torch.no_grad():
@@ -105,25 +109,42 @@ def torch_step(shapes, rng, threads: int):
     return step
 
 
+ENGINES = ("tessel", "torch-foreach", "torch-fused")
+
+
+def _measure(engine: str, threads: int, repeats: int) -> dict:
+    """{"name", "seconds"} of one engine's median AdamW step, in this process."""
+    shapes, rng = resnet18_shapes(), np.random.default_rng(0)
+    if engine == "tessel":
+        step, distinct = tessel_step(shapes, rng)
+        name = f"tessel AdamWUpdate ({distinct} kernels)"
+    else:
+        flavour = engine.split("-")[1]
+        step, name = torch_step(shapes, rng, threads, **{flavour: True}), f"torch.optim.AdamW({flavour}=True)"
+    return {"name": name, "seconds": _median_seconds(step, repeats)}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=int(os.environ.get("TVM_NUM_THREADS", os.cpu_count() or 1)))
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--engine", choices=ENGINES, help="measure one engine here and print JSON (default: each "
+                                                          "engine in its own process, as a table)")
     args = parser.parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
-    shapes = resnet18_shapes()
-    elements = sum(int(np.prod(s)) for s in shapes)
-    rng = np.random.default_rng(0)
-    tessel, distinct = tessel_step(shapes, rng)
-    reference = torch_step(shapes, rng, args.threads)
+    if args.engine:
+        print(json.dumps(_measure(args.engine, args.threads, args.repeats)))
+        return 0
+    elements = sum(int(np.prod(s)) for s in resnet18_shapes())
     megabytes = elements * BYTES_PER_ELEMENT / 1e6
-    print(f"AdamW update, {len(shapes)} ResNet-18 parameters, {elements / 1e6:.2f}M floats, {megabytes:.0f} MB moved "
-          f"per step, {args.threads} thread(s)")
+    print(f"AdamW update, {len(resnet18_shapes())} ResNet-18 parameters, {elements / 1e6:.2f}M floats, "
+          f"{megabytes:.0f} MB moved per step, {args.threads} thread(s)")
     print(f"{'engine':<34} {'step ms':>9} {'GB/s':>7}")
-    for name, run in ((f"tessel AdamWUpdate ({distinct} kernels)", tessel),
-                      ("torch.optim.AdamW(foreach=True)", reference)):
-        seconds = _median_seconds(run, args.repeats)
-        print(f"{name:<34} {1e3 * seconds:>9.2f} {megabytes / 1e3 / seconds:>7.1f}")
+    for engine in ENGINES:
+        command = [sys.executable, __file__, "--engine", engine, "--threads", str(args.threads),
+                   "--repeats", str(args.repeats)]
+        result = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+        print(f"{result['name']:<34} {1e3 * result['seconds']:>9.2f} {megabytes / 1e3 / result['seconds']:>7.1f}")
     return 0
 
 
