@@ -2,10 +2,10 @@
 
 Tessel: passes/optimizer_update.py's update graph for every parameter, one compiled AdamWUpdate kernel per
 parameter (backends/lowering/optimizer.py), called in turn as a step's program would. PyTorch:
-torch.optim.AdamW(foreach=True).step(), and its fused CPU kernel (fused=True), on the same shapes. Each engine in
-its own process (TVM's and PyTorch's thread pools would compete), with the same number of threads. Prints the median step time of each and the memory
-traffic it implies (an AdamW update reads the parameter, its gradient and both slots and writes the parameter
-and both slots: 28 bytes per float32).
+torch.optim.AdamW(foreach=True).step(), and its fused CPU kernel (fused=True), on the same shapes. Each engine
+runs in its own process (TVM's and PyTorch's thread pools would compete), with the same number of threads.
+Prints the median step time of each and the memory traffic it implies (an AdamW update reads the parameter,
+its gradient and both slots and writes the parameter and both slots: 28 bytes per float32).
 
     TVM_NUM_THREADS=2 python bench/optimizer_update.py [--threads 2] [--repeats 20]
 """
@@ -79,8 +79,9 @@ def tessel_step(shapes, rng):
                           tuple(v.type.spec() for v in node.outputs))
         if spec not in kernels:
             kernels[spec] = build(spec, parse_target("llvm"))["main"]
+        # Non-negative tensors: exp_avg_sq must be (its square root is taken).
         args = [scalars[v.name] if v.name in scalars else
-                runtime.tensor(rng.standard_normal(v.type.shape).astype(np.float32)) for v in node.inputs]
+                runtime.tensor(np.abs(rng.standard_normal(v.type.shape)).astype(np.float32)) for v in node.inputs]
         calls.append((kernels[spec], args + [runtime.tensor(np.zeros(v.type.shape, np.float32))
                                               for v in node.outputs]))
 

@@ -119,5 +119,6 @@ def test_sgd_kernel_steps_match_torch():
 
 
 def test_adamw_kernel_steps_match_torch():
-    _steps_match_torch(optim.AdamW(lr=0.01, weight_decay=0.1), lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),
-                       "AdamWUpdate", {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8})
+    _steps_match_torch(optim.AdamW(lr=0.01, weight_decay=0.1),
+                       lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1), "AdamWUpdate",
+                       {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8})
