@@ -330,6 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(commands, common)
 
+    from .train_command import add_train_parser
+
+    add_train_parser(commands, common)
+
     calibrate = commands.add_parser("calibrate", parents=common, help="measure the link cost (alpha, beta) between two local workers")
     calibrate.add_argument("--repeat", type=count_from(1), default=20, metavar="N", help="round trips per message size")
     calibrate.set_defaults(run=_cmd_calibrate)

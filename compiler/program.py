@@ -47,6 +47,8 @@ class Program:
     init_values: list[str] = field(default_factory=list)
     # Values whose buffers hold NCHW[16]c (passes/conv_layout.py): name → channel block.
     blocked: dict[str, int] = field(default_factory=dict)
+    # Persistent values (compiler/state_program.py): buffers outside the arena that keep their values across runs.
+    state: list[str] = field(default_factory=list)
 
 
 # A layer's configuration: (algorithm, micro-batch size) pieces, run in order over the batch.

@@ -1,0 +1,285 @@
+"""`tessel train MODEL.onnx --data train.npz -o RUN_DIR`: train an ONNX model with one compiled step per batch.
+
+The .npz files hold one array per model input (by name) and `labels`. Each epoch visits the full batches of
+the data in an order drawn from (seed, epoch) (the last partial batch is left out: the step is compiled for
+one batch size), then evaluates --val, writes a line to RUN_DIR/log.jsonl (a line per step too) and saves a
+checkpoint. At the end RUN_DIR holds model.onnx (the trained model, for any ONNX runtime) and
+training_curves.png/.svg. `--resume RUN_DIR` continues a run from its last checkpoint with the settings in
+RUN_DIR/run.json: shuffling and dropout masks depend only on (seed, epoch/step), so a run killed mid-epoch and
+resumed ends with the weights an uninterrupted run ends with.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from tessel.ir.errors import TesselError
+
+from .arg_types import count_from
+from .train_checkpoints import checkpoint_dir, completed_epochs, drop_after, save_checkpoint
+from .train_data import (LABELS, Dataset, as_step_labels, check_class_labels, feeds, input_shapes, load_dataset,
+                         model_inputs, model_outputs)
+from .train_log import RunLog, keep_until, read_log
+from .train_metrics import ValidationTally
+from .train_progress import TrainProgress
+from .train_settings import DEFAULT_WEIGHT_DECAY, OPTIMIZERS, RUN_FILE, SCHEDULES, RunSettings, loss_output, parse_schedule
+
+MODEL_FILE = "model.onnx"
+CURVES = "training_curves"
+DEFAULT_KEEP_CHECKPOINTS = 2
+
+_log = logging.getLogger("tessel.train")
+
+
+class RunDirError(TesselError):
+    """RUN_DIR cannot be used as asked (exists without --force, or --resume finds nothing to continue)."""
+
+
+def add_train_parser(commands, parents) -> None:
+    """Register `tessel train` among the CLI's subcommands (`parents`: the options every command takes)."""
+    train = commands.add_parser("train", parents=parents, help="train a model: one compiled step per batch")
+    train.add_argument("model", nargs="?", help="path of an .onnx model (not with --resume)")
+    train.add_argument("--data", metavar="TRAIN.npz", help="training data: the model's inputs by name and 'labels'")
+    train.add_argument("--val", metavar="VAL.npz", help="validation data, evaluated after each epoch")
+    train.add_argument("--loss", help="cross_entropy (labels: int64 class indices), mse, l1, bce_with_logits, "
+                                      "or output:K / an output's name when the model computes its own loss")
+    train.add_argument("--label-smoothing", type=float, metavar="EPS", help="for cross_entropy (default 0)")
+    train.add_argument("--optimizer", help=f"{' or '.join(OPTIMIZERS)} (default sgd)")
+    train.add_argument("--lr", type=float, help="learning rate (required for a new run)")
+    train.add_argument("--momentum", type=float, help="SGD momentum (default 0)")
+    train.add_argument("--nesterov", action="store_true", default=None, help="SGD with Nesterov momentum")
+    train.add_argument("--weight-decay", type=float, metavar="WD",
+                       help="L2 penalty for sgd, decoupled decay for adamw (defaults: sgd 0, adamw 0.01)")
+    train.add_argument("--schedule", metavar="SCHEDULE",
+                       help=f"learning rate schedule: {', '.join(SCHEDULES)} (default constant)")
+    train.add_argument("--warmup", type=count_from(0), metavar="STEPS", help="linear warm-up over STEPS steps")
+    train.add_argument("--base-batch", type=count_from(1), metavar="N",
+                       help="--lr was tuned for batch N: scale it by batch/N (linear scaling rule, Goyal et al.)")
+    train.add_argument("--batch", type=count_from(1), metavar="N", help="samples per step (default 64)")
+    train.add_argument("--epochs", type=count_from(1), metavar="N",
+                       help="epochs to train (default 10; with --resume: the new total)")
+    train.add_argument("--seed", type=int, help="seed of the shuffling and the dropout masks (default 0)")
+    train.add_argument("--trainable", metavar="REGEX", help="train only the initializers whose name matches")
+    train.add_argument("--frozen", metavar="REGEX", help="keep the initializers whose name matches constant")
+    train.add_argument("-o", "--output", metavar="RUN_DIR", help="run directory to write")
+    train.add_argument("--force", action="store_true", help="replace an existing run directory")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue that run from its last checkpoint")
+    train.add_argument("--max-steps", type=count_from(1), metavar="N",
+                       help="stop after N steps in all, even mid-epoch (resume later with --resume)")
+    train.add_argument("--keep-checkpoints", type=count_from(0), default=DEFAULT_KEEP_CHECKPOINTS, metavar="K",
+                       help=f"keep the newest K epoch checkpoints, 0 for all (default {DEFAULT_KEEP_CHECKPOINTS})")
+    train.set_defaults(run=run_train)
+
+
+# The flags that make up a run's settings: a new run takes them (else their defaults), --resume takes them from
+# RUN_DIR/run.json and refuses them on the command line (except --epochs, the new total).
+_DEFAULTS = {"val": None, "loss": None, "label_smoothing": 0.0, "optimizer": "sgd", "lr": None, "momentum": 0.0,
+             "nesterov": False, "weight_decay": None, "schedule": "constant", "warmup": 0, "base_batch": None,
+             "batch": 64, "epochs": 10, "seed": 0, "trainable": None, "frozen": None}
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """The `tessel train` command."""
+    if args.resume:
+        run_dir, settings = _resumed_settings(args)
+    else:
+        run_dir, settings = _new_settings(args)
+    inputs = model_inputs(settings.model)
+    declared = model_outputs(settings.model)
+    outputs = list(declared)
+    settings.check(outputs)
+    model_loss = loss_output(settings.loss, outputs)
+    data = load_dataset(settings.data, inputs, model_loss is None, "--data")
+    val = load_dataset(settings.val, inputs, model_loss is None, "--val") if settings.val else None
+    _check_labels(settings, data, val, _class_count(declared[outputs[0]]))
+    if data.length < settings.batch:
+        raise RunDirError(f"{settings.data}: {data.length} samples, fewer than --batch {settings.batch}")
+    steps_per_epoch = data.length // settings.batch
+    if not args.resume:
+        _prepare_run_dir(run_dir, args.force)
+    checkpointed = completed_epochs(run_dir)[-1:] if args.resume else []
+    if checkpointed and checkpointed[0] >= settings.epochs:
+        raise RunDirError(f"{run_dir}: already trained {checkpointed[0]} epoch(s) of {settings.epochs}; "
+                          "give --epochs N to train more")
+    trainer, start_epoch = _trainer(settings, run_dir, data, inputs, steps_per_epoch, bool(args.resume))
+    settings.save(run_dir)
+    finished = _train_epochs(trainer, settings, run_dir, data, val, start_epoch, steps_per_epoch,
+                             model_loss or outputs[0], args)
+    trainer.export_onnx(str(run_dir / MODEL_FILE))
+    from .plots.training_curves import write_training_curves
+
+    write_training_curves(run_dir / CURVES, read_log(run_dir), f"{Path(settings.model).name}: training",
+                          settings.loss)
+    done = "trained" if finished else f"stopped after step {trainer.steps_done} (--max-steps)"
+    print(f"{done}: {trainer.steps_done} steps, {run_dir / MODEL_FILE}, {run_dir / CURVES}.png")
+    return 0
+
+
+def _new_settings(args) -> tuple[Path, RunSettings]:
+    for flag in ("model", "data", "loss", "lr", "output"):
+        if getattr(args, flag) is None:
+            name = "MODEL.onnx" if flag == "model" else "-o RUN_DIR" if flag == "output" else f"--{flag}"
+            raise RunDirError(f"a new run needs {name} (or --resume RUN_DIR to continue one)")
+    values = {name: default if getattr(args, name) is None else getattr(args, name)
+              for name, default in _DEFAULTS.items()}
+    if values["weight_decay"] is None:
+        values["weight_decay"] = DEFAULT_WEIGHT_DECAY.get(values["optimizer"], 0.0)
+    values["val"] = _absolute(values["val"])
+    return Path(args.output), RunSettings(model=_absolute(args.model), data=_absolute(args.data), **values)
+
+
+def _resumed_settings(args) -> tuple[Path, RunSettings]:
+    given = [f"--{name.replace('_', '-')}" for name in _DEFAULTS if name != "epochs" and getattr(args, name) is not None]
+    given += ["MODEL.onnx"] * (args.model is not None) + ["--data"] * (args.data is not None)
+    if given:
+        raise RunDirError(f"--resume continues with the settings in RUN_DIR/{RUN_FILE}; leave out "
+                          f"{', '.join(given)} (only --epochs may change)")
+    if args.output is not None and Path(args.output).resolve() != Path(args.resume).resolve():
+        raise RunDirError("--resume RUN_DIR writes into RUN_DIR; leave out -o or give the same directory")
+    run_dir = Path(args.resume)
+    settings = RunSettings.load(run_dir)
+    if args.epochs is not None:
+        settings = replace(settings, epochs=args.epochs)
+    return run_dir, settings
+
+
+def _absolute(path: str | None) -> str | None:
+    return None if path is None else str(Path(path).absolute())
+
+
+def _class_count(logits_shape: tuple[int | None, ...]) -> int | None:
+    return logits_shape[1] if len(logits_shape) >= 2 else None
+
+
+def _check_labels(settings: RunSettings, data: Dataset, val: Dataset | None, classes: int | None) -> None:
+    if settings.loss != "cross_entropy":
+        return
+    for path, dataset in ((settings.data, data), (settings.val, val)):
+        if dataset is not None:
+            check_class_labels(path, dataset.arrays[LABELS], classes)
+
+
+def _prepare_run_dir(run_dir: Path, force: bool) -> None:
+    """An absent or empty RUN_DIR is used; an earlier run's is replaced with --force; anything else is refused."""
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        if not force:
+            raise RunDirError(f"{run_dir}: already exists; pass --force to replace it or --resume {run_dir} "
+                              "to continue it")
+        if not (run_dir / RUN_FILE).is_file():
+            raise RunDirError(f"{run_dir}: --force replaces only a training run directory (with {RUN_FILE}) and "
+                              "this is not one; remove it yourself or choose another")
+        shutil.rmtree(run_dir)
+    elif run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"{run_dir}: is a file, not a directory; choose another -o")
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _trainer(settings: RunSettings, run_dir: Path, data: Dataset, inputs, steps_per_epoch: int, resumed: bool):
+    """(trainer, epochs already done): the last checkpoint's trainer when resuming, else a fresh compile."""
+    import tessel
+
+    epochs = completed_epochs(run_dir) if resumed else []
+    start_epoch = epochs[-1] if epochs else 0
+    drop_after(run_dir, start_epoch)
+    if epochs:
+        trainer = tessel.load_training(str(checkpoint_dir(run_dir, start_epoch)))
+        if trainer.steps_done != start_epoch * steps_per_epoch:
+            raise RunDirError(f"{run_dir}: checkpoint epoch_{start_epoch} holds {trainer.steps_done} steps, "
+                              f"not {start_epoch} x {steps_per_epoch}: the data or --batch changed since")
+        _log.info("resuming %s from epoch %d (step %d)", run_dir, start_epoch, trainer.steps_done)
+    else:
+        if resumed:
+            _log.info("resuming %s: no checkpoint yet, starting from the beginning", run_dir)
+        _log.info("compiling the training step of %s (batch %d)", settings.model, settings.batch)
+        trainer = tessel.compile_training(
+            settings.model, loss=_loss(settings), optimizer=build_optimizer(settings, steps_per_epoch),
+            input_shapes=input_shapes(inputs, data, settings.batch), trainable=settings.trainable,
+            frozen=settings.frozen, seed=settings.seed)
+    keep_until(run_dir, trainer.steps_done)
+    return trainer, start_epoch
+
+
+def _loss(settings: RunSettings):
+    """The loss as compile_training takes it: its name, or a LossSpec when it carries label smoothing."""
+    if not settings.label_smoothing:
+        return settings.loss
+    from tessel.passes.loss import LossSpec
+
+    return LossSpec.parse(settings.loss, settings.label_smoothing)
+
+
+def build_optimizer(settings: RunSettings, steps_per_epoch: int):
+    """The tessel.optim optimizer the settings describe, its schedule counted in steps."""
+    from tessel.compiler import optim
+
+    lr = settings.lr
+    if settings.base_batch:
+        lr = optim.linear_scaling(settings.lr, settings.base_batch, settings.batch)
+    kind, numbers = parse_schedule(settings.schedule)
+    total = settings.epochs * steps_per_epoch
+    if kind == "step":
+        schedule = optim.step(int(numbers[0]), numbers[1])
+    elif kind == "cosine":
+        schedule = optim.cosine(total - settings.warmup, min_lr=numbers[0] if numbers else 0.0)
+    else:
+        schedule = optim.constant()
+    if settings.warmup:  # from the base batch's rate when scaling it (Goyal et al.'s gradual warm-up)
+        start = settings.base_batch / settings.batch if settings.base_batch else 1.0 / 3
+        schedule = optim.warmup(settings.warmup, schedule, start_factor=min(start, 1.0))
+    if settings.optimizer == "sgd":
+        return optim.SGD(lr, momentum=settings.momentum, nesterov=settings.nesterov,
+                         weight_decay=settings.weight_decay, schedule=schedule)
+    return optim.AdamW(lr, weight_decay=settings.weight_decay, schedule=schedule)
+
+
+def _train_epochs(trainer, settings: RunSettings, run_dir: Path, data: Dataset, val: Dataset | None,
+                  start_epoch: int, steps_per_epoch: int, first_output: str, args) -> bool:
+    """Train epochs start_epoch+1 .. settings.epochs; False when --max-steps stopped the run first."""
+    progress = TrainProgress(settings.epochs, steps_per_epoch, settings.batch)
+    with RunLog(run_dir) as log:
+        for epoch in range(start_epoch + 1, settings.epochs + 1):
+            started, losses = time.perf_counter(), []
+            for index, batch in enumerate(data.batches(settings.batch, settings.seed, epoch), 1):
+                if args.max_steps is not None and trainer.steps_done >= args.max_steps:
+                    return False
+                lr = trainer.optimizer.lr_at(trainer.steps_done)
+                step_started = time.perf_counter()
+                loss = _step(trainer, batch, epoch)
+                seconds = time.perf_counter() - step_started
+                losses.append(loss)
+                log.write({"kind": "step", "epoch": epoch, "step": trainer.steps_done, "loss": loss, "lr": lr,
+                           "samples_per_s": settings.batch / seconds})
+                progress.step(epoch, index, loss, seconds)
+            seconds = time.perf_counter() - started
+            record = {"kind": "epoch", "epoch": epoch, "step": trainer.steps_done,
+                      "loss": sum(losses) / len(losses), "lr": lr,
+                      "samples_per_s": len(losses) * settings.batch / seconds, "seconds": seconds}
+            if val is not None:
+                record.update(validate(trainer, val, settings, first_output))
+            log.write(record)
+            progress.epoch(record)
+            save_checkpoint(trainer, run_dir, epoch, args.keep_checkpoints)
+    return True
+
+
+def _step(trainer, batch: dict, epoch: int) -> float:
+    """One training step; Ctrl-C says where the run stopped and how to continue it."""
+    try:
+        return trainer.step(feeds(batch), as_step_labels(batch[LABELS]) if LABELS in batch else None)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"interrupted in epoch {epoch} at step {trainer.steps_done}; continue with "
+                                "'tessel train --resume RUN_DIR' (from the last epoch's checkpoint)") from None
+
+
+def validate(trainer, val: Dataset, settings: RunSettings, output: str) -> dict[str, float]:
+    """val_loss (and val_accuracy for cross-entropy) of the current weights over every validation sample."""
+    tally = ValidationTally(settings.loss, settings.label_smoothing)
+    for chunk, valid in val.chunks(settings.batch):
+        outputs = trainer.evaluate(feeds(chunk))
+        tally.add(outputs[output], chunk.get(LABELS), valid)
+    return tally.result()
+

@@ -1,0 +1,112 @@
+"""The settings of a `tessel train` run: checked once from the flags, kept in RUN_DIR/run.json so that
+`--resume RUN_DIR` continues with exactly the same model, data, loss, optimizer and schedule."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from tessel.ir.errors import TesselError
+
+from .train_metrics import HOST_LOSSES
+
+RUN_FILE = "run.json"
+OPTIMIZERS = ("sgd", "adamw")
+SCHEDULES = ("constant", "step:STEP_SIZE:GAMMA", "cosine", "cosine:MIN_LR")
+DEFAULT_WEIGHT_DECAY = {"sgd": 0.0, "adamw": 0.01}  # torch.optim's defaults
+
+
+class TrainSettingsError(TesselError):
+    """A flag of `tessel train` is out of range or does not go with the others."""
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything a run is trained with (paths as given, made absolute)."""
+
+    model: str
+    data: str
+    val: str | None
+    loss: str
+    label_smoothing: float
+    optimizer: str
+    lr: float
+    momentum: float
+    nesterov: bool
+    weight_decay: float
+    schedule: str
+    warmup: int
+    base_batch: int | None
+    batch: int
+    epochs: int
+    seed: int
+    trainable: str | None
+    frozen: str | None
+
+    def check(self, output_names: list[str]) -> "RunSettings":
+        """Refuse settings that cannot train (one line each), the loss checked against the model's outputs;
+        returns self."""
+        loss_output(self.loss, output_names)
+        if self.optimizer not in OPTIMIZERS:
+            raise TrainSettingsError(f"unknown --optimizer '{self.optimizer}'; choose {' or '.join(OPTIMIZERS)}")
+        if not self.lr > 0:
+            raise TrainSettingsError(f"--lr {self.lr}: give a learning rate above 0")
+        if self.optimizer != "sgd" and (self.momentum or self.nesterov):
+            raise TrainSettingsError("--momentum and --nesterov are SGD's; AdamW takes its own moments")
+        if self.nesterov and not self.momentum > 0:
+            raise TrainSettingsError("--nesterov needs --momentum above 0 (as torch.optim.SGD)")
+        if not 0 <= self.momentum < 1 or self.weight_decay < 0:
+            raise TrainSettingsError("--momentum must lie in [0, 1) and --weight-decay must not be negative")
+        if not 0 <= self.label_smoothing < 1:
+            raise TrainSettingsError(f"--label-smoothing {self.label_smoothing}: give a value in [0, 1)")
+        if self.label_smoothing and self.loss != "cross_entropy":
+            raise TrainSettingsError("--label-smoothing goes with --loss cross_entropy only")
+        parse_schedule(self.schedule)
+        return self
+
+    def save(self, run_dir: Path) -> None:
+        """Write RUN_DIR/run.json."""
+        (run_dir / RUN_FILE).write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, run_dir: Path) -> "RunSettings":
+        """Read RUN_DIR/run.json (written by the run that --resume continues)."""
+        path = run_dir / RUN_FILE
+        if not path.is_file():
+            raise TrainSettingsError(f"{run_dir}: not a training run directory (no {RUN_FILE}); --resume takes "
+                                     "the -o directory of an earlier 'tessel train'")
+        try:
+            values = json.loads(path.read_text(encoding="utf-8"))
+            return cls(**{f.name: values[f.name] for f in fields(cls)})
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise TrainSettingsError(f"{path}: damaged ({type(exc).__name__}: {exc}); start a new run") from None
+
+
+def parse_schedule(text: str) -> tuple[str, tuple[float, ...]]:
+    """'constant', 'step:STEP_SIZE:GAMMA', 'cosine' or 'cosine:MIN_LR' -> (kind, numbers)."""
+    kind, *numbers = text.split(":")
+    arity = {"constant": (0,), "step": (2,), "cosine": (0, 1)}
+    try:
+        values = tuple(float(n) for n in numbers)
+    except ValueError:
+        values = None
+    if kind not in arity or values is None or len(values) not in arity[kind]:
+        raise TrainSettingsError(f"bad --schedule '{text}'; give one of {', '.join(SCHEDULES)}")
+    if kind == "step" and (values[0] < 1 or values[0] != int(values[0]) or not values[1] > 0):
+        raise TrainSettingsError(f"bad --schedule '{text}': STEP_SIZE is a whole number of steps >= 1, GAMMA > 0")
+    return kind, values
+
+
+def loss_output(loss: str, output_names: list[str]) -> str | None:
+    """The model output a loss names (output:K or an output's name); None for a built-in loss. An unknown name
+    or an index past the outputs is refused."""
+    if loss in HOST_LOSSES:
+        return None
+    if loss in output_names:
+        return loss
+    kind, _, index = loss.partition(":")
+    if kind == "output" and index.isdigit() and int(index) < len(output_names):
+        return output_names[int(index)]
+    raise TrainSettingsError(f"unknown --loss '{loss}'; choose {', '.join(HOST_LOSSES)}, or output:K (K < "
+                             f"{len(output_names)}) / an output's name ({', '.join(output_names)}) when the model "
+                             "computes its own loss")

@@ -1,0 +1,78 @@
+"""Tessel's training step against PyTorch: models written in PyTorch (bench/training_models.py), exported to ONNX
+from the same weights, trained 20 steps on the same batches with SGD (momentum 0.9) and with AdamW: every step's
+loss within 1e-4 relative of PyTorch's, every final weight and BatchNorm running statistic within 1e-3 relative
+(per tensor: |tessel - torch| / |torch| in the Frobenius norm)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import numpy_helper
+
+import tessel
+from bench.training_models import SPECS, ModelSpec, export, torch_loss, torch_optimizer
+from tessel import optim
+
+STEPS = 20
+LR = {"sgd": 0.05, "adamw": 1e-3}
+LOSS_RTOL, WEIGHT_RTOL = 1e-4, 1e-3
+# The default run keeps one case per optimizer (seconds to a minute each on two cores, mostly kernel builds):
+# the MLP with AdamW and the CNN with BatchNorm (conv, pool and BN gradients) with SGD. The rest run with
+# `pytest -m slow` (ResNet-18 takes minutes).
+DEFAULT_RUN = {("mlp", "adamw"), ("cnn_bn", "sgd")}
+
+
+def _batches(spec: ModelSpec) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(7)
+    return [spec.batch(rng) for _ in range(STEPS)]
+
+
+def _torch_run(model: torch.nn.Module, spec: ModelSpec, optimizer: str, batches) -> tuple[list[float], dict]:
+    """PyTorch's losses per step and its final weights and running statistics, by name."""
+    model.train()
+    opt = torch_optimizer(optimizer, model.parameters(), LR[optimizer])
+    losses = []
+    for x, y in batches:
+        opt.zero_grad()
+        loss = torch_loss(spec.loss, model(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    state = {name: value.detach().numpy().copy() for name, value in model.state_dict().items()
+             if value.dtype.is_floating_point}
+    return losses, state
+
+
+def _tessel_run(path, spec: ModelSpec, optimizer: str, batches, out, cache) -> tuple[list[float], dict]:
+    """Tessel's losses per step and the initializers of the model it exports after training."""
+    opt = optim.SGD(LR["sgd"], momentum=0.9) if optimizer == "sgd" else optim.AdamW(LR["adamw"])
+    trainer = tessel.compile_training(str(path), loss=spec.loss, optimizer=opt, input_shapes={"x": spec.input_shape},
+                                      cache_dir=str(cache))
+    losses = [trainer.step({"x": x}, y) for x, y in batches]
+    trainer.export_onnx(str(out))
+    return losses, {init.name: numpy_helper.to_array(init) for init in onnx.load(str(out)).graph.initializer}
+
+
+def _relative(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got.astype(np.float64) - want) / max(np.linalg.norm(want), 1e-12))
+
+
+@pytest.mark.parametrize("name, optimizer", [
+    pytest.param(name, optimizer, id=f"{name}-{optimizer}",
+                 marks=() if (name, optimizer) in DEFAULT_RUN else pytest.mark.slow)
+    for name in SPECS for optimizer in ("sgd", "adamw")])
+def test_training_steps_match_pytorch(tmp_path, kernel_cache, name, optimizer):
+    spec = SPECS[name]
+    model = spec.model()
+    path = export(model, spec.input_shape, tmp_path / f"{name}.onnx")
+    batches = _batches(spec)
+    want_losses, want_state = _torch_run(model, spec, optimizer, batches)
+    got_losses, got_state = _tessel_run(path, spec, optimizer, batches, tmp_path / "trained.onnx", kernel_cache)
+
+    np.testing.assert_allclose(got_losses, want_losses, rtol=LOSS_RTOL, err_msg="per-step losses")
+    missing = sorted(set(want_state) - set(got_state) - {n for n in want_state if n.endswith("num_batches_tracked")})
+    assert not missing, f"not in the exported model: {missing}"
+    errors = {n: _relative(got_state[n], want_state[n]) for n in want_state if n in got_state}
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= WEIGHT_RTOL, f"{worst}: relative error {errors[worst]:.2e} (all: {errors})"
