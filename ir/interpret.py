@@ -17,10 +17,14 @@ from onnx.reference.op_run import RuntimeContextError
 
 from .attributes import Attributes
 from .evaluate import evaluate
-from .grad_ops import REFERENCE
+from .grad_ops import REFERENCE as GRAD_REFERENCE
 from .graph import Graph, Node
 from .onnx_proto import attribute_proto
+from .optimizer_ops import REFERENCE as OPTIMIZER_REFERENCE
 from .schema import CANONICAL_OPSET, FUSED, TESSEL_DOMAIN, OpSchema, get_schema
+
+# Numpy references of the Tessel-domain ops, by op type.
+REFERENCE = {**GRAD_REFERENCE, **OPTIMIZER_REFERENCE}
 
 
 def interpret(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -56,7 +60,7 @@ def _evaluate_node(node: Node, inputs: list[np.ndarray | None], env: dict[int, n
         if node.op_type == FUSED:
             return _run_body(node.attrs["body"], inputs, env, wide)
         if node.op_type not in REFERENCE:
-            raise NotImplementedError(f"interpret: no numpy reference for tessel op {node.op_type} (ir/grad_ops.py)")
+            raise NotImplementedError(f"interpret: no numpy reference for tessel op {node.op_type}")
         return list(REFERENCE[node.op_type](node.attrs, inputs))
     if node.op_type == "If":
         branch = node.attrs["then_branch"] if bool(np.asarray(inputs[0]).reshape(-1)[0]) else node.attrs["else_branch"]

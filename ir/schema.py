@@ -23,6 +23,7 @@ from .attributes import AttrSpec, Attributes, coerce
 from .grad_ops import GRAD_OPS
 from .onnx_proto import ATTR_KIND, attribute_proto, tensor_proto, type_proto
 from .op_traits import OpTraits, op_traits
+from .optimizer_ops import OPTIMIZER_OPS
 from .types import TensorType, dtype_from_onnx, onnx_type_name
 
 if TYPE_CHECKING:
@@ -226,6 +227,9 @@ _TESSEL_SCHEMAS = {
     # The gradient ops of reverse-mode autodiff (ir/grad_ops.py).
     **{op: OpSchema(op, TESSEL_DOMAIN, 1, arity, arity, 1, 1, attrs, None, infer)
        for op, (arity, attrs, infer) in GRAD_OPS.items()},
+    # One parameter's optimizer update as one op (ir/optimizer_ops.py).
+    **{op: OpSchema(op, TESSEL_DOMAIN, 1, min_in, max_in, min_out, max_out, attrs, None, infer)
+       for op, (min_in, max_in, min_out, max_out, attrs, infer) in OPTIMIZER_OPS.items()},
 }
 
 

@@ -5,11 +5,11 @@ hyperparameters; what changes from step to step (the learning rate, AdamW's bias
 corrections) enters as scalar float32 graph inputs named in `SCALARS`, which the
 host computes for each step (compiler/optim.py). Optimizer slots are persistent
 inputs named `<param>.momentum`, `<param>.exp_avg` and `<param>.exp_avg_sq`,
-zeros before the first step. The arithmetic follows torch.optim.SGD and
-torch.optim.AdamW op for op, so a step gives PyTorch's numbers. Every update op is
-elementwise, so the fuse pass makes each update a few kernels: a fused group returns
-one value and grows from one producer, which gives per parameter 1 kernel for SGD,
-2 with momentum (+1 with weight decay) and 5 for AdamW.
+zeros before the first step. Each parameter's update is ONE Tessel-domain op,
+`SGDUpdate` or `AdamWUpdate` (ir/optimizer_ops.py), whose outputs are the new
+parameter and its new slots: one kernel per parameter per step, reading the
+parameter, its gradient and its slots once. Its arithmetic is torch.optim.SGD's and
+torch.optim.AdamW's, op for op, so a step gives PyTorch's numbers.
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from typing import Mapping, Union
 import numpy as np
 
 from tessel.ir.graph import Graph, Value
-from tessel.ir.types import TensorType, dtype_to_onnx
+from tessel.ir.schema import TESSEL_DOMAIN
+from tessel.ir.types import TensorType
 
 from .base import add_op
 
@@ -102,67 +103,33 @@ def add_updates(graph: Graph, rule: Rule, params: Mapping[str, tuple[Value, Valu
     if taken:
         raise ValueError(f"the graph already has a value named {taken[0]!r}, the optimizer's scalar input")
     scalars = {name: graph.add_input(name, TensorType("float32", ())) for name in rule.scalars}
-    builder = _Builder(graph, scalars)
+    op_type, attrs = _update_op(rule)
     next_values: dict[str, Value] = {}
     slot_inputs: list[Value] = []
     for name, (param, grad) in params.items():
-        slots = {s: graph.add_input(slot_name(name, s), param.type) for s in rule.slots}
-        slot_inputs.extend(slots.values())
-        if isinstance(rule, SGDRule):
-            new_param, new_slots = builder.sgd(rule, param, grad, slots)
-        else:
-            new_param, new_slots = builder.adamw(rule, param, grad, slots)
-        next_values[name] = new_param
-        next_values.update({slots[s].name: value for s, value in new_slots.items()})
+        slots = [graph.add_input(slot_name(name, s), param.type) for s in rule.slots]
+        slot_inputs.extend(slots)
+        inputs = _update_inputs(rule, param, grad, slots, scalars)
+        node = add_op(graph, op_type, inputs, attrs, name=f"optim_{op_type}", num_outputs=1 + len(slots),
+                      domain=TESSEL_DOMAIN)
+        next_values[name] = node.outputs[0]
+        next_values.update({slot.name: value for slot, value in zip(slots, node.outputs[1:])})
     return OptimizerUpdates(next_values, slot_inputs, list(scalars.values()))
 
 
-class _Builder:
-    """Adds update ops; scalars and constants take the parameter's dtype."""
+def _update_inputs(rule: Rule, param: Value, grad: Value, slots: list[Value],
+                   scalars: dict[str, Value]) -> list[Value]:
+    """The update op's inputs in its order: SGDUpdate(param, grad, lr[, momentum[, grad_coef]]),
+    AdamWUpdate(param, grad, exp_avg, exp_avg_sq, step_size, bias_correction2_sqrt[, decay])."""
+    if isinstance(rule, SGDRule):
+        return [param, grad, scalars[LR], *slots] + ([scalars[GRAD_COEF]] if GRAD_COEF in scalars else [])
+    return [param, grad, *slots, scalars[STEP_SIZE], scalars[BIAS_CORRECTION2_SQRT]] + (
+        [scalars[DECAY]] if DECAY in scalars else [])
 
-    def __init__(self, graph: Graph, scalars: dict[str, Value]):
-        self.graph = graph
-        self.scalars = scalars
 
-    def sgd(self, rule: SGDRule, param: Value, grad: Value, slots: dict[str, Value]):
-        grad = self.add(grad, self.mul(param, self.const(rule.weight_decay, param))) if rule.weight_decay else grad
-        if not rule.momentum:
-            return self.sub(param, self.mul(self.scalar(LR, param), grad)), {}
-        # The buffer starts at zero, so momentum * buf + coef * grad is grad on the first step, as in PyTorch.
-        contribution = self.mul(self.scalar(GRAD_COEF, param), grad) if rule.dampening else grad
-        buffer = self.add(self.mul(slots["momentum"], self.const(rule.momentum, param)), contribution)
-        direction = self.add(grad, self.mul(buffer, self.const(rule.momentum, param))) if rule.nesterov else buffer
-        return self.sub(param, self.mul(self.scalar(LR, param), direction)), {"momentum": buffer}
-
-    def adamw(self, rule: AdamWRule, param: Value, grad: Value, slots: dict[str, Value]):
-        decayed = self.mul(param, self.scalar(DECAY, param)) if rule.weight_decay else param
-        exp_avg, exp_avg_sq = slots["exp_avg"], slots["exp_avg_sq"]
-        # torch's lerp: m + (1 - beta1) * (g - m).
-        new_avg = self.add(exp_avg, self.mul(self.sub(grad, exp_avg), self.const(1.0 - rule.beta1, param)))
-        new_sq = self.add(self.mul(exp_avg_sq, self.const(rule.beta2, param)),
-                          self.mul(self.mul(grad, grad), self.const(1.0 - rule.beta2, param)))
-        denom = self.add(self.op("Div", self.op("Sqrt", new_sq), self.scalar(BIAS_CORRECTION2_SQRT, param)),
-                         self.const(rule.eps, param))
-        step = self.mul(self.scalar(STEP_SIZE, param), self.op("Div", new_avg, denom))
-        return self.sub(decayed, step), {"exp_avg": new_avg, "exp_avg_sq": new_sq}
-
-    def scalar(self, name: str, like: Value) -> Value:
-        value = self.scalars[name]
-        if like.type.dtype == value.type.dtype:
-            return value
-        return add_op(self.graph, "Cast", [value], {"to": dtype_to_onnx(like.type.dtype)}, name="optim_Cast").outputs[0]
-
-    def const(self, number: float, like: Value) -> Value:
-        return self.graph.add_constant(self.graph.unique_name("optim_const"), np.array(number, like.type.dtype))
-
-    def add(self, a: Value, b: Value) -> Value:
-        return self.op("Add", a, b)
-
-    def sub(self, a: Value, b: Value) -> Value:
-        return self.op("Sub", a, b)
-
-    def mul(self, a: Value, b: Value) -> Value:
-        return self.op("Mul", a, b)
-
-    def op(self, op_type: str, *inputs: Value) -> Value:
-        return add_op(self.graph, op_type, list(inputs), name=f"optim_{op_type}").outputs[0]
+def _update_op(rule: Rule) -> tuple[str, dict[str, float]]:
+    """The update op (ir/optimizer_ops.py) applying `rule`, and its attributes."""
+    if isinstance(rule, SGDRule):
+        return "SGDUpdate", {"momentum": rule.momentum, "dampening": rule.dampening, "nesterov": int(rule.nesterov),
+                             "weight_decay": rule.weight_decay}
+    return "AdamWUpdate", {"beta1": rule.beta1, "beta2": rule.beta2, "eps": rule.eps}

@@ -3,13 +3,15 @@
 Injective producers are inlined into their consumers. Every remaining block
 runs its outer spatial loops in parallel; a block's innermost spatial loop is
 vectorized, and a reduction block moves its reduction loops inside so the
-vectorized spatial tile accumulates in registers. Index arguments that a
+vectorized spatial tile accumulates in registers. A block its rule marks flat
+(FLAT_LOOPS_ATTR: elementwise over buffers of one shape) runs as one loop. Index arguments that a
 Gather-like block asked to check are asserted in range before the kernel body.
 """
 from __future__ import annotations
 
 import dataclasses
 
+from ..lowering.context import FLAT_LOOPS_ATTR
 from ..lowering.index_checks import CHECK_ATTR, IndexCheck, add_index_checks
 from ..tvm_env import tvm
 
@@ -137,6 +139,9 @@ def _schedule_spatial(sch, block) -> None:
     work = 1
     for e in extents:
         work *= e
+    if sch.get(block).annotations.get(FLAT_LOOPS_ATTR) is not None:
+        _schedule_flat(sch, loops, work)
+        return
     last_lanes = _lanes_for(extents[-1])
     if len(loops) > 1:
         # Keep the innermost axis on its own (vectorized when it divides evenly): index
@@ -155,6 +160,20 @@ def _schedule_spatial(sch, block) -> None:
         if work >= MIN_PARALLEL_WORK:
             try_step(lambda: sch.parallel(outer))
     elif work >= MIN_PARALLEL_WORK:
+        try_step(lambda: sch.parallel(fused))
+
+
+def _schedule_flat(sch, loops, work: int) -> None:
+    """A block marked FLAT_LOOPS_ATTR (elementwise over buffers of one shape): its loops fused into one, parallel.
+
+    Not split: the fused loop's buffer indices then simplify to the loop variable itself (split, they stay
+    divisions and TVM's vector loads become gathers), and LLVM vectorizes the contiguous loop, whatever the
+    length of the innermost axis. The other blocks of a multi-output compute share the loop nest.
+    """
+    if any(int(sch.get(loop).kind) for loop in loops):
+        return  # the loop nest of an earlier block of the same compute: already scheduled
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    if work >= MIN_PARALLEL_WORK:
         try_step(lambda: sch.parallel(fused))
 
 

@@ -10,6 +10,11 @@ from tessel.ir.errors import TesselError
 from tessel.ir.types import TensorType
 
 
+# A block annotation: the block is elementwise over buffers of one shape (no broadcasting), so a schedule may run
+# all its loops as one flat loop (vectorized whatever the innermost axis' length).
+FLAT_LOOPS_ATTR = "tessel_flat_loops"
+
+
 class LoweringError(TesselError):
     """An op (or one of its attribute combinations) has no TVM lowering."""
 
