@@ -72,6 +72,15 @@ def _evaluate_node(node: Node, inputs: list[np.ndarray | None], env: dict[int, n
         return _typed_evaluator(schema, node.attrs, inputs, len(node.outputs)).run(None, feeds)
 
 
+def _run_body(body: Graph, inputs: list[np.ndarray | None], env: dict[int, np.ndarray], wide: bool) -> list[np.ndarray]:
+    """Run a subgraph (a Fused body on its own inputs, an If branch on captured values) and return its outputs."""
+    inner = dict(env)  # a branch reads the enclosing graphs' values; its own never leak out
+    for value, array in zip(body.inputs, inputs):
+        inner[id(value)] = array
+    _run(body, inner, wide)
+    return [inner[id(out)] for out in body.outputs]
+
+
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 

@@ -93,6 +93,24 @@ def plan_memory(steps: Sequence[StepUse], sizes: Mapping[str, int], *, inputs: S
     Inputs are live from before the first step, outputs until after the last.
     """
     steps = list(steps)
+    storages, merged = plan_lifetimes(steps, sizes, inputs=inputs, outputs=outputs, alignment=alignment,
+                                      inplace=inplace)
+    view_outputs = {out for step in steps for out, _ in step.views}
+    no_reuse = sum(_align(sizes[n], alignment) for n in sizes if n not in view_outputs)
+    bound = bound_bytes(storages)
+    results = {name: strategy(storages) for name, strategy in STRATEGIES.items()}
+    best = min(results, key=lambda k: (_arena(results[k]), k))
+    placed = results[best]
+    offsets = {v: s.offset for s in placed for v in s.values}
+    return MemoryPlan(alignment, _arena(placed), bound, no_reuse, best, placed, offsets, dict(sizes), steps, merged,
+                      {k: _arena(v) for k, v in results.items()})
+
+
+def plan_lifetimes(steps: Sequence[StepUse], sizes: Mapping[str, int], *, inputs: Sequence[str] = (),
+                   outputs: Sequence[str] = (), alignment: int = DEFAULT_ALIGNMENT,
+                   inplace: bool = True) -> tuple[list[Storage], list[tuple[str, str]]]:
+    """The storages of `plan_memory` before placement (values sharing a buffer, their lifetimes, offsets 0) and
+    the (output, input) pairs computed in place: enough for `bound_bytes`, which is far cheaper than placing."""
     last = len(steps)
     root = {name: name for name in sizes}
 
@@ -145,18 +163,10 @@ def plan_memory(steps: Sequence[StepUse], sizes: Mapping[str, int], *, inputs: S
     for values in members.values():
         start, end = span(values)
         storages.append(Storage(tuple(sorted(values)), _align(max(sizes[v] for v in values), alignment), start, end))
-    view_outputs = {out for step in steps for out, _ in step.views}
-    no_reuse = sum(_align(sizes[n], alignment) for n in sizes if n not in view_outputs)
-    bound = _bound(storages, last)
-    results = {name: strategy(storages) for name, strategy in STRATEGIES.items()}
-    best = min(results, key=lambda k: (_arena(results[k]), k))
-    placed = results[best]
-    offsets = {v: s.offset for s in placed for v in s.values}
-    return MemoryPlan(alignment, _arena(placed), bound, no_reuse, best, placed, offsets, dict(sizes), steps, merged,
-                      {k: _arena(v) for k, v in results.items()})
+    return storages, merged
 
 
-def _bound(storages: Sequence[Storage], last: int) -> int:
+def bound_bytes(storages: Sequence[Storage]) -> int:
     """The most bytes live at once: no placement of these lifetimes can use less."""
     events: dict[int, int] = {}
     for s in storages:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Iterable
 
 import numpy as np
 
@@ -37,7 +38,8 @@ class TrainingModel:
     parameters: list[str]             # trainable inputs, in graph order
     state: dict[str, np.ndarray]      # initial value of every persistent input: parameters and BN running stats
     state_updates: dict[str, str] = field(default_factory=dict)  # persistent input -> graph output with its next value
-    dropout_masks: dict[str, float] = field(default_factory=dict)  # mask input -> drop ratio (mask = bernoulli(1-p)/(1-p))
+    # mask input -> drop ratio (the mask fed each step is bernoulli(1-p)/(1-p), of the masked value's shape)
+    dropout_masks: dict[str, float] = field(default_factory=dict)
     model_outputs: list[str] = field(default_factory=list)  # the model's own outputs (still graph outputs, first)
 
 
@@ -48,13 +50,16 @@ def prepare_training(graph: Graph, trainable: str | None = None, frozen: str | N
     graph input; BatchNormalization running statistics become persistent non-trainable inputs (unless `frozen`
     matches them); the other float initializers stay constants.
     """
+    selected, excluded = _pattern("trainable", trainable), _pattern("frozen", frozen)
     _split_aliases(graph)
     model_outputs = [v.name for v in graph.outputs]
     running = _running_stats(graph)
-    candidates = _parameter_candidates(graph) - running
-    parameters = [name for name in _initializer_order(graph) if name in candidates
-                  and (trainable is None or re.search(trainable, name)) and not (frozen and re.search(frozen, name))]
-    stats = [name for name in _initializer_order(graph) if name in running and not (frozen and re.search(frozen, name))]
+    candidates = [name for name in _initializer_order(graph) if name in _parameter_candidates(graph) - running]
+    parameters = [name for name in candidates
+                  if (selected is None or selected.search(name)) and not (excluded and excluded.search(name))]
+    if not parameters:
+        raise ModelImportError(_no_parameters(candidates, trainable, frozen))
+    stats = [name for name in _initializer_order(graph) if name in running and not (excluded and excluded.search(name))]
     state = _make_inputs(graph, parameters + stats)
     model = TrainingModel(graph, parameters, state, model_outputs=model_outputs)
     updates: dict[str, Value] = {}
@@ -75,13 +80,13 @@ def prepare_training(graph: Graph, trainable: str | None = None, frozen: str | N
     return model
 
 
-def prepare_eval(graph: Graph, state_names) -> Graph:
+def prepare_eval(graph: Graph, state_names: Iterable[str]) -> Graph:
     """Give `graph` (imported with from_onnx(..., training=True); edited in place) inference semantics with the
     persistent inputs `state_names` of the training graph: BatchNormalization uses the running statistics,
     Dropout passes its input through."""
     _split_aliases(graph)
-    present = {v.name for v in graph.constants}
-    _make_inputs(graph, [name for name in _initializer_order(graph) if name in set(state_names) & present])
+    persistent = set(state_names)
+    _make_inputs(graph, [name for name in _initializer_order(graph) if name in persistent])
     for node in list(graph.nodes):
         if node.op_type == "BatchNormalization" and node.attrs.get("training_mode", 0):
             _batch_norm_inference(graph, node)
@@ -101,6 +106,26 @@ def _finish(graph: Graph) -> None:
 
 
 # ---- parameters ------------------------------------------------------------------------------------------------
+def _pattern(option: str, pattern: str | None) -> re.Pattern | None:
+    """The compiled regular expression of `trainable=` or `frozen=`; a malformed one is a one-line error."""
+    if pattern is None:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ModelImportError(f"{option}={pattern!r} is not a valid regular expression: {exc}") from None
+
+
+def _no_parameters(candidates: list[str], trainable: str | None, frozen: str | None) -> str:
+    """Why nothing would be trained, as one line."""
+    if not candidates:
+        return ("the model has no float initializers to train (import it with from_onnx(..., training=True); "
+                "an inference import folds them)")
+    shown = ", ".join(candidates[:8]) + (f" and {len(candidates) - 8} more" if len(candidates) > 8 else "")
+    given = " and ".join(f"{k}={v!r}" for k, v in (("trainable", trainable), ("frozen", frozen)) if v is not None)
+    return f"{given} leave(s) no parameter to train; the model's float initializers are {shown}"
+
+
 def _split_aliases(graph: Graph) -> None:
     """Identity(initializer) becomes an initializer of its own under the Identity's output name.
 
@@ -174,16 +199,16 @@ def _batch_norm_training(graph: Graph, node: Node, updates: dict[str, Value]) ->
     per_channel = [channels] + [1] * (rank - 2)
     y = em.op("Add", em.op("Mul", normalized, em.reshape(scale, per_channel)), em.reshape(bias, per_channel))
     replacements = {0: y}
-    batch_stats = {3: mean, 4: var}
-    factors = {3: 1.0 - momentum, 4: (1.0 - momentum) * count / (count - 1)}
-    for index, output in zip(_RUNNING_STATS, node.outputs[1:3] if len(node.outputs) > 1 else []):
-        if output is not None:
-            replacements[index - 2] = _running_update(em, node.inputs[index], batch_stats[index], momentum, factors[index])
-    for index in _RUNNING_STATS:
-        stat = node.inputs[index]
-        if stat is not None and stat.is_graph_input and stat.name not in updates:
-            updates[stat.name] = replacements.get(index - 2) or _running_update(em, stat, batch_stats[index], momentum,
-                                                                                  factors[index])
+    running = {1: (mean_in, mean, 1.0 - momentum), 2: (var_in, var, (1.0 - momentum) * count / (count - 1))}
+    for output, (stat, batch_stat, factor) in running.items():
+        read = output < len(node.outputs) and node.outputs[output] is not None
+        persistent = stat.is_graph_input and stat.name not in updates
+        if read or persistent:
+            update = _running_update(em, stat, batch_stat, momentum, factor)
+            if read:
+                replacements[output] = update
+            if persistent:
+                updates[stat.name] = update
     _retire_or_alias(graph, node, replacements)
 
 
@@ -197,10 +222,9 @@ def _batch_norm_inference(graph: Graph, node: Node) -> None:
     """Training-mode BatchNormalization (3 outputs) as its inference form; the running stats pass through."""
     attrs = {k: v for k, v in node.attrs.items() if k in ("epsilon", "momentum")}
     y = add_op(graph, "BatchNormalization", node.inputs[:5], attrs, name=node.name, before=node).outputs[0]
-    replacements = {0: y}
-    for index in _RUNNING_STATS:
-        if index - 2 < len(node.outputs) and node.outputs[index - 2] is not None:
-            replacements[index - 2] = node.inputs[index]
+    replacements = {output: node.inputs[output + 2] for output in (1, 2)
+                    if output < len(node.outputs) and node.outputs[output] is not None}
+    replacements[0] = y
     _retire_or_alias(graph, node, replacements)
 
 
@@ -215,10 +239,10 @@ def _dropout_training(graph: Graph, node: Node, masks: dict[str, float]) -> None
     x = node.inputs[0]
     ratio_input = node.inputs[1] if len(node.inputs) > 1 else None
     ratio = 0.5 if ratio_input is None else constant_scalar(ratio_input)
-    ratio = None if ratio is None else _float32_literal(ratio)
     if ratio is None:
         raise ModelImportError(f"node '{node.name}' (Dropout): its ratio is computed at run time; training needs a "
                                "constant ratio")
+    ratio = _float32_literal(ratio)
     if ratio == 0.0:
         _pass_through(graph, node)
         return

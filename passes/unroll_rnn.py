@@ -8,6 +8,7 @@ one MatMul; each step then adds the recurrent product and applies the gates.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 from tessel.ir.errors import ModelImportError
@@ -62,13 +63,14 @@ def unroll_rnn(graph: Graph, node: Node) -> None:
             h, c = step(cell, em.reshape(projected[t], [batch, gates * hidden]), h, c)
             hs[t] = h
         outputs.append((hs, h, c))
+    wanted = [i for i, v in enumerate(node.outputs) if v is not None and (v.uses or v.is_graph_output)]
     replacements = {}
-    if _wanted(node.outputs[0]):
+    if 0 in wanted:
         y = [em.concat([em.reshape(h, [1, 1, batch, hidden]) for h in hs], 0) for hs, _, _ in outputs]
         replacements[0] = em.concat(y, 1)
-    if _wanted(node.outputs[1]):
+    if 1 in wanted:
         replacements[1] = em.concat([em.reshape(h, [1, batch, hidden]) for _, h, _ in outputs], 0)
-    if len(node.outputs) > 2 and _wanted(node.outputs[2]):
+    if 2 in wanted:
         replacements[2] = em.concat([em.reshape(c, [1, batch, hidden]) for _, _, c in outputs], 0)
     retire(node, replacements)
 
@@ -82,6 +84,16 @@ class _Cell:
         self.recurrent_t = recurrent_t
         self.bias = bias
         self.peepholes = em.split(peepholes, 0, [hidden] * 3) if peepholes is not None else None
+
+    @functools.cached_property
+    def recurrent_parts(self) -> list[Value]:
+        """The transposed GRU recurrent weights cut into the update/reset gates' and the candidate's."""
+        return self.em.split(self.recurrent_t, 1, [2 * self.hidden, self.hidden])
+
+    @functools.cached_property
+    def bias_parts(self) -> list[Value | None]:
+        """The recurrent bias cut per GRU gate (z, r, h)."""
+        return self.em.split(self.bias, 0, [self.hidden] * 3) if self.bias is not None else [None] * 3
 
 
 def _lstm_step(cell: _Cell, projected: Value, h: Value | None, c: Value | None) -> tuple[Value, Value]:
@@ -106,29 +118,24 @@ def _gru_step(linear_before_reset: int) -> Callable[[_Cell, Value, Value | None,
         """h after one GRU step from the step's input projection (input bias included)."""
         em, size = cell.em, cell.hidden
         x_z, x_r, x_h = em.split(projected, 1, [size] * 3)
-        r_bias = em.split(cell.bias, 0, [size] * 3) if cell.bias is not None else [None] * 3
-        if h is None:
-            h_z, h_r, h_h = r_bias
+        b_z, b_r, b_h = cell.bias_parts
+        if h is None:  # a zero state: the recurrent products vanish, their biases stay
+            h_z, h_r, h_h = b_z, b_r, b_h
         elif linear_before_reset:
-            product = em.op("MatMul", h, cell.recurrent_t)
-            if cell.bias is not None:
-                product = em.op("Add", product, cell.bias)
-            h_z, h_r, h_h = em.split(product, 1, [size] * 3)
+            h_z, h_r, h_h = em.split(_add(em, em.op("MatMul", h, cell.recurrent_t), cell.bias), 1, [size] * 3)
         else:
-            gates_t, candidate_t = em.split(cell.recurrent_t, 1, [2 * size, size])
-            h_z, h_r = em.split(em.op("MatMul", h, gates_t), 1, [size] * 2)
-            h_z, h_r = _add(em, h_z, r_bias[0]), _add(em, h_r, r_bias[1])
+            h_z, h_r = em.split(em.op("MatMul", h, cell.recurrent_parts[0]), 1, [size] * 2)
+            h_z, h_r = _add(em, h_z, b_z), _add(em, h_r, b_r)
         z = em.op("Sigmoid", _add(em, x_z, h_z))
         r = em.op("Sigmoid", _add(em, x_r, h_r))
-        if h is not None and not linear_before_reset:
-            h_h = _add(em, em.op("MatMul", em.op("Mul", r, h), candidate_t), r_bias[2])
-            candidate = em.op("Tanh", em.op("Add", x_h, h_h))
-        elif h_h is not None:
-            candidate = em.op("Tanh", em.op("Add", x_h, em.op("Mul", r, h_h) if linear_before_reset else h_h))
+        if linear_before_reset:
+            recurrent = None if h_h is None else em.op("Mul", r, h_h)
+        elif h is None:
+            recurrent = b_h
         else:
-            candidate = em.op("Tanh", x_h)
-        keep = em.op("Sub", em.scalar(1.0, z), z)
-        new_h = em.op("Mul", keep, candidate)
+            recurrent = _add(em, em.op("MatMul", em.op("Mul", r, h), cell.recurrent_parts[1]), b_h)
+        candidate = em.op("Tanh", _add(em, x_h, recurrent))
+        new_h = em.op("Mul", em.op("Sub", em.scalar(1.0, z), z), candidate)
         if h is not None:
             new_h = em.op("Add", new_h, em.op("Mul", z, h))
         return new_h, None
@@ -138,10 +145,6 @@ def _gru_step(linear_before_reset: int) -> Callable[[_Cell, Value, Value | None,
 
 def _add(em: Emitter, a: Value, b: Value | None) -> Value:
     return a if b is None else em.op("Add", a, b)
-
-
-def _wanted(value: Value | None) -> bool:
-    return value is not None and (bool(value.uses) or value.is_graph_output)
 
 
 def _check_supported(node: Node) -> None:

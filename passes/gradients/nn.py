@@ -211,7 +211,7 @@ def _layer_norm_unsupported(node: Node) -> str | None:
 
 def _batch_norm(b: GradBuilder, node: Node, grads: Grads) -> Grads:
     # Inference form: the statistics are inputs, held fixed (prepare_training rewrites training-mode BN).
-    dy, (x, scale, _bias, mean, var) = grads[0], node.inputs[:5]
+    dy, (x, scale, mean, var) = grads[0], (*node.inputs[:2], *node.inputs[3:5])
     per_channel = [x.type.shape[1]] + [1] * (x.type.rank - 2)
     rstd = b.op("Reciprocal", [b.op("Sqrt", [b.add(var, b.scalar(node.attrs.get("epsilon", 1e-5), var))])])
     dx = dscale = dbias = None

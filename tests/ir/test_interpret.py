@@ -75,3 +75,16 @@ def test_lrn_matches_onnxruntime():
     onnx_model = model([node], [("x", F, [2, 5, 3, 2])], [("y", F, [2, 5, 3, 2])])
     got = interpret(ir.from_onnx(onnx_model), {"x": x})["y"]
     np.testing.assert_allclose(got, run_onnxruntime(onnx_model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_fused_graph_interprets_like_the_unfused_one():
+    from tessel.compiler.pipeline import run_pipeline
+
+    graph = ir.from_onnx(_small_model())
+    x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
+    expected = interpret(graph, {"x": x})
+    fused, _ = run_pipeline(graph)
+    assert any(node.op_type == "Fused" for node in fused.nodes)
+    got = interpret(fused, {"x": x})
+    for name, array in expected.items():
+        np.testing.assert_allclose(got[name], array, rtol=1e-6, atol=1e-6)
