@@ -3,6 +3,8 @@
 `compile` is a short sequence of stages: options → import (once) → passes →
 micro-batches → program → algorithm selection → kernels → placement (one
 program per worker, compiler/worker_programs.py) → memory plans → artifact.
+Everything after the import is `compile_graph`, which training shares
+(compiler/trainer.py compiles a step graph and an eval graph with it).
 """
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ import logging
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from tessel import ir
 from tessel.backends.builder import build_kernels
@@ -21,6 +24,7 @@ from tessel.backends.lowering import LoweringError
 from tessel.backends.target import parse_target
 from tessel.backends.tvm_env import version as tvm_version
 from tessel.ir.onnx_import import input_defaults, with_batch
+from tessel.passes.base import Pass
 from tessel.runtime.calibrate import load_link
 from tessel.runtime.instructions import kernel_call_count
 from tessel.runtime.profile_db import ProfileDB
@@ -36,9 +40,13 @@ from .plots.gantt import graph_facts, write_gantt
 from .plots.memory_timeline import write_memory_timeline
 from .plots.placement_alternatives import write_placement_chart
 from .pipeline import pass_report, run_pipeline
-from .program import build_program
+from .program import Program, build_program
 from .provenance import PLANNED
+from .state_program import PersistentState, with_state, write_state_file
 from .worker_programs import MachineShape, check_fits, micro_batch_graph, place_workers
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = ["Artifact", "CompileError", "CompileOptions", "compile", "load"]
 
@@ -62,32 +70,81 @@ def compile(  # noqa: A001 - the contract names it compile
     algorithm candidates are timed.
     """
     options = CompileOptions.create(options, **overrides)
-    spec = parse_target(options.target)
-    machine_shape = _machine_shape(options)
-    _warn_shared_cores(machine_shape.devices)
+    machine = prepare_machine(options)
     started = time.perf_counter()
+    model, input_shapes = load_model(model_or_path, options)
+    graph = ir.from_onnx(model, input_shapes)
+    source = ModelSource(model_name(model_or_path, model), model, model_or_path, input_defaults(model),
+                         time.perf_counter() - started)
+    return compile_graph(graph, options, machine, source, progress=progress, profile_progress=profile_progress)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What packaging needs about the model a graph came from: its name (for charts), the ONNX model (graph.json,
+    model.onnx with `keep_model`), where it was read from, its overridable inputs' defaults, and the import time."""
+
+    name: str
+    model: onnx.ModelProto
+    origin: Any
+    defaults: Mapping[str, Any]
+    import_seconds: float
+
+
+def load_model(model_or_path, options: CompileOptions) -> tuple[onnx.ModelProto, dict]:
+    """The ONNX model and its input shapes, re-batched when the options give a `batch`."""
     model = ir.load_model(model_or_path)
     input_shapes = dict(options.input_shapes)
     if options.batch is not None:
         model = with_batch(model, options.batch)
         input_shapes = {name: (options.batch,) + shape[1:] if shape else shape for name, shape in input_shapes.items()}
-    graph = ir.from_onnx(model, input_shapes)
-    name = _model_name(model_or_path, model)
+    return model, input_shapes
+
+
+def model_name(model_or_path, model: onnx.ModelProto) -> str:
+    """What the charts call the model: its file's name, else the ONNX graph's name."""
+    if isinstance(model_or_path, (str, os.PathLike)):
+        return Path(model_or_path).stem
+    return model.graph.name or "model"
+
+
+def prepare_machine(options: CompileOptions) -> MachineShape:
+    """The workers the options describe (machine file or devices), checked before any import; warns when they
+    outnumber this machine's cores."""
+    parse_target(options.target)
+    machine_shape = _machine_shape(options)
+    _warn_shared_cores(machine_shape.devices)
+    return machine_shape
+
+
+def compile_graph(graph: ir.Graph, options: CompileOptions, machine_shape: MachineShape, source: ModelSource, *,
+                  state: PersistentState | None = None, passes: Sequence[Pass] | None = None,
+                  progress: Callable[[int, int], None] | None = None,
+                  profile_progress: Callable[[int, int], None] | None = None) -> Artifact:
+    """The stages after import: passes → micro-batches → program → algorithm selection → kernels → placement →
+    memory plans → artifact. Inference compiles the imported model's graph; training (compiler/trainer.py) a
+    step graph and an eval graph, whose `state` persists across runs (compiler/state_program.py). `passes`
+    replaces the options' pipeline (training adds recomputation)."""
+    if state is not None and (machine_shape.devices > 1 or options.microbatches > 1):
+        raise CompileError("training compiles for one device and one micro-batch; "
+                           "distributed training is not supported yet")
+    spec = parse_target(options.target)
+    name = source.name
     imported = time.perf_counter()
-    _log.info("imported: %d nodes (%.1f s)", len(graph.nodes), imported - started)
+    _log.info("imported: %d nodes (%.1f s)", len(graph.nodes), source.import_seconds)
     staging = tempfile.TemporaryDirectory(prefix="tessel-artifact-")
     root = Path(staging.name)
     reports = root / "reports"
     reports.mkdir()
-    graph, pass_records = run_pipeline(graph, options.passes, verify=options.verify, dump_after=options.dump_after,
-                                       dump_dir=reports)
+    graph, pass_records = run_pipeline(graph, options.passes if passes is None else passes, verify=options.verify,
+                                       dump_after=options.dump_after, dump_dir=reports)
     graph = micro_batch_graph(graph, options.microbatches)
     optimized = time.perf_counter()
     _log.info("passes: %d nodes after %d passes (%.1f s)", len(graph.nodes), len(pass_records), optimized - imported)
     for record in pass_records:
         _log.debug("  %s: nodes %d -> %d, kernels %d -> %d (%.1f ms)", record.name, record.nodes_before,
                    record.nodes_after, record.kernels_before, record.kernels_after, 1e3 * record.seconds)
-    program = build_program(graph, spec, blocked_layout=options.blocked_layout)
+    program = _with_state(build_program(graph, spec, blocked_layout=options.blocked_layout), state)
     if program.unsupported:
         raise LoweringError(f"no {spec.kind} kernels for {len(program.unsupported)} op type(s): " + "; ".join(program.unsupported))
     if machine_shape.devices == 1:  # fail before minutes of kernel compilation
@@ -97,6 +154,7 @@ def compile(  # noqa: A001 - the contract names it compile
     if options.algo_select != "off":
         program, algo_summary = _select_algorithms(graph, spec, program, cache, reports, options,
                                                    machine_shape.capacities[0], profile_progress, name)
+        program = _with_state(program, state)
         _log.info("algorithm selection (%s) (%.1f s)", options.algo_select, time.perf_counter() - optimized)
     _log.debug("kernels: %d distinct, looked up in %s", len(program.kernels), cache.root)
     stats = build_kernels(program.kernels, spec, cache, options.jobs, progress)
@@ -121,8 +179,10 @@ def compile(  # noqa: A001 - the contract names it compile
     memory_reports = [write_memory_reports(reports, m, weight_bytes(p), suffix="" if w == 0 else f"_device{w}")
                       for w, (p, m) in enumerate(zip(programs, memories))]
     write_memory_timeline(reports / "memory_timeline", memory_reports, f"{name}: planned activation memory per step")
-    model_record = write_model_files(root, model, graph, options.keep_model, model_or_path, options.batch)
-    extra.update(write_input_defaults(root, input_defaults(model)))
+    model_record = write_model_files(root, source.model, graph, options.keep_model, source.origin, options.batch)
+    extra.update(write_input_defaults(root, source.defaults))
+    if state is not None:
+        extra.update(write_state_file(root, programs[0], state))
     report = {
         "target": str(spec),
         "model": model_record,
@@ -133,7 +193,7 @@ def compile(  # noqa: A001 - the contract names it compile
         "kernels": stats.kernels,
         "kernels_cached": stats.cached,
         "kernels_compiled": stats.compiled,
-        "seconds": {"import": round(imported - started, 3), "passes": round(optimized - imported, 3),
+        "seconds": {"import": round(source.import_seconds, 3), "passes": round(optimized - imported, 3),
                     "kernels": round(built - optimized, 3)},
         "passes": [record.to_json() for record in pass_records],
         "memory": _memory_summary(memory_reports),
@@ -153,6 +213,11 @@ def compile(  # noqa: A001 - the contract names it compile
     return Artifact(root, staging)
 
 
+def _with_state(program: Program, state: PersistentState | None) -> Program:
+    """The program with its persistent state out of its inputs and outputs and its Assigns added (training)."""
+    return program if state is None else with_state(program, state)
+
+
 def _machine_shape(options: CompileOptions) -> MachineShape:
     """The workers: from the machine file when given, else `devices` alike with `device_memory` each."""
     if options.machine is None:
@@ -164,13 +229,6 @@ def _machine_shape(options: CompileOptions) -> MachineShape:
     if devices > 1:
         CompileOptions.create(options, devices=devices)  # the same checks as --devices
     return MachineShape(devices, capacities, link or load_link())
-
-
-def _model_name(model_or_path, model) -> str:
-    """What the charts call the model: its file's name, else the ONNX graph's name."""
-    if isinstance(model_or_path, (str, os.PathLike)):
-        return Path(model_or_path).stem
-    return model.graph.name or "model"
 
 
 def _warn_shared_cores(devices: int) -> None:

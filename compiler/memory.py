@@ -18,6 +18,7 @@ from tessel.runtime.instructions import Instruction, buffer_uses, sent_values
 
 from .program import Program
 from .provenance import PLANNED
+from .state_program import state_views
 from .sizes import format_bytes
 
 
@@ -27,8 +28,8 @@ def schedule_uses(instructions: Sequence[Instruction]) -> list[StepUse]:
 
 
 def plan_program_memory(program: Program, target_kind: str) -> MemoryPlan:
-    """The arena plan of every activation of `program` (weights live in their own region)."""
-    resident = set(program.weights) | set(program.init_values)
+    """The arena plan of every activation of `program` (weights and state live in their own region)."""
+    resident = set(program.weights) | set(program.init_values) | state_views(program)
     sizes = {name: TensorType.parse(spec).nbytes for name, spec in program.values.items() if name not in resident}
     alignment = CUDA_ALIGNMENT if target_kind == "cuda" else DEFAULT_ALIGNMENT
     uses = schedule_uses(program.instructions)
@@ -40,8 +41,9 @@ def plan_program_memory(program: Program, target_kind: str) -> MemoryPlan:
 
 
 def weight_bytes(program: Program) -> int:
-    """Bytes of the weights region: every weight (packed copies included) and the values made from them at load."""
-    made = sum(TensorType.parse(program.values[name]).nbytes for name in program.init_values)
+    """Bytes of the weights region: every weight (packed copies included), the values made from them at load
+    and the persistent state."""
+    made = sum(TensorType.parse(program.values[name]).nbytes for name in program.init_values + program.state)
     return sum(int(a.nbytes) for a in program.weights.values()) + made
 
 

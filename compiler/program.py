@@ -47,6 +47,8 @@ class Program:
     init_values: list[str] = field(default_factory=list)
     # Values whose buffers hold NCHW[16]c (passes/conv_layout.py): name → channel block.
     blocked: dict[str, int] = field(default_factory=dict)
+    # Persistent values (compiler/state_program.py): buffers outside the arena that keep their values across runs.
+    state: list[str] = field(default_factory=list)
 
 
 # A layer's configuration: (algorithm, micro-batch size) pieces, run in order over the batch.
@@ -227,7 +229,7 @@ class ProgramBuilder:
 
     def _member_spec(self, node: Node, inputs: list[Value | None], locate) -> tuple[KernelSpec, tuple] | None:
         """The spec of one op whose inputs are `inputs` (outer values), and per input where it comes from."""
-        if node.domain or not supports(node.op_type):
+        if node.domain not in ("", TESSEL_DOMAIN) or not supports(node.op_type):  # Tessel ops with a lowering: kernels
             self.unsupported.setdefault(node.op_type, node.name)
             return None
         attrs = tuple((name, v) for name, v in node.attrs.items() if not isinstance(v, Graph))

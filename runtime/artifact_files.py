@@ -154,6 +154,8 @@ def referenced_files(directory: Path, plan: dict[str, Any]) -> list[str]:
     """Every file the runtime reads from this artifact: kernels, weights, and the model and graph where present."""
     names = {entry["file"] for entry in plan["kernels"].values()}
     names.update(section["weights"]["file"] for section in plan["workers"])
+    if "state" in plan:
+        names.add(plan["state"]["file"])
     names.update(name for name in KNOWN_FILES if (directory / name).exists() or (directory / name).is_symlink())
     return sorted(names)
 
@@ -177,6 +179,8 @@ def verify_files(directory: Path, plan: dict[str, Any]) -> None:
             raise ArtifactError(f"{path}: content does not match its hash in {PLAN_FILE} (corrupted or edited); recompile the model")
     for section in plan["workers"]:
         check_weights(directory / section["weights"]["file"], section)
+    if "state" in plan:
+        check_state_file(directory / plan["state"]["file"], plan["state"]["names"], plan["workers"][0]["values"])
 
 
 def check_weights(path: Path, section: dict[str, Any]) -> None:
@@ -199,6 +203,20 @@ def check_weights(path: Path, section: dict[str, Any]) -> None:
     ram = physical_memory()
     if ram is not None and total > ram:
         raise ArtifactError(f"{path}: weights need {total} bytes but this machine has {ram} bytes of memory")
+
+
+def check_state_file(path: Path, names: list[str], values: dict[str, str]) -> None:
+    """The state archive holds an array of the plan's type (`values`: name → type spec) for every state name;
+    only its headers are read."""
+    try:
+        headers = _npz_headers(path)
+    except (OSError, ValueError, EOFError, NotImplementedError, zipfile.BadZipFile) as exc:
+        raise ArtifactError(f"{path}: not a readable state archive ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    for name in names:
+        want = TensorType.parse(values[name])
+        if headers.get(name) != (want.shape, numpy_dtype(want.dtype)):
+            have = "no such array" if name not in headers else f"{headers[name][1]}{list(headers[name][0])}"
+            raise ArtifactError(f"{path}: state '{name}' is {have}, the plan declares {want.spec()}")
 
 
 def _npz_headers(path: Path) -> dict[str, tuple[tuple[int, ...], Any]]:

@@ -1,7 +1,9 @@
 """The executor: runs one worker's instruction program (runtime/instructions.py).
 
 Every buffer is allocated once, 64-byte aligned, when the executor is made;
-weights are loaded once; each run copies the inputs in, runs the instructions
+weights are loaded once, and so is a training artifact's persistent state (its
+buffers live outside the arena and keep what each run's Assigns copy into them:
+`state()`, `set_state()`); each run copies the inputs in, runs the instructions
 in order on pre-bound arguments (kernel calls, views, branches, and with other
 workers, transfers and collectives over `comm`), and copies the outputs out.
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -25,8 +27,8 @@ from .artifact_files import PLAN_FILE, read_plan, verify_files
 from .errors import ArtifactError, ExecutionError, InputError
 from .ffi_abi import kernel_entry, take_raised_error
 from .graph_names import member_name
-from .instructions import (AllReduce, Fail, Gather, If, Instruction, KernelCall, Recv, Scatter, Send, View, kernel_keys,
-                           program_from_json)
+from .instructions import (AllReduce, Assign, Fail, Gather, If, Instruction, KernelCall, Recv, Scatter, Send, View,
+                           kernel_keys, program_from_json)
 from .memory import HostMemory
 from .native_host import NativeHost, native_able
 
@@ -72,6 +74,7 @@ class Executor:
         self._types = {name: TensorType.parse(spec) for name, spec in self.plan["values"].items()}
         self._offsets: dict[str, int] = memory["offsets"]
         self._load_weights()
+        self._load_state()
         # Instructions that read only weights run once, now; the others on every run.
         for op in self._bind([i for i in self.instructions if i.runs_at_load]):
             op()
@@ -128,6 +131,37 @@ class Executor:
         except (OSError, ValueError, KeyError) as exc:
             raise ArtifactError(f"{path}: cannot read weights ({exc})") from exc
 
+    def _load_state(self) -> None:
+        state = self.artifact_plan.get("state")
+        # The state's names, in the plan's order: parameters, optimizer slots, running statistics.
+        self.state_names: tuple[str, ...] = tuple(state["names"]) if state else ()
+        if state is None:
+            return
+        path = self.directory / state["file"]
+        try:
+            with np.load(path, allow_pickle=False) as arrays:
+                for name in self.state_names:
+                    self._buffers[name] = self._memory.weight(arrays[name])
+        except (OSError, ValueError, KeyError) as exc:
+            raise ArtifactError(f"{path}: cannot read the state ({exc})") from exc
+
+    def state(self, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """Copies of the persistent state's current values by name (all of them, or those in `names`)."""
+        return {name: self._memory.read(self._buffers[name]) for name in (self.state_names if names is None else names)}
+
+    def set_state(self, values: Mapping[str, np.ndarray]) -> None:
+        """Overwrite state values by name (others keep theirs); each must have the type the plan gives it."""
+        unknown = sorted(set(values) - set(self.state_names))
+        if unknown:
+            raise InputError(f"'{unknown[0]}' is not a state value of this artifact; it holds "
+                             f"{', '.join(self.state_names) or 'no state'}")
+        for name, array in values.items():
+            array, want = np.asarray(array), self._types[name]
+            if array.shape != want.shape or array.dtype != numpy_dtype(want.dtype):
+                raise InputError(f"state '{name}' is {array.dtype}[{','.join(map(str, array.shape))}], "
+                                 f"the artifact holds {want.spec()}")
+            self._memory.write(self._buffers[name], array)
+
     def _buffer(self, name: str):
         if name not in self._buffers:
             t = self._types[name]
@@ -165,6 +199,9 @@ class Executor:
             return self._bind_pieces(instruction) if instruction.pieces else self._bind_kernel(instruction)
         if isinstance(instruction, If):
             return self._bind_if(instruction)
+        if isinstance(instruction, Assign):
+            memory, source, destination = self._memory, self._buffer(instruction.src), self._buffer(instruction.dst)
+            return lambda: memory.copy(destination, source)
         if isinstance(instruction, Fail):
             message = instruction.message
 

@@ -11,6 +11,9 @@ naming the field.
 
 Collectives (scatter, gather, all-reduce) run on every worker of the group;
 the root of a scatter holds the whole tensor, every worker its slice of axis 0.
+`Assign` copies a value into a persistent state buffer (plan.json's "state"),
+which keeps it for the next run: it comes after every read of the state's
+current value.
 """
 from __future__ import annotations
 
@@ -301,8 +304,30 @@ class Fail(Instruction):
     KIND = "fail"
 
 
+@dataclass(frozen=True, kw_only=True)
+class Assign(Instruction):
+    """Copy `src` into the persistent state buffer `dst` (same type): `dst`'s value in the next run.
+
+    State buffers live outside the arena and across runs (plan.json's "state"). An Assign comes after every
+    instruction that reads the state's current value (directly or through a view), and as early as that
+    allows, so that `src`'s buffer is free again.
+    """
+
+    src: str
+    dst: str
+
+    KIND = "assign"
+    VALUE_FIELDS = ("src", "dst")
+
+    def reads(self) -> Iterator[tuple[str, str]]:
+        yield "src", self.src
+
+    def writes(self) -> tuple[str, ...]:
+        return (self.dst,)
+
+
 KINDS: dict[str, type[Instruction]] = {cls.KIND: cls for cls in (KernelCall, View, If, Send, Recv, Scatter, Gather,
-                                                                  AllReduce, Fail)}
+                                                                  AllReduce, Fail, Assign)}
 
 
 # ---- reading JSON -----------------------------------------------------------
@@ -401,6 +426,16 @@ def walk(instructions: Iterable[Instruction]) -> Iterator[Instruction]:
         if isinstance(instruction, If):
             for _, branch in instruction.branches():
                 yield from walk(branch.instructions)
+
+
+def reads_within(instruction: Instruction) -> set[str]:
+    """Every value the instruction reads, with what its branches read and return."""
+    names = set()
+    for inner in walk([instruction]):
+        names.update(name for _, name in inner.reads())
+        if isinstance(inner, If):
+            names.update(inner.then_branch.results + inner.else_branch.results)
+    return names
 
 
 def kernel_keys(instructions: Iterable[Instruction]) -> Iterator[str]:

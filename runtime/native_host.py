@@ -5,10 +5,10 @@ arguments are built once — DLTensor structs and TVMFFIAny argument arrays in m
 alive — and the program is straight-line code calling each kernel's C entry with those addresses as
 constants (runtime/ffi_abi.py documents the calling convention). Views cost nothing (their buffers share
 the address); an If loads its condition from the arena and branches; its branch's results are moved to
-the If's outputs.
+the If's outputs; an Assign is a memmove into its state buffer.
 
 The program is one function per segment: a segment is a run of instructions the native code can do
-(kernel calls with or without pieces, views, If, Fail). Transfers and collectives need Python
+(kernel calls with or without pieces, views, If, Fail, Assign). Transfers and collectives need Python
 (torch.distributed) and run between segments. A segment function takes no argument and returns a
 status: 0 when it ran to its end, else k + 1 where k indexes `sites`: the kernel call that failed
 (its error is raised in the calling thread: ffi_abi.take_raised_error) or the Fail reached.
@@ -25,7 +25,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from . import ffi_abi
-from .instructions import Fail, If, Instruction, KernelCall, View
+from .instructions import Assign, Fail, If, Instruction, KernelCall, View
 
 CLOCK_MONOTONIC = 1
 
@@ -34,7 +34,7 @@ def native_able(instruction: Instruction) -> bool:
     """Whether the native program runs the instruction (not a transfer or collective, nor an If holding one)."""
     if isinstance(instruction, If):
         return all(native_able(i) for _, branch in instruction.branches() for i in branch.instructions)
-    return isinstance(instruction, (KernelCall, View, Fail))
+    return isinstance(instruction, (KernelCall, View, Fail, Assign))
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,12 @@ class _Call:
     arrays: list[np.ndarray]
     site: int
     first_arg: int = 0
+
+
+@dataclass
+class _Copy:
+    destination: np.ndarray
+    source: np.ndarray
 
 
 @dataclass
@@ -120,6 +126,8 @@ class NativeHost:
                                      moves["then_branch"], moves["else_branch"]))
             elif isinstance(instruction, Fail):
                 steps.append(self._site(Site(instruction)))
+            elif isinstance(instruction, Assign):
+                steps.append(_Copy(self._buffer(instruction.dst), self._buffer(instruction.src)))
             else:
                 raise ValueError(f"{type(instruction).__name__} at node {instruction.node!r} does not run natively")
         return steps
@@ -183,6 +191,8 @@ class NativeHost:
                 self._emit_call(builder, function, step)
             elif isinstance(step, _Branch):
                 self._emit_branch(builder, function, step)
+            elif isinstance(step, _Copy):
+                self._emit_moves(builder, [(step.destination, step.source)])
             else:  # a Fail: stop with its site
                 self._emit_stop(builder, function, step)
 

@@ -13,6 +13,11 @@ earlier instruction's output), and every output of the program by its end: an
 emptied or reordered program would otherwise run and return whatever its
 buffers held. Each worker's program is checked on its own, its peers and roots
 against the number of workers.
+
+A training artifact's "state" names its persistent values: one worker only,
+outside the arena, never a per-run input or a weight, written only by
+`Assign`s (each copying a value of the same type, after every read of the
+state's current value), and never read by an instruction that runs at load.
 """
 from __future__ import annotations
 
@@ -23,8 +28,9 @@ from typing import Any, Iterator, Mapping
 from tessel.ir.types import TensorType
 
 from .errors import ArtifactError
-from .instructions import (BufferUse, Fail, Gather, If, Instruction, KernelCall, ProgramFormatError, Recv, Scatter,
-                           Send, View, buffer_uses, json_type_name, program_from_json, sent_values)
+from .instructions import (Assign, BufferUse, Fail, Gather, If, Instruction, KernelCall, ProgramFormatError, Recv,
+                           Scatter, Send, View, buffer_uses, json_type_name, program_from_json, reads_within,
+                           sent_values, walk)
 
 # No tensor or arena of a real model comes near 256 TiB; anything larger is damage, not a plan.
 MAX_BYTES = 1 << 48
@@ -140,8 +146,11 @@ def _check_plan(plan: Any) -> None:
     workers = _list(_field(top, "workers", "plan"), "workers")
     if not 1 <= len(workers) <= MAX_WORKERS:
         raise _Invalid("workers", f"{len(workers)} worker programs; expected 1 to {MAX_WORKERS}")
+    state = _state_names(top, len(workers))
     for rank, section in enumerate(workers):
-        _check_worker(_dict(section, f"workers[{rank}]"), f"workers[{rank}]", kernels, rank, len(workers))
+        _check_worker(_dict(section, f"workers[{rank}]"), f"workers[{rank}]", kernels, rank, len(workers), state)
+    if "state" in top:
+        _check_state(top["state"], workers[0])
     if "input_defaults" in top:
         _names(top["input_defaults"], "input_defaults", dict.fromkeys(workers[0]["inputs"]))
 
@@ -154,7 +163,41 @@ def parsed_instructions(section: Mapping[str, Any], where: str) -> list[Instruct
         raise _Invalid(exc.where, exc.message) from None
 
 
-def _check_worker(section: dict, where: str, kernels: Mapping, rank: int, workers: int) -> None:
+def _state_names(top: dict, workers: int) -> frozenset[str]:
+    """The persistent values the plan names (none without "state"); a state needs a single worker."""
+    if "state" not in top:
+        return frozenset()
+    state = _dict(top["state"], "state")
+    if workers != 1:
+        raise _Invalid("state", f"persistent state on {workers} workers; training artifacts run on one worker")
+    names = _list(_field(state, "names", "state"), "state.names")
+    for k, name in enumerate(names):
+        _str(name, f"state.names[{k}]")
+    return frozenset(names)
+
+
+def _check_state(state: dict, section: dict) -> None:
+    """The state's names are values of the program outside its inputs, weights and arena; its file a plain path;
+    each update names a state value and the value of the same type that the program assigns to it."""
+    types = {name: TensorType.parse(spec) for name, spec in section["values"].items()}
+    names = _names(state["names"], "state.names", types)
+    plain_relative_path(_field(state, "file", "state"), "state.file")
+    updates = _dict(_field(state, "updates", "state"), "state.updates")
+    assigned = {i.dst: i.src for i in parsed_instructions(section, "workers[0]") if isinstance(i, Assign)}
+    for name, source in updates.items():
+        at = f"state.updates['{name}']"
+        if name not in names:
+            raise _Invalid(at, f"'{name}' is not a state value")
+        _value_name(source, at, types)
+        if assigned.get(name) != source:
+            raise _Invalid(at, f"the program does not assign '{source}' to '{name}'")
+    extra = sorted(set(assigned) - set(updates))
+    if extra:
+        raise _Invalid("state.updates", f"the program assigns '{extra[0]}' but the state lists no update for it")
+
+
+def _check_worker(section: dict, where: str, kernels: Mapping, rank: int, workers: int,
+                  state: frozenset[str] = frozenset()) -> None:
     """One worker's program: values, inputs, outputs, weights, memory plan and instructions."""
     values = _dict(_field(section, "values", where), f"{where}.values")
     types: dict[str, TensorType] = {}
@@ -173,8 +216,14 @@ def _check_worker(section: dict, where: str, kernels: Mapping, rank: int, worker
     weight_names = _names(_field(weights, "names", f"{where}.weights"), f"{where}.weights.names", types)
     instructions = parsed_instructions(section, where)
     _check_instructions(instructions, f"{where}.instructions", types, kernels, rank, workers)
-    _check_dataflow(instructions, f"{where}.instructions", inputs, outputs, weight_names, where)
+    _check_assigns(instructions, f"{where}.instructions", types, state)
+    _check_dataflow(instructions, f"{where}.instructions", inputs, outputs, weight_names, where, state)
     memory = _dict(_field(section, "memory", where), f"{where}.memory")
+    elsewhere = {"inputs": inputs, "weights": weight_names, "memory.offsets": _dict(memory.get("offsets", {}), where)}
+    for place, held in elsewhere.items():
+        shared = sorted(state.intersection(held))
+        if shared:
+            raise _Invalid(f"{where}.{place}", f"'{shared[0]}' is persistent state, which lives apart")
     _check_arena(memory, f"{where}.memory", instructions, inputs, outputs, types)
 
 
@@ -209,6 +258,38 @@ def _check_instructions(instructions: list[Instruction], where: str, types: Mapp
             _int(instruction.tag, f"{at}.tag", 0, 1 << 62)
         elif isinstance(instruction, (Scatter, Gather)):
             _check_collective(instruction, at, types, rank, workers)
+
+
+def _check_assigns(instructions: list[Instruction], where: str, types: Mapping[str, TensorType],
+                   state: frozenset[str]) -> None:
+    """State is written only by top-level Assigns, one per state value, each copying a value of the state's
+    type, and nothing reads the state (or a view of it) after its Assign."""
+    assigned: set[str] = set()
+    owner: dict[str, str] = {name: name for name in state}  # a state value or a view of one -> the state value
+    for index, instruction in enumerate(instructions):
+        at = f"{where}[{index}]"
+        stale = sorted(name for name in reads_within(instruction) if owner.get(name) in assigned)
+        if stale:
+            raise _Invalid(at, f"reads '{stale[0]}' after the Assign of state '{owner[stale[0]]}'; an Assign comes "
+                               "after every read of its state")
+        if isinstance(instruction, Assign):
+            if instruction.dst not in state:
+                raise _Invalid(f"{at}.dst", f"'{instruction.dst}' is not a state value")
+            if instruction.dst in assigned:
+                raise _Invalid(f"{at}.dst", f"state '{instruction.dst}' is assigned twice")
+            assigned.add(instruction.dst)
+            if types[instruction.src] != types[instruction.dst]:
+                raise _Invalid(at, f"assigns '{instruction.src}' ({types[instruction.src].spec()}) to state "
+                                   f"'{instruction.dst}' ({types[instruction.dst].spec()})")
+            continue
+        if isinstance(instruction, View) and instruction.input in owner:
+            owner[instruction.output] = owner[instruction.input]
+        for inner in walk([instruction]):
+            if isinstance(inner, Assign):
+                raise _Invalid(at, "holds an Assign inside a branch; Assigns run at the top level")
+            written = sorted(state.intersection(inner.writes()))
+            if written:
+                raise _Invalid(at, f"writes state '{written[0]}'; only an Assign may")
 
 
 def _check_collective(instruction: Scatter | Gather, at: str, types: Mapping[str, TensorType], rank: int,
@@ -269,9 +350,10 @@ def kernel_calls(call: KernelCall, types: Mapping[str, TensorType]) -> Iterator[
 
 # ---- the dataflow -----------------------------------------------------------
 def _check_dataflow(instructions: list[Instruction], where: str, inputs: list[str], outputs: list[str],
-                    weights: list[str], section: str) -> None:
-    """Each value read after it is written; each output written by the end (a worker program's own outputs)."""
-    written = set(inputs) | set(weights)
+                    weights: list[str], section: str, state: frozenset[str] = frozenset()) -> None:
+    """Each value read after it is written; each output written by the end (a worker program's own outputs).
+    State holds a value before the first run, but is not a weight: an `init` instruction may not read it."""
+    written = set(inputs) | set(weights) | state
     if _check_reads(instructions, where, written, set(weights), []):
         for k, name in enumerate(outputs):
             if name not in written:

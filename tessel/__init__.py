@@ -1,7 +1,8 @@
 """Tessel: a DNN compiler for ONNX models with distributed code generation.
 
 `tessel.compile(model, **options)` returns an `Artifact` to run or save;
-`tessel.load(dir)` reads a saved one; `tessel.InferenceSession(dir)` loads
+`tessel.load(dir)` reads a saved one; `tessel.compile_training(model, loss=...,
+optimizer=...)` returns a `Trainer` (`tessel.load_training(dir)` resumes one); `tessel.InferenceSession(dir)` loads
 one to run many times (its workers stay up); `tessel.ir.from_onnx` imports a
 model into the graph IR. Subpackages: `tessel.ir` (graph IR), `tessel.passes`
 (graph passes and planners), `tessel.backends` (TVM lowering and kernels),
@@ -24,7 +25,8 @@ if not (_HERE / "ir").is_dir():
 IMPORT_ROOT = _HERE.parent
 
 _API = ("Artifact", "CompileError", "CompileOptions", "compile", "load")
-__all__ = [*_API, "InferenceSession", "__version__", "ir"]
+_TRAINING = ("Trainer", "compile_training", "load_training")
+__all__ = [*_API, *_TRAINING, "InferenceSession", "__version__", "ir"]
 
 
 def __getattr__(name: str):
@@ -34,6 +36,10 @@ def __getattr__(name: str):
         from .compiler import api
 
         return getattr(api, name)
+    if name in _TRAINING:
+        from .compiler import trainer
+
+        return getattr(trainer, name)
     if name == "InferenceSession":
         from .runtime.session import InferenceSession
 

@@ -3,7 +3,10 @@
 A spec chooses through its attributes: the packed layouts that `plan_packing`
 recorded (conv "nchwc" and "direct", matmul "packed"), or the ALGORITHM
 attribute (conv "im2col" and "winograd"). Without them the op's
-target-neutral rule (backends/lowering/) lowers it.
+target-neutral rule (backends/lowering/) lowers it. Dense 2-D ConvTranspose and ConvGradFilter (the backward
+convolutions) and a dense 2-D Conv left unpacked (its weights known only at run time: a training step's
+parameters) run as register-tiled products on CPU (conv_transpose.py, conv_grad_filter.py,
+conv_runtime_weights.py).
 """
 from __future__ import annotations
 
@@ -11,7 +14,12 @@ from typing import Any, Callable, Mapping
 
 from ..kernel import ALGORITHM
 from ..lowering.context import LowerContext
-from ..lowering.nn import conv_pads
+from ..lowering.conv_transpose import conv_transpose
+from ..lowering.grad import conv_grad_filter, window_of
+from ..lowering.nn import RULES as GENERIC_NN_RULES, conv_pads
+from .conv_grad_filter import applies as tiled_grad_filter_applies, conv_grad_filter_tiled
+from .conv_runtime_weights import applies as runtime_weights_applies, conv_runtime_weights
+from .conv_transpose import applies as tiled_conv_transpose_applies, conv_transpose_tiled
 from .im2col import conv_im2col
 from .packed_kernels import conv_packed, matmul_packed
 from .packing import CONV_BLOCKS, MATMUL_BLOCK
@@ -36,13 +44,35 @@ def _matmul_packed(ctx: LowerContext):
     return matmul_packed(ctx)
 
 
+def _conv_grad_filter(ctx: LowerContext):
+    if not tiled_grad_filter_applies(ctx):
+        return conv_grad_filter(ctx)
+    return conv_grad_filter_tiled(ctx, window_of(ctx, ctx.input_types[0].shape[2:], ctx.input_types[1].shape[2:]))
+
+
+def _conv_unpacked(ctx: LowerContext):
+    if not runtime_weights_applies(ctx):
+        return GENERIC_NN_RULES["Conv"](ctx)
+    return conv_runtime_weights(ctx, *conv_pads(ctx))
+
+
+def _conv_transpose(ctx: LowerContext):
+    return conv_transpose_tiled(ctx) if tiled_conv_transpose_applies(ctx) else conv_transpose(ctx)
+
+
 _CONV_ALGORITHMS = {"im2col": _conv_im2col, "winograd": _conv_winograd}
 
 
 def variant_rule(op_type: str, attrs: Mapping[str, Any]) -> Callable | None:
     """The rule of the algorithm these attributes chose for the op; None when the generic rule applies."""
     if op_type == "Conv":
-        return _conv_packed if attrs.get(CONV_BLOCKS) else _CONV_ALGORITHMS.get(attrs.get(ALGORITHM))
+        if attrs.get(CONV_BLOCKS):
+            return _conv_packed
+        return _CONV_ALGORITHMS.get(attrs.get(ALGORITHM), _conv_unpacked)
     if op_type in ("MatMul", "Gemm") and attrs.get(MATMUL_BLOCK):
         return _matmul_packed
+    if op_type == "ConvGradFilter":
+        return _conv_grad_filter
+    if op_type == "ConvTranspose":
+        return _conv_transpose
     return None

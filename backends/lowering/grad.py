@@ -7,10 +7,13 @@ once and the loops parallelize and vectorize like any reduction.
 """
 from __future__ import annotations
 
+import itertools
+
 from tessel.ir.grad_ops import Window
 
 from ..tvm_env import tvm
 from .context import LowerContext
+from .conv_transpose import axis_taps
 from .reduce import NAN_MAX, lowest
 
 _tvm = tvm()
@@ -53,15 +56,59 @@ def conv_grad_filter(ctx: LowerContext):
     return [te.compute(ctx.out_shape(), body, name="conv_grad_filter")]
 
 
-def _covering(window: Window, index, tap):
-    """(output position, whether the window there covers `index` with `tap`) per spatial axis."""
-    where, positions = [], []
-    for i, t, b, s, d, o in zip(index, tap, window.before, window.strides, window.dilations, window.out_sizes):
-        offset = i + b - t * d
-        position = tir.floordiv(offset, s)
-        where.append(tir.all(tir.floormod(offset, s) == 0, position >= 0, position < o))
-        positions.append(position)
-    return positions, tir.all(*where)
+def _phase_gather(window: Window, sources, contribution, shape, dtype, name: str):
+    """dx[n, c, *i] = Σ over the windows covering i of contribution(values, tap), computed per phase (i mod stride).
+
+    Within one phase the taps that reach an input element are a fixed progression at fixed window offsets
+    (lowering/conv_transpose.py's axis_taps), so no tap is tried and rejected; `sources` (per-window tensors
+    (N, C, *So) with their padding values) are padded so every reach lands inside them. `contribution` gets each
+    source's value at the window and the window's row-major tap number."""
+    rank = len(window.kernel)
+    per_axis = [{ph: axis_taps(ph, b, s, d, k) for ph in range(s)}
+                for b, s, d, k in zip(window.before, window.strides, window.dilations, window.kernel)]
+    phases = list(itertools.product(*(range(s) for s in window.strides)))
+
+    def phase_size(axis, ph):
+        return len(range(ph, window.in_sizes[axis], window.strides[axis]))
+
+    low, high = [0] * rank, [0] * rank
+    for axis in range(rank):
+        for ph, taps in per_axis[axis].items():
+            if taps.count and phase_size(axis, ph):
+                low[axis] = max(low[axis], (taps.count - 1) * taps.shift - taps.base)
+                high[axis] = max(high[axis], phase_size(axis, ph) - 1 + taps.base - (window.out_sizes[axis] - 1))
+    padded = [topi.nn.pad(t, [0, 0] + low, [0, 0] + high, pad_value=v, name=f"{name}_pad{k}") if any(low + high)
+              else t for k, (t, v) in enumerate(sources)]
+    def part(phase, taps, sizes):
+        axes = [te.reduce_axis((0, t.count), name=f"t{i}") for i, t in enumerate(taps)]
+
+        def body(n, c, *i0):
+            at = [p + t.offset(a) + lo for p, t, a, lo in zip(i0, taps, axes, low)]
+            number = tir.const(0, "int32")
+            for t, a, k in zip(taps, axes, window.kernel):
+                number = number * k + t.tap(a)
+            return te.sum(contribution([src[(n, c, *at)] for src in padded], number), axis=axes)
+
+        return te.compute(shape[:2] + sizes, body, name=f"{name}_{'_'.join(map(str, phase))}")
+
+    results = {}
+    for phase in phases:
+        taps = [per_axis[axis][ph] for axis, ph in enumerate(phase)]
+        sizes = [phase_size(axis, ph) for axis, ph in enumerate(phase)]
+        results[phase] = part(phase, taps, sizes) if all(sizes) and all(t.count for t in taps) else None
+
+    def gather(n, c, *i):
+        value = tir.const(0.0, dtype)
+        for phase, part in results.items():
+            if part is None:
+                continue
+            here = part[(n, c, *(x // s for x, s in zip(i, window.strides)))]
+            if len(phases) == 1:
+                return here
+            value = tir.Select(tir.all(*(x % s == ph for x, s, ph in zip(i, window.strides, phase))), here, value)
+        return value
+
+    return te.compute(shape, gather, name=name)
 
 
 def _first_argmax(x, window: Window, out_shape):
@@ -105,18 +152,17 @@ def max_pool_grad(ctx: LowerContext):
     x, dy = ctx.input(0), ctx.input(1)
     window = window_of(ctx, _dims(x)[2:], _dims(dy)[2:])
     first = _first_argmax(x, window, _dims(dy))
-    axes = [te.reduce_axis((0, k), name=f"t{i}") for i, k in enumerate(window.kernel)]
+    taps = 1
+    for k in window.kernel:
+        taps *= k
     zero = tir.const(0.0, dy.dtype)
 
-    def body(n, c, *index):
-        positions, covers = _covering(window, index, axes)
-        number = tir.const(0, "int32")
-        for a, k in zip(axes, window.kernel):
-            number = number * k + a
-        chosen = tir.all(covers, first[(n, c, *positions)] == number)
-        return te.sum(tir.if_then_else(chosen, dy[(n, c, *positions)], zero), axis=axes)
+    def contribution(values, number):
+        chosen, grad = values
+        return tir.Select(chosen == number, grad, zero)
 
-    return [te.compute(_dims(x), body, name="max_pool_grad")]
+    sources = [(first, tir.const(taps, "int32")), (dy, zero)]
+    return [_phase_gather(window, sources, contribution, _dims(x), dy.dtype, "max_pool_grad")]
 
 
 def _window_count(window: Window, include_pad: bool, position):
@@ -142,14 +188,8 @@ def average_pool_grad(ctx: LowerContext):
         _dims(dy),
         lambda n, c, *o: dy[(n, c, *o)] / _window_count(window, include, o).astype(dy.dtype),
         name="avg_pool_share")
-    axes = [te.reduce_axis((0, k), name=f"t{i}") for i, k in enumerate(window.kernel)]
-    zero = tir.const(0.0, dy.dtype)
-
-    def body(n, c, *index):
-        positions, covers = _covering(window, index, axes)
-        return te.sum(tir.if_then_else(covers, share[(n, c, *positions)], zero), axis=axes)
-
-    return [te.compute(shape, body, name="avg_pool_grad")]
+    return [_phase_gather(window, [(share, tir.const(0.0, dy.dtype))], lambda values, _: values[0], shape,
+                          dy.dtype, "avg_pool_grad")]
 
 
 RULES = {

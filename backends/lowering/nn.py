@@ -101,70 +101,6 @@ def _conv(ctx: LowerContext):
     return [out]
 
 
-def _conv_transpose(ctx: LowerContext):
-    x, w, bias, spatial, kernel, strides, dilations = _conv_operands(ctx, "transposed convolution")
-    if any(d != 1 for d in dilations):
-        raise ctx.fail("dilated transposed convolution is not supported")
-    out_shape = list(ctx.out_shape())
-    in_sizes = _dims(x)[2:]
-    if spatial == 2 and kernel == strides and out_shape[2:] == [i * s for i, s in zip(in_sizes, strides)]:
-        return _upsampling_deconv(x, w, bias, ctx.attr("group", 1), out_shape)
-    output_padding = list(ctx.attr("output_padding") or [0] * spatial)
-    pads = ctx.attr("pads")
-    if pads and ctx.attr("auto_pad", "NOTSET") == "NOTSET" and not ctx.attr("output_shape"):
-        before, after = list(pads[:spatial]), list(pads[spatial:])
-    else:
-        before, after = [], []
-        for i, o, k, s, op in zip(in_sizes, out_shape[2:], kernel, strides, output_padding):
-            total = s * (i - 1) + op + k - o
-            upper = ctx.attr("auto_pad", "NOTSET") != "SAME_LOWER"
-            before.append(total // 2 if upper else total - total // 2)
-            after.append(total - before[-1])
-    if spatial == 1:
-        x, w = _as_2d(x, "data_2d"), _as_2d(w, "weight_2d")
-        strides, before, after = [1] + strides, [0] + before, [0] + after
-    # topi derives the output size from strides, kernel and padding; what ONNX adds beyond that is output padding.
-    out_sizes = list(ctx.out_shape()[2:]) if spatial == 2 else [1] + list(ctx.out_shape()[2:])
-    extra = [o - (s * (i - 1) + k - b - a)
-             for o, s, i, k, b, a in zip(out_sizes, strides, _dims(x)[2:], _dims(w)[2:], before, after)]
-    out = topi.nn.group_conv2d_transpose_nchw(
-        x, w, strides, [before[0], before[1], after[0], after[1]], x.dtype, extra, ctx.attr("group", 1))
-    if bias is not None:
-        shaped = out
-        out = te.compute(shaped.shape, lambda n, k, h, q: shaped[n, k, h, q] + bias[k], name="deconv_bias")
-    if spatial == 1:
-        flat = out
-        out = te.compute(ctx.out_shape(), lambda n, k, q: flat[n, k, 0, q], name="deconv_1d")
-    return [out]
-
-
-def _upsampling_deconv(x, w, bias, groups: int, out_shape):
-    """A transposed conv whose kernel equals its stride (no overlap, no padding).
-
-    Each kernel tap (i, j) is a 1x1 conv of the whole input, computed contiguously
-    along the input's rows; a final stage interleaves the taps into the output.
-    """
-    in_channels, per_group_out, sh, sw = _dims(w)
-    n_, _, h, wd = _dims(x)
-    per_group_in = in_channels // groups
-    c = te.reduce_axis((0, per_group_in), name="c")
-
-    def channel(k):
-        return c if groups == 1 else (k // per_group_out) * per_group_in + c
-
-    taps = te.compute(
-        (n_, out_shape[1], sh, sw, h, wd),
-        lambda n, k, i, j, y, q: te.sum(x[n, channel(k), y, q] * w[channel(k), k % per_group_out, i, j], axis=c),
-        name="deconv_taps",
-    )
-
-    def interleave(n, k, y, q):
-        value = taps[n, k, y % sh, q % sw, y // sh, q // sw]
-        return value + bias[k] if bias is not None else value
-
-    return [te.compute(out_shape, interleave, name="deconv_interleave")]
-
-
 def _pool(kind: str):
     def rule(ctx: LowerContext):
         if kind == "max" and len(ctx.output_types) > 1 and ctx.output_types[1] is not None:
@@ -354,7 +290,6 @@ def _gemm(ctx: LowerContext):
 
 RULES = {
     "Conv": _conv,
-    "ConvTranspose": _conv_transpose,
     "MaxPool": _pool("max"),
     "AveragePool": _pool("avg"),
     "GlobalAveragePool": _global_pool("avg"),

@@ -1,10 +1,10 @@
 """The table of lowering rules, by op type."""
 from __future__ import annotations
 
-from . import elementwise, grad, nn, reduce, rnn, scatter, tensor
+from . import conv_transpose, elementwise, grad, nn, reduce, rnn, scatter, tensor
 
 RULES = {**elementwise.RULES, **tensor.RULES, **reduce.RULES, **nn.RULES, **rnn.RULES, **scatter.RULES,
-         **grad.RULES}
+         **grad.RULES, **conv_transpose.RULES}
 _STATIC = {**tensor.STATIC_INPUTS, **reduce.STATIC_INPUTS, **rnn.STATIC_INPUTS}
 
 

@@ -1,5 +1,7 @@
-"""The gradient ops' compiled CPU kernels (backends/lowering/grad.py, backends/cpu/conv_grad_filter.py) equal their
-numpy references (ir/grad_ops.py, themselves checked against PyTorch in tests/ir/test_grad_ops.py)."""
+"""The backward kernels of a training step on CPU: the gradient ops (backends/lowering/grad.py,
+backends/cpu/conv_grad_filter.py) equal their numpy references (ir/grad_ops.py, themselves checked against PyTorch
+in tests/ir/test_grad_ops.py); ConvTranspose (a Conv's data gradient) and a Conv whose weights are a kernel
+argument (a parameter) equal PyTorch's."""
 from __future__ import annotations
 
 import numpy as np
@@ -39,6 +41,7 @@ def _random(seed: int, *shape: int) -> np.ndarray:
     ((2, 8, 9, 9), (2, 16, 9, 9), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1))),
     ((2, 3, 15, 12), (2, 20, 7, 6), dict(kernel_shape=(5, 3), pads=(2, 1, 1, 1), strides=(2, 2))),  # odd sizes
     ((3, 16, 6, 6), (3, 32, 3, 3), dict(kernel_shape=(1, 1), strides=(2, 2))),
+    ((3, 2, 48, 48), (3, 16, 48, 48), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1))),  # one image per chunk
     ((2, 4, 8, 8), (2, 6, 4, 4), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), strides=(2, 2), group=2)),
     ((2, 6, 9, 9), (2, 6, 9, 9), dict(kernel_shape=(3, 3), pads=(2, 2, 2, 2), dilations=(2, 2), group=6)),
     ((2, 5, 12), (2, 7, 6), dict(kernel_shape=(3,), pads=(1, 1), strides=(2,))),
@@ -73,3 +76,66 @@ def test_average_pool_grad_kernel(dy_shape, attrs):
         input_shape = dy_shape[:2] + (7, 7)
     got, want = run_kernel("AveragePoolGrad", dict(attrs, input_shape=input_shape), [_random(4, *dy_shape)])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def run_conv(op_type: str, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: dict) -> np.ndarray:
+    """The output of the compiled Conv or ConvTranspose kernel, its weights a kernel argument."""
+    schema = get_schema(op_type)
+    values = schema.make_attributes(attrs, "test")
+    arrays = [x, w] + ([bias] if bias is not None else [])
+    types = [TensorType.of(a) for a in arrays]
+    out = schema.infer(values, types, [None] * len(types), 1)[0]
+    spec = KernelSpec(op_type, tuple(sorted(values.items())),
+                      tuple(KernelInput(t.spec(), ARG) for t in types), (out.spec(),))
+    runtime = tvm().runtime
+    result = runtime.tensor(np.zeros(out.shape, np.float32))
+    build(spec, LLVM)["main"](*(runtime.tensor(a) for a in arrays), result)
+    return result.numpy()
+
+
+# (dy shape, weight shape, stride, pad, dilation, group, output padding, bias): autodiff's data gradients
+# (ConvTranspose(dy, W)) of dense, strided, dilated, grouped and depthwise convs.
+CONV_TRANSPOSE_CASES = {
+    "dense": ((2, 16, 6, 6), (16, 8, 3, 3), 1, 1, 1, 1, 0, False),
+    "stride2_outpad": ((2, 16, 4, 5), (16, 8, 3, 3), 2, 1, 1, 1, 1, True),
+    "1x1_stride2": ((2, 32, 3, 3), (32, 16, 1, 1), 2, 0, 1, 1, 1, False),
+    "dilated": ((1, 8, 5, 5), (8, 4, 3, 3), 1, 2, 2, 1, 0, False),
+    "dilated_stride2": ((1, 8, 4, 4), (8, 4, 3, 3), 2, 2, 2, 1, 1, True),
+    "grouped": ((2, 8, 4, 4), (8, 3, 3, 3), 2, 1, 1, 2, 1, False),
+    "depthwise": ((2, 6, 5, 5), (6, 1, 3, 3), 1, 1, 1, 6, 0, True),
+    "upsample": ((1, 4, 3, 3), (4, 5, 2, 2), 2, 0, 1, 1, 0, True),
+    "1d": ((2, 4, 7), (4, 3, 4), 3, 1, 2, 1, 2, False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONV_TRANSPOSE_CASES))
+def test_conv_transpose_kernel_matches_torch(case):
+    import torch
+
+    dy_shape, w_shape, stride, pad, dilation, group, out_pad, with_bias = CONV_TRANSPOSE_CASES[case]
+    rank = len(dy_shape) - 2
+    dy, w = _random(5, *dy_shape), _random(6, *w_shape)
+    bias = _random(7, w_shape[1] * group) if with_bias else None
+    attrs = dict(strides=(stride,) * rank, pads=(pad,) * 2 * rank, dilations=(dilation,) * rank, group=group,
+                 output_padding=(out_pad,) * rank)
+    op = torch.nn.functional.conv_transpose2d if rank == 2 else torch.nn.functional.conv_transpose1d
+    want = op(torch.from_numpy(dy), torch.from_numpy(w), None if bias is None else torch.from_numpy(bias), stride,
+              pad, out_pad, group, dilation).numpy()
+    np.testing.assert_allclose(run_conv("ConvTranspose", dy, w, bias, attrs), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("x_shape,w_shape,stride,pads,dilation,with_bias", [
+    ((2, 8, 9, 9), (16, 8, 3, 3), 1, (1, 1, 1, 1), 1, True),
+    ((2, 3, 13, 12), (20, 3, 5, 3), 2, (2, 1, 0, 1), 1, False),  # odd sizes, asymmetric pads, 20 channels
+    ((1, 4, 10, 10), (8, 4, 3, 3), 1, (2, 2, 2, 2), 2, True),
+])
+def test_conv_with_runtime_weights_matches_torch(x_shape, w_shape, stride, pads, dilation, with_bias):
+    import torch
+
+    x, w = _random(8, *x_shape), _random(9, *w_shape)
+    bias = _random(10, w_shape[0]) if with_bias else None
+    attrs = dict(strides=(stride, stride), pads=pads, dilations=(dilation, dilation))
+    padded = torch.nn.functional.pad(torch.from_numpy(x), (pads[1], pads[3], pads[0], pads[2]))
+    want = torch.nn.functional.conv2d(padded, torch.from_numpy(w), None if bias is None else torch.from_numpy(bias),
+                                      stride, 0, dilation).numpy()
+    np.testing.assert_allclose(run_conv("Conv", x, w, bias, attrs), want, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,45 @@
+"""A dense 2-D ConvTranspose (group 1) on CPU: its phase products (backends/lowering/conv_transpose.py) as
+register tiles of 8 output pixels × 32 output channels, each dy element one broadcast, each weight row of
+channels one vector; the interleave writes NCHW a row of pixels at a time."""
+from __future__ import annotations
+
+from ..lowering.context import LowerContext, SelfScheduled
+from ..lowering.conv_transpose import PIXEL_TILE, conv_transpose_operands, interleave, phase_products
+from .broadcast_tiles import tile_product, vectorize_row
+from .schedule import MIN_PARALLEL_WORK, try_step
+
+
+def applies(ctx: LowerContext) -> bool:
+    """Whether the tiled kernel runs this ConvTranspose: dense, 2-D, float32, on CPU."""
+    return (not ctx.gpu and ctx.attr("group", 1) == 1 and len(ctx.input_types[0].shape) == 4
+            and ctx.input_types[0].dtype == "float32" and ctx.input_types[1].dtype == "float32")
+
+
+def conv_transpose_tiled(ctx: LowerContext):
+    """ConvTranspose(x, w[, bias]) as tiled phase products (see the module docstring)."""
+    x, w, bias, strides, dilations, before, out_shape = conv_transpose_operands(ctx)
+    phases = phase_products(x, w, 1, strides, dilations, before, out_shape, dense_name="deconv_tiles")
+    out = interleave(phases, strides, bias, ctx.out_dtype(), name="deconv_out")
+    n, channels, h, wd = out_shape
+    in_channels, _, kr, ks = (int(d) for d in w.shape)
+    big = n * channels * h * wd * in_channels * kr * ks >= MIN_PARALLEL_WORK * 16 * strides[0] * strides[1]
+
+    def schedule(sch) -> None:
+        for (a, b), product in phases.products.items():
+            if product is not None:
+                tile_product(sch, f"deconv_tiles_{a}_{b}", PIXEL_TILE, big)
+        for name in ("deconv_pad", "deconv_weights"):
+            loops = sch.get_loops(sch.get_sblock(name))
+            outer = sch.fuse(*loops[:2])
+            if big:
+                sch.parallel(outer)
+            vectorize_row(sch, loops[-1])
+        block = sch.get_sblock("deconv_out")
+        ni, c, i, k = sch.get_loops(block)
+        sch.reorder(ni, i, c, k)
+        rows = sch.fuse(ni, i)
+        if big:
+            sch.parallel(rows)
+        try_step(lambda: vectorize_row(sch, k))
+
+    return SelfScheduled([out], schedule)

@@ -1,0 +1,176 @@
+"""Training: one compiled step (forward, loss, backward, update) run again and again on persistent state.
+
+`compile_training` builds the step graph (compiler/training.py) and compiles it and its eval graph through the
+same stages as inference (compiler/api.compile_graph). The `Trainer` runs them: `step` feeds a batch, its
+labels, the optimizer's scalars for that step and the dropout masks; `evaluate` runs the eval artifact on a copy
+of the current state; `save` and `load_training` write and read checkpoints (compiler/checkpoint.py).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from tessel.backends.target import parse_target
+from tessel.ir.types import TensorType
+from tessel.passes.base import Pass
+from tessel.passes.loss import LossSpec
+from tessel.passes.memory_plan import CUDA_ALIGNMENT, DEFAULT_ALIGNMENT
+from tessel.runtime.errors import ArtifactError, InputError
+from tessel.runtime.executor import Executor
+
+from .api import ModelSource, compile_graph, load_model, model_name, prepare_machine
+from .artifact import Artifact
+from .checkpoint import Checkpoint, StepNames, read_checkpoint, write_checkpoint
+from .optim import Optimizer
+from .options import CompileOptions
+from .recompute import place_recompute, recompute_pass
+from .state_program import PersistentState
+from .training import StepGraph, build_step_graph
+from .worker_programs import MachineShape
+
+
+class Trainer:
+    """Runs a compiled training step on persistent state; `steps_done` steps so far."""
+
+    def __init__(self, step_artifact: Artifact, eval_artifact: Artifact, names: StepNames, optimizer: Optimizer,
+                 seed: int, model_bytes: bytes, steps_done: int = 0, state: Mapping[str, np.ndarray] | None = None):
+        """Load both artifacts' executors; `state` (by default the step artifact's starting state) is set in."""
+        self.step_artifact, self.eval_artifact = step_artifact, eval_artifact
+        self.names, self.optimizer, self.seed = names, optimizer, seed
+        self.steps_done = steps_done
+        self.model_bytes = model_bytes  # the ONNX model as given: export_onnx writes the trained values into it
+        self._step = Executor(step_artifact.directory)
+        self._eval = Executor(eval_artifact.directory)
+        if state is not None:
+            self._step.set_state(state)
+        types = self._step.input_types
+        self._masks = [(name, ratio, types[name].shape) for name, ratio in sorted(names.dropout_masks.items())]
+
+    @property
+    def state(self) -> dict[str, np.ndarray]:
+        """Copies of the current state by name: parameters, optimizer slots, running statistics."""
+        return self._step.state()
+
+    def step(self, inputs: Mapping[str, np.ndarray], labels: np.ndarray | None = None) -> float:
+        """Run one training step on a batch (`inputs` by the model's input names) and its labels; the loss."""
+        feeds = dict(self._data(inputs, self._step.input_types))
+        if self.names.label_input is not None:
+            if labels is None:
+                raise InputError("this loss needs labels: step(inputs, labels)")
+            feeds[self.names.label_input] = labels
+        elif labels is not None:
+            raise InputError("the model's own output is the loss: step(inputs) takes no labels")
+        feeds.update(self.optimizer.step_scalars(self.steps_done))
+        feeds.update(self.dropout_masks(self.steps_done))
+        loss = float(self._step.run(feeds, copy=False)[self.names.loss_output])
+        self.steps_done += 1
+        return loss
+
+    def dropout_masks(self, step: int) -> dict[str, np.ndarray]:
+        """The dropout masks of step `step`: keep with probability 1 - p, scaled by 1 / (1 - p), drawn from
+        numpy's Generator seeded by (seed, step), so a resumed run draws the same masks."""
+        if not self._masks:
+            return {}
+        rng = np.random.default_rng([self.seed, step])
+        return {name: (rng.random(shape, dtype=np.float32) >= ratio).astype(np.float32) / np.float32(1 - ratio)
+                for name, ratio, shape in self._masks}
+
+    def evaluate(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The model's outputs on `inputs` with the current state (inference semantics: running statistics for
+        BatchNormalization, no dropout)."""
+        self._eval.set_state(self._step.state(self._eval.state_names))
+        outputs = self._eval.run(dict(self._data(inputs, self._eval.input_types)))
+        return {name: outputs[name] for name in self.names.model_outputs}
+
+    def _data(self, inputs: Mapping[str, np.ndarray], types: Mapping[str, TensorType]) -> Mapping[str, np.ndarray]:
+        """The model's inputs, checked by name first (the executor checks their types)."""
+        want = self.names.data_inputs
+        missing, extra = [n for n in want if n not in inputs], [n for n in inputs if n not in want]
+        if missing or extra:
+            problems = ([f"missing {', '.join(map(repr, missing))}"] if missing else []) + \
+                       ([f"unknown {', '.join(map(repr, extra))}"] if extra else [])
+            takes = ", ".join(f"{n}: {types[n].spec()}" for n in want)
+            raise InputError(f"inputs do not match the model ({'; '.join(problems)}); it takes {takes}")
+        return inputs
+
+    def save(self, directory: str | Path, force: bool = False) -> Path:
+        """Write a checkpoint to `directory` (compiler/checkpoint.py); an existing non-empty one is refused unless
+        `force`, which replaces only a checkpoint."""
+        checkpoint = Checkpoint(self.step_artifact, self.eval_artifact, self.names, self.optimizer, self.seed,
+                                self.steps_done, self.state, self.model_bytes)
+        return write_checkpoint(checkpoint, directory, force)
+
+    def export_onnx(self, path: str | Path) -> Path:
+        """Write the model as given with its trained values: every initializer named like a state value
+        (parameters, BatchNormalization running statistics) takes that value, in the initializer's type."""
+        import onnx
+        from onnx import numpy_helper
+
+        model = onnx.load_from_string(self.model_bytes)
+        state = self.state
+        found = set()
+        for initializer in model.graph.initializer:
+            if initializer.name in state:
+                dtype = numpy_helper.to_array(initializer).dtype
+                initializer.CopyFrom(numpy_helper.from_array(state[initializer.name].astype(dtype), initializer.name))
+                found.add(initializer.name)
+        lost = [name for name in self.names.parameters if name not in found]
+        if lost:
+            raise ArtifactError(f"parameter '{lost[0]}' is not an initializer of the model; cannot export it")
+        onnx.save(model, str(path))
+        return Path(path)
+
+
+def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
+                     input_shapes: Mapping[str, tuple[int, ...]] | None = None, trainable: str | None = None,
+                     frozen: str | None = None, seed: int = 0, label_smoothing: float = 0.0, **options) -> Trainer:
+    """Compile an ONNX model (path, bytes or ModelProto) into a Trainer: one compiled graph per step.
+
+    `loss`: "cross_entropy" (with `label_smoothing`), "mse", "l1", "bce_with_logits", "output:K" (the
+    model's output K is the loss), or a passes.loss.LossSpec; `optimizer`: a `tessel.optim` optimizer;
+    `trainable` / `frozen`: regexes on initializer names; `seed` seeds the dropout masks; the other keywords
+    are compile options (compiler/options.py).
+    """
+    options = CompileOptions.create(None, input_shapes=dict(input_shapes or {}), **options)
+    machine = prepare_machine(options)
+    started = time.perf_counter()
+    proto, shapes = load_model(model, options)
+    step_graph = build_step_graph(proto, shapes, loss, optimizer, trainable=trainable, frozen=frozen,
+                                  label_smoothing=label_smoothing)
+    source = ModelSource(model_name(model, proto), proto, model, {}, time.perf_counter() - started)
+    return compile_step(step_graph, source, loss, optimizer, seed, options, machine)
+
+
+def compile_step(step_graph: StepGraph, source: ModelSource, loss: str | LossSpec, optimizer: Optimizer,
+                 seed: int, options: CompileOptions, machine: MachineShape | None = None) -> Trainer:
+    """Compile a StepGraph's step graph and eval graph (`source`: the model they came from); their Trainer."""
+    machine = machine or prepare_machine(options)
+    state = PersistentState(step_graph.state, step_graph.state_updates)
+    step = compile_graph(step_graph.graph, options, machine, source, state=state,
+                         passes=_step_passes(options, step_graph))
+    eval_names = {v.name for v in step_graph.eval_graph.inputs} & set(step_graph.state)
+    eval_state = PersistentState({n: step_graph.state[n] for n in eval_names}, {})
+    evaluation = compile_graph(step_graph.eval_graph, options, machine,
+                               ModelSource(source.name, source.model, source.origin, {}, 0.0), state=eval_state)
+    return Trainer(step, evaluation, StepNames.of(step_graph, loss), optimizer, seed,
+                   source.model.SerializeToString())
+
+
+def _step_passes(options: CompileOptions, step_graph: StepGraph) -> tuple[Pass, ...]:
+    """The step's pipeline: with `device_memory`, activations are recomputed where the step would not fit
+    (compiler/recompute.py)."""
+    if options.device_memory is None:
+        return options.passes
+    alignment = CUDA_ALIGNMENT if parse_target(options.target).kind == "cuda" else DEFAULT_ALIGNMENT
+    return place_recompute(options.passes, recompute_pass(options.device_memory, persistent=step_graph.state,
+                                                          loss=step_graph.loss_output, alignment=alignment))
+
+
+def load_training(directory: str | Path) -> Trainer:
+    """Resume from a checkpoint `Trainer.save` wrote: its files are checked before any kernel is loaded."""
+    checkpoint = read_checkpoint(directory)
+    return Trainer(checkpoint.step_artifact, checkpoint.eval_artifact, checkpoint.names, checkpoint.optimizer,
+                   checkpoint.seed, checkpoint.model_bytes, checkpoint.steps_done, checkpoint.state)
