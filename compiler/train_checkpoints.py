@@ -24,8 +24,9 @@ def completed_epochs(run_dir: Path) -> list[int]:
     return sorted(int(m.group(1)) for p in root.iterdir() if p.is_dir() and (m := _EPOCH_DIR.fullmatch(p.name)))
 
 
-def save_checkpoint(trainer, run_dir: Path, epoch: int, keep: int) -> Path:
-    """Save the trainer as epoch `epoch`'s checkpoint, then remove all but the newest `keep` (0: keep all)."""
+def save_checkpoint(trainer, run_dir: Path, epoch: int, keep: int, loaded_from: int | None = None) -> Path:
+    """Save the trainer as epoch `epoch`'s checkpoint, then remove all but the newest `keep` (0: keep all) and
+    the one the trainer was loaded from (`loaded_from`): its artifacts are the files the next save copies."""
     final = checkpoint_dir(run_dir, epoch)
     partial = final.with_name(final.name + _PARTIAL)
     shutil.rmtree(partial, ignore_errors=True)
@@ -34,10 +35,16 @@ def save_checkpoint(trainer, run_dir: Path, epoch: int, keep: int) -> Path:
     if final.exists():  # a resumed run redoing an epoch whose checkpoint it did not resume from
         shutil.rmtree(final)
     partial.rename(final)
+    prune(run_dir, keep, loaded_from)
+    return final
+
+
+def prune(run_dir: Path, keep: int, spare: int | None = None) -> None:
+    """Remove all checkpoints but the newest `keep` (0: keep all) and epoch `spare`'s."""
     if keep:
         for old in completed_epochs(run_dir)[:-keep]:
-            shutil.rmtree(checkpoint_dir(run_dir, old))
-    return final
+            if old != spare:
+                shutil.rmtree(checkpoint_dir(run_dir, old))
 
 
 def drop_after(run_dir: Path, epoch: int) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from tessel.ir.errors import TesselError
 
 from .arg_types import count_from
-from .train_checkpoints import checkpoint_dir, completed_epochs, drop_after, save_checkpoint
+from .train_checkpoints import checkpoint_dir, completed_epochs, drop_after, prune, save_checkpoint
 from .train_data import (LABELS, Dataset, as_step_labels, check_class_labels, feeds, input_shapes, load_dataset,
                          model_inputs, model_outputs)
 from .train_log import RunLog, keep_until, read_log
@@ -109,6 +109,7 @@ def run_train(args: argparse.Namespace) -> int:
     settings.save(run_dir)
     finished = _train_epochs(trainer, settings, run_dir, data, val, start_epoch, steps_per_epoch,
                              model_loss or outputs[0], args)
+    prune(run_dir, args.keep_checkpoints)  # the checkpoint a resumed run started from, too, once past it
     trainer.export_onnx(str(run_dir / MODEL_FILE))
     from .plots.training_curves import write_training_curves
 
@@ -262,7 +263,7 @@ def _train_epochs(trainer, settings: RunSettings, run_dir: Path, data: Dataset, 
                 record.update(validate(trainer, val, settings, first_output))
             log.write(record)
             progress.epoch(record)
-            save_checkpoint(trainer, run_dir, epoch, args.keep_checkpoints)
+            save_checkpoint(trainer, run_dir, epoch, args.keep_checkpoints, loaded_from=start_epoch or None)
     return True
 
 

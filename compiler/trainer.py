@@ -111,6 +111,7 @@ class Trainer:
 
         model = onnx.load_from_string(self.model_bytes)
         state = self.state
+        _unalias_initializers(model, state)
         found = set()
         for initializer in model.graph.initializer:
             if initializer.name in state:
@@ -122,6 +123,24 @@ class Trainer:
             raise ArtifactError(f"parameter '{lost[0]}' is not an initializer of the model; cannot export it")
         onnx.save(model, str(path))
         return Path(path)
+
+
+def _unalias_initializers(model, state: Mapping[str, np.ndarray]) -> None:
+    """Give each state value that the model reads through Identity(initializer) an initializer of its own.
+
+    PyTorch's exporter stores equal tensors once: a fresh BatchNorm's running_var (ones) becomes
+    Identity(its weight). Training separates them (the running statistic is its own state value), so the export
+    must too, else the statistic would be written back nowhere and read from the weight.
+    """
+    from onnx import numpy_helper
+
+    initializers = {i.name: i for i in model.graph.initializer}
+    for node in list(model.graph.node):
+        if node.op_type == "Identity" and node.input[0] in initializers and node.output[0] in state \
+                and node.output[0] not in initializers:
+            model.graph.node.remove(node)
+            model.graph.initializer.append(numpy_helper.from_array(
+                numpy_helper.to_array(initializers[node.input[0]]).copy(), node.output[0]))
 
 
 def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,

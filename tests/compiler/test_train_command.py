@@ -102,11 +102,12 @@ class FakeTrainer:
     """The Trainer's interface on the tiny classifier, in numpy (softmax regression, plain SGD): the command's
     loop, log, checkpoints, resume and outputs are tested without compiling anything."""
 
-    def __init__(self, model, optimizer, weights=None, steps_done=0):
+    def __init__(self, model, optimizer, weights=None, steps_done=0, source=None):
         import onnx
         from onnx import numpy_helper
 
         self.model, self.optimizer, self.steps_done = str(model), optimizer, steps_done
+        self.source = source  # like the real one, a loaded trainer's save copies files of its checkpoint
         proto = onnx.load(self.model)
         self.weights = weights or {i.name: numpy_helper.to_array(i).copy() for i in proto.graph.initializer}
 
@@ -129,6 +130,7 @@ class FakeTrainer:
         import json
         from pathlib import Path
 
+        assert self.source is None or Path(self.source).is_dir(), "the checkpoint it was loaded from is gone"
         Path(directory).mkdir(parents=True)
         np.savez(Path(directory) / "state.npz", **self.weights)
         (Path(directory) / "training.json").write_text(json.dumps({"steps": self.steps_done, "model": self.model}))
@@ -164,7 +166,7 @@ def fake_trainer(monkeypatch):
             weights = {name: state[name].copy() for name in state.files}
         from tessel import optim
 
-        return FakeTrainer(meta["model"], optim.SGD(0.5), weights, meta["steps"])
+        return FakeTrainer(meta["model"], optim.SGD(0.5), weights, meta["steps"], directory)
 
     monkeypatch.setattr(tessel, "compile_training", compile_training, raising=False)
     monkeypatch.setattr(tessel, "load_training", load_training, raising=False)
@@ -199,16 +201,18 @@ def test_a_run_writes_log_checkpoints_model_and_curves(capsys, files, tmp_path, 
 
 def test_a_run_stopped_mid_epoch_and_resumed_ends_with_the_same_weights(capsys, files, tmp_path, fake_trainer):
     whole = dict(files, run=tmp_path / "whole")
-    assert main([str(a) for a in _train(whole, "--lr", "0.5", "--epochs", "3")]) == 0
-    assert main([str(a) for a in _train(files, "--lr", "0.5", "--epochs", "3", "--max-steps", "12")]) == 0
+    assert main([str(a) for a in _train(whole, "--lr", "0.5", "--epochs", "5")]) == 0
+    assert main([str(a) for a in _train(files, "--lr", "0.5", "--epochs", "5", "--max-steps", "12")]) == 0
     assert "stopped after step 12 (--max-steps)" in capsys.readouterr().out
-    assert main(["train", "--resume", str(files["run"])]) == 0  # from epoch 2's checkpoint (step 10)
+    # From epoch 2's checkpoint (step 10), kept while epochs 3 to 5 are saved, then removed (the newest two stay).
+    assert main(["train", "--resume", str(files["run"])]) == 0
     assert "resuming" in capsys.readouterr().err
     got, want = _final_weights(files["run"]), _final_weights(whole["run"])
     assert all(np.array_equal(got[name], want[name]) for name in want)
     from tessel.compiler.train_log import read_log
 
-    assert [r["step"] for r in read_log(files["run"]) if r["kind"] == "step"] == list(range(1, 16))
+    assert [r["step"] for r in read_log(files["run"]) if r["kind"] == "step"] == list(range(1, 26))
+    assert sorted(p.name for p in (files["run"] / "checkpoints").iterdir()) == ["epoch_4", "epoch_5"]
 
 
 def test_resume_of_a_finished_run_asks_for_more_epochs(capsys, files, fake_trainer):

@@ -59,6 +59,7 @@ def test_the_trained_cnn_reaches_97_percent_in_onnxruntime(digits, trained):
     assert {"log.jsonl", "run.json", "training_curves.png", "training_curves.svg"} <= {p.name for p in trained.iterdir()}
 
 
+@pytest.mark.slow  # a second compile and 2.5 more epochs; tests/compiler/test_train_command.py covers the logic
 def test_a_run_stopped_mid_epoch_and_resumed_ends_with_the_same_weights(digits, trained, tmp_path):
     data, env = digits
     run = tmp_path / "stopped"
