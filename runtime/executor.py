@@ -219,9 +219,22 @@ class Executor:
         if isinstance(instruction, Gather):
             return self._bind_gather(instruction)
         if isinstance(instruction, AllReduce):
-            buffer, comm = self._buffer(instruction.tensor), self._comm
-            return lambda: comm.all_reduce(buffer, instruction.reduction, instruction.tensor)
+            return self._bind_all_reduce(instruction)
         raise ArtifactError(f"{PLAN_FILE}: no way to run {type(instruction).__name__} at node {instruction.node!r}")
+
+    def _bind_all_reduce(self, instruction: AllReduce) -> Op:
+        """The reduction in place, or into `output` (the tensor copied there first)."""
+        comm, memory, reduction, name = self._comm, self._memory, instruction.reduction, instruction.tensor
+        source = self._buffer(instruction.tensor)
+        if instruction.output is None:
+            return lambda: comm.all_reduce(source, reduction, name)
+        target = self._buffer(instruction.output)
+
+        def all_reduce_into() -> None:
+            memory.copy(target, source)
+            comm.all_reduce(target, reduction, name)
+
+        return all_reduce_into
 
     def _bind_kernel(self, call: KernelCall) -> Op:
         fn = self._kernels[call.kernel]
