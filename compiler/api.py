@@ -128,8 +128,8 @@ def compile_graph(graph: ir.Graph, options: CompileOptions, machine_shape: Machi
     replaces the options' pipeline (training adds recomputation); `replicate` turns the one-device program into
     the workers' programs (data-parallel training, compiler/dp_training.py)."""
     if state is not None and (machine_shape.devices > 1 or options.microbatches > 1):
-        raise CompileError("training compiles for one device and one micro-batch; "
-                           "distributed training is not supported yet")
+        raise CompileError("training compiles for one device and one micro-batch; data-parallel training "
+                           "replicates that step (compile_training with devices=N)")
     spec = parse_target(options.target)
     name = source.name
     imported = time.perf_counter()

@@ -1,0 +1,80 @@
+"""Data-parallel training (compiler/dp_training.py): compile_training(devices=N) on N local workers trains like
+one device on the whole batch (the MLP of bench/training_models.py, no BatchNormalization); the replica step's
+AllReduce nodes; what is refused."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tessel
+from bench.training_models import SPECS, export
+from tessel.compiler.options import CompileError
+from tessel.compiler.training import build_step_graph
+from tessel.ir.schema import TESSEL_DOMAIN
+
+STEPS = 20
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    spec = SPECS["mlp"]
+    path = export(spec.model(0), spec.input_shape, tmp_path_factory.mktemp("dp") / "mlp.onnx")
+    rng = np.random.default_rng(0)
+    return spec, path, [spec.batch(rng) for _ in range(STEPS)]
+
+
+def _compile(spec, path, kernel_cache, **options):
+    return tessel.compile_training(str(path), loss=spec.loss, optimizer=tessel.optim.SGD(lr=0.05, momentum=0.9),
+                                   input_shapes={"x": spec.input_shape}, cache_dir=kernel_cache, **options)
+
+
+def _relative(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-12))
+
+
+def test_two_workers_train_like_one_device_on_the_whole_batch(mlp, kernel_cache, tmp_path):
+    spec, path, batches = mlp
+    single = _compile(spec, path, kernel_cache)
+    parallel = _compile(spec, path, kernel_cache, devices=2, placement="data")
+    try:
+        assert parallel.workers == 2
+        for x, labels in batches:
+            want, got = single.step({"x": x}, labels), parallel.step({"x": x}, labels)
+            assert got == pytest.approx(want, rel=1e-4)
+        want_state, got_state = single.state, parallel.state
+        assert set(got_state) == set(want_state)
+        for name, value in want_state.items():
+            assert _relative(got_state[name], value) < 1e-4, name
+        # The checkpoint holds rank 0's state; evaluate runs the whole batch on it.
+        saved = parallel.save(tmp_path / "checkpoint")
+        with np.load(saved / "state.npz") as stored:
+            assert all(np.array_equal(stored[name], got_state[name]) for name in got_state)
+        x = batches[0][0]
+        np.testing.assert_allclose(parallel.evaluate({"x": x})["y"], single.evaluate({"x": x})["y"], rtol=1e-4,
+                                   atol=1e-5)
+    finally:
+        parallel.close()
+
+
+def test_a_replica_step_averages_each_gradient_right_after_it_is_computed(mlp):
+    spec, path, _ = mlp
+    step = build_step_graph(str(path), {"x": spec.input_shape}, spec.loss, tessel.optim.SGD(lr=0.1), replicas=2)
+    nodes = step.graph.nodes
+    reduces = [k for k, node in enumerate(nodes) if node.domain == TESSEL_DOMAIN and node.op_type == "AllReduce"]
+    assert len(reduces) == len(step.parameters) + 1  # every gradient and the loss
+    for k in reduces:
+        node = nodes[k]
+        assert node.attrs["reduction"] == "mean"
+        producer = node.inputs[0].producer
+        # Issued as soon as its value exists: right after its producer (or after an earlier AllReduce there).
+        assert all(nodes[j].op_type == "AllReduce" for j in range(nodes.index(producer) + 1, k))
+
+
+@pytest.mark.parametrize("options, problem", [
+    ({"devices": 2, "placement": "pipeline"}, "runs data-parallel only"),
+    ({"devices": 3, "placement": "data"}, "not a multiple of 3"),
+])
+def test_unsupported_data_parallel_training_is_refused(mlp, kernel_cache, options, problem):
+    spec, path, _ = mlp
+    with pytest.raises(CompileError, match=problem):
+        _compile(spec, path, kernel_cache, **options)
