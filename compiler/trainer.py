@@ -29,7 +29,7 @@ from .api import ModelSource, compile_graph, load_model, model_name, prepare_mac
 from .artifact import Artifact
 from .checkpoint import Checkpoint, StepNames, read_checkpoint, write_checkpoint
 from .optim import Optimizer
-from .dp_training import replica_input_shapes, replica_programs
+from .dp_training import bucket_bytes_for, replica_input_shapes, replica_programs
 from .options import CompileError, CompileOptions
 from .recompute import place_recompute, recompute_pass
 from .state_program import PersistentState
@@ -143,13 +143,16 @@ class Trainer:
 
 def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
                      input_shapes: Mapping[str, tuple[int, ...]] | None = None, trainable: str | None = None,
-                     frozen: str | None = None, seed: int = 0, label_smoothing: float = 0.0, **options) -> Trainer:
+                     frozen: str | None = None, seed: int = 0, label_smoothing: float = 0.0,
+                     bucket_bytes: int | None = None, **options) -> Trainer:
     """Compile an ONNX model (path, bytes or ModelProto) into a Trainer: one compiled graph per step.
 
     `loss`: "cross_entropy" (with `label_smoothing`), "mse", "l1", "bce_with_logits", "output:K" (the
     model's output K is the loss), or a passes.loss.LossSpec; `optimizer`: a `tessel.optim` optimizer;
     `trainable` / `frozen`: regexes on initializer names; `seed` seeds the dropout masks; the other keywords
-    are compile options (compiler/options.py).
+    are compile options (compiler/options.py). `devices` = N > 1 trains data-parallel on N local workers
+    (compiler/dp_training.py), the gradients all-reduced in buckets of `bucket_bytes` (default: from the
+    link's α-β model).
     """
     options = CompileOptions.create(None, input_shapes=dict(input_shapes or {}), **options)
     replicas = data_parallel_workers(options)
@@ -164,7 +167,7 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
         replica_model = with_batch(proto, next(iter(replica_shapes.values()))[0])
         step_graph = build_step_graph(replica_model, replica_shapes, loss, optimizer,
                                       trainable=trainable, frozen=frozen, label_smoothing=label_smoothing,
-                                      replicas=replicas)
+                                      replicas=replicas, bucket_bytes=bucket_bytes or bucket_bytes_for(machine.link))
         step_graph = replace(step_graph, eval_graph=prepare_eval(from_onnx(proto, shapes, training=True),
                                                                  list(step_graph.state)))
     else:

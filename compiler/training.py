@@ -19,12 +19,12 @@ import numpy as np
 
 from tessel.ir import from_onnx, load_model, verify
 from tessel.ir.graph import Graph, Value
-from tessel.ir.schema import TESSEL_DOMAIN
 from tessel.passes.autodiff import differentiate
-from tessel.passes.base import add_op
 from tessel.passes.loss import LossSpec, add_loss
 from tessel.passes.optimizer_update import add_updates
 from tessel.passes.training_mode import TrainingModel, prepare_eval, prepare_training
+
+from .dp_training import DEFAULT_BUCKET_BYTES, averaged_gradients, replica_mean
 
 if TYPE_CHECKING:
     from .optim import Optimizer
@@ -53,23 +53,25 @@ class StepGraph:
 
 def build_step_graph(model, input_shapes: Mapping[str, Sequence[int]] | None, loss: str | LossSpec,
                      optimizer: "Optimizer", trainable: str | None = None, frozen: str | None = None,
-                     label_smoothing: float = 0.0, replicas: int = 1) -> StepGraph:
+                     label_smoothing: float = 0.0, replicas: int = 1,
+                     bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> StepGraph:
     """The training step of an ONNX model (path, bytes or ModelProto) for `loss` and `optimizer`.
 
     `loss` is a loss kind ("cross_entropy", "mse", "l1", "bce_with_logits"), "output:K" or the name of the
     model output that is the loss, or a LossSpec; `trainable`/`frozen` are regexes on initializer names.
     `replicas` > 1: one data-parallel replica's step (`input_shapes` are its slice of the batch): every
-    gradient and the loss are averaged over the replicas (AllReduce nodes) before the update.
+    gradient and the loss are averaged over the replicas (AllReduce nodes, gradients in buckets of about
+    `bucket_bytes`: compiler/dp_training.py) before the update.
     """
     spec = loss if isinstance(loss, LossSpec) else LossSpec.parse(loss, label_smoothing)
     proto = load_model(model)
     training = prepare_training(from_onnx(proto, input_shapes, training=True), trainable, frozen)
     eval_graph = prepare_eval(from_onnx(proto, input_shapes, training=True), list(training.state))
-    return assemble_step(training, eval_graph, spec, optimizer, replicas)
+    return assemble_step(training, eval_graph, spec, optimizer, replicas, bucket_bytes)
 
 
 def assemble_step(training: TrainingModel, eval_graph: Graph, spec: LossSpec, optimizer: "Optimizer",
-                  replicas: int = 1) -> StepGraph:
+                  replicas: int = 1, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> StepGraph:
     """Add the loss, backward pass and updates to the training graph of `training` (edited in place); with
     `replicas` > 1 the gradients and the loss are averaged over the data-parallel replicas first."""
     graph = training.graph
@@ -80,7 +82,7 @@ def assemble_step(training: TrainingModel, eval_graph: Graph, spec: LossSpec, op
     grads = differentiate(graph, added.loss, parameters)
     loss = added.loss
     if replicas > 1:
-        grads = {name: replica_mean(graph, grad) for name, grad in grads.items()}
+        grads = averaged_gradients(graph, grads, bucket_bytes)
         loss = replica_mean(graph, loss)
     updates = add_updates(graph, optimizer.rule, {p.name: (p, grads[p.name]) for p in parameters})
     kept = [_value(graph, name) for name in training.state_updates.values()]
@@ -99,20 +101,6 @@ def assemble_step(training: TrainingModel, eval_graph: Graph, spec: LossSpec, op
         state_updates=state_updates, parameters=list(training.parameters),
         scalar_inputs=[v.name for v in updates.scalar_inputs], dropout_masks=dict(training.dropout_masks),
     )
-
-
-def replica_mean(graph: Graph, value: Value) -> Value:
-    """`value` averaged over the data-parallel replicas: an AllReduce node placed right after the node that
-    computes it, so that its reduction starts while the rest of the backward pass still runs."""
-    producer = value.producer
-    following = None
-    if producer is not None and producer.graph is graph:
-        nodes = graph.nodes
-        position = nodes.index(producer)
-        following = nodes[position + 1] if position + 1 < len(nodes) else None
-    node = add_op(graph, "AllReduce", [value], {"reduction": "mean"}, name=graph.unique_name(f"allreduce/{value.name}"),
-                  before=following, domain=TESSEL_DOMAIN)
-    return node.outputs[0]
 
 
 def _value(graph: Graph, name: str) -> Value:

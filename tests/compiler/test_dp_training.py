@@ -35,7 +35,8 @@ def _relative(got: np.ndarray, want: np.ndarray) -> float:
 def test_two_workers_train_like_one_device_on_the_whole_batch(mlp, kernel_cache, tmp_path):
     spec, path, batches = mlp
     single = _compile(spec, path, kernel_cache)
-    parallel = _compile(spec, path, kernel_cache, devices=2, placement="data")
+    # 10 kB buckets: the MLP's gradients make buckets of one and of several.
+    parallel = _compile(spec, path, kernel_cache, devices=2, placement="data", bucket_bytes=10_000)
     try:
         assert parallel.workers == 2
         for x, labels in batches:
@@ -56,11 +57,15 @@ def test_two_workers_train_like_one_device_on_the_whole_batch(mlp, kernel_cache,
         parallel.close()
 
 
+def _all_reduces(step) -> list[int]:
+    return [k for k, node in enumerate(step.graph.nodes) if node.domain == TESSEL_DOMAIN and node.op_type == "AllReduce"]
+
+
 def test_a_replica_step_averages_each_gradient_right_after_it_is_computed(mlp):
     spec, path, _ = mlp
-    step = build_step_graph(str(path), {"x": spec.input_shape}, spec.loss, tessel.optim.SGD(lr=0.1), replicas=2)
-    nodes = step.graph.nodes
-    reduces = [k for k, node in enumerate(nodes) if node.domain == TESSEL_DOMAIN and node.op_type == "AllReduce"]
+    step = build_step_graph(str(path), {"x": spec.input_shape}, spec.loss, tessel.optim.SGD(lr=0.1), replicas=2,
+                            bucket_bytes=1)
+    nodes, reduces = step.graph.nodes, _all_reduces(step)
     assert len(reduces) == len(step.parameters) + 1  # every gradient and the loss
     for k in reduces:
         node = nodes[k]
@@ -68,6 +73,19 @@ def test_a_replica_step_averages_each_gradient_right_after_it_is_computed(mlp):
         producer = node.inputs[0].producer
         # Issued as soon as its value exists: right after its producer (or after an earlier AllReduce there).
         assert all(nodes[j].op_type == "AllReduce" for j in range(nodes.index(producer) + 1, k))
+
+
+def test_gradients_share_a_bucket_up_to_its_size(mlp):
+    spec, path, _ = mlp
+    step = build_step_graph(str(path), {"x": spec.input_shape}, spec.loss, tessel.optim.SGD(lr=0.1), replicas=2)
+    nodes, reduces = step.graph.nodes, _all_reduces(step)
+    assert len(reduces) == 2  # the MLP's 27 KB of gradients in one bucket, and the loss
+    bucket = nodes[reduces[1]].inputs[0].producer
+    assert bucket.op_type == "Concat" and len(bucket.inputs) == len(step.parameters)
+    # The bucket is split back only after the last backward node, just before the updates.
+    split = next(k for k, node in enumerate(nodes) if node.op_type == "Split")
+    backward = [k for k, node in enumerate(nodes) if node.name.endswith(("_grad", "_grad_1", "_grad_2"))]
+    assert split > max(backward)
 
 
 @pytest.mark.parametrize("options, problem", [
