@@ -96,3 +96,34 @@ def test_unsupported_data_parallel_training_is_refused(mlp, kernel_cache, option
     spec, path, _ = mlp
     with pytest.raises(CompileError, match=problem):
         _compile(spec, path, kernel_cache, **options)
+
+
+# About a minute on two cores (four worker processes started twice, AdamW's kernels): `pytest -m slow`.
+@pytest.mark.slow
+def test_four_workers_with_adamw_resume_from_a_checkpoint_as_if_never_stopped(mlp, kernel_cache, tmp_path):
+    spec, path, batches = mlp
+    optimizer = tessel.optim.AdamW(lr=0.01)
+    single = tessel.compile_training(str(path), loss=spec.loss, optimizer=optimizer,
+                                     input_shapes={"x": spec.input_shape}, cache_dir=kernel_cache)
+    parallel = tessel.compile_training(str(path), loss=spec.loss, optimizer=optimizer,
+                                       input_shapes={"x": spec.input_shape}, cache_dir=kernel_cache, devices=4)
+    try:
+        for x, labels in batches[:3]:
+            parallel.step({"x": x}, labels)
+        parallel.save(tmp_path / "checkpoint")
+        uninterrupted = [parallel.step({"x": x}, labels) for x, labels in batches[3:6]]
+        want_state = parallel.state
+    finally:
+        parallel.close()
+    resumed = tessel.load_training(tmp_path / "checkpoint")
+    try:
+        assert resumed.workers == 4
+        assert [resumed.step({"x": x}, labels) for x, labels in batches[3:6]] == uninterrupted
+        got_state = resumed.state
+    finally:
+        resumed.close()
+    for x, labels in batches[:6]:
+        single.step({"x": x}, labels)
+    for name, value in single.state.items():
+        assert np.array_equal(got_state[name], want_state[name]), name
+        assert _relative(got_state[name], value) < 1e-4, name
