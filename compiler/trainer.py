@@ -19,6 +19,7 @@ from tessel.ir import from_onnx
 from tessel.ir.onnx_import import with_batch
 from tessel.ir.types import TensorType
 from tessel.passes.base import Pass
+from tessel.passes.data_parallel import bucket_bytes_for
 from tessel.passes.loss import LossSpec
 from tessel.passes.training_mode import prepare_eval
 from tessel.passes.memory_plan import CUDA_ALIGNMENT, DEFAULT_ALIGNMENT
@@ -29,7 +30,7 @@ from .api import ModelSource, compile_graph, load_model, model_name, prepare_mac
 from .artifact import Artifact
 from .checkpoint import Checkpoint, StepNames, read_checkpoint, write_checkpoint
 from .optim import Optimizer
-from .dp_training import bucket_bytes_for, replica_input_shapes, replica_programs
+from .dp_training import replica_input_shapes, replica_programs
 from .options import CompileError, CompileOptions
 from .recompute import place_recompute, recompute_pass
 from .state_program import PersistentState

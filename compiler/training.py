@@ -22,9 +22,8 @@ from tessel.ir.graph import Graph, Value
 from tessel.passes.autodiff import differentiate
 from tessel.passes.loss import LossSpec, add_loss
 from tessel.passes.optimizer_update import add_updates
+from tessel.passes.data_parallel import DEFAULT_BUCKET_BYTES, averaged_gradients, replica_mean
 from tessel.passes.training_mode import TrainingModel, prepare_eval, prepare_training
-
-from .dp_training import DEFAULT_BUCKET_BYTES, averaged_gradients, replica_mean
 
 if TYPE_CHECKING:
     from .optim import Optimizer
@@ -61,7 +60,7 @@ def build_step_graph(model, input_shapes: Mapping[str, Sequence[int]] | None, lo
     model output that is the loss, or a LossSpec; `trainable`/`frozen` are regexes on initializer names.
     `replicas` > 1: one data-parallel replica's step (`input_shapes` are its slice of the batch): every
     gradient and the loss are averaged over the replicas (AllReduce nodes, gradients in buckets of about
-    `bucket_bytes`: compiler/dp_training.py) before the update.
+    `bucket_bytes`: passes/data_parallel.py) before the update.
     """
     spec = loss if isinstance(loss, LossSpec) else LossSpec.parse(loss, label_smoothing)
     proto = load_model(model)

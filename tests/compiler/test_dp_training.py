@@ -11,6 +11,8 @@ from bench.training_models import SPECS, export
 from tessel.compiler.options import CompileError
 from tessel.compiler.training import build_step_graph
 from tessel.ir.schema import TESSEL_DOMAIN
+from tessel.passes.data_parallel import DEFAULT_BUCKET_BYTES, MAX_BUCKET_BYTES, MIN_BUCKET_BYTES, bucket_bytes_for
+from tessel.passes.machine import Link
 
 STEPS = 20
 
@@ -86,6 +88,14 @@ def test_gradients_share_a_bucket_up_to_its_size(mlp):
     split = next(k for k, node in enumerate(nodes) if node.op_type == "Split")
     backward = [k for k, node in enumerate(nodes) if node.name.endswith(("_grad", "_grad_1", "_grad_2"))]
     assert split > max(backward)
+
+
+def test_the_bucket_size_keeps_the_link_latency_a_tenth_of_a_bucket_all_reduce():
+    assert bucket_bytes_for(None) == DEFAULT_BUCKET_BYTES
+    # 100 µs latency, 1 GB/s: 900 kB take 900 µs, the latency a tenth of the whole.
+    assert bucket_bytes_for(Link(alpha=1e-4, beta=1e-9)) == 900_000
+    assert bucket_bytes_for(Link(alpha=1e-9, beta=1e-9)) == MIN_BUCKET_BYTES
+    assert bucket_bytes_for(Link(alpha=1.0, beta=1e-9)) == MAX_BUCKET_BYTES
 
 
 @pytest.mark.parametrize("options, problem", [
