@@ -1,5 +1,9 @@
 """Training: one compiled step (forward, loss, backward, update) run again and again on persistent state.
 
+With `devices` = N > 1 the step runs data-parallel (compiler/dp_training.py) on N local workers kept up by
+the persistent worker group (runtime/session.py): each worker holds the state, rank 0 scatters each batch,
+the state is read from rank 0 and written into every worker.
+
 `compile_training` builds the step graph (compiler/training.py) and compiles it and its eval graph through the
 same stages as inference (compiler/api.compile_graph). The `Trainer` runs them: `step` feeds a batch, its
 labels, the optimizer's scalars for that step and the dropout masks; `evaluate` runs the eval artifact on a copy
@@ -21,8 +25,8 @@ from tessel.ir.types import TensorType
 from tessel.passes.base import Pass
 from tessel.passes.data_parallel import bucket_bytes_for
 from tessel.passes.loss import LossSpec
-from tessel.passes.training_mode import prepare_eval
 from tessel.passes.memory_plan import CUDA_ALIGNMENT, DEFAULT_ALIGNMENT
+from tessel.passes.training_mode import prepare_eval
 from tessel.runtime.errors import ArtifactError, InputError
 from tessel.runtime.executor import Executor
 
