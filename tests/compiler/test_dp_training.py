@@ -137,3 +137,41 @@ def test_four_workers_with_adamw_resume_from_a_checkpoint_as_if_never_stopped(ml
     for name, value in single.state.items():
         assert np.array_equal(got_state[name], want_state[name]), name
         assert _relative(got_state[name], value) < 1e-4, name
+
+
+# Compiles the CNN's gradient kernels (shared with test_training_torch.py's cnn_bn at batch 8 in one session).
+@pytest.mark.slow
+def test_batchnorm_statistics_are_per_replica_as_pytorch_ddp_without_syncbatchnorm(tmp_path, kernel_cache):
+    """With BatchNormalization the replicas normalise with their own slice's statistics: not one device on the
+    whole batch, but PyTorch on each half with the losses averaged (DistributedDataParallel without
+    SyncBatchNorm)."""
+    torch = pytest.importorskip("torch")
+    from bench.training_models import torch_loss
+
+    spec = SPECS["cnn_bn"]
+    shape = (16, *spec.input_shape[1:])
+    model = spec.model(0)
+    path = export(model, shape, tmp_path / "cnn.onnx")
+    rng = np.random.default_rng(0)
+    batches = [type(spec)(spec.name, spec.build, shape, spec.loss, spec.outputs).batch(rng) for _ in range(5)]
+    parallel = tessel.compile_training(str(path), loss=spec.loss, optimizer=tessel.optim.SGD(lr=0.05, momentum=0.9),
+                                       input_shapes={"x": shape}, cache_dir=kernel_cache, devices=2)
+    model.train()
+    reference = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    try:
+        for x, labels in batches:
+            got = parallel.step({"x": x}, labels)
+            reference.zero_grad()
+            halves = [torch_loss(spec.loss, model(torch.from_numpy(x[k * 8:(k + 1) * 8])),
+                                 torch.from_numpy(labels[k * 8:(k + 1) * 8])) for k in range(2)]
+            loss = (halves[0] + halves[1]) / 2
+            loss.backward()
+            reference.step()
+            assert got == pytest.approx(float(loss.detach()), rel=1e-4)
+        state = parallel.state
+    finally:
+        parallel.close()
+    parameters = dict(model.named_parameters())
+    assert set(parameters) <= set(state)
+    for name, value in parameters.items():
+        assert _relative(state[name], value.detach().numpy()) < 1e-4, name
