@@ -12,7 +12,9 @@ compiles once, as for one device; `replica_programs` then gives each worker its 
 
 Every worker starts from the same state file, so the weights agree from the first step. BatchNormalization
 normalises with each replica's own batch statistics and each replica keeps its own running statistics (rank 0's
-are the ones saved): with BatchNormalization the result differs from training on the whole batch on one device.
+are the ones saved): with BatchNormalization the result differs from training on the whole batch on one device
+and equals PyTorch's DistributedDataParallel without SyncBatchNorm (tests/compiler/test_dp_training.py).
+Synchronised statistics are not built yet.
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ from .worker_programs import SCATTER_TAG, SLICE_SUFFIX
 
 # Tags of the optimizer scalars sent from rank 0: scalar k to worker d uses SCALAR_TAG + k * workers + d.
 SCALAR_TAG = 1 << 22
+
+
 def replica_input_shapes(input_shapes: Mapping[str, Sequence[int]], replicas: int) -> dict[str, tuple[int, ...]]:
     """Each replica's input shapes: axis 0 (the batch) divided by `replicas`; CompileError when it does not divide."""
     shapes = {}
