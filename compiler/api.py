@@ -120,14 +120,16 @@ def prepare_machine(options: CompileOptions) -> MachineShape:
 def compile_graph(graph: ir.Graph, options: CompileOptions, machine_shape: MachineShape, source: ModelSource, *,
                   state: PersistentState | None = None, passes: Sequence[Pass] | None = None,
                   progress: Callable[[int, int], None] | None = None,
-                  profile_progress: Callable[[int, int], None] | None = None) -> Artifact:
+                  profile_progress: Callable[[int, int], None] | None = None,
+                  replicate: Callable[[Program], list[Program]] | None = None) -> Artifact:
     """The stages after import: passes → micro-batches → program → algorithm selection → kernels → placement →
     memory plans → artifact. Inference compiles the imported model's graph; training (compiler/trainer.py) a
     step graph and an eval graph, whose `state` persists across runs (compiler/state_program.py). `passes`
-    replaces the options' pipeline (training adds recomputation)."""
+    replaces the options' pipeline (training adds recomputation); `replicate` turns the one-device program into
+    the workers' programs (data-parallel training, compiler/dp_training.py)."""
     if state is not None and (machine_shape.devices > 1 or options.microbatches > 1):
-        raise CompileError("training compiles for one device and one micro-batch; "
-                           "distributed training is not supported yet")
+        raise CompileError("training compiles for one device and one micro-batch; data-parallel training "
+                           "replicates that step (compile_training with devices=N)")
     spec = parse_target(options.target)
     name = source.name
     imported = time.perf_counter()
@@ -165,6 +167,9 @@ def compile_graph(graph: ir.Graph, options: CompileOptions, machine_shape: Machi
     log = CompileLog()
     placed = place_workers(graph, program, spec, cache, options, machine_shape, log)
     programs, memories, graph = placed.programs, placed.memories, placed.graph
+    if replicate is not None:
+        programs = replicate(programs[0])
+        memories = [plan_program_memory(p, spec.kind) for p in programs]
     _log.info("placement: %d worker program(s) planned (%.1f s)", len(programs), time.perf_counter() - built)
     _warn_idle_workers(programs, placed.report)
     extra: dict = {"microbatches": options.microbatches} if options.microbatches > 1 else {}

@@ -26,7 +26,7 @@ from tessel.passes.conv_layout import DEFAULT_ALGORITHM, blocked_type, blocked_v
 from tessel.passes.fuse import is_kernel
 from tessel.passes.inplace import inplace_inputs
 from tessel.passes.partition import HOME_DEVICE, node_device
-from tessel.runtime.instructions import Branch, Fail, If, Instruction, KernelCall, Piece, Recv, Send, View
+from tessel.runtime.instructions import AllReduce, Branch, Fail, If, Instruction, KernelCall, Piece, Recv, Send, View
 
 # Packed copies of constant weights are stored under the weight's name plus this suffix and their shape.
 PACKED_SUFFIX = "::packed"
@@ -96,6 +96,9 @@ class ProgramBuilder:
             return Send(**where, tensor=self.read(node.inputs[0]), peer=node.attrs["peer"], tag=node.attrs["tag"])
         if node.domain == TESSEL_DOMAIN and node.op_type == "Recv":
             return Recv(**where, output=self.write(node.outputs[0]), peer=node.attrs["peer"], tag=node.attrs["tag"])
+        if node.domain == TESSEL_DOMAIN and node.op_type == "AllReduce":
+            return AllReduce(**where, tensor=self.read(node.inputs[0]), reduction=node.attrs["reduction"],
+                             output=self.write(node.outputs[0]))
         if node.domain == TESSEL_DOMAIN and node.op_type == "Unreachable":
             for out in node.outputs:
                 self.write(out)

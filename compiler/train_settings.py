@@ -42,6 +42,7 @@ class RunSettings:
     seed: int
     trainable: str | None
     frozen: str | None
+    devices: int
 
     def check(self, output_names: list[str]) -> "RunSettings":
         """Refuse settings that cannot train (one line each), the loss checked against the model's outputs;
@@ -61,6 +62,9 @@ class RunSettings:
             raise TrainSettingsError(f"--label-smoothing {self.label_smoothing}: give a value in [0, 1)")
         if self.label_smoothing and self.loss != "cross_entropy":
             raise TrainSettingsError("--label-smoothing goes with --loss cross_entropy only")
+        if self.batch % self.devices:
+            raise TrainSettingsError(f"--batch {self.batch} is not a multiple of --devices {self.devices}: each "
+                                     "worker trains on an equal share")
         parse_schedule(self.schedule)
         return self
 

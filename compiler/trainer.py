@@ -1,5 +1,9 @@
 """Training: one compiled step (forward, loss, backward, update) run again and again on persistent state.
 
+With `devices` = N > 1 the step runs data-parallel (compiler/dp_training.py) on N local workers kept up by
+the persistent worker group (runtime/session.py): each worker holds the state, rank 0 scatters each batch,
+the state is read from rank 0 and written into every worker.
+
 `compile_training` builds the step graph (compiler/training.py) and compiles it and its eval graph through the
 same stages as inference (compiler/api.compile_graph). The `Trainer` runs them: `step` feeds a batch, its
 labels, the optimizer's scalars for that step and the dropout masks; `evaluate` runs the eval artifact on a copy
@@ -8,16 +12,21 @@ of the current state; `save` and `load_training` write and read checkpoints (com
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 
 from tessel.backends.target import parse_target
+from tessel.ir import from_onnx
+from tessel.ir.onnx_import import with_batch
 from tessel.ir.types import TensorType
 from tessel.passes.base import Pass
+from tessel.passes.data_parallel import bucket_bytes_for
 from tessel.passes.loss import LossSpec
 from tessel.passes.memory_plan import CUDA_ALIGNMENT, DEFAULT_ALIGNMENT
+from tessel.passes.training_mode import prepare_eval
 from tessel.runtime.errors import ArtifactError, InputError
 from tessel.runtime.executor import Executor
 
@@ -25,7 +34,8 @@ from .api import ModelSource, compile_graph, load_model, model_name, prepare_mac
 from .artifact import Artifact
 from .checkpoint import Checkpoint, StepNames, read_checkpoint, write_checkpoint
 from .optim import Optimizer
-from .options import CompileOptions
+from .dp_training import replica_input_shapes, replica_programs
+from .options import CompileError, CompileOptions
 from .recompute import place_recompute, recompute_pass
 from .state_program import PersistentState
 from .training import StepGraph, build_step_graph
@@ -42,7 +52,7 @@ class Trainer:
         self.names, self.optimizer, self.seed = names, optimizer, seed
         self.steps_done = steps_done
         self.model_bytes = model_bytes  # the ONNX model as given: export_onnx writes the trained values into it
-        self._step = Executor(step_artifact.directory)
+        self._step = _step_runner(step_artifact)
         self._eval = Executor(eval_artifact.directory)
         if state is not None:
             self._step.set_state(state)
@@ -51,8 +61,19 @@ class Trainer:
 
     @property
     def state(self) -> dict[str, np.ndarray]:
-        """Copies of the current state by name: parameters, optimizer slots, running statistics."""
+        """Copies of the current state by name: parameters, optimizer slots, running statistics (rank 0's with
+        data-parallel workers)."""
         return self._step.state()
+
+    @property
+    def workers(self) -> int:
+        """How many data-parallel workers run each step."""
+        return getattr(self._step, "workers", 1)
+
+    def close(self) -> None:
+        """Stop the data-parallel workers (a Trainer on one worker has none); the Trainer cannot step after."""
+        if hasattr(self._step, "close"):
+            self._step.close()
 
     def step(self, inputs: Mapping[str, np.ndarray], labels: np.ndarray | None = None) -> float:
         """Run one training step on a batch (`inputs` by the model's input names) and its labels; the loss."""
@@ -81,7 +102,8 @@ class Trainer:
     def evaluate(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The model's outputs on `inputs` with the current state (inference semantics: running statistics for
         BatchNormalization, no dropout)."""
-        self._eval.set_state(self._step.state(self._eval.state_names))
+        state = self._step.state()
+        self._eval.set_state({name: state[name] for name in self._eval.state_names})
         outputs = self._eval.run(dict(self._data(inputs, self._eval.input_types)))
         return {name: outputs[name] for name in self.names.model_outputs}
 
@@ -145,37 +167,125 @@ def _unalias_initializers(model, state: Mapping[str, np.ndarray]) -> None:
 
 def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
                      input_shapes: Mapping[str, tuple[int, ...]] | None = None, trainable: str | None = None,
-                     frozen: str | None = None, seed: int = 0, label_smoothing: float = 0.0, **options) -> Trainer:
+                     frozen: str | None = None, seed: int = 0, label_smoothing: float = 0.0,
+                     bucket_bytes: int | None = None, **options) -> Trainer:
     """Compile an ONNX model (path, bytes or ModelProto) into a Trainer: one compiled graph per step.
 
     `loss`: "cross_entropy" (with `label_smoothing`), "mse", "l1", "bce_with_logits", "output:K" (the
     model's output K is the loss), or a passes.loss.LossSpec; `optimizer`: a `tessel.optim` optimizer;
     `trainable` / `frozen`: regexes on initializer names; `seed` seeds the dropout masks; the other keywords
-    are compile options (compiler/options.py).
+    are compile options (compiler/options.py). `devices` = N > 1 trains data-parallel on N local workers
+    (compiler/dp_training.py), the gradients all-reduced in buckets of `bucket_bytes` (default: from the
+    link's α-β model).
     """
     options = CompileOptions.create(None, input_shapes=dict(input_shapes or {}), **options)
+    replicas = data_parallel_workers(options)
+    if replicas > 1:
+        options = CompileOptions.create(options, devices=1, placement="auto")
     machine = prepare_machine(options)
     started = time.perf_counter()
     proto, shapes = load_model(model, options)
-    step_graph = build_step_graph(proto, shapes, loss, optimizer, trainable=trainable, frozen=frozen,
-                                  label_smoothing=label_smoothing)
+    if replicas > 1:
+        shapes = whole_input_shapes(proto, shapes)
+        replica_shapes = replica_input_shapes(shapes, replicas)
+        replica_model = with_batch(proto, next(iter(replica_shapes.values()))[0])
+        step_graph = build_step_graph(replica_model, replica_shapes, loss, optimizer,
+                                      trainable=trainable, frozen=frozen, label_smoothing=label_smoothing,
+                                      replicas=replicas, bucket_bytes=bucket_bytes or bucket_bytes_for(machine.link))
+        step_graph = replace(step_graph, eval_graph=prepare_eval(from_onnx(proto, shapes, training=True),
+                                                                 list(step_graph.state)))
+    else:
+        step_graph = build_step_graph(proto, shapes, loss, optimizer, trainable=trainable, frozen=frozen,
+                                      label_smoothing=label_smoothing)
     source = ModelSource(model_name(model, proto), proto, model, {}, time.perf_counter() - started)
-    return compile_step(step_graph, source, loss, optimizer, seed, options, machine)
+    return compile_step(step_graph, source, loss, optimizer, seed, options, machine, replicas)
 
 
 def compile_step(step_graph: StepGraph, source: ModelSource, loss: str | LossSpec, optimizer: Optimizer,
-                 seed: int, options: CompileOptions, machine: MachineShape | None = None) -> Trainer:
-    """Compile a StepGraph's step graph and eval graph (`source`: the model they came from); their Trainer."""
+                 seed: int, options: CompileOptions, machine: MachineShape | None = None,
+                 replicas: int = 1) -> Trainer:
+    """Compile a StepGraph's step graph and eval graph (`source`: the model they came from); their Trainer.
+    `replicas` > 1: the step graph is one data-parallel replica's (compiler/dp_training.py), run by that many
+    workers."""
     machine = machine or prepare_machine(options)
     state = PersistentState(step_graph.state, step_graph.state_updates)
+    replicate = None
+    if replicas > 1:
+        def replicate(program):
+            return replica_programs(program, step_graph.scalar_inputs, replicas)
     step = compile_graph(step_graph.graph, options, machine, source, state=state,
-                         passes=_step_passes(options, step_graph))
+                         passes=_step_passes(options, step_graph), replicate=replicate)
     eval_names = {v.name for v in step_graph.eval_graph.inputs} & set(step_graph.state)
     eval_state = PersistentState({n: step_graph.state[n] for n in eval_names}, {})
     evaluation = compile_graph(step_graph.eval_graph, options, machine,
                                ModelSource(source.name, source.model, source.origin, {}, 0.0), state=eval_state)
     return Trainer(step, evaluation, StepNames.of(step_graph, loss), optimizer, seed,
                    source.model.SerializeToString())
+
+
+def data_parallel_workers(options: CompileOptions) -> int:
+    """The data-parallel workers a training compile asks for (`devices`); CompileError for any other placement."""
+    if options.devices > 1 and options.placement not in ("auto", "data"):
+        raise CompileError(f"training on {options.devices} devices runs data-parallel only (placement 'data'), "
+                           f"not '{options.placement}'")
+    if options.devices > 1 and options.microbatches > 1:
+        raise CompileError("data-parallel training runs without micro-batches")
+    return options.devices
+
+
+def whole_input_shapes(proto, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Every model input's shape: from `shapes`, else the model's own static shape."""
+    initializers = {init.name for init in proto.graph.initializer}
+    whole = dict(shapes)
+    for value in proto.graph.input:
+        if value.name in initializers or value.name in whole:
+            continue
+        dims = value.type.tensor_type.shape.dim
+        if not all(d.HasField("dim_value") for d in dims):
+            raise CompileError(f"data-parallel training needs the shape of input '{value.name}' (input_shapes)")
+        whole[value.name] = tuple(d.dim_value for d in dims)
+    return whole
+
+
+def _step_runner(artifact: Artifact):
+    """What runs the steps: an Executor here for one worker, the persistent worker group for several."""
+    if artifact.devices == 1:
+        return Executor(artifact.directory)
+    return _WorkerStep(artifact)
+
+
+class _WorkerStep:
+    """A data-parallel step artifact run by its workers (runtime/session.py): the Executor's surface the Trainer
+    uses. The workers keep the state; rank 0 scatters each batch and returns the loss."""
+
+    def __init__(self, artifact: Artifact):
+        from tessel.runtime.batch_io import batch_input_types
+        from tessel.runtime.session import InferenceSession
+
+        self._session = InferenceSession(artifact)
+        self.workers = self._session.workers
+        self.input_types = batch_input_types(artifact.plan)
+        self.state_names = tuple(artifact.plan["state"]["names"])
+
+    def run(self, feeds: Mapping[str, np.ndarray], copy: bool = False) -> dict[str, np.ndarray]:
+        """One step on the workers; rank 0's outputs. The optimizer's one-element scalars take the scalar shape
+        the plan gives them (the session checks shapes exactly)."""
+        types = self.input_types
+        return self._session.run({name: np.ascontiguousarray(a).reshape(types[name].shape)
+                                  if name in types and types[name].rank == 0 and np.size(a) == 1 else a
+                                  for name, a in feeds.items()})
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Rank 0's state."""
+        return self._session.state()
+
+    def set_state(self, values: Mapping[str, np.ndarray]) -> None:
+        """The same state in every worker."""
+        self._session.set_state(values)
+
+    def close(self) -> None:
+        """Stop the workers."""
+        self._session.close()
 
 
 def _step_passes(options: CompileOptions, step_graph: StepGraph) -> tuple[Pass, ...]:

@@ -55,12 +55,13 @@ _SHAPE_VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 # Executed as zero-copy views of input 0 (kernels only inside a fused group, or for Dropout's mask).
 _VIEWS = _SHAPE_VIEWS | {"Identity", "Dropout"}
 # Control flow and failure markers: the runtime executes them itself, never as a kernel.
-_NOT_KERNELS = frozenset({"If", "Unreachable"})
+_NOT_KERNELS = frozenset({"If", "Unreachable", "AllReduce"})
 # Ops that treat every sample (axis 0) on its own, so a batch can run in slices.
 _PER_SAMPLE = frozenset({"Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "MatMul", "Gemm"})
 # Ops whose result is not a function of their inputs: never folded or merged.
+# AllReduce's result depends on the other workers' values.
 _NONDETERMINISTIC = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli",
-                               "Multinomial"})
+                               "Multinomial", "AllReduce"})
 # Ops whose inputs can be given in any order.
 _COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal", "BitwiseAnd",
                           "BitwiseOr", "BitwiseXor"})

@@ -195,6 +195,12 @@ def _infer_recv(attrs, input_types, input_data, num_outputs):
     return [TensorType.parse(attrs["type"])]
 
 
+def _infer_all_reduce(attrs, input_types, input_data, num_outputs):
+    if attrs["reduction"] not in ("sum", "mean", "max", "min"):
+        raise InferenceFailure(f"AllReduce reduction '{attrs['reduction']}' is not sum, mean, max or min")
+    return [input_types[0]]
+
+
 _CUSTOM_INFER = {"If": _infer_if}
 
 # Tessel's own ops. Unreachable stands for an If branch that cannot run with the
@@ -218,6 +224,12 @@ _TESSEL_SCHEMAS = {
         {"device": AttrSpec("device", "int", True), "peer": AttrSpec("peer", "int", True),
          "tag": AttrSpec("tag", "int", True), "tensor": AttrSpec("tensor", "string", True),
          "type": AttrSpec("type", "string", True)}, None, _infer_recv,
+    ),
+    # AllReduce: the element-wise `reduction` of its input over every data-parallel worker (a training step's
+    # gradients and loss, compiler/dp_training.py); runs as the runtime's AllReduce instruction.
+    "AllReduce": OpSchema(
+        "AllReduce", TESSEL_DOMAIN, 1, 1, 1, 1, 1, {"reduction": AttrSpec("reduction", "string", True)}, None,
+        _infer_all_reduce,
     ),
     # Fused is one kernel made of several ops (passes/fuse.py): `body` reads only its own inputs.
     FUSED: OpSchema(

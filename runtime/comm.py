@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 from datetime import timedelta
+from typing import Callable
 
 import numpy as np
 
@@ -110,6 +111,26 @@ class TorchComm:
         if reduction == "mean":
             # gloo has no average: the sum, divided here.
             np.divide(array, self._dist.get_world_size(), out=array, casting="unsafe")
+
+    def start_all_reduce(self, array: np.ndarray, reduction: str, name: str) -> Callable[[], None]:
+        """Start `all_reduce` of `array` in the background (it must stay untouched until then); returns the wait,
+        which finishes it (a mean divides there)."""
+        op = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}[reduction]
+        try:
+            work = self._dist.all_reduce(self._tensor(array), op=getattr(self._dist.ReduceOp, op), async_op=True)
+        except RuntimeError as exc:
+            raise PeerError(f"rank {self.rank}: all-reduce of tensor '{name}' failed ({_reason(exc)})") from None
+        world = self._dist.get_world_size()
+
+        def wait() -> None:
+            try:
+                work.wait()
+            except RuntimeError as exc:
+                raise PeerError(f"rank {self.rank}: all-reduce of tensor '{name}' failed ({_reason(exc)})") from None
+            if reduction == "mean":
+                np.divide(array, world, out=array, casting="unsafe")
+
+        return wait
 
     def wait_sends(self) -> None:
         """Wait until every send of this run has been delivered."""

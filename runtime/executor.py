@@ -28,7 +28,7 @@ from .errors import ArtifactError, ExecutionError, InputError
 from .ffi_abi import kernel_entry, take_raised_error
 from .graph_names import member_name
 from .instructions import (AllReduce, Assign, Fail, Gather, If, Instruction, KernelCall, Recv, Scatter, Send, View,
-                           kernel_keys, program_from_json)
+                           kernel_keys, program_from_json, reads_within)
 from .memory import HostMemory
 from .native_host import NativeHost, native_able
 
@@ -79,7 +79,11 @@ class Executor:
         for op in self._bind([i for i in self.instructions if i.runs_at_load]):
             op()
         self.run_instructions = [i for i in self.instructions if not i.runs_at_load]
+        # Asynchronous all-reduces started and not yet waited for: result name -> its wait.
+        self._reducing: dict[str, Callable[[], None]] = {}
         self._ops = self._bind(self.run_instructions)
+        # The instructions each step runs: one each, until the native host joins them into segments.
+        self._covered: list[list[Instruction]] = [[i] for i in self.run_instructions]
         self._inputs = [(name, self._buffer(name), self._types[name].shape, np.dtype(numpy_dtype(self._types[name].dtype)))
                         for name in self.plan["inputs"]]
         self._input_names = frozenset(self.plan["inputs"])
@@ -89,6 +93,8 @@ class Executor:
         self._whole_native: Callable[[], int] | None = None
         if host == "native" and isinstance(self._memory, HostMemory):
             self._use_native_host()
+        if any(isinstance(i, AllReduce) for i in self.run_instructions):
+            self._steps = self._waiting_for_reductions(self._steps, self._covered)
         self.host = "native" if self._native is not None else "python"
 
     def _make_memory(self, arena_bytes: int, memory_device: str | None):
@@ -219,9 +225,66 @@ class Executor:
         if isinstance(instruction, Gather):
             return self._bind_gather(instruction)
         if isinstance(instruction, AllReduce):
-            buffer, comm = self._buffer(instruction.tensor), self._comm
-            return lambda: comm.all_reduce(buffer, instruction.reduction, instruction.tensor)
+            return self._bind_all_reduce(instruction)
         raise ArtifactError(f"{PLAN_FILE}: no way to run {type(instruction).__name__} at node {instruction.node!r}")
+
+    def _bind_all_reduce(self, instruction: AllReduce) -> Op:
+        """Start the reduction in place, or into `output` (the tensor copied there first), in the background:
+        the step that first reads the result waits for it (`_waiting_for_reductions`), so the reduction runs
+        while the kernels in between do (a training step's gradients, while the rest of backward runs)."""
+        comm, memory, reduction, name = self._comm, self._memory, instruction.reduction, instruction.tensor
+        source = self._buffer(instruction.tensor)
+        result = instruction.output or instruction.tensor
+        target = self._buffer(result)
+        reducing = self._reducing
+
+        def start_all_reduce() -> None:
+            if target is not source:
+                memory.copy(target, source)
+            reducing[result] = comm.start_all_reduce(target, reduction, name)
+
+        return start_all_reduce
+
+    def _waiting_for_reductions(self, steps: list[Op], covered: list[list[Instruction]]) -> list[Op]:
+        """The steps (each running the instructions `covered` lists), each one that first reads the result of an
+        earlier step's all-reduce waiting for that reduction before it runs. A result nothing reads (a peer's
+        copy of the loss) is waited for at once: its buffer is free for other values right after."""
+        read_later = set(self.plan["outputs"])
+        unread: list[list[str]] = []
+        for instructions in reversed(covered):
+            results = [i.output or i.tensor for i in instructions if isinstance(i, AllReduce)]
+            unread.append([name for name in results if name not in read_later])
+            read_later |= set().union(*(reads_within(i) for i in instructions))
+        unread.reverse()
+        started: set[str] = set()
+        waiting = []
+        for step, instructions, at_once in zip(steps, covered, unread):
+            read = set().union(*(reads_within(i) for i in instructions))
+            due = sorted(started & read)
+            started -= read
+            waiting.append(self._around_reductions(due, step, at_once) if due or at_once else step)
+            started |= {i.output or i.tensor for i in instructions if isinstance(i, AllReduce)} - set(at_once)
+        return waiting
+
+    def _around_reductions(self, before: list[str], step: Op, after: list[str]) -> Op:
+        """`step`, after waiting for the reductions `before` names, then waiting for those `after` names."""
+        reducing = self._reducing
+
+        def wait_around_step() -> None:
+            for name in before:
+                reducing.pop(name)()
+            step()
+            for name in after:
+                reducing.pop(name)()
+
+        return wait_around_step
+
+    def _finish_reductions(self) -> None:
+        """Wait for every all-reduce still running (those whose result only a program output reads)."""
+        pending = list(self._reducing.values())
+        self._reducing.clear()
+        for wait in pending:
+            wait()
 
     def _bind_kernel(self, call: KernelCall) -> Op:
         fn = self._kernels[call.kernel]
@@ -292,6 +355,7 @@ class Executor:
             ops, results = branches["then_branch" if bool(memory.read(condition).reshape(-1)[0]) else "else_branch"]
             for op in ops:
                 op()
+            self._finish_reductions()
             for out, result in zip(outputs, results):
                 memory.copy(out, result)
 
@@ -381,6 +445,7 @@ class Executor:
             else:
                 steps.append(self._ops[part])
         self._steps = steps
+        self._covered = [part if isinstance(part, list) else [self.run_instructions[part]] for part in parts]
         if len(parts) == 1 and self._comm is None:
             self._whole_native = self._native.function
             self._outputs = [(name, self._buffer(name)) for name in self.plan["outputs"]]
@@ -490,6 +555,7 @@ class Executor:
         self._arriving = {}
         for step in self._steps:
             step()
+        self._finish_reductions()
         if self._comm is not None:
             self._comm.wait_sends()
         local = {name: self._memory.read(self._buffer(name)) for name in self.plan["outputs"] if name not in self._arriving}

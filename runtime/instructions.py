@@ -279,20 +279,22 @@ class Gather(Instruction):
 
 @dataclass(frozen=True, kw_only=True)
 class AllReduce(Instruction):
-    """Replace `tensor` on every worker by the element-wise `reduction` (sum, mean, max, min) over all workers."""
+    """Replace `tensor` on every worker by the element-wise `reduction` (sum, mean, max, min) over all workers;
+    with an `output` (a value of the same type), write the result there and leave `tensor` as it is."""
 
     tensor: str
     reduction: str = "sum"
+    output: str | None = None
 
     KIND = "all_reduce"
-    VALUE_FIELDS = ("tensor",)
+    VALUE_FIELDS = ("tensor", "output")
     REDUCTIONS: ClassVar[tuple[str, ...]] = ("sum", "mean", "max", "min")
 
     def reads(self) -> Iterator[tuple[str, str]]:
         yield "tensor", self.tensor
 
     def writes(self) -> tuple[str, ...]:
-        return (self.tensor,)
+        return (self.output or self.tensor,)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,8 +14,8 @@ emptied or reordered program would otherwise run and return whatever its
 buffers held. Each worker's program is checked on its own, its peers and roots
 against the number of workers.
 
-A training artifact's "state" names its persistent values: one worker only,
-outside the arena, never a per-run input or a weight, written only by
+A training artifact's "state" names its persistent values: held by every
+worker (data-parallel replicas), outside the arena, never a per-run input or a weight, written only by
 `Assign`s (each copying a value of the same type, after every read of the
 state's current value), and never read by an instruction that runs at load.
 """
@@ -146,11 +146,12 @@ def _check_plan(plan: Any) -> None:
     workers = _list(_field(top, "workers", "plan"), "workers")
     if not 1 <= len(workers) <= MAX_WORKERS:
         raise _Invalid("workers", f"{len(workers)} worker programs; expected 1 to {MAX_WORKERS}")
-    state = _state_names(top, len(workers))
+    state = _state_names(top)
     for rank, section in enumerate(workers):
         _check_worker(_dict(section, f"workers[{rank}]"), f"workers[{rank}]", kernels, rank, len(workers), state)
     if "state" in top:
-        _check_state(top["state"], workers[0])
+        for rank, section in enumerate(workers):
+            _check_state(top["state"], section, f"workers[{rank}]")
     if "input_defaults" in top:
         _names(top["input_defaults"], "input_defaults", dict.fromkeys(workers[0]["inputs"]))
 
@@ -163,27 +164,26 @@ def parsed_instructions(section: Mapping[str, Any], where: str) -> list[Instruct
         raise _Invalid(exc.where, exc.message) from None
 
 
-def _state_names(top: dict, workers: int) -> frozenset[str]:
-    """The persistent values the plan names (none without "state"); a state needs a single worker."""
+def _state_names(top: dict) -> frozenset[str]:
+    """The persistent values the plan names (none without "state"); every worker holds all of them (data-parallel
+    replicas start from the same state file)."""
     if "state" not in top:
         return frozenset()
     state = _dict(top["state"], "state")
-    if workers != 1:
-        raise _Invalid("state", f"persistent state on {workers} workers; training artifacts run on one worker")
     names = _list(_field(state, "names", "state"), "state.names")
     for k, name in enumerate(names):
         _str(name, f"state.names[{k}]")
     return frozenset(names)
 
 
-def _check_state(state: dict, section: dict) -> None:
+def _check_state(state: dict, section: dict, where: str = "workers[0]") -> None:
     """The state's names are values of the program outside its inputs, weights and arena; its file a plain path;
     each update names a state value and the value of the same type that the program assigns to it."""
     types = {name: TensorType.parse(spec) for name, spec in section["values"].items()}
     names = _names(state["names"], "state.names", types)
     plain_relative_path(_field(state, "file", "state"), "state.file")
     updates = _dict(_field(state, "updates", "state"), "state.updates")
-    assigned = {i.dst: i.src for i in parsed_instructions(section, "workers[0]") if isinstance(i, Assign)}
+    assigned = {i.dst: i.src for i in parsed_instructions(section, where) if isinstance(i, Assign)}
     for name, source in updates.items():
         at = f"state.updates['{name}']"
         if name not in names:

@@ -10,7 +10,9 @@ program once per micro-batch, exchanging activations with its peers over gloo.
 
 Requests are pipelined: while the outputs of a request are still on their
 way from the last stage, the next request already enters the first stage
-(up to `--window` requests in flight). A failure of any kind is answered with
+(up to `--window` requests in flight). A training artifact's state is read
+from rank 0 ("state") and written into every worker ("set_state") once the
+requests before have finished. A failure of any kind is answered with
 one line, and the worker exits: a gloo group that failed cannot be reused.
 
 The control pipes are the file descriptors in TESSEL_CONTROL_FDS ("IN,OUT");
@@ -32,6 +34,8 @@ from tessel.runtime.errors import PeerError
 from tessel.runtime.worker import EXIT_FAILED, LAUNCHER_ENV, leave_with_the_launcher
 
 CONTROL_ENV = "TESSEL_CONTROL_FDS"
+# Requests about a training artifact's persistent state (runtime/worker_group.py `state`, `set_state`).
+STATE_OPS = ("state", "set_state")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -90,6 +94,15 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
     microbatches = int(plan.get("microbatches", 1))
     write_message(reply, {"ready": True, "rank": rank, "pid": os.getpid()})
     in_flight: deque = deque()
+
+    def finish_oldest() -> None:
+        waits, started = in_flight.popleft()
+        parts = [wait() for wait in waits]
+        if rank == 0:
+            outputs = {name: np.concatenate([p[name] for p in parts]) if len(parts) > 1 else parts[0][name]
+                       for name in parts[0]}
+            write_message(reply, {"worker_s": time.perf_counter() - started}, outputs)
+
     while True:
         # A new request is taken whenever one waits and the window has room; otherwise the oldest is finished.
         if not in_flight or (len(in_flight) < args.window and select.select([control], [], [], 0)[0]):
@@ -97,16 +110,29 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
             if message is None or message[0].get("op") == "stop":
                 return
             header, inputs = message
+            if header.get("op") in STATE_OPS:
+                while in_flight:
+                    finish_oldest()
+                _state_request(executor, header["op"], inputs, rank, reply)
+                continue
             started = time.perf_counter()
             slices = _split(inputs, microbatches) if rank == 0 else [{}] * microbatches
             in_flight.append(([executor.start(feeds) for feeds in slices], started))
             continue
-        waits, started = in_flight.popleft()
-        parts = [wait() for wait in waits]
-        if rank == 0:
-            outputs = {name: np.concatenate([p[name] for p in parts]) if len(parts) > 1 else parts[0][name]
-                       for name in parts[0]}
-            write_message(reply, {"worker_s": time.perf_counter() - started}, outputs)
+        finish_oldest()
+
+
+def _state_request(executor, op: str, tensors: dict[str, np.ndarray], rank: int, reply: int) -> None:
+    """A training artifact's state, after every earlier request: "state" answers rank 0's (the replicas hold
+    equal weights), "set_state" overwrites this worker's with `tensors` (rank 0 answers when done)."""
+    from tessel.runtime.wire import write_message
+
+    if op == "state":
+        write_message(reply, {"worker_s": 0.0}, executor.state())
+        return
+    executor.set_state(tensors)
+    if rank == 0:
+        write_message(reply, {"worker_s": 0.0}, {})
 
 
 def _split(inputs: dict[str, np.ndarray], parts: int) -> list[dict[str, np.ndarray]]:

@@ -163,6 +163,21 @@ class InferenceSession:
         while in_flight:
             yield in_flight.pop(0).result()
 
+    def state(self) -> dict[str, np.ndarray]:
+        """A training artifact's persistent state after the runs started so far (rank 0's on several workers)."""
+        if self._closed:
+            raise ArtifactError(f"{self.directory}: the session is closed")
+        return self._group.state() if self._group is not None else self._executor.state()
+
+    def set_state(self, values: Mapping[str, np.ndarray]) -> None:
+        """Overwrite state values by name (in every worker), after the runs started so far."""
+        if self._closed:
+            raise ArtifactError(f"{self.directory}: the session is closed")
+        if self._group is not None:
+            self._group.set_state({name: np.ascontiguousarray(a) for name, a in values.items()})
+        else:
+            self._executor.set_state(values)
+
     def _run_here(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         microbatches = self.microbatches
         if microbatches == 1:

@@ -34,7 +34,8 @@ class ChannelClosed(ExecutionError):
 
 def encode(header: Mapping[str, Any], tensors: Mapping[str, np.ndarray] | None = None) -> list[memoryview]:
     """The message's pieces (write them in order): lengths, header, then each tensor's bytes."""
-    arrays = {name: np.ascontiguousarray(a) for name, a in (tensors or {}).items()}
+    # np.ascontiguousarray makes a scalar one-dimensional: the shape is put back.
+    arrays = {name: np.ascontiguousarray(a).reshape(np.shape(a)) for name, a in (tensors or {}).items()}
     for name, array in arrays.items():
         if array.dtype.kind not in _KINDS:
             raise ExecutionError(f"tensor '{name}' has dtype {array.dtype}, which cannot be sent to a worker")

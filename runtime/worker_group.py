@@ -149,8 +149,17 @@ class WorkerGroup:
                 raise ExecutionError(f"the session's workers did not start: {line}")
 
     # ---- requests -------------------------------------------------------------
-    def submit(self, inputs: Mapping[str, np.ndarray]) -> Request:
-        """Send one request (whole-batch inputs, already checked); returns its future."""
+    def state(self) -> dict[str, np.ndarray]:
+        """A training artifact's persistent state, read from rank 0 after the requests before."""
+        return self.submit({}, op="state").result()
+
+    def set_state(self, values: Mapping[str, np.ndarray]) -> None:
+        """Overwrite state values by name in every worker, after the requests before."""
+        self.submit(values, op="set_state").result()
+
+    def submit(self, inputs: Mapping[str, np.ndarray], op: str = "run") -> Request:
+        """Send one request (whole-batch inputs, already checked; or a state request, runtime/serve.py's
+        STATE_OPS); returns its future."""
         request = Request(self)
         with self._sending:
             if self._closing:
@@ -163,9 +172,10 @@ class WorkerGroup:
                 deadline = time.monotonic() + self.timeout
                 # Rank 0 first: the others wait for its tensors anyway, and woken earlier they would take a core
                 # from this process while it writes the inputs.
-                write_message(self._requests[0], {"op": "run"}, inputs, deadline, self._wait_writable)
-                for fd in self._requests[1:]:
-                    write_message(fd, {"op": "run"}, None, deadline, self._wait_writable)
+                write_message(self._requests[0], {"op": op}, inputs, deadline, self._wait_writable)
+                for fd in self._requests[1:] if op != "state" else []:
+                    write_message(fd, {"op": op}, inputs if op == "set_state" else None, deadline,
+                                  self._wait_writable)
             except ChannelClosed:
                 self._read_answers(GRACE_S)  # a worker is gone: its end of file says which, and fails the request
             except BaseException:

@@ -43,6 +43,7 @@ def _train(files, *extra):
     (["--lr", "0"], "--lr 0.0: give a learning rate above 0"),
     (["--batch", "41"], "40 samples, fewer than --batch 41"),
     (["--batch", "0"], "0 is below 1"),
+    (["--devices", "3"], "--batch 8 is not a multiple of --devices 3"),
 ])
 def test_bad_settings_are_one_line(capsys, files, extra, expected):
     _refused(capsys, _train(files, *extra), expected)
@@ -155,7 +156,7 @@ def fake_trainer(monkeypatch):
 
     compiled = []
 
-    def compile_training(model, loss, optimizer, input_shapes, trainable, frozen, seed):
+    def compile_training(model, loss, optimizer, input_shapes, trainable, frozen, seed, devices):
         assert loss == "cross_entropy" and input_shapes == {"x": (8, 4)}
         compiled.append(model)
         return FakeTrainer(model, optimizer)
@@ -236,3 +237,15 @@ def test_ops_without_a_gradient_rule_are_named_in_one_line(capsys, files, tmp_pa
     onnx.save(model(nodes, [("x", F, ["N", 4])], [("logits", F, ["N", 3])], weights), str(tmp_path / "sin.onnx"))
     files["model"] = tmp_path / "sin.onnx"
     _refused(capsys, _train(files, "-q"), "no gradient rule for 2 op type(s): Cosh, Sin")
+
+
+def test_devices_train_data_parallel_like_one_device(capsys, files, tmp_path):
+    import json
+
+    one = dict(files, run=tmp_path / "one")
+    assert main([str(a) for a in _train(one, "--epochs", "1", "--momentum", "0.9")]) == 0
+    assert main([str(a) for a in _train(files, "--epochs", "1", "--momentum", "0.9", "--devices", "2")]) == 0
+    assert json.loads((files["run"] / "run.json").read_text())["devices"] == 2
+    want, got = _final_weights(one["run"]), _final_weights(files["run"])
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-6)

@@ -151,7 +151,8 @@ def test_the_plan_as_compiled_validates(artifact):
     (lambda plan, w: plan["state"]["updates"].update(W="b_next"), "does not assign 'b_next' to 'W'"),
     (lambda plan, w: plan["state"]["updates"].pop("b"), "assigns 'b' but the state lists no update"),
     (lambda plan, w: plan["state"].update(file="../state.npz"), "state.file"),
-    (lambda plan, w: plan.update(workers=[w, w]), "persistent state on 2 workers"),
+    (lambda plan, w: plan.update(workers=[w, {**w, "instructions": [i for i in w["instructions"] if i.get("dst") != "W"]}]),
+     "state.updates['W']: the program does not assign"),
     (lambda plan, w: _producer(w, "W_next").update(outputs=["W"]), "writes state 'W'; only an Assign may"),
 ])
 def test_plan_checks_refuse_a_damaged_state(artifact, edit, problem):

@@ -1,0 +1,78 @@
+"""Data-parallel training: every worker runs one replica's step on its slice of the batch.
+
+The step graph is built at the slice's batch (the model imported at batch / N, so every shape, the loss's mean
+and BatchNormalization's n / (n - 1) are the slice's) with each gradient and the loss averaged over the replicas
+by AllReduce nodes issued as soon as their gradients exist, in buckets (passes/data_parallel.py), then
+the optimizer update: the replicas update identical weights with identical gradients and stay identical. It
+compiles once, as for one device; `replica_programs` then gives each worker its program:
+
+- rank 0 takes the whole batch and scatters every batched input (data, labels, dropout masks) along axis 0;
+- the optimizer's scalars (learning rate, bias corrections) go from rank 0 to every peer (Send/Recv);
+- rank 0 returns the loss (already the mean over the replicas); the state update stays in each worker.
+
+Every worker starts from the same state file, so the weights agree from the first step. BatchNormalization
+normalises with each replica's own batch statistics and each replica keeps its own running statistics (rank 0's
+are the ones saved): with BatchNormalization the result differs from training on the whole batch on one device
+and equals PyTorch's DistributedDataParallel without SyncBatchNorm (tests/compiler/test_dp_training.py).
+Synchronised statistics are not built yet.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Mapping, Sequence
+
+from tessel.ir.types import TensorType
+from tessel.runtime.instructions import Recv, Scatter, Send
+
+from .options import CompileError
+from .program import Program, renamed_program
+from .worker_programs import SCATTER_TAG, SLICE_SUFFIX
+
+# Tags of the optimizer scalars sent from rank 0: scalar k to worker d uses SCALAR_TAG + k * workers + d.
+SCALAR_TAG = 1 << 22
+
+
+def replica_input_shapes(input_shapes: Mapping[str, Sequence[int]], replicas: int) -> dict[str, tuple[int, ...]]:
+    """Each replica's input shapes: axis 0 (the batch) divided by `replicas`; CompileError when it does not divide."""
+    shapes = {}
+    if len({shape[0] if shape else None for shape in input_shapes.values()}) > 1:
+        raise CompileError(f"data-parallel training: the inputs disagree on the batch (axis 0): "
+                           f"{', '.join(f'{n}: {list(s)}' for n, s in input_shapes.items())}")
+    for name, shape in input_shapes.items():
+        if not shape or shape[0] % replicas:
+            raise CompileError(f"data-parallel training on {replicas} workers: input '{name}' has batch "
+                               f"{shape[0] if shape else 'none (a scalar)'}, not a multiple of {replicas}")
+        shapes[name] = (shape[0] // replicas, *shape[1:])
+    return shapes
+
+
+def replica_programs(program: Program, shared: Sequence[str], workers: int) -> list[Program]:
+    """One program per worker from a replica's step `program`: its inputs not in `shared` are scattered from
+    rank 0 along axis 0, those in `shared` (the optimizer's scalars) sent from rank 0 to every peer; rank 0
+    alone returns the outputs."""
+    batched = [name for name in program.inputs if name not in shared]
+    scalars = [name for name in program.inputs if name in shared]
+    slices = {name: f"{name}{SLICE_SUFFIX}" for name in batched}
+    body = renamed_program(program, slices)
+    whole = {}
+    for name in batched:
+        part = TensorType.parse(program.values[name])
+        whole[name] = TensorType(part.dtype, (part.shape[0] * workers, *part.shape[1:])).spec()
+    programs = []
+    for rank in range(workers):
+        root = rank == 0
+        scatters = [Scatter(f"scatter_{name}", "Scatter", output=slices[name], root=0, parts=workers,
+                            tag=SCATTER_TAG + k * workers, source=name if root else None)
+                    for k, name in enumerate(batched)]
+        if root:
+            transfers = [Send(f"send_{name}_to{peer}", "Send", tensor=name, peer=peer,
+                              tag=SCALAR_TAG + k * workers + peer)
+                         for k, name in enumerate(scalars) for peer in range(1, workers)]
+        else:
+            transfers = [Recv(f"recv_{name}_on{rank}", "Recv", output=name, peer=0, tag=SCALAR_TAG + k * workers + rank)
+                         for k, name in enumerate(scalars)]
+        programs.append(replace(body, instructions=scatters + transfers + body.instructions,
+                                values={**body.values, **(whole if root else {})},
+                                inputs=batched + scalars if root else [], outputs=body.outputs if root else [],
+                                state=list(program.state)))
+    return programs

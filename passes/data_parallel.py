@@ -1,0 +1,96 @@
+"""Data-parallel gradients: a replica's step graph averages each gradient over the replicas before the update.
+
+AllReduce nodes (tessel domain, run by the runtime's AllReduce instruction, in the background until the
+first reader of its result) take the gradients in buckets: consecutive gradients in the order backward
+computes them, up to a bucket size, flattened and concatenated once the bucket's last gradient exists, and
+split back at the end of backward, just before the optimizer update reads them. The bucket size comes from
+the α-β link model: the smallest bucket whose latency is a small share of its all-reduce time.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from tessel.ir.graph import Graph, Value
+from tessel.ir.schema import TESSEL_DOMAIN
+
+from .base import add_op
+from .machine import Link
+
+# Gradient bucket bytes without a link model, and the range a link model may choose in (PyTorch DDP: 25 MiB).
+DEFAULT_BUCKET_BYTES = 1 << 20
+MIN_BUCKET_BYTES, MAX_BUCKET_BYTES = 64 << 10, 25 << 20
+# A bucket is large enough when the link's latency is at most this share of its all-reduce time.
+LATENCY_SHARE = 0.1
+
+
+def bucket_bytes_for(link: Link | None) -> int:
+    """Gradient bucket size from the α-β link model: the smallest bucket whose latency α is at most
+    LATENCY_SHARE of its time α + β·bytes, within [MIN_BUCKET_BYTES, MAX_BUCKET_BYTES]."""
+    if link is None or link.beta <= 0:
+        return DEFAULT_BUCKET_BYTES
+    wanted = link.alpha * (1 - LATENCY_SHARE) / (LATENCY_SHARE * link.beta)
+    return round(min(MAX_BUCKET_BYTES, max(MIN_BUCKET_BYTES, wanted)))
+
+
+def replica_mean(graph: Graph, value: Value) -> Value:
+    """`value` averaged over the data-parallel replicas: an AllReduce node placed right after the node that
+    computes it, so that its reduction starts while the rest of the backward pass still runs."""
+    node = add_op(graph, "AllReduce", [value], {"reduction": "mean"}, name=graph.unique_name(f"allreduce/{value.name}"),
+                  before=_after(graph, value), domain=TESSEL_DOMAIN)
+    return node.outputs[0]
+
+
+def averaged_gradients(graph: Graph, grads: Mapping[str, Value], bucket_bytes: int) -> dict[str, Value]:
+    """Each gradient averaged over the replicas, in buckets: in the order backward computes them, consecutive
+    gradients up to `bucket_bytes` together are flattened into one buffer, all-reduced as soon as the bucket's
+    last gradient exists, and split back at the end of backward (just before the optimizer update reads
+    them). A bucket of one gradient is all-reduced as it is."""
+    position = {id(node): k for k, node in enumerate(graph.nodes)}
+    ordered = sorted(grads.items(), key=lambda item: position.get(id(item[1].producer), -1))
+    buckets: list[list[tuple[str, Value]]] = []
+    size = 0
+    for name, grad in ordered:
+        if not buckets or size + grad.type.nbytes > bucket_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append((name, grad))
+        size += grad.type.nbytes
+    averaged: dict[str, Value] = {}
+    for bucket in buckets:
+        if len(bucket) == 1:
+            averaged[bucket[0][0]] = replica_mean(graph, bucket[0][1])
+        else:
+            averaged.update(_bucket_mean(graph, bucket))
+    return averaged
+
+
+def _bucket_mean(graph: Graph, bucket: list[tuple[str, Value]]) -> dict[str, Value]:
+    """One AllReduce for the gradients of `bucket` (flattened and concatenated after the last of them is
+    computed); the averaged gradients split back out of it, appended to the graph's end."""
+    following = _after(graph, bucket[-1][1])
+    flat = [add_op(graph, "Reshape", [grad, _constant(graph, "bucket_shape", [-1])], name=graph.unique_name("bucket/flat"),
+                   before=following).outputs[0] for _, grad in bucket]
+    joined = add_op(graph, "Concat", flat, {"axis": 0}, name=graph.unique_name("bucket/concat"), before=following)
+    reduced = replica_mean(graph, joined.outputs[0])
+    sizes = [grad.type.numel for _, grad in bucket]
+    parts = add_op(graph, "Split", [reduced, _constant(graph, "bucket_split", sizes)], {"axis": 0},
+                   name=graph.unique_name("bucket/split"), num_outputs=len(bucket)).outputs
+    return {name: add_op(graph, "Reshape", [part, _constant(graph, "grad_shape", list(grad.type.shape))],
+                         name=graph.unique_name("bucket/unflat")).outputs[0]
+            for (name, grad), part in zip(bucket, parts)}
+
+
+def _after(graph: Graph, value: Value):
+    """The node right after `value`'s producer (None: the graph's end, or a constant's)."""
+    producer = value.producer
+    if producer is None or producer.graph is not graph:
+        return None
+    nodes = graph.nodes
+    position = nodes.index(producer)
+    return nodes[position + 1] if position + 1 < len(nodes) else None
+
+
+def _constant(graph: Graph, name: str, values: Sequence[int]) -> Value:
+    return graph.add_constant(graph.unique_name(name), np.asarray(values, np.int64))

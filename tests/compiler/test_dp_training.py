@@ -1,0 +1,177 @@
+"""Data-parallel training (compiler/dp_training.py): compile_training(devices=N) on N local workers trains like
+one device on the whole batch (the MLP of bench/training_models.py, no BatchNormalization); the replica step's
+AllReduce nodes; what is refused."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tessel
+from bench.training_models import SPECS, export
+from tessel.compiler.options import CompileError
+from tessel.compiler.training import build_step_graph
+from tessel.ir.schema import TESSEL_DOMAIN
+from tessel.passes.data_parallel import DEFAULT_BUCKET_BYTES, MAX_BUCKET_BYTES, MIN_BUCKET_BYTES, bucket_bytes_for
+from tessel.passes.machine import Link
+
+STEPS = 20
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    spec = SPECS["mlp"]
+    path = export(spec.model(0), spec.input_shape, tmp_path_factory.mktemp("dp") / "mlp.onnx")
+    rng = np.random.default_rng(0)
+    return spec, path, [spec.batch(rng) for _ in range(STEPS)]
+
+
+def _compile(spec, path, kernel_cache, **options):
+    return tessel.compile_training(str(path), loss=spec.loss, optimizer=tessel.optim.SGD(lr=0.05, momentum=0.9),
+                                   input_shapes={"x": spec.input_shape}, cache_dir=kernel_cache, **options)
+
+
+def _relative(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-12))
+
+
+def test_two_workers_train_like_one_device_on_the_whole_batch(mlp, kernel_cache, tmp_path):
+    spec, path, batches = mlp
+    single = _compile(spec, path, kernel_cache)
+    # 10 kB buckets: the MLP's gradients make buckets of one and of several.
+    parallel = _compile(spec, path, kernel_cache, devices=2, placement="data", bucket_bytes=10_000)
+    try:
+        assert parallel.workers == 2
+        for x, labels in batches:
+            want, got = single.step({"x": x}, labels), parallel.step({"x": x}, labels)
+            assert got == pytest.approx(want, rel=1e-4)
+        want_state, got_state = single.state, parallel.state
+        assert set(got_state) == set(want_state)
+        for name, value in want_state.items():
+            assert _relative(got_state[name], value) < 1e-4, name
+        # The checkpoint holds rank 0's state; evaluate runs the whole batch on it.
+        saved = parallel.save(tmp_path / "checkpoint")
+        with np.load(saved / "state.npz") as stored:
+            assert all(np.array_equal(stored[name], got_state[name]) for name in got_state)
+        x = batches[0][0]
+        np.testing.assert_allclose(parallel.evaluate({"x": x})["y"], single.evaluate({"x": x})["y"], rtol=1e-4,
+                                   atol=1e-5)
+    finally:
+        parallel.close()
+
+
+def _all_reduces(step) -> list[int]:
+    return [k for k, node in enumerate(step.graph.nodes) if node.domain == TESSEL_DOMAIN and node.op_type == "AllReduce"]
+
+
+def test_a_replica_step_averages_each_gradient_right_after_it_is_computed(mlp):
+    spec, path, _ = mlp
+    step = build_step_graph(str(path), {"x": spec.input_shape}, spec.loss, tessel.optim.SGD(lr=0.1), replicas=2,
+                            bucket_bytes=1)
+    nodes, reduces = step.graph.nodes, _all_reduces(step)
+    assert len(reduces) == len(step.parameters) + 1  # every gradient and the loss
+    for k in reduces:
+        node = nodes[k]
+        assert node.attrs["reduction"] == "mean"
+        producer = node.inputs[0].producer
+        # Issued as soon as its value exists: right after its producer (or after an earlier AllReduce there).
+        assert all(nodes[j].op_type == "AllReduce" for j in range(nodes.index(producer) + 1, k))
+
+
+def test_gradients_share_a_bucket_up_to_its_size(mlp):
+    spec, path, _ = mlp
+    step = build_step_graph(str(path), {"x": spec.input_shape}, spec.loss, tessel.optim.SGD(lr=0.1), replicas=2)
+    nodes, reduces = step.graph.nodes, _all_reduces(step)
+    assert len(reduces) == 2  # the MLP's 27 KB of gradients in one bucket, and the loss
+    bucket = nodes[reduces[1]].inputs[0].producer
+    assert bucket.op_type == "Concat" and len(bucket.inputs) == len(step.parameters)
+    # The bucket is split back only after the last backward node, just before the updates.
+    split = next(k for k, node in enumerate(nodes) if node.op_type == "Split")
+    backward = [k for k, node in enumerate(nodes) if node.name.endswith(("_grad", "_grad_1", "_grad_2"))]
+    assert split > max(backward)
+
+
+def test_the_bucket_size_keeps_the_link_latency_a_tenth_of_a_bucket_all_reduce():
+    assert bucket_bytes_for(None) == DEFAULT_BUCKET_BYTES
+    # 100 µs latency, 1 GB/s: 900 kB take 900 µs, the latency a tenth of the whole.
+    assert bucket_bytes_for(Link(alpha=1e-4, beta=1e-9)) == 900_000
+    assert bucket_bytes_for(Link(alpha=1e-9, beta=1e-9)) == MIN_BUCKET_BYTES
+    assert bucket_bytes_for(Link(alpha=1.0, beta=1e-9)) == MAX_BUCKET_BYTES
+
+
+@pytest.mark.parametrize("options, problem", [
+    ({"devices": 2, "placement": "pipeline"}, "runs data-parallel only"),
+    ({"devices": 3, "placement": "data"}, "not a multiple of 3"),
+])
+def test_unsupported_data_parallel_training_is_refused(mlp, kernel_cache, options, problem):
+    spec, path, _ = mlp
+    with pytest.raises(CompileError, match=problem):
+        _compile(spec, path, kernel_cache, **options)
+
+
+# About a minute on two cores (four worker processes started twice, AdamW's kernels): `pytest -m slow`.
+@pytest.mark.slow
+def test_four_workers_with_adamw_resume_from_a_checkpoint_as_if_never_stopped(mlp, kernel_cache, tmp_path):
+    spec, path, batches = mlp
+    optimizer = tessel.optim.AdamW(lr=0.01)
+    single = tessel.compile_training(str(path), loss=spec.loss, optimizer=optimizer,
+                                     input_shapes={"x": spec.input_shape}, cache_dir=kernel_cache)
+    parallel = tessel.compile_training(str(path), loss=spec.loss, optimizer=optimizer,
+                                       input_shapes={"x": spec.input_shape}, cache_dir=kernel_cache, devices=4)
+    try:
+        for x, labels in batches[:3]:
+            parallel.step({"x": x}, labels)
+        parallel.save(tmp_path / "checkpoint")
+        uninterrupted = [parallel.step({"x": x}, labels) for x, labels in batches[3:6]]
+        want_state = parallel.state
+    finally:
+        parallel.close()
+    resumed = tessel.load_training(tmp_path / "checkpoint")
+    try:
+        assert resumed.workers == 4
+        assert [resumed.step({"x": x}, labels) for x, labels in batches[3:6]] == uninterrupted
+        got_state = resumed.state
+    finally:
+        resumed.close()
+    for x, labels in batches[:6]:
+        single.step({"x": x}, labels)
+    for name, value in single.state.items():
+        assert np.array_equal(got_state[name], want_state[name]), name
+        assert _relative(got_state[name], value) < 1e-4, name
+
+
+# Compiles the CNN's gradient kernels (shared with test_training_torch.py's cnn_bn at batch 8 in one session).
+@pytest.mark.slow
+def test_batchnorm_statistics_are_per_replica_as_pytorch_ddp_without_syncbatchnorm(tmp_path, kernel_cache):
+    """With BatchNormalization the replicas normalise with their own slice's statistics: not one device on the
+    whole batch, but PyTorch on each half with the losses averaged (DistributedDataParallel without
+    SyncBatchNorm)."""
+    torch = pytest.importorskip("torch")
+    from bench.training_models import torch_loss
+
+    spec = SPECS["cnn_bn"]
+    shape = (16, *spec.input_shape[1:])
+    model = spec.model(0)
+    path = export(model, shape, tmp_path / "cnn.onnx")
+    rng = np.random.default_rng(0)
+    batches = [type(spec)(spec.name, spec.build, shape, spec.loss, spec.outputs).batch(rng) for _ in range(5)]
+    parallel = tessel.compile_training(str(path), loss=spec.loss, optimizer=tessel.optim.SGD(lr=0.05, momentum=0.9),
+                                       input_shapes={"x": shape}, cache_dir=kernel_cache, devices=2)
+    model.train()
+    reference = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    try:
+        for x, labels in batches:
+            got = parallel.step({"x": x}, labels)
+            reference.zero_grad()
+            halves = [torch_loss(spec.loss, model(torch.from_numpy(x[k * 8:(k + 1) * 8])),
+                                 torch.from_numpy(labels[k * 8:(k + 1) * 8])) for k in range(2)]
+            loss = (halves[0] + halves[1]) / 2
+            loss.backward()
+            reference.step()
+            assert got == pytest.approx(float(loss.detach()), rel=1e-4)
+        state = parallel.state
+    finally:
+        parallel.close()
+    parameters = dict(model.named_parameters())
+    assert set(parameters) <= set(state)
+    for name, value in parameters.items():
+        assert _relative(state[name], value.detach().numpy()) < 1e-4, name
