@@ -1,7 +1,16 @@
 """Tessel's training step against PyTorch: models written in PyTorch (bench/training_models.py), exported to ONNX
 from the same weights, trained 20 steps on the same batches with SGD (momentum 0.9) and with AdamW: every step's
 loss within 1e-4 relative of PyTorch's, every final weight and BatchNorm running statistic within 1e-3 relative
-(per tensor: |tessel - torch| / |torch| in the Frobenius norm)."""
+(per tensor: |tessel - torch| / |torch| in the Frobenius norm).
+
+ResNet-18 at batch 4 is checked differently, because no float32 engine can follow another there: its steps are
+chaotic in float32 rounding. A pre-activation within rounding of zero (a ReLU's mask) or two near-equal values in
+a max-pool window route one element's gradient differently; the bias gradients, small sums that cancel, then
+differ by up to 1e-2 relative, and BatchNorm over a few values per channel amplifies the difference from step to
+step. Measured: PyTorch float32 against PyTorch float64 over these 20 steps differs by 2.7x in loss with SGD
+(lr 0.05) and 0.7x with AdamW (lr 1e-3), and still by 14% with SGD at lr 2e-4. So for ResNet-18 the step graph
+itself is checked in float64 against PyTorch float64 (every gradient within 1e-9: the autodiff, exactly), and the
+compiled float32 step's first update against PyTorch float64 as loosely as PyTorch float32 itself would pass."""
 from __future__ import annotations
 
 import numpy as np
@@ -61,7 +70,7 @@ def _relative(got: np.ndarray, want: np.ndarray) -> float:
 @pytest.mark.parametrize("name, optimizer", [
     pytest.param(name, optimizer, id=f"{name}-{optimizer}",
                  marks=() if (name, optimizer) in DEFAULT_RUN else pytest.mark.slow)
-    for name in SPECS for optimizer in ("sgd", "adamw")])
+    for name in SPECS if name != "resnet18" for optimizer in ("sgd", "adamw")])
 def test_training_steps_match_pytorch(tmp_path, kernel_cache, name, optimizer):
     spec = SPECS[name]
     model = spec.model()
@@ -76,3 +85,49 @@ def test_training_steps_match_pytorch(tmp_path, kernel_cache, name, optimizer):
     errors = {n: _relative(got_state[n], want_state[n]) for n in want_state if n in got_state}
     worst = max(errors, key=errors.get)
     assert errors[worst] <= WEIGHT_RTOL, f"{worst}: relative error {errors[worst]:.2e} (all: {errors})"
+
+
+def _float64_gradients(spec: ModelSpec, x: np.ndarray, y: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
+    """PyTorch's loss and parameter gradients in float64 (the model's float32 weights widened)."""
+    model = spec.model().double().train()
+    loss = torch_loss(spec.loss, model(torch.from_numpy(x).double()), torch.from_numpy(y))
+    loss.backward()
+    return loss.item(), {name: p.grad.numpy() for name, p in model.named_parameters()}
+
+
+def test_resnet18_step_graph_in_float64_gives_pytorch_gradients(tmp_path):
+    from tessel.compiler.training import build_step_graph
+    from tessel.ir.interpret import interpret
+
+    spec = SPECS["resnet18"]
+    path = export(spec.model(), spec.input_shape, tmp_path / "resnet18.onnx")
+    x, y = spec.batch(np.random.default_rng(7))
+    want_loss, want = _float64_gradients(spec, x, y)
+    sgd = optim.SGD(1.0)  # no momentum, lr 1: the next weights are the weights less their gradients
+    step = build_step_graph(onnx.load(str(path)), {"x": spec.input_shape}, spec.loss, sgd)
+    feeds = {"x": x.astype(np.float64), step.label_input: y,
+             **{name: value.astype(np.float64) for name, value in step.state.items()},
+             **{name: np.asarray(value, np.float64) for name, value in sgd.step_scalars(0).items()}}
+    got = interpret(step.graph, feeds)
+    assert abs(float(got[step.loss_output]) - want_loss) <= 1e-9 * abs(want_loss)
+    for name, gradient in want.items():
+        ours = step.state[name].astype(np.float64) - got[step.state_updates[name]]
+        assert _relative(ours, gradient) <= 1e-9, name
+
+
+@pytest.mark.slow
+def test_resnet18_compiled_first_update_matches_pytorch(tmp_path, kernel_cache):
+    spec = SPECS["resnet18"]
+    path = export(spec.model(), spec.input_shape, tmp_path / "resnet18.onnx")
+    x, y = spec.batch(np.random.default_rng(7))
+    want_loss, want = _float64_gradients(spec, x, y)
+    trainer = tessel.compile_training(str(path), loss=spec.loss, optimizer=optim.SGD(1.0),
+                                      input_shapes={"x": spec.input_shape}, cache_dir=str(kernel_cache))
+    before = trainer.state
+    loss = trainer.step({"x": x}, y)
+    after = trainer.state
+    assert abs(loss - want_loss) <= 1e-5 * abs(want_loss)
+    # PyTorch float32 is within 8e-5 of float64 here; one flipped ReLU mask moves a bias gradient by ~1e-2.
+    errors = {name: _relative(before[name].astype(np.float64) - after[name], gradient) for name, gradient in want.items()}
+    assert max(errors.values()) <= 2e-2, errors
+    assert np.median(list(errors.values())) <= 1e-3, errors
