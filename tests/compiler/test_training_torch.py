@@ -9,7 +9,7 @@ a max-pool window route one element's gradient differently; the bias gradients, 
 differ by up to 1e-2 relative, and BatchNorm over a few values per channel amplifies the difference from step to
 step. Measured: PyTorch float32 against PyTorch float64 over these 20 steps differs by 2.7x in loss with SGD
 (lr 0.05) and 0.7x with AdamW (lr 1e-3), and still by 14% with SGD at lr 2e-4. So for ResNet-18 the step graph
-itself is checked in float64 against PyTorch float64 (every gradient within 1e-9: the autodiff, exactly), and the
+itself is checked in float64 against PyTorch float64 (every gradient within 1e-8, float32 rounding being 1e-4 here: the autodiff, exactly), and the
 compiled float32 step's first update against PyTorch float64 as loosely as PyTorch float32 itself would pass."""
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def test_resnet18_step_graph_in_float64_gives_pytorch_gradients(tmp_path):
     assert abs(float(got[step.loss_output]) - want_loss) <= 1e-9 * abs(want_loss)
     for name, gradient in want.items():
         ours = step.state[name].astype(np.float64) - got[step.state_updates[name]]
-        assert _relative(ours, gradient) <= 1e-9, name
+        assert _relative(ours, gradient) <= 1e-8, name
 
 
 @pytest.mark.slow
