@@ -56,7 +56,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         path = export(spec.model(0), shaped.input_shape, Path(scratch) / f"{spec.name}.onnx")
         base, base_state = _run(path, spec, args.batch, 1, batches, args.warmup)
-        print(f"| model | batch | workers | step ms | samples/s | speed-up | weights vs 1 worker |")
+        print("| model | batch | workers | step ms | samples/s | speed-up | weights vs 1 worker |")
         print("|---|---|---|---|---|---|---|")
         print(f"| {spec.name} | {args.batch} | 1 | {1e3 * base:.2f} | {args.batch / base:.0f} | 1.00 | - |")
         for workers in args.workers:

@@ -11,6 +11,8 @@ of the current state; `save` and `load_training` write and read checkpoints (com
 """
 from __future__ import annotations
 
+from functools import partial
+
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -209,10 +211,7 @@ def compile_step(step_graph: StepGraph, source: ModelSource, loss: str | LossSpe
     workers."""
     machine = machine or prepare_machine(options)
     state = PersistentState(step_graph.state, step_graph.state_updates)
-    replicate = None
-    if replicas > 1:
-        def replicate(program):
-            return replica_programs(program, step_graph.scalar_inputs, replicas)
+    replicate = partial(replica_programs, scalar_inputs=step_graph.scalar_inputs, replicas=replicas) if replicas > 1 else None
     step = compile_graph(step_graph.graph, options, machine, source, state=state,
                          passes=_step_passes(options, step_graph), replicate=replicate)
     eval_names = {v.name for v in step_graph.eval_graph.inputs} & set(step_graph.state)

@@ -260,9 +260,9 @@ def _resize(ctx: LowerContext):
                 frac = c - tir.Cast("float32", low)
                 expanded = []
                 for src, weight in corners:
-                    for position, w in ((low, 1.0 - frac), (high, frac)):
+                    for index, w in ((low, 1.0 - frac), (high, frac)):
                         moved = list(src)
-                        moved[a] = position
+                        moved[a] = index
                         expanded.append((moved, weight * w))
                 corners = expanded
             value = sum((tir.Cast("float32", x[tuple(src)]) * w for src, w in corners[1:]),

@@ -152,7 +152,6 @@ def fake_trainer(monkeypatch):
     from pathlib import Path
 
     import tessel
-    from tessel.compiler.train_command import build_optimizer  # noqa: F401 - the optimizer the command builds
 
     compiled = []
 
