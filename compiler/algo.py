@@ -1,7 +1,11 @@
 """Algorithm and micro-batch selection in the compile driver: find the layers, time their candidates, choose, report.
 
 A layer is a top-level kernel node whose anchor op (Conv, MatMul, Gemm) has
-several algorithms (backends/cpu/algorithms.py). Each (algorithm, micro-batch size)
+several algorithms (backends/cpu/algorithms.py), or a backward convolution of a
+training step running alone in its kernel: ConvTranspose (the data gradient;
+its micro-batches are slices of dy and dx) and ConvGradFilter (the filter
+gradient; its micro-batches are slices of x and dy, each piece after the first
+adding its partial dW to the output, as μ-cuDNN accumulates weight gradients). Each (algorithm, micro-batch size)
 candidate is compiled through the kernel cache and timed through the backend on
 this machine; times and workspaces are kept in the profile database (kernel
 key → milliseconds). Candidates left untimed (the profile budget ran out, or the
@@ -16,7 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from tessel.backends.cpu.algorithms import ALGORITHM_OPS, algorithms
+from tessel.backends.cpu.algorithms import ALGORITHM_OPS, BACKWARD_OPS, algorithms, backward_algorithms
+from tessel.backends.micro_batch import BATCH_SUMMING, BATCHED_INPUTS
 from tessel.backends.builder import build_kernels
 from tessel.backends.cache import KernelCache
 from tessel.backends.kernel import KernelSpec
@@ -52,13 +57,15 @@ class AlgoSelectionError(ValueError):
 
 @dataclass(frozen=True)
 class Layer:
-    """A node with a choice of algorithms; `sizes` are the micro-batch sizes it may run."""
+    """A node with a choice of algorithms; `sizes` are the micro-batch sizes it may run; `summing`: its micro-batches
+    give partial outputs that are summed (a filter gradient), not slices of the output."""
 
     node: Node
     anchor: str
     batch: int
     algorithms: tuple[str, ...]
     sizes: tuple[int, ...]
+    summing: bool = False
 
 
 def find_layers(graph: Graph, target_kind: str, policy: str) -> list[Layer]:
@@ -67,6 +74,10 @@ def find_layers(graph: Graph, target_kind: str, policy: str) -> list[Layer]:
     layers = []
     for node in graph.nodes:
         if not is_kernel(node) or not node.outputs or node.outputs[0] is None or not node.outputs[0].type.rank:
+            continue
+        if node.op_type in BACKWARD_OPS:
+            layer = _backward_layer(node, target_kind, policy)
+            layers += [layer] if layer is not None else []
             continue
         members, outer = kernel_members(node)
         anchors = [m for m in members if m.op_type in ALGORITHM_OPS and not m.domain]
@@ -83,6 +94,23 @@ def find_layers(graph: Graph, target_kind: str, policy: str) -> list[Layer]:
         sizes = tuple(micro_batch_sizes(batch, policy)) if splittable else (batch,)
         layers.append(Layer(node, anchor.op_type, batch, choices, sizes))
     return layers
+
+
+def _backward_layer(node: Node, target_kind: str, policy: str) -> Layer | None:
+    """A backward convolution alone in its kernel as a layer; its batch divides when every sliced value's samples
+    start at aligned addresses."""
+    choices = backward_algorithms(node.op_type, node.attrs, [v.type if v is not None else None for v in node.inputs],
+                                  target_kind)
+    if not choices or not node.inputs[0].type.rank:
+        return None
+    summing = node.op_type in BATCH_SUMMING
+    batch = node.inputs[0].type.shape[0]
+    sliced = [node.inputs[k] for k in BATCHED_INPUTS[node.op_type]] + ([] if summing else [node.outputs[0]])
+    alignment = SLICE_ALIGNMENT.get(target_kind, 64)
+    splittable = batch >= 2 and all(v.type.rank and v.type.shape[0] == batch and (v.type.nbytes // batch) % alignment == 0
+                                    for v in sliced)
+    sizes = tuple(micro_batch_sizes(batch, policy)) if splittable else (batch,)
+    return Layer(node, node.op_type, batch, choices, sizes, summing)
 
 
 def _per_sample(node: Node, members: Sequence[Node], outer: Mapping[int, Value], derived: set[int], batch: int,
@@ -343,6 +371,7 @@ def report(selection: Selection, timing: Timing, default: Program, chosen: Progr
         config, base = selection.chosen[name], selection.baseline[name]
         rows.append({
             "node": name, "op": layer.anchor, "batch": layer.batch, "algorithms": list(layer.algorithms),
+            "micro_batches": "summed" if layer.summing else "sliced",
             "micro_batch_sizes": list(layer.sizes),
             "chosen": {"pieces": [list(p) for p in config.pieces], "describe": config.describe(),
                        "seconds": config.seconds, "workspace_bytes": config.workspace,
@@ -407,7 +436,7 @@ def markdown(doc: dict) -> str:
         base_ms = f"{1e3 * base['seconds']:.3f}" if base else "-"
         speedup = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
         lines.append(
-            f"| {r['node']} | {r['op']} | {r['batch']} | {chosen['describe']} | {1e3 * chosen['seconds']:.3f} | "
+            f"| {r['node']} | {r['op']}{' (pieces summed)' if r['micro_batches'] == 'summed' else ''} | {r['batch']} | {chosen['describe']} | {1e3 * chosen['seconds']:.3f} | "
             f"{format_bytes(chosen['workspace_bytes'])} | {base['algorithm'] if base else 'none fits'} | {base_ms} | "
             f"{speedup} | {chosen['source']} | {_extra_layouts(r['weights'])} |")
     return "\n".join(lines) + "\n"
