@@ -37,7 +37,7 @@ from tessel.passes.op_patterns import pattern
 from tessel.runtime.profile import time_kernel
 from tessel.runtime.profile_db import ESTIMATE_BYTES_PER_S, ESTIMATE_FLOPS_PER_S, ProfileDB
 
-from .program import PACKED_SUFFIX, Program, ProgramBuilder
+from .program import PACKED_SUFFIX, Program, ProgramBuilder, run_time_weights
 from .provenance import budget_text, chosen_source, share, weight_growth
 from .sizes import format_bytes
 # Relative cost of each algorithm per (direct) FLOP for candidates never timed: a prior, reported as an
@@ -75,11 +75,11 @@ def find_layers(graph: Graph, target_kind: str, policy: str) -> list[Layer]:
     for node in graph.nodes:
         if not is_kernel(node) or not node.outputs or node.outputs[0] is None or not node.outputs[0].type.rank:
             continue
-        if node.op_type in BACKWARD_OPS:
-            layer = _backward_layer(node, target_kind, policy)
+        members, outer = kernel_members(node)
+        if any(m.op_type in BACKWARD_OPS for m in members):
+            layer = _backward_layer(node, members, outer, target_kind, policy)
             layers += [layer] if layer is not None else []
             continue
-        members, outer = kernel_members(node)
         anchors = [m for m in members if m.op_type in ALGORITHM_OPS and not m.domain]
         if len(anchors) != 1:
             continue
@@ -96,21 +96,34 @@ def find_layers(graph: Graph, target_kind: str, policy: str) -> list[Layer]:
     return layers
 
 
-def _backward_layer(node: Node, target_kind: str, policy: str) -> Layer | None:
-    """A backward convolution alone in its kernel as a layer; its batch divides when every sliced value's samples
-    start at aligned addresses."""
-    choices = backward_algorithms(node.op_type, node.attrs, [v.type if v is not None else None for v in node.inputs],
-                                  target_kind)
-    if not choices or not node.inputs[0].type.rank:
+def _backward_layer(node: Node, members: Sequence[Node], outer: Mapping[int, Value], target_kind: str,
+                    policy: str) -> Layer | None:
+    """A backward convolution's kernel as a layer: a ConvGradFilter alone (a fused consumer would see partial
+    sums), a ConvTranspose alone or with elementwise ops after it. Its batch divides when every sliced value (all
+    but weights) is batch-led with its samples at aligned addresses."""
+    anchors = [m for m in members if m.op_type in BACKWARD_OPS]
+    anchor = anchors[0]
+    summing = anchor.op_type in BATCH_SUMMING
+    if len(anchors) != 1 or (summing and len(members) > 1):
         return None
-    summing = node.op_type in BATCH_SUMMING
-    batch = node.inputs[0].type.shape[0]
-    sliced = [node.inputs[k] for k in BATCHED_INPUTS[node.op_type]] + ([] if summing else [node.outputs[0]])
+    values = [outer.get(id(v), v) if v is not None else None for v in anchor.inputs]
+    choices = backward_algorithms(anchor.op_type, anchor.attrs, [v.type if v is not None else None for v in values],
+                                  target_kind)
+    if not choices or not values[0].type.rank:
+        return None
+    batch = values[0].type.shape[0]
+    weights = run_time_weights(node)
+    sliced = [v for v in node.inputs if v is not None and not v.is_constant and v.name not in weights]
+    sliced += [] if summing else [v for v in node.outputs if v is not None]
     alignment = SLICE_ALIGNMENT.get(target_kind, 64)
-    splittable = batch >= 2 and all(v.type.rank and v.type.shape[0] == batch and (v.type.nbytes // batch) % alignment == 0
-                                    for v in sliced)
-    sizes = tuple(micro_batch_sizes(batch, policy)) if splittable else (batch,)
-    return Layer(node, node.op_type, batch, choices, sizes, summing)
+    aligned = all(v.type.rank and v.type.shape[0] == batch and (v.type.nbytes // batch) % alignment == 0
+                  for v in sliced)
+    per_sample = all(m is anchor or (not m.domain and pattern(m) in (Pattern.ELEMWISE, Pattern.BROADCAST)
+                                     and all(v is None or not v.is_constant or v.type.rank < m.outputs[0].type.rank
+                                             or v.type.shape[0] == 1 for v in m.inputs))
+                     for m in members)
+    sizes = tuple(micro_batch_sizes(batch, policy)) if batch >= 2 and aligned and per_sample else (batch,)
+    return Layer(node, anchor.op_type, batch, choices, sizes, summing)
 
 
 def _per_sample(node: Node, members: Sequence[Node], outer: Mapping[int, Value], derived: set[int], batch: int,

@@ -23,7 +23,7 @@ from tessel.ir.op_traits import op_traits
 from tessel.ir.schema import FUSED, TESSEL_DOMAIN
 from tessel.ir.types import TensorType
 from tessel.passes.conv_layout import DEFAULT_ALGORITHM, blocked_type, blocked_values
-from tessel.passes.fuse import is_kernel
+from tessel.passes.fuse import is_kernel, kernel_members
 from tessel.passes.inplace import inplace_inputs
 from tessel.passes.partition import HOME_DEVICE, node_device
 from tessel.runtime.instructions import Branch, Fail, If, Instruction, KernelCall, Piece, Recv, Send, View
@@ -53,6 +53,18 @@ class Program:
 
 # A layer's configuration: (algorithm, micro-batch size) pieces, run in order over the batch.
 Pieces = tuple[tuple[str, int], ...]
+
+
+def run_time_weights(node: Node) -> set[str]:
+    """The names of the values a kernel node's backward convolutions read as weights (run-time kernel arguments
+    that micro-batches do not slice): every input but their batched ones (backends/micro_batch.py)."""
+    members, outer = kernel_members(node)
+    names = set()
+    for member in members:
+        for k, value in enumerate(member.inputs):
+            if member.op_type in BATCHED_INPUTS and value is not None and k not in BATCHED_INPUTS[member.op_type]:
+                names.add(outer.get(id(value), value).name)
+    return names
 
 
 class ProgramBuilder:
@@ -147,10 +159,9 @@ class ProgramBuilder:
     def _batched_args(self, node: Node, args: Sequence[str]) -> frozenset[int]:
         """The arguments sliced with the batch: a backward conv's activations (its run-time weights are arguments
         too), else every argument that is not a weight."""
-        if node.op_type in BATCHED_INPUTS:
-            names = {node.inputs[k].name for k in BATCHED_INPUTS[node.op_type]}
-            return frozenset(k for k, name in enumerate(args) if name in names)
-        return frozenset(k for k, name in enumerate(args) if name not in self.weights)
+        # A batch-summing piece also reads the output, whole: the sum so far.
+        unbatched = run_time_weights(node) | {v.name for v in node.outputs if v is not None}
+        return frozenset(k for k, name in enumerate(args) if name not in self.weights and name not in unbatched)
 
     def _pieces_call(self, node: Node, where: dict[str, str], pieces: Pieces) -> KernelCall:
         """A kernel call running its batch as micro-batches, each a slice of axis 0 with its own kernel."""
