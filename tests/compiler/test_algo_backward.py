@@ -66,9 +66,9 @@ def _forcing_micro_batches(monkeypatch):
     return seen
 
 
-def test_backward_micro_batches_train_as_the_whole_batch(kernel_cache, monkeypatch, tmp_path):
-    plain = _train(_compile(kernel_cache))
-    baseline_state = None
+def test_backward_micro_batches_train_as_the_whole_batch(kernel_cache, monkeypatch):
+    whole = _compile(kernel_cache)
+    plain = _train(whole)
     seen = _forcing_micro_batches(monkeypatch)
     chosen = _compile(kernel_cache, algo_select="dp", profile_budget=0.0)
     ops = sorted(layer.anchor for layer in seen)
@@ -76,5 +76,12 @@ def test_backward_micro_batches_train_as_the_whole_batch(kernel_cache, monkeypat
     summed = [layer for layer in seen if layer.summing]
     assert [layer.anchor for layer in summed] == ["ConvGradFilter", "ConvGradFilter"]
     assert all(layer.algorithms == ("tiled", "generic") and layer.sizes == (1, 2, 4) for layer in seen)
-    losses = _train(chosen)
-    np.testing.assert_allclose(losses, plain, rtol=1e-5)
+    np.testing.assert_allclose(_train(chosen), plain, rtol=1e-5)
+    for name in ("w1", "w2", "w3", "b3"):
+        np.testing.assert_allclose(chosen.state[name], whole.state[name], rtol=1e-5, atol=1e-6)
+    doc = json.loads((chosen.step_artifact.directory / "reports" / "algo.json").read_text())
+    rows = {r["op"]: r for r in doc["layers"]}
+    assert rows["ConvGradFilter"]["micro_batches"] == "summed" and rows["ConvTranspose"]["micro_batches"] == "sliced"
+    assert rows["ConvGradFilter"]["chosen"]["describe"] == "tiled 1, generic 1, tiled 2"
+    assert all(r["chosen"]["source"] == "estimated" and r["best_single"]["source"] == "estimated" for r in doc["layers"])
+    assert "ConvGradFilter (pieces summed)" in (chosen.step_artifact.directory / "reports" / "algo.md").read_text()
