@@ -1,14 +1,14 @@
 """Algorithm and micro-batch selection in the compile driver: find the layers, time their candidates, choose, report.
 
 A layer is a top-level kernel node whose anchor op (Conv, MatMul, Gemm) has
-several algorithms (backends/cpu/algorithms.py), or a backward convolution of a
-training step running alone in its kernel: ConvTranspose (the data gradient;
-its micro-batches are slices of dy and dx) and ConvGradFilter (the filter
-gradient; its micro-batches are slices of x and dy, each piece after the first
-adding its partial dW to the output, as μ-cuDNN accumulates weight gradients). Each (algorithm, micro-batch size)
-candidate is compiled through the kernel cache and timed through the backend on
-this machine; times and workspaces are kept in the profile database (kernel
-key → milliseconds). Candidates left untimed (the profile budget ran out, or the
+several algorithms (backends/cpu/algorithms.py), or a training step's backward
+convolution: ConvTranspose (the data gradient, alone or with elementwise ops
+after it; its micro-batches are slices of dy and dx) and ConvGradFilter (the
+filter gradient, alone; its micro-batches are slices of x and dy, each piece
+after the first adding its partial dW to the output, as μ-cuDNN accumulates
+weight gradients). Each (algorithm, micro-batch size) candidate is compiled
+through the kernel cache and timed through the backend on this machine; times
+and workspaces are kept in the profile database (kernel key → milliseconds). Candidates left untimed (the profile budget ran out, or the
 target cannot run here) get an estimate, marked as such. passes/algo_select.py
 then chooses: per layer (DP, each layer within the workspace limit) or across
 layers (ILP, the workspaces together within the budget).
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from tessel.backends.cpu.algorithms import ALGORITHM_OPS, BACKWARD_OPS, algorithms, backward_algorithms
-from tessel.backends.micro_batch import BATCH_SUMMING, BATCHED_INPUTS
+from tessel.backends.micro_batch import BATCH_SUMMING
 from tessel.backends.builder import build_kernels
 from tessel.backends.cache import KernelCache
 from tessel.backends.kernel import KernelSpec

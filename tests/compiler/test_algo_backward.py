@@ -49,8 +49,8 @@ def _train(trainer, steps: int = 3) -> list[float]:
 
 
 def _forcing_micro_batches(monkeypatch):
-    """Make the selection run every divisible backward layer as pieces 1 (tiled) + 1 (generic) + 2 (tiled): both
-    algorithms, and ConvGradFilter's sums across them. Returns the layers the selection saw."""
+    """Make the selection run every divisible backward layer as pieces 2 (tiled) + 2 (generic): both algorithms,
+    and ConvGradFilter's sum across them. Returns the layers the selection saw."""
     seen = []
     real = algo.select
 
@@ -59,7 +59,7 @@ def _forcing_micro_batches(monkeypatch):
         seen.extend(layers)
         for layer in layers:
             if layer.anchor in ("ConvTranspose", "ConvGradFilter") and layer.sizes == (1, 2, 4):
-                selection.chosen[layer.node.name] = Config((("tiled", 1), ("generic", 1), ("tiled", 2)), 1.0, 0, False)
+                selection.chosen[layer.node.name] = Config((("tiled", 2), ("generic", 2)), 1.0, 0, False)
         return selection
 
     monkeypatch.setattr(algo, "select", select)
@@ -82,6 +82,6 @@ def test_backward_micro_batches_train_as_the_whole_batch(kernel_cache, monkeypat
     doc = json.loads((chosen.step_artifact.directory / "reports" / "algo.json").read_text())
     rows = {r["op"]: r for r in doc["layers"]}
     assert rows["ConvGradFilter"]["micro_batches"] == "summed" and rows["ConvTranspose"]["micro_batches"] == "sliced"
-    assert rows["ConvGradFilter"]["chosen"]["describe"] == "tiled 1, generic 1, tiled 2"
+    assert rows["ConvGradFilter"]["chosen"]["describe"] == "tiled 2, generic 2"
     assert all(r["chosen"]["source"] == "estimated" and r["best_single"]["source"] == "estimated" for r in doc["layers"])
     assert "ConvGradFilter (pieces summed)" in (chosen.step_artifact.directory / "reports" / "algo.md").read_text()
