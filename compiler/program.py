@@ -157,9 +157,8 @@ class ProgramBuilder:
         return spec, args
 
     def _batched_args(self, node: Node, args: Sequence[str]) -> frozenset[int]:
-        """The arguments sliced with the batch: a backward conv's activations (its run-time weights are arguments
-        too), else every argument that is not a weight."""
-        # A batch-summing piece also reads the output, whole: the sum so far.
+        """The arguments sliced with the batch: every one but weights (a backward conv's run-time weights too) and
+        the node's outputs (a batch-summing piece reads its output, whole: the sum so far)."""
         unbatched = run_time_weights(node) | {v.name for v in node.outputs if v is not None}
         return frozenset(k for k, name in enumerate(args) if name not in self.weights and name not in unbatched)
 

@@ -54,7 +54,6 @@ def algorithms(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[Ten
     return ()
 
 
-
 def backward_algorithms(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[TensorType | None],
                         target_kind: str) -> tuple[str, ...]:
     """The algorithms of a backward convolution, its default first; () for other ops."""
