@@ -196,7 +196,8 @@ def time_candidates(layers: Sequence[Layer], builder: ProgramBuilder, target, ca
     checked before each group of builds, before each candidate and between a candidate's runs, and no build starts
     that the builds so far say would end past the budget; what is left unmeasured is estimated, and counted as such.
     Whole-batch candidates are measured before the micro-batch ones, which are estimated from them when the budget
-    runs out. Only llvm kernels can run here; cuda ones are estimated.
+    runs out. Only llvm kernels can run here; cuda ones are estimated. A batch-summing layer's micro-batch is timed
+    and sized as a piece that adds to the sum (the first piece only writes it, a little cheaper).
     """
     from tessel.backends.tvm_env import threads as tvm_threads
 
