@@ -3,7 +3,7 @@ block: x (batch, C, S, S) → Conv 3×3 → Relu → Conv 3×3 → global averag
 
 The step has the second conv's data gradient (ConvTranspose, fused with Relu's gradient) and both convs' filter
 gradients (ConvGradFilter, micro-batches summed into dW). Compiles the step with --algo-select dp (every
-candidate measured, unless the budget runs out), then prints each backward layer's choice against its best
+candidate measured again, unless the budget runs out), then prints each backward layer's choice against its best
 whole-batch algorithm from reports/algo.json, and the step time with and without the selection.
 
     flock /tmp/tessel_heavy.lock nice -n 5 python bench/backward_algo.py [--channels 128] [--size 28] [--batch 16]
@@ -77,7 +77,7 @@ def main() -> None:
                   input_shapes={"x": (args.batch, args.channels, args.size, args.size)})
     began = time.perf_counter()
     chosen = tessel.compile_training(model, algo_select="dp", batch_policy=args.policy, profile_budget=args.budget,
-                                     **common)
+                                     reprofile=True, **common)
     print(f"compiled with selection in {time.perf_counter() - began:.0f} s")
     doc = json.loads((chosen.step_artifact.directory / "reports" / "algo.json").read_text())
     profiling = doc["profiling"]
