@@ -1,10 +1,14 @@
 """Algorithm and micro-batch selection in the compile driver: find the layers, time their candidates, choose, report.
 
 A layer is a top-level kernel node whose anchor op (Conv, MatMul, Gemm) has
-several algorithms (backends/cpu/algorithms.py). Each (algorithm, micro-batch size)
-candidate is compiled through the kernel cache and timed through the backend on
-this machine; times and workspaces are kept in the profile database (kernel
-key → milliseconds). Candidates left untimed (the profile budget ran out, or the
+several algorithms (backends/cpu/algorithms.py), or a training step's backward
+convolution: ConvTranspose (the data gradient, alone or with elementwise ops
+after it; its micro-batches are slices of dy and dx) and ConvGradFilter (the
+filter gradient, alone; its micro-batches are slices of x and dy, each piece
+after the first adding its partial dW to the output, as μ-cuDNN accumulates
+weight gradients). Each (algorithm, micro-batch size) candidate is compiled
+through the kernel cache and timed through the backend on this machine; times
+and workspaces are kept in the profile database (kernel key → milliseconds). Candidates left untimed (the profile budget ran out, or the
 target cannot run here) get an estimate, marked as such. passes/algo_select.py
 then chooses: per layer (DP, each layer within the workspace limit) or across
 layers (ILP, the workspaces together within the budget).
@@ -16,7 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from tessel.backends.cpu.algorithms import ALGORITHM_OPS, algorithms
+from tessel.backends.cpu.algorithms import ALGORITHM_OPS, BACKWARD_OPS, algorithms, backward_algorithms
+from tessel.backends.micro_batch import BATCH_SUMMING
 from tessel.backends.builder import build_kernels
 from tessel.backends.cache import KernelCache
 from tessel.backends.kernel import KernelSpec
@@ -32,7 +37,7 @@ from tessel.passes.op_patterns import pattern
 from tessel.runtime.profile import time_kernel
 from tessel.runtime.profile_db import ESTIMATE_BYTES_PER_S, ESTIMATE_FLOPS_PER_S, ProfileDB
 
-from .program import PACKED_SUFFIX, Program, ProgramBuilder
+from .program import PACKED_SUFFIX, Program, ProgramBuilder, run_time_weights
 from .provenance import budget_text, chosen_source, share, weight_growth
 from .sizes import format_bytes
 # Relative cost of each algorithm per (direct) FLOP for candidates never timed: a prior, reported as an
@@ -52,13 +57,15 @@ class AlgoSelectionError(ValueError):
 
 @dataclass(frozen=True)
 class Layer:
-    """A node with a choice of algorithms; `sizes` are the micro-batch sizes it may run."""
+    """A node with a choice of algorithms; `sizes` are the micro-batch sizes it may run; `summing`: its micro-batches
+    give partial outputs that are summed (a filter gradient), not slices of the output."""
 
     node: Node
     anchor: str
     batch: int
     algorithms: tuple[str, ...]
     sizes: tuple[int, ...]
+    summing: bool = False
 
 
 def find_layers(graph: Graph, target_kind: str, policy: str) -> list[Layer]:
@@ -69,6 +76,10 @@ def find_layers(graph: Graph, target_kind: str, policy: str) -> list[Layer]:
         if not is_kernel(node) or not node.outputs or node.outputs[0] is None or not node.outputs[0].type.rank:
             continue
         members, outer = kernel_members(node)
+        if any(m.op_type in BACKWARD_OPS for m in members):
+            layer = _backward_layer(node, members, outer, target_kind, policy)
+            layers += [layer] if layer is not None else []
+            continue
         anchors = [m for m in members if m.op_type in ALGORITHM_OPS and not m.domain]
         if len(anchors) != 1:
             continue
@@ -83,6 +94,36 @@ def find_layers(graph: Graph, target_kind: str, policy: str) -> list[Layer]:
         sizes = tuple(micro_batch_sizes(batch, policy)) if splittable else (batch,)
         layers.append(Layer(node, anchor.op_type, batch, choices, sizes))
     return layers
+
+
+def _backward_layer(node: Node, members: Sequence[Node], outer: Mapping[int, Value], target_kind: str,
+                    policy: str) -> Layer | None:
+    """A backward convolution's kernel as a layer: a ConvGradFilter alone (a fused consumer would see partial
+    sums), a ConvTranspose alone or with elementwise ops after it. Its batch divides when every sliced value (all
+    but weights) is batch-led with its samples at aligned addresses."""
+    anchors = [m for m in members if m.op_type in BACKWARD_OPS]
+    anchor = anchors[0]
+    summing = anchor.op_type in BATCH_SUMMING
+    if len(anchors) != 1 or (summing and len(members) > 1):
+        return None
+    values = [outer.get(id(v), v) if v is not None else None for v in anchor.inputs]
+    choices = backward_algorithms(anchor.op_type, anchor.attrs, [v.type if v is not None else None for v in values],
+                                  target_kind)
+    if not choices or not values[0].type.rank:
+        return None
+    batch = values[0].type.shape[0]
+    weights = run_time_weights(node)
+    sliced = [v for v in node.inputs if v is not None and not v.is_constant and v.name not in weights]
+    sliced += [] if summing else [v for v in node.outputs if v is not None]
+    alignment = SLICE_ALIGNMENT.get(target_kind, 64)
+    aligned = all(v.type.rank and v.type.shape[0] == batch and (v.type.nbytes // batch) % alignment == 0
+                  for v in sliced)
+    per_sample = all(m is anchor or (not m.domain and pattern(m) in (Pattern.ELEMWISE, Pattern.BROADCAST)
+                                     and all(v is None or not v.is_constant or v.type.rank < m.outputs[0].type.rank
+                                             or v.type.shape[0] == 1 for v in m.inputs))
+                     for m in members)
+    sizes = tuple(micro_batch_sizes(batch, policy)) if batch >= 2 and aligned and per_sample else (batch,)
+    return Layer(node, anchor.op_type, batch, choices, sizes, summing)
 
 
 def _per_sample(node: Node, members: Sequence[Node], outer: Mapping[int, Value], derived: set[int], batch: int,
@@ -155,7 +196,8 @@ def time_candidates(layers: Sequence[Layer], builder: ProgramBuilder, target, ca
     checked before each group of builds, before each candidate and between a candidate's runs, and no build starts
     that the builds so far say would end past the budget; what is left unmeasured is estimated, and counted as such.
     Whole-batch candidates are measured before the micro-batch ones, which are estimated from them when the budget
-    runs out. Only llvm kernels can run here; cuda ones are estimated.
+    runs out. Only llvm kernels can run here; cuda ones are estimated. A batch-summing layer's micro-batch is timed
+    and sized as a piece that adds to the sum (the first piece only writes it, a little cheaper).
     """
     from tessel.backends.tvm_env import threads as tvm_threads
 
@@ -343,6 +385,7 @@ def report(selection: Selection, timing: Timing, default: Program, chosen: Progr
         config, base = selection.chosen[name], selection.baseline[name]
         rows.append({
             "node": name, "op": layer.anchor, "batch": layer.batch, "algorithms": list(layer.algorithms),
+            "micro_batches": "summed" if layer.summing else "sliced",
             "micro_batch_sizes": list(layer.sizes),
             "chosen": {"pieces": [list(p) for p in config.pieces], "describe": config.describe(),
                        "seconds": config.seconds, "workspace_bytes": config.workspace,
@@ -407,7 +450,7 @@ def markdown(doc: dict) -> str:
         base_ms = f"{1e3 * base['seconds']:.3f}" if base else "-"
         speedup = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
         lines.append(
-            f"| {r['node']} | {r['op']} | {r['batch']} | {chosen['describe']} | {1e3 * chosen['seconds']:.3f} | "
+            f"| {r['node']} | {r['op']}{' (pieces summed)' if r['micro_batches'] == 'summed' else ''} | {r['batch']} | {chosen['describe']} | {1e3 * chosen['seconds']:.3f} | "
             f"{format_bytes(chosen['workspace_bytes'])} | {base['algorithm'] if base else 'none fits'} | {base_ms} | "
             f"{speedup} | {chosen['source']} | {_extra_layouts(r['weights'])} |")
     return "\n".join(lines) + "\n"

@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from tessel.backends.kernel import ALGORITHM, ARG, ARG_BLOCKS, DATA, RESULT_BLOCKS, KernelInput, KernelMember, KernelSpec
 from tessel.backends.lowering import LoweringError, static_inputs, supports
-from tessel.backends.cpu.algorithms import ALGORITHM_OPS
+from tessel.backends.cpu.algorithms import ALGORITHM_OPS, BACKWARD_OPS
 from tessel.backends.cpu.packing import plan_packing
-from tessel.backends.micro_batch import resize_batch
+from tessel.backends.micro_batch import BATCH_SUMMING, BATCHED_INPUTS, accumulating, resize_batch
 from tessel.ir.graph import Graph, Node, Value
 from tessel.ir.op_traits import op_traits
 from tessel.ir.schema import FUSED, TESSEL_DOMAIN
 from tessel.ir.types import TensorType
 from tessel.passes.conv_layout import DEFAULT_ALGORITHM, blocked_type, blocked_values
-from tessel.passes.fuse import is_kernel
+from tessel.passes.fuse import is_kernel, kernel_members
 from tessel.passes.inplace import inplace_inputs
 from tessel.passes.partition import HOME_DEVICE, node_device
 from tessel.runtime.instructions import AllReduce, Branch, Fail, If, Instruction, KernelCall, Piece, Recv, Send, View
@@ -53,6 +53,18 @@ class Program:
 
 # A layer's configuration: (algorithm, micro-batch size) pieces, run in order over the batch.
 Pieces = tuple[tuple[str, int], ...]
+
+
+def run_time_weights(node: Node) -> set[str]:
+    """The names of the values a kernel node's backward convolutions read as weights (run-time kernel arguments
+    that micro-batches do not slice): every input but their batched ones (backends/micro_batch.py)."""
+    members, outer = kernel_members(node)
+    names = set()
+    for member in members:
+        for k, value in enumerate(member.inputs):
+            if member.op_type in BATCHED_INPUTS and value is not None and k not in BATCHED_INPUTS[member.op_type]:
+                names.add(outer.get(id(value), value).name)
+    return names
 
 
 class ProgramBuilder:
@@ -123,8 +135,11 @@ class ProgramBuilder:
         return tuple((outs[0], node.inputs[k].name) for k in inplace_inputs(node) if node.inputs[k].name in args
                      and self.blocked.get(node.inputs[k].name) == self.blocked.get(outs[0]))
 
-    def candidate(self, node: Node, algorithm: str, size: int) -> tuple[KernelSpec, list[str]]:
-        """The kernel running `node` with `algorithm` on a micro-batch of `size`, and its argument names."""
+    def candidate(self, node: Node, algorithm: str, size: int, first: bool = False) -> tuple[KernelSpec, list[str]]:
+        """The kernel running `node` with `algorithm` on a micro-batch of `size`, and its argument names.
+
+        A batch-summing op's micro-batch adds its partial result to the output (an extra argument, the output
+        itself) unless it is the `first` piece, which writes it."""
         if (id(node), algorithm) not in self._candidates:
             self.algorithm = algorithm
             try:
@@ -135,22 +150,33 @@ class ProgramBuilder:
         if made is None:
             raise LoweringError(f"node '{node.name}' ({node.op_type}) has no kernel")
         spec, args = made
-        batch = node.outputs[0].type.shape[0]
+        # A batch-summing op's output has no batch axis: its first input has.
+        batch = (node.inputs[0] if node.op_type in BATCH_SUMMING else node.outputs[0]).type.shape[0]
         if size == batch:
             return spec, args
-        batched = frozenset(k for k, name in enumerate(args) if name not in self.weights)
-        return resize_batch(spec, batched, size), args
+        spec = resize_batch(spec, self._batched_args(node, args), size)
+        if node.op_type in BATCH_SUMMING and not first:
+            return accumulating(spec), args + [node.outputs[0].name]
+        return spec, args
+
+    def _batched_args(self, node: Node, args: Sequence[str]) -> frozenset[int]:
+        """The arguments sliced with the batch: every one but weights (a backward conv's run-time weights too) and
+        the node's outputs (a batch-summing piece reads its output, whole: the sum so far)."""
+        unbatched = run_time_weights(node) | {v.name for v in node.outputs if v is not None}
+        return frozenset(k for k, name in enumerate(args) if name not in self.weights and name not in unbatched)
 
     def _pieces_call(self, node: Node, where: dict[str, str], pieces: Pieces) -> KernelCall:
         """A kernel call running its batch as micro-batches, each a slice of axis 0 with its own kernel."""
         outs = tuple(self.write(v) for v in node.outputs if v is not None)
         runs, start = [], 0
         for algorithm, size in pieces:
-            spec, args = self.candidate(node, algorithm, size)
+            spec, args = self.candidate(node, algorithm, size, first=start == 0)
             key = spec.key(self.target)
             self.kernels[key] = spec
-            # Weights are whole in every piece; activations are sliced on axis 0.
-            sliced = tuple(name for name in args if name not in self.weights) + outs
+            # Weights are whole in every piece; activations are sliced on axis 0, and outputs unless they sum
+            # over the batch (each piece after the first reads the output and adds to it).
+            sliced = tuple(args[k] for k in sorted(self._batched_args(node, args)))
+            sliced += () if node.op_type in BATCH_SUMMING else outs
             runs.append(Piece(key, tuple(args), start, size, algorithm, sliced))
             start += size
         first = runs[0]
@@ -236,7 +262,7 @@ class ProgramBuilder:
             self.unsupported.setdefault(node.op_type, node.name)
             return None
         attrs = tuple((name, v) for name, v in node.attrs.items() if not isinstance(v, Graph))
-        if self.algorithm is not None and node.op_type in ALGORITHM_OPS:
+        if self.algorithm is not None and node.op_type in ALGORITHM_OPS + BACKWARD_OPS:
             attrs += ((ALGORITHM, self.algorithm),)
         packing = None
         if self.target.kind == "llvm":

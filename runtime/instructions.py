@@ -125,7 +125,10 @@ class KernelCall(Instruction):
     def reads(self) -> Iterator[tuple[str, str]]:
         yield from ((f"inputs[{k}]", name) for k, name in enumerate(self.inputs))
         for p, piece in enumerate(self.pieces):
-            yield from ((f"pieces[{p}].inputs[{k}]", name) for k, name in enumerate(piece.inputs))
+            # A piece may read the call's own output, written by the pieces before it (a sum over micro-batches):
+            # not a read of an earlier value.
+            yield from ((f"pieces[{p}].inputs[{k}]", name) for k, name in enumerate(piece.inputs)
+                        if name not in self.outputs)
 
     def writes(self) -> tuple[str, ...]:
         return self.outputs

@@ -5,6 +5,9 @@ register-tiled; the default), "im2col" (column buffer + GEMM), "direct" (the
 same register tiles reading the input in place: no workspace) and, for 3×3
 stride-1 convs, "winograd" (F(4×4, 3×3)); on cuda: "direct" and "im2col" (dlight schedules).
 Matmul with constant weights on llvm: "packed" (the default) and "direct".
+The backward convolutions of a training step (ConvTranspose, the data gradient; ConvGradFilter, the filter
+gradient), whose weights are known only at run time, on llvm: "tiled" (register-tiled products, the default) and
+"generic" (the target-neutral rule under the generic schedule); elsewhere "generic" only.
 The chosen one is the ALGORITHM attribute of the op in its kernel spec (variants.py lowers it).
 """
 from __future__ import annotations
@@ -21,6 +24,8 @@ from .winograd import applies as winograd_applies
 
 # The ops with several algorithms to choose from (where `algorithms` finds them applicable).
 ALGORITHM_OPS = ("Conv", "MatMul", "Gemm")
+# The backward convolutions: selectable with their weights (and, for ConvGradFilter, dy) as kernel arguments.
+BACKWARD_OPS = ("ConvTranspose", "ConvGradFilter")
 
 
 def algorithms(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[TensorType | None],
@@ -48,3 +53,13 @@ def algorithms(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[Ten
         return ("packed", "direct")
     return ()
 
+
+def backward_algorithms(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[TensorType | None],
+                        target_kind: str) -> tuple[str, ...]:
+    """The algorithms of a backward convolution, its default first; () for other ops."""
+    if op_type not in BACKWARD_OPS or len(input_types) < 2 or input_types[0] is None or input_types[1] is None:
+        return ()
+    # The conditions of the tiled kernels' `applies` (cpu/conv_transpose.py, cpu/conv_grad_filter.py).
+    tiled = (target_kind == "llvm" and attrs.get("group", 1) == 1 and input_types[0].rank == 4
+             and input_types[0].dtype == "float32" and input_types[1].dtype == "float32")
+    return ("tiled", "generic") if tiled else ("generic",)

@@ -45,7 +45,7 @@ def _matmul_packed(ctx: LowerContext):
 
 
 def _conv_grad_filter(ctx: LowerContext):
-    if not tiled_grad_filter_applies(ctx):
+    if ctx.attr(ALGORITHM) == "generic" or not tiled_grad_filter_applies(ctx):
         return conv_grad_filter(ctx)
     return conv_grad_filter_tiled(ctx, window_of(ctx, ctx.input_types[0].shape[2:], ctx.input_types[1].shape[2:]))
 
@@ -57,7 +57,8 @@ def _conv_unpacked(ctx: LowerContext):
 
 
 def _conv_transpose(ctx: LowerContext):
-    return conv_transpose_tiled(ctx) if tiled_conv_transpose_applies(ctx) else conv_transpose(ctx)
+    tiled = ctx.attr(ALGORITHM) != "generic" and tiled_conv_transpose_applies(ctx)
+    return conv_transpose_tiled(ctx) if tiled else conv_transpose(ctx)
 
 
 _CONV_ALGORITHMS = {"im2col": _conv_im2col, "winograd": _conv_winograd}
