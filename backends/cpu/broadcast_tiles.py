@@ -57,3 +57,25 @@ def tile_product(sch, name: str, rows: int, parallel: bool, lead: int = 0, row_t
         sch.parallel(tiles)
     sch.decompose_reduction(block, reduce[0])
     return tiles
+
+
+def schedule_copies(sch, names, parallel: bool) -> None:
+    """Schedule the operand copies `names` (padded inputs, channels-last weights: root blocks of 3+ loops) as rows:
+    their two outer loops fused (in parallel when `parallel`), their innermost vectorized."""
+    for name in names:
+        loops = sch.get_loops(sch.get_sblock(name))
+        outer = sch.fuse(*loops[:2])
+        if parallel:
+            sch.parallel(outer)
+        vectorize_row(sch, loops[-1])
+
+
+def schedule_nchw_output(sch, name: str, parallel: bool) -> None:
+    """Schedule block `name`, which writes an NCHW output from channels-last tiles: by image rows, then channels,
+    the row's columns vectorized; rows in parallel when `parallel`."""
+    ni, channel, row, column = sch.get_loops(sch.get_sblock(name))
+    sch.reorder(ni, row, channel, column)
+    rows = sch.fuse(ni, row)
+    if parallel:
+        sch.parallel(rows)
+    try_step(lambda: vectorize_row(sch, column))

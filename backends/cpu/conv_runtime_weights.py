@@ -13,8 +13,8 @@ from __future__ import annotations
 from ..lowering.context import LowerContext, SelfScheduled
 from ..lowering.conv_transpose import CHANNEL_TILE, PIXEL_TILE, PhaseProducts, interleave
 from ..tvm_env import tvm
-from .broadcast_tiles import rows_outer, tile_product, vectorize_row
-from .schedule import MIN_PARALLEL_WORK, try_step
+from .broadcast_tiles import rows_outer, schedule_copies, schedule_nchw_output, tile_product
+from .schedule import MIN_PARALLEL_WORK
 
 _tvm = tvm()
 te, tir = _tvm.te, _tvm.tirx
@@ -66,17 +66,7 @@ def conv_runtime_weights(ctx: LowerContext, before, after):
 
     def schedule(sch) -> None:
         tile_product(sch, "conv_rw_tiles", PIXEL_TILE, big, row_tiles_outer=rows_outer(c * r * s * channels * 4))
-        for name in ("conv_rw_pad", "conv_rw_weights"):
-            loops = sch.get_loops(sch.get_sblock(name))
-            outer = sch.fuse(*loops[:2])
-            if big:
-                sch.parallel(outer)
-            vectorize_row(sch, loops[-1])
-        ni, oc, i, k = sch.get_loops(sch.get_sblock("conv_rw_out"))
-        sch.reorder(ni, i, oc, k)
-        rows = sch.fuse(ni, i)
-        if big:
-            sch.parallel(rows)
-        try_step(lambda: vectorize_row(sch, k))
+        schedule_copies(sch, ("conv_rw_pad", "conv_rw_weights"), big)
+        schedule_nchw_output(sch, "conv_rw_out", big)
 
     return SelfScheduled([out], schedule)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from ..lowering.context import LowerContext, SelfScheduled
 from ..lowering.conv_transpose import CHANNEL_TILE, PIXEL_TILE, conv_transpose_operands, interleave, phase_products
-from .broadcast_tiles import rows_outer, tile_product, vectorize_row
-from .schedule import MIN_PARALLEL_WORK, try_step
+from .broadcast_tiles import rows_outer, schedule_copies, schedule_nchw_output, tile_product
+from .schedule import MIN_PARALLEL_WORK
 
 
 def applies(ctx: LowerContext) -> bool:
@@ -29,18 +29,7 @@ def conv_transpose_tiled(ctx: LowerContext):
         for (a, b), product in phases.products.items():
             if product is not None:
                 tile_product(sch, f"deconv_tiles_{a}_{b}", PIXEL_TILE, big, row_tiles_outer=rows_outer(weight_bytes))
-        for name in ("deconv_pad", "deconv_weights"):
-            loops = sch.get_loops(sch.get_sblock(name))
-            outer = sch.fuse(*loops[:2])
-            if big:
-                sch.parallel(outer)
-            vectorize_row(sch, loops[-1])
-        block = sch.get_sblock("deconv_out")
-        ni, c, i, k = sch.get_loops(block)
-        sch.reorder(ni, i, c, k)
-        rows = sch.fuse(ni, i)
-        if big:
-            sch.parallel(rows)
-        try_step(lambda: vectorize_row(sch, k))
+        schedule_copies(sch, ("deconv_pad", "deconv_weights"), big)
+        schedule_nchw_output(sch, "deconv_out", big)
 
     return SelfScheduled([out], schedule)
