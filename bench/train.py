@@ -14,7 +14,12 @@ count as the step's); Tessel's from the step's memory plan: its state plus the a
 activations kept for backward, gradients, temporaries), and, as the planner's bound, its state plus the most
 bytes live at once in the step's program.
 
-    python bench/train.py [MODEL ...] [--threads N] [--repeats R] [--steps S] [--image-size 224] [--json]
+With --memory-fraction F, Tessel's step is compiled for a device of F times the memory PyTorch's step peaked at
+(measured first): the compile then recomputes activations in backward where the step would not fit
+(passes/recompute.py), and the table shows what that costs in time.
+
+    python bench/train.py [MODEL ...] [--threads N] [--repeats R] [--steps S] [--image-size 224]
+                          [--memory-fraction 0.8] [--json]
 """
 from __future__ import annotations
 
@@ -109,8 +114,9 @@ def worker_torch(name: str, batch: int, image_size: int, threads: int, steps: in
     return {"seconds": seconds, "peak_bytes": peak}
 
 
-def compile_tessel(name: str, batch: int, image_size: int, directory: Path) -> dict:
-    """Export the model and compile its training step (SGD with momentum), saved to `directory`."""
+def compile_tessel(name: str, batch: int, image_size: int, directory: Path, device_memory: int | None) -> dict:
+    """Export the model and compile its training step (SGD with momentum) for a device of `device_memory` bytes
+    (None: no limit), saved to `directory`."""
     import tessel
     from bench.training_models import export
     from tessel import optim
@@ -119,7 +125,7 @@ def compile_tessel(name: str, batch: int, image_size: int, directory: Path) -> d
     path = export(spec.model(), spec.input_shape, directory.parent / f"{name}.onnx")
     started = time.perf_counter()
     trainer = tessel.compile_training(str(path), loss=spec.loss, optimizer=optim.SGD(LR, momentum=MOMENTUM),
-                                      input_shapes={"x": spec.input_shape})
+                                      input_shapes={"x": spec.input_shape}, device_memory=device_memory)
     compile_s = time.perf_counter() - started
     trainer.save(str(directory))
     memory = trainer.step_artifact.report()["memory"]
@@ -164,18 +170,34 @@ def _median(values: list[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-def bench_model(name: str, batch: int, image_size: int, threads: int, repeats: int, steps: int, scratch: Path) -> dict:
-    """Compile once, then alternate the engines' timing processes: medians and peaks."""
+def bench_model(name: str, batch: int, image_size: int, threads: int, repeats: int, steps: int, scratch: Path,
+                memory_fraction: float | None = None) -> dict:
+    """Compile once (for `memory_fraction` of PyTorch's peak when given), then alternate the engines' timing
+    processes: medians and peaks."""
     directory = scratch / name / "trainer"
     directory.parent.mkdir(parents=True)
     common = [name, str(batch), str(image_size), str(threads), str(steps)]
-    plan = _isolated(["compile", *common, str(directory)], threads)
     runs = {"torch": [], "tessel": []}
-    for _ in range(repeats):
+    device_memory = "none"
+    if memory_fraction is not None:
         runs["torch"].append(_isolated(["torch", *common], threads))
+        device_memory = str(int(memory_fraction * runs["torch"][0]["peak_bytes"]))
+    note = None
+    try:
+        plan = _isolated(["compile", *common, str(directory), device_memory], threads)
+    except RuntimeError as exc:  # recomputation cannot bring the step under the budget: say so, measure unlimited
+        if device_memory == "none":
+            raise
+        note, device_memory = str(exc), "none"
+        plan = _isolated(["compile", *common, str(directory), device_memory], threads)
+    for _ in range(repeats):
+        if len(runs["torch"]) <= len(runs["tessel"]):
+            runs["torch"].append(_isolated(["torch", *common], threads))
         runs["tessel"].append(_isolated(["tessel", *common, str(directory)], threads))
     shape = _batch_spec(name, batch, image_size).input_shape
-    result = {"model": name, "batch": batch, "input_shape": list(shape), "threads": threads, **plan}
+    result = {"model": name, "batch": batch, "input_shape": list(shape), "threads": threads, **plan,
+              "device_memory_bytes": None if device_memory == "none" else int(device_memory),
+              **({"memory_fraction_unmet": note} if note else {})}
     for engine, measured in runs.items():
         result[f"{engine}_ms"] = 1e3 * _median([_median(m["seconds"]) for m in measured])
     result["torch_peak_bytes"] = max(m["peak_bytes"] for m in runs["torch"])
@@ -206,7 +228,7 @@ def _worker_main(argv: list[str]) -> int:
     kind, name, batch, image_size, threads, steps, *rest = argv
     batch, image_size, threads, steps = int(batch), int(image_size), int(threads), int(steps)
     if kind == "compile":
-        result = compile_tessel(name, batch, image_size, Path(rest[0]))
+        result = compile_tessel(name, batch, image_size, Path(rest[0]), None if rest[1] == "none" else int(rest[1]))
     elif kind == "torch":
         result = worker_torch(name, batch, image_size, threads, steps)
     else:
@@ -226,6 +248,9 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per round (default 10)")
     parser.add_argument("--image-size", type=int, default=DEFAULT_IMAGE_SIZE,
                         help=f"ResNet-18's input height and width (default {DEFAULT_IMAGE_SIZE})")
+    parser.add_argument("--memory-fraction", type=float, default=None,
+                        help="compile Tessel's step for this fraction of PyTorch's measured peak (recomputing "
+                             "activations to fit)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.models) - set(BENCH_MODELS))
@@ -235,9 +260,12 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="tessel-bench-train-") as scratch:
         for name in args.models or list(BENCH_MODELS):
             results.append(bench_model(name, BENCH_MODELS[name], args.image_size, args.threads, args.repeats,
-                                       args.steps, Path(scratch)))
+                                       args.steps, Path(scratch), args.memory_fraction))
             print(f"{name}: Tessel {results[-1]['tessel_ms']:.2f} ms/step, PyTorch {results[-1]['torch_ms']:.2f} ms/step",
                   file=sys.stderr, flush=True)
+    for r in results:
+        if "memory_fraction_unmet" in r:
+            print(f"{r['model']}: compiled without a memory limit: {r['memory_fraction_unmet']}", file=sys.stderr)
     time_geomean = geomean([r["time_ratio"] for r in results])
     memory_geomean = geomean([r["memory_ratio"] for r in results])
     if args.json:
