@@ -211,7 +211,7 @@ def compile_step(step_graph: StepGraph, source: ModelSource, loss: str | LossSpe
     workers."""
     machine = machine or prepare_machine(options)
     state = PersistentState(step_graph.state, step_graph.state_updates)
-    replicate = partial(replica_programs, scalar_inputs=step_graph.scalar_inputs, replicas=replicas) if replicas > 1 else None
+    replicate = partial(replica_programs, shared=step_graph.scalar_inputs, workers=replicas) if replicas > 1 else None
     step = compile_graph(step_graph.graph, options, machine, source, state=state,
                          passes=_step_passes(options, step_graph), replicate=replicate)
     eval_names = {v.name for v in step_graph.eval_graph.inputs} & set(step_graph.state)

@@ -60,3 +60,7 @@ class VerificationError(TesselError):
 
 class SerializationError(TesselError):
     """A serialized Tessel graph (JSON) is malformed."""
+
+
+class InferenceFailure(Exception):
+    """Type inference could not give a static type; the message says why."""

@@ -17,13 +17,16 @@ differences.
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from .attributes import AttrSpec, Attributes
+from .errors import InferenceFailure
 from .types import TensorType
 
+# The schema of a default-domain op by its type (ir/schema.get_schema).
+ForwardSchema = Callable[[str], Any]
 Reference = Callable[[Attributes, Sequence[np.ndarray]], list[np.ndarray]]
 
 _WINDOW_ATTRS = {
@@ -139,12 +142,10 @@ def average_pool_grad(attrs: Attributes, inputs: Sequence[np.ndarray]) -> list[n
     return [grad[lead + window.crop()].astype(dy.dtype)]
 
 
-def _forward_check(op_type: str, attrs: Mapping[str, object], input_types: Sequence[TensorType],
-                   dy: TensorType) -> None:
+def _forward_check(forward_schema: ForwardSchema, op_type: str, attrs: Mapping[str, object],
+                   input_types: Sequence[TensorType], dy: TensorType) -> None:
     """Raise InferenceFailure unless `dy` has the type of `op_type`'s output for these inputs and attributes."""
-    from .schema import InferenceFailure, get_schema
-
-    schema = get_schema(op_type)
+    schema = forward_schema(op_type)
     forward = schema.make_attributes({k: v for k, v in attrs.items() if k in schema.attributes}, op_type)
     expected = schema.infer(forward, input_types, [None] * len(input_types), 1)[0]
     if expected != dy:
@@ -152,17 +153,13 @@ def _forward_check(op_type: str, attrs: Mapping[str, object], input_types: Seque
 
 
 def _check_window_rank(attrs: Mapping[str, object], rank: int) -> None:
-    from .schema import InferenceFailure
-
     if rank < 3:
         raise InferenceFailure(f"input must be (N, C, spatial...), has rank {rank}")
     if len(attrs["kernel_shape"]) != rank - 2:
         raise InferenceFailure(f"kernel_shape has {len(attrs['kernel_shape'])} axes for {rank - 2} spatial axes")
 
 
-def _infer_conv_grad_filter(attrs, input_types, input_data, num_outputs):
-    from .schema import InferenceFailure
-
+def _infer_conv_grad_filter(forward_schema, attrs, input_types, input_data, num_outputs):
     x, dy = input_types
     _check_window_rank(attrs, x.rank)
     groups = attrs.get("group", 1)
@@ -170,26 +167,28 @@ def _infer_conv_grad_filter(attrs, input_types, input_data, num_outputs):
     if groups < 1 or channels % groups or out_channels % groups:
         raise InferenceFailure(f"group {groups} must divide the {channels} input and {out_channels} output channels")
     weight = TensorType(x.dtype, (out_channels, channels // groups) + tuple(attrs["kernel_shape"]))
-    _forward_check("Conv", attrs, [x, weight], dy)
+    _forward_check(forward_schema, "Conv", attrs, [x, weight], dy)
     return [weight]
 
 
-def _infer_max_pool_grad(attrs, input_types, input_data, num_outputs):
+def _infer_max_pool_grad(forward_schema, attrs, input_types, input_data, num_outputs):
     x, dy = input_types
     _check_window_rank(attrs, x.rank)
-    _forward_check("MaxPool", attrs, [x], dy)
+    _forward_check(forward_schema, "MaxPool", attrs, [x], dy)
     return [x]
 
 
-def _infer_average_pool_grad(attrs, input_types, input_data, num_outputs):
+def _infer_average_pool_grad(forward_schema, attrs, input_types, input_data, num_outputs):
     (dy,) = input_types
     x = TensorType(dy.dtype, tuple(attrs["input_shape"]))
     _check_window_rank(attrs, x.rank)
-    _forward_check("AveragePool", attrs, [x], dy)
+    _forward_check(forward_schema, "AveragePool", attrs, [x], dy)
     return [x]
 
 
-# op type -> (number of inputs, attributes, type inference); ir/schema.py makes them Tessel-domain schemas.
+# op type -> (number of inputs, attributes, type inference); ir/schema.py makes them Tessel-domain schemas, giving
+# each inference its first argument: the lookup of a forward op's schema (this module cannot import ir/schema.py,
+# which imports it).
 GRAD_OPS = {
     "ConvGradFilter": (2, CONV_GRAD_FILTER_ATTRS, _infer_conv_grad_filter),
     "MaxPoolGrad": (2, MAX_POOL_GRAD_ATTRS, _infer_max_pool_grad),

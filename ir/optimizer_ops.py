@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .attributes import AttrSpec, Attributes
+from .errors import InferenceFailure
 from .types import TensorType
 
 SGD_UPDATE_ATTRS = {
@@ -85,8 +86,6 @@ def _adamw_reference(attrs: Attributes, inputs: Sequence[np.ndarray]) -> list[np
 
 def _check_operands(op_type: str, tensors: Sequence[TensorType | None], scalars: Sequence[TensorType | None]) -> None:
     """Raise InferenceFailure unless the tensors share one float type and the scalars are 0-d floats."""
-    from .schema import InferenceFailure
-
     if any(t is None for t in list(tensors) + list(scalars)):
         raise InferenceFailure(f"{op_type} has no optional inputs in the middle")
     first = tensors[0]
@@ -101,8 +100,6 @@ def _check_operands(op_type: str, tensors: Sequence[TensorType | None], scalars:
 
 
 def _infer_sgd_update(attrs, input_types, input_data, num_outputs):
-    from .schema import InferenceFailure
-
     momentum, dampening = attrs.get("momentum", 0.0), attrs.get("dampening", 0.0)
     tensors = 3 if momentum else 2
     expected = tensors + 1 + (1 if momentum and dampening else 0)
@@ -120,8 +117,6 @@ def _infer_sgd_update(attrs, input_types, input_data, num_outputs):
 
 
 def _infer_adamw_update(attrs, input_types, input_data, num_outputs):
-    from .schema import InferenceFailure
-
     if num_outputs != 3:
         raise InferenceFailure(f"AdamWUpdate has 3 outputs, got {num_outputs}")
     _check_operands("AdamWUpdate", input_types[:4], input_types[4:])

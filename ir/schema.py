@@ -20,6 +20,7 @@ from onnx import defs, helper
 from onnx.shape_inference import InferenceError, infer_node_outputs
 
 from .attributes import AttrSpec, Attributes, coerce
+from .errors import InferenceFailure
 from .grad_ops import GRAD_OPS
 from .onnx_proto import ATTR_KIND, attribute_proto, tensor_proto, type_proto
 from .op_traits import OpTraits, op_traits
@@ -44,10 +45,6 @@ _EXCLUDED = {
 TESSEL_DOMAIN = "tessel"
 # The op type of a Tessel-domain node that runs several ops as one kernel (passes/fuse.py makes them).
 FUSED = "Fused"
-
-
-class InferenceFailure(Exception):
-    """Type inference could not give a static type; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -203,6 +200,11 @@ def _infer_all_reduce(attrs, input_types, input_data, num_outputs):
 
 _CUSTOM_INFER = {"If": _infer_if}
 
+def _forward_schema(op_type: str) -> "OpSchema":
+    """The default-domain schema a gradient op's inference checks its dy against (ir/grad_ops.py)."""
+    return get_schema(op_type)
+
+
 # Tessel's own ops. Unreachable stands for an If branch that cannot run with the
 # bound input shapes: it has the other branch's output types and fails if run.
 _TESSEL_SCHEMAS = {
@@ -237,7 +239,7 @@ _TESSEL_SCHEMAS = {
         {"body": AttrSpec("body", "graph", True)}, None, _infer_fused,
     ),
     # The gradient ops of reverse-mode autodiff (ir/grad_ops.py).
-    **{op: OpSchema(op, TESSEL_DOMAIN, 1, arity, arity, 1, 1, attrs, None, infer)
+    **{op: OpSchema(op, TESSEL_DOMAIN, 1, arity, arity, 1, 1, attrs, None, functools.partial(infer, _forward_schema))
        for op, (arity, attrs, infer) in GRAD_OPS.items()},
     # One parameter's optimizer update as one op (ir/optimizer_ops.py).
     **{op: OpSchema(op, TESSEL_DOMAIN, 1, min_in, max_in, min_out, max_out, attrs, None, infer)
