@@ -10,8 +10,9 @@ import json
 import os
 import shutil
 import tempfile
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
@@ -163,17 +164,27 @@ class Artifact:
         if destination.resolve() == self.directory.resolve():
             return destination
         replace = check_destination(destination, overwrite)
-        staging = Path(tempfile.mkdtemp(prefix=".tessel-save-", dir=destination.parent if destination.parent.exists() else None))
-        try:
-            shutil.copytree(self.directory, staging, dirs_exist_ok=True)
-            # The old artifact goes only once the new one is complete beside it.
-            if replace:
-                shutil.rmtree(destination)
-            staging.replace(destination)
-        except OSError as exc:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise ArtifactError(f"{destination}: cannot write the artifact ({exc.strerror or exc})") from exc
-        return destination
+        return write_staged(destination, replace, partial(shutil.copytree, self.directory, dirs_exist_ok=True),
+                            "artifact")
+
+
+def write_staged(destination: Path, replace: bool, fill: Callable[[Path], Any], what: str) -> Path:
+    """Write a directory to `destination` through `fill(staging)`, a new directory beside it: the old one (removed
+    when `replace`) goes only once the new one is complete, and a failed or interrupted fill leaves no staging
+    behind. An OSError becomes one ArtifactError line naming `what` was being written."""
+    staging = Path(tempfile.mkdtemp(prefix=f".tessel-{what}-", dir=destination.parent if destination.parent.exists() else None))
+    try:
+        fill(staging)
+        if replace:
+            shutil.rmtree(destination)
+        staging.replace(destination)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ArtifactError(f"{destination}: cannot write the {what} ({exc.strerror or exc})") from exc
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return destination
 
 
 def check_destination(destination: Path, overwrite: bool) -> bool:

@@ -12,8 +12,6 @@ artifact's plan and file hashes, the state's arrays against the step artifact's 
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ from tessel.passes.loss import LossSpec
 from tessel.runtime.artifact_files import check_state_file, file_hash, inside
 from tessel.runtime.errors import ArtifactError
 
-from .artifact import Artifact, load
+from .artifact import Artifact, load, write_staged
 from .optim import Optimizer, optimizer_from_json
 from .state_program import STATE_FILE
 from .training import StepGraph
@@ -102,8 +100,8 @@ def write_checkpoint(checkpoint: Checkpoint, directory: str | Path, force: bool 
     destination = Path(directory)
     replace = _check_destination(destination, force)
     destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tessel-checkpoint-", dir=destination.parent))
-    try:
+
+    def fill(staging: Path) -> None:
         checkpoint.step_artifact.save(staging / STEP_DIR)
         checkpoint.eval_artifact.save(staging / EVAL_DIR)
         np.savez(staging / STATE_FILE, **checkpoint.state)
@@ -112,16 +110,8 @@ def write_checkpoint(checkpoint: Checkpoint, directory: str | Path, force: bool 
                "seed": checkpoint.seed, "optimizer": checkpoint.optimizer.to_json(), "step": asdict(checkpoint.names),
                "files": {name: file_hash(staging / name) for name in (STATE_FILE, MODEL_FILE)}}
         (staging / TRAINING_FILE).write_text(json.dumps(doc, indent=1))
-        if replace:
-            shutil.rmtree(destination)
-        staging.replace(destination)
-    except OSError as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise ArtifactError(f"{destination}: cannot write the checkpoint ({exc.strerror or exc})") from exc
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return destination
+
+    return write_staged(destination, replace, fill, "checkpoint")
 
 
 def read_checkpoint(directory: str | Path) -> Checkpoint:

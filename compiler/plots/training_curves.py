@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..train_log import epoch_records, step_records
 from .style import PALETTE, pyplot, save
 
 TRAIN_COLOR, VAL_COLOR = PALETTE[0], PALETTE[1]
@@ -18,8 +19,8 @@ def write_training_curves(path: Path, records: Sequence[Mapping[str, Any]], titl
     Returns the written paths.
     """
     plt = pyplot()
-    steps = [r for r in records if r.get("kind") == "step" and r.get("loss") is not None]
-    epochs = [r for r in records if r.get("kind") == "epoch"]
+    steps = [r for r in step_records(records) if r.get("loss") is not None]
+    epochs = epoch_records(records)
     accuracy = [r for r in epochs if r.get("val_accuracy") is not None]
     panels = 2 if accuracy else 1
     figure, axes = plt.subplots(1, panels, figsize=(5.2 * panels + 0.6, 3.8), squeeze=False)
