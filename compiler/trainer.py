@@ -23,7 +23,6 @@ import numpy as np
 from tessel.backends.target import parse_target
 from tessel.ir import from_onnx
 from tessel.ir.onnx_import import with_batch
-from tessel.ir.types import TensorType
 from tessel.passes.base import Pass
 from tessel.passes.data_parallel import bucket_bytes_for
 from tessel.passes.loss import LossSpec
@@ -79,7 +78,7 @@ class Trainer:
 
     def step(self, inputs: Mapping[str, np.ndarray], labels: np.ndarray | None = None) -> float:
         """Run one training step on a batch (`inputs` by the model's input names) and its labels; the loss."""
-        feeds = dict(self._data(inputs, self._step.input_types))
+        feeds = dict(self._data(inputs, self._step))
         if self.names.label_input is not None:
             if labels is None:
                 raise InputError("this loss needs labels: step(inputs, labels)")
@@ -106,16 +105,18 @@ class Trainer:
         BatchNormalization, no dropout)."""
         state = self._step.state()
         self._eval.set_state({name: state[name] for name in self._eval.state_names})
-        outputs = self._eval.run(dict(self._data(inputs, self._eval.input_types)))
+        outputs = self._eval.run(dict(self._data(inputs, self._eval)))
         return {name: outputs[name] for name in self.names.model_outputs}
 
-    def _data(self, inputs: Mapping[str, np.ndarray], types: Mapping[str, TensorType]) -> Mapping[str, np.ndarray]:
-        """The model's inputs, checked by name first (the executor checks their types)."""
+    def _data(self, inputs: Mapping[str, np.ndarray], runner) -> Mapping[str, np.ndarray]:
+        """The model's inputs, checked by name first (`runner`, the executor or session that runs them, checks their
+        types; its input types are looked up only to word an error)."""
         want = self.names.data_inputs
         missing, extra = [n for n in want if n not in inputs], [n for n in inputs if n not in want]
         if missing or extra:
             problems = ([f"missing {', '.join(map(repr, missing))}"] if missing else []) + \
                        ([f"unknown {', '.join(map(repr, extra))}"] if extra else [])
+            types = runner.input_types
             takes = ", ".join(f"{n}: {types[n].spec()}" for n in want)
             raise InputError(f"inputs do not match the model ({'; '.join(problems)}); it takes {takes}")
         return inputs
