@@ -74,6 +74,7 @@ def _wait_for_checkpoint(run: Path, process: subprocess.Popen) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow  # three runs, each starting two workers: 60-150 s on a loaded 2-core machine
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the workers through /proc")
 def test_a_killed_worker_stops_the_run_and_resuming_ends_with_the_uninterrupted_weights(files, tmp_path):
     _, _, root, env = files
