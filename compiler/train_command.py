@@ -23,6 +23,7 @@ from tessel.ir.errors import TesselError
 from .arg_types import count_from
 from .train_checkpoints import (completed_epochs, drop_after, drop_superseded, latest_checkpoint, prune,
                                 save_checkpoint, save_step_checkpoint)
+from .train_launch import LAUNCHERS, join_ranks, restarted_as_resume
 from .train_data import (LABELS, Dataset, as_step_labels, check_class_labels, feeds, input_shapes, load_dataset,
                          model_inputs, model_outputs)
 from .train_log import RunLog, keep_until, read_log
@@ -69,6 +70,9 @@ def add_train_parser(commands, parents) -> None:
     train.add_argument("--frozen", metavar="REGEX", help="keep the initializers whose name matches constant")
     train.add_argument("--devices", type=count_from(1), metavar="N",
                        help="train data-parallel on N local workers, each on batch/N samples (default 1)")
+    train.add_argument("--launcher", choices=LAUNCHERS, default="local",
+                       help="local: start the --devices workers here (default); torchrun: this is one of the "
+                            "ranks torchrun started, rank 0 trains and the others follow it")
     train.add_argument("-o", "--output", metavar="RUN_DIR", help="run directory to write")
     train.add_argument("--force", action="store_true", help="replace an existing run directory")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue that run from its last checkpoint")
@@ -91,6 +95,12 @@ _DEFAULTS = {"val": None, "loss": None, "label_smoothing": 0.0, "optimizer": "sg
 
 def run_train(args: argparse.Namespace) -> int:
     """The `tessel train` command."""
+    if args.launcher == "torchrun":
+        if join_ranks() != 0:
+            from tessel.runtime.rank_group import follow
+
+            return follow()
+        args = restarted_as_resume(args, _DEFAULTS)
     if args.resume:
         run_dir, settings = _resumed_settings(args)
     else:
@@ -119,6 +129,7 @@ def run_train(args: argparse.Namespace) -> int:
     prune(run_dir, args.keep_checkpoints)  # the checkpoint a resumed run started from, too, once past it
     drop_superseded(run_dir, steps_per_epoch)
     trainer.export_onnx(str(run_dir / MODEL_FILE))
+    trainer.close()
     from .plots.training_curves import write_training_curves
 
     write_training_curves(run_dir / CURVES, read_log(run_dir), f"{Path(settings.model).name}: training",
