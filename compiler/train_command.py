@@ -26,7 +26,7 @@ from .train_checkpoints import (completed_epochs, drop_after, drop_superseded, l
 from .train_launch import LAUNCHERS, join_ranks, restarted_as_resume
 from .train_data import (LABELS, Dataset, as_step_labels, check_class_labels, feeds, input_shapes, load_dataset,
                          model_inputs, model_outputs)
-from .train_log import RunLog, keep_until, read_log
+from .train_log import RunLog, keep_until, read_log, step_records
 from .train_metrics import ValidationTally
 from .train_progress import TrainProgress
 from .train_settings import DEFAULT_WEIGHT_DECAY, OPTIMIZERS, RUN_FILE, SCHEDULES, RunSettings, loss_output, parse_schedule
@@ -263,9 +263,13 @@ def _train_epochs(trainer, settings: RunSettings, run_dir: Path, data: Dataset, 
     it did: the order depends only on (seed, epoch)); False when --max-steps stopped the run first."""
     progress = TrainProgress(settings.epochs, steps_per_epoch, settings.batch)
     start_epoch, done_in_epoch = divmod(trainer.steps_done, steps_per_epoch)
+    # A resumed epoch's mean loss counts the steps before the checkpoint too (their log lines were kept).
+    resumed_losses = [r["loss"] for r in step_records(read_log(run_dir)) if r["epoch"] == start_epoch + 1]
     with RunLog(run_dir) as log:
         for epoch in range(start_epoch + 1, settings.epochs + 1):
-            started, losses = time.perf_counter(), []
+            started = time.perf_counter()
+            losses = resumed_losses if epoch == start_epoch + 1 else []
+            before = len(losses)
             batches = enumerate(data.batches(settings.batch, settings.seed, epoch), 1)
             for index, batch in itertools.islice(batches, done_in_epoch if epoch == start_epoch + 1 else 0, None):
                 if args.max_steps is not None and trainer.steps_done >= args.max_steps:
@@ -283,7 +287,7 @@ def _train_epochs(trainer, settings: RunSettings, run_dir: Path, data: Dataset, 
             seconds = time.perf_counter() - started
             record = {"kind": "epoch", "epoch": epoch, "step": trainer.steps_done,
                       "loss": sum(losses) / len(losses), "lr": lr,
-                      "samples_per_s": len(losses) * settings.batch / seconds, "seconds": seconds}
+                      "samples_per_s": (len(losses) - before) * settings.batch / seconds, "seconds": seconds}
             if val is not None:
                 record.update(validate(trainer, val, settings, first_output))
             log.write(record)

@@ -15,6 +15,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from tessel.compiler.train_log import epoch_records, read_log
 from tests.compiler.train_fixtures import write_classifier, write_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,3 +111,5 @@ def test_a_killed_worker_stops_the_run_and_resuming_ends_with_the_uninterrupted_
     for name, want in expected.items():
         np.testing.assert_array_equal(got[name], want, err_msg=name)
     assert not list((run / "checkpoints").glob("step_*"))
+    assert [r["loss"] for r in epoch_records(read_log(run))] == \
+        [r["loss"] for r in epoch_records(read_log(tmp_path / "whole"))]
