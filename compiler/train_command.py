@@ -3,8 +3,9 @@
 The .npz files hold one array per model input (by name) and `labels`. Each epoch visits the full batches of
 the data in an order drawn from (seed, epoch) (the last partial batch is left out: the step is compiled for
 one batch size), then evaluates --val, writes a line to RUN_DIR/log.jsonl (a line per step too) and saves a
-checkpoint (with --checkpoint-every N, one every N steps inside the epoch too). At the end RUN_DIR holds model.onnx (the trained model, for any ONNX runtime) and
-training_curves.png/.svg. `--resume RUN_DIR` continues a run from its last checkpoint with the settings in
+checkpoint (with --checkpoint-every N, one every N steps inside the epoch too). At the end RUN_DIR holds
+model.onnx (the trained model, for any ONNX runtime) and training_curves.png/.svg. `--resume RUN_DIR`
+continues a run from its newest checkpoint with the settings in
 RUN_DIR/run.json: shuffling and dropout masks depend only on (seed, epoch/step), so a run killed mid-epoch and
 resumed ends with the weights an uninterrupted run ends with.
 """
