@@ -248,10 +248,13 @@ def whole_input_shapes(proto, shapes: Mapping[str, tuple[int, ...]]) -> dict[str
 
 
 def _step_runner(artifact: Artifact):
-    """What runs the steps: an Executor here for one worker, the persistent worker group for several."""
+    """What runs the steps: an Executor here for one worker, the persistent worker group for several (the
+    torchrun ranks when this process is one, runtime/rank_group.py)."""
+    from tessel.runtime import rank_group
+
     if artifact.devices == 1:
         return Executor(artifact.directory)
-    return _WorkerStep(artifact)
+    return rank_group.RankStep(artifact) if rank_group.attached() else _WorkerStep(artifact)
 
 
 class _WorkerStep:

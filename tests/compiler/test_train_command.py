@@ -136,6 +136,9 @@ class FakeTrainer:
         np.savez(Path(directory) / "state.npz", **self.weights)
         (Path(directory) / "training.json").write_text(json.dumps({"steps": self.steps_done, "model": self.model}))
 
+    def close(self):
+        """No workers to stop."""
+
     def export_onnx(self, path):
         import onnx
         from onnx import numpy_helper
@@ -213,6 +216,25 @@ def test_a_run_stopped_mid_epoch_and_resumed_ends_with_the_same_weights(capsys, 
 
     assert [r["step"] for r in read_log(files["run"]) if r["kind"] == "step"] == list(range(1, 26))
     assert sorted(p.name for p in (files["run"] / "checkpoints").iterdir()) == ["epoch_4", "epoch_5"]
+
+
+def test_a_run_resumes_from_its_newest_mid_epoch_checkpoint(capsys, files, tmp_path, fake_trainer):
+    from tessel.compiler.train_log import epoch_records, read_log
+
+    whole = dict(files, run=tmp_path / "whole")
+    assert main([str(a) for a in _train(whole, "--lr", "0.5", "--epochs", "3")]) == 0
+    argv = _train(files, "--lr", "0.5", "--epochs", "3", "--checkpoint-every", "2", "--max-steps", "9")
+    assert main([str(a) for a in argv]) == 0
+    assert sorted(p.name for p in (files["run"] / "checkpoints").iterdir()) == ["epoch_1", "step_9"]
+    capsys.readouterr()
+    assert main(["train", "--resume", str(files["run"])]) == 0
+    assert "from step_9 (step 9)" in capsys.readouterr().err
+    got, want = _final_weights(files["run"]), _final_weights(whole["run"])
+    assert all(np.array_equal(got[name], want[name]) for name in want)
+    assert [r["step"] for r in read_log(files["run"]) if r["kind"] == "step"] == list(range(1, 16))
+    assert [r["loss"] for r in epoch_records(read_log(files["run"]))] == \
+        [r["loss"] for r in epoch_records(read_log(whole["run"]))]
+    assert sorted(p.name for p in (files["run"] / "checkpoints").iterdir()) == ["epoch_2", "epoch_3"]
 
 
 def test_resume_of_a_finished_run_asks_for_more_epochs(capsys, files, fake_trainer):
