@@ -152,9 +152,12 @@ def _shape_fields(shape) -> dict:
 
 
 def _torch_conv(torch, x, w, b, fields):
+    """PyTorch's conv + bias + ReLU (cuDNN), padding inside the conv where it is symmetric."""
     top, left, bottom, right = fields["pads"]
-    padded = torch.nn.functional.pad(x, (left, right, top, bottom))
-    return torch.relu(torch.nn.functional.conv2d(padded, w, b, stride=fields["strides"],
+    padding = (top, left)
+    if (top, left) != (bottom, right):
+        x, padding = torch.nn.functional.pad(x, (left, right, top, bottom)), (0, 0)
+    return torch.relu(torch.nn.functional.conv2d(x, w, b, stride=fields["strides"], padding=padding,
                                                  dilation=fields["dilations"]))
 
 
