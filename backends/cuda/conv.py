@@ -11,7 +11,8 @@ tile; its TN columns are neighbours, read from shared memory as one vector.
 Where the output has too few tiles to fill the GPU (small spatial sizes at
 batch 1: ResNet-18's last stage has N = 49), the K dimension is split over
 `split_k` blocks that write partial sums, and a second kernel adds them up and
-runs the epilogue (the ops fused after the conv).
+runs the epilogue (the ops fused after the conv); so does a GEMM padded to
+whole tiles, whose epilogue must not run on the padding.
 
 The tile configuration comes from `conv_configs.json` (configurations timed on
 a GPU by bench/gpu_tune.py, per architecture and conv shape) and, for a shape
@@ -126,15 +127,17 @@ def conv_shape(ctx: LowerContext, before, after) -> ConvShape:
 def heuristic_config(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT) -> GemmConfig:
     """A tile configuration for an M x N x K product when none was timed.
 
-    The largest square-ish tile that still gives every multiprocessor a block;
-    then K is split until there are about two blocks per multiprocessor, as long
-    as each split keeps at least 8 K-steps (fewer would spend the time on the
-    partial sums).
+    The largest square-ish tile that still gives every multiprocessor a block,
+    preferring one that divides the output (no padding: the epilogue runs in the
+    GEMM kernel itself); then K is split until there are about two blocks per
+    multiprocessor, as long as each split keeps at least 8 K-steps (fewer would
+    spend the time on the partial sums).
     """
     candidates = [GemmConfig(128, 128, 8, 8, 8), GemmConfig(64, 128, 8, 4, 8), GemmConfig(64, 64, 16, 4, 4),
                   GemmConfig(32, 64, 16, 2, 4), GemmConfig(32, 32, 16, 2, 2)]
     viable = [c for c in candidates if c.bm <= max(32, m) and c.bn <= max(32, n)]
-    config = next((c for c in viable if _blocks(m, n, c) >= sm_count), viable[-1])
+    filling = [c for c in viable if _blocks(m, n, c) >= sm_count]
+    config = next((c for c in filling if m % c.bm == 0 and n % c.bn == 0), filling[0] if filling else viable[-1])
     split = 1
     while _blocks(m, n, config) * split * 2 <= 2 * sm_count and k // (config.bk * split * 2) >= 8:
         split *= 2
@@ -166,6 +169,10 @@ def conv_gemm(ctx: LowerContext, before, after, config: GemmConfig | None = None
 
     The GEMM is padded to whole tiles (zero weights and columns beyond the real
     ones), so no loop needs a bounds check and no thread reads past the input.
+    A padded GEMM (or one split over K) writes its tiles to a buffer of partial
+    products; a second kernel over the real outputs only sums them and runs the
+    epilogue: folded into the tiles, the epilogue would also write the padding,
+    past the end of the output.
     """
     mod = tvm()
     te, tirx = mod.te, mod.tirx
@@ -195,7 +202,7 @@ def conv_gemm(ctx: LowerContext, before, after, config: GemmConfig | None = None
 
     columns = te.compute((kp, np_), column, name=COLUMN_BLOCK)
     weights = te.compute((mp, kp), weight, name=WEIGHT_BLOCK)
-    if config.split_k > 1:
+    if config.split_k > 1 or (mp, np_) != (m, n):
         per_split = kp // config.split_k
         rk = te.reduce_axis((0, per_split), name="rk")
         partial = te.compute((config.split_k, mp, np_),
@@ -203,10 +210,10 @@ def conv_gemm(ctx: LowerContext, before, after, config: GemmConfig | None = None
                                                     axis=rk),
                              name=PARTIAL_BLOCK)
         rs = te.reduce_axis((0, config.split_k), name="rs")
-        gemm = te.compute((mp, np_), lambda i, j: te.sum(partial[rs, i, j], axis=rs), name=GEMM_BLOCK)
+        gemm = te.compute((m, n), lambda i, j: te.sum(partial[rs, i, j], axis=rs), name=GEMM_BLOCK)
     else:
         rk = te.reduce_axis((0, kp), name="rk")
-        gemm = te.compute((mp, np_), lambda i, j: te.sum(weights[i, rk] * columns[rk, j], axis=rk), name=GEMM_BLOCK)
+        gemm = te.compute((m, n), lambda i, j: te.sum(weights[i, rk] * columns[rk, j], axis=rk), name=GEMM_BLOCK)
     if bias is None:
         out = te.compute((shape.batch, m, oh, ow), lambda b, i, y, xx: gemm[i, b * plane + y * ow + xx], name="conv")
     else:
@@ -222,11 +229,13 @@ def _round_up(value: int, multiple: int) -> int:
 def schedule_gemm(sch, config: GemmConfig) -> None:
     """Schedule the implicit GEMM and fold the ops after it (the output view, the bias, the fused epilogue) into
     the block that writes its result (see module docstring)."""
-    if config.split_k > 1:
-        _schedule_sum(sch, sch.get_sblock(GEMM_BLOCK))
-        _schedule_tiles(sch, sch.get_sblock(PARTIAL_BLOCK), config, fold=False)
-    else:
+    try:
+        partial = sch.get_sblock(PARTIAL_BLOCK)
+    except Exception:  # noqa: BLE001 - no partial products: whole tiles, one K range
         _schedule_tiles(sch, sch.get_sblock(GEMM_BLOCK), config, fold=True)
+        return
+    _schedule_sum(sch, sch.get_sblock(GEMM_BLOCK))
+    _schedule_tiles(sch, partial, config, fold=False)
 
 
 def fold_consumers(sch, block) -> None:
@@ -248,7 +257,7 @@ def _schedule_tiles(sch, block, config: GemmConfig, fold: bool) -> None:
     if fold:
         fold_consumers(sch, local)
     loops = sch.get_loops(block)
-    split_loop, (i, j, r) = (loops[0], loops[1:]) if config.split_k > 1 else (None, loops)
+    split_loop, (i, j, r) = (loops[0], loops[1:]) if len(loops) == 4 else (None, loops)
     bi, ti, ii = sch.split(i, [None, config.bm // config.tm, config.tm])
     bj, tj, ij = sch.split(j, [None, config.bn // config.tn, config.tn])
     ro, ri = sch.split(r, [None, config.bk])

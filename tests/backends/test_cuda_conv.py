@@ -65,19 +65,23 @@ def test_implicit_gemm_computes_the_conv(name, config):
     np.testing.assert_allclose(out.numpy(), _reference(x, w, b, stride, dilation, pads), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("split_k,kernels", [(1, 1), (4, 2)])
-def test_schedule_compiles_to_cuda_with_the_epilogue_folded_in(split_k, kernels):
+@pytest.mark.parametrize("shape,split_k,kernels", [
+    ((1, 8, 8, 8, 32, (3, 3), 1, 1, (1, 1, 1, 1)), 1, 1),  # M 32, N 64: whole tiles, the epilogue in the GEMM
+    (SHAPES["3x3_odd_sizes"], 1, 2),  # padded tiles: a second kernel over the real outputs runs the epilogue
+    (SHAPES["3x3_odd_sizes"], 4, 2),  # split K: the second kernel sums the partial products
+])
+def test_schedule_compiles_to_cuda_with_the_epilogue_folded_in(shape, split_k, kernels):
     from tessel.backends.target import TargetSpec, tvm_target
 
     mod = tvm()
-    tensors, result, _ = _conv(SHAPES["3x3_odd_sizes"], GemmConfig(32, 32, 16, 2, 2, split_k), with_relu=True)
+    tensors, result, _ = _conv(shape, GemmConfig(32, 32, 16, 2, 2, split_k), with_relu=True)
     sch = mod.s_tir.Schedule(mod.te.create_prim_func(tensors))
     result.schedule(sch)
     target = TargetSpec("cuda", "sm_90")
     with tvm_target(target):
         executable = mod.compile(mod.IRModule({"main": sch.mod["main"]}), target=tvm_target(target))
     source = next(m for m in executable.mod.imports if m.kind == "cuda").inspect_source()
-    # One kernel (two with split K: the partial products, then their sum), each with its declaration.
+    # Each kernel appears twice: its declaration and its definition.
     assert source.count("__global__") == 2 * kernels
     assert "__shared__" in source
     assert "max(" in source  # the ReLU runs where the result is written, not in a kernel of its own
@@ -114,18 +118,19 @@ def test_fused_conv_add_relu_is_one_gpu_kernel(tmp_path):
     from tessel.compiler.api import compile
 
     rng = np.random.default_rng(0)
-    weight = numpy_helper.from_array(rng.standard_normal((8, 4, 3, 3)).astype(np.float32), "w")
-    bias = numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b")
+    weight = numpy_helper.from_array(rng.standard_normal((32, 4, 3, 3)).astype(np.float32), "w")
+    bias = numpy_helper.from_array(rng.standard_normal(32).astype(np.float32), "b")
     graph = helper.make_graph(
         [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
          helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
-        "conv_add_relu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 10, 10]),
-                          helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, 8, 10, 10])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 10, 10])], [weight, bias])
+        "conv_add_relu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8]),
+                          helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, 32, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 8, 8])], [weight, bias])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     path = tmp_path / "conv_add_relu.onnx"
     onnx.save(model, path)
     artifact = compile(path, target="cuda:sm_90", cache_dir=tmp_path / "cache")
     (library,) = sorted((artifact.directory / "kernels").glob("*.so"))
     source = library.with_suffix(".cu").read_text()
+    # M 32 and N 64 fill whole tiles: the add and the ReLU run in the GEMM kernel, the only one.
     assert source.count("__global__") == 2 and "__shared__" in source
