@@ -119,23 +119,41 @@ def _producers(program: Program) -> dict[str, int]:
 
 
 # ---- stages ------------------------------------------------------------------------------------------------
-def _stages(program: Program, graph: Graph, roles: list[str], spec: PipelineSpec) -> tuple[list[set[int]], dict[str, int]]:
+def _stages(program: Program, graph: Graph, roles: list[str],
+            spec: PipelineSpec) -> tuple[list[set[int]], dict[str, int]]:
     """Each instruction's stages (one, or every stage reading an at-load value) and each state value's stage."""
-    instructions, producer = program.instructions, _producers(program)
     readers: dict[str, list[int]] = {}
-    for i, instruction in enumerate(instructions):
+    for i, instruction in enumerate(program.instructions):
         for name in reads_within(instruction):
             readers.setdefault(name, []).append(i)
     stage = _forward_cut(program, graph, roles, spec)
+    home = _state_homes(program, roles, spec, stage, readers)
+    _place_the_rest(program, roles, spec, stage, home, readers)
+    stages: list[set[int]] = [{stage[i]} if i in stage else set() for i in range(len(program.instructions))]
+    for i in reversed(range(len(program.instructions))):
+        if roles[i] == INIT:
+            for out in program.instructions[i].writes():
+                for j in readers.get(out, ()):
+                    stages[i] |= stages[j]
+    for name in program.state:
+        wrong = [j for j in readers.get(name, ()) if roles[j] != INIT and stages[j] != {home[name]}]
+        if wrong:
+            raise CompileError(f"pipeline training: '{name}' lives on stage {home[name]} but instruction "
+                               f"'{program.instructions[wrong[0]].node}' of stage {min(stages[wrong[0]])} reads it")
+    return stages, home
 
+
+def _state_homes(program: Program, roles: list[str], spec: PipelineSpec, stage: Mapping[int, int],
+                 readers: Mapping[str, list[int]]) -> dict[str, int]:
+    """The stage of each state value whose forward readers (direct, or through once instructions) are on one
+    stage, and of each gradient sum (its parameter's); CompileError for one read by several stages."""
     def forward_stages(name: str, seen: set[str]) -> set[int]:
-        """The stages of the forward instructions reading `name`, directly or through once instructions."""
         found: set[int] = set()
         for j in readers.get(name, ()):
             if roles[j] == FORWARD:
                 found.add(stage[j])
             elif roles[j] == ONCE:
-                for out in instructions[j].writes():
+                for out in program.instructions[j].writes():
                     if out not in seen:
                         seen.add(out)
                         found |= forward_stages(out, seen)
@@ -152,13 +170,25 @@ def _stages(program: Program, graph: Graph, roles: list[str], spec: PipelineSpec
     for grad_sum, param in spec.grad_sums.items():
         if param in home:
             home[grad_sum] = home[param]
+    return home
+
+
+def _place_the_rest(program: Program, roles: list[str], spec: PipelineSpec, stage: dict[int, int],
+                    home: dict[str, int], readers: Mapping[str, list[int]]) -> None:
+    """Give every instruction but the forward and at-load ones its stage (into `stage`), and every state value
+    its stage (into `home`): an instruction reading (or assigning) state runs on its stage; another runs where
+    the forward values it reads live (their last forward reader's stage), but no later than the stage of a
+    gradient it reads (gradients flow from the last stage to the first)."""
+    producer = _producers(program)
 
     def forward_home(name: str) -> int:
-        """Where a forward value (or an input read per micro-batch) lives: its last forward reader's stage."""
         where = [stage[j] for j in readers.get(name, ()) if roles[j] == FORWARD]
         return max(where) if where else stage.get(producer.get(name), 0)
 
-    for i, instruction in enumerate(instructions):
+    def made_by(name: str, *wanted: str) -> bool:
+        return name in producer and roles[producer[name]] in wanted
+
+    for i, instruction in enumerate(program.instructions):
         if roles[i] in (FORWARD, INIT):
             continue
         reads = reads_within(instruction)
@@ -171,27 +201,15 @@ def _stages(program: Program, graph: Graph, roles: list[str], spec: PipelineSpec
         if homed:
             stage[i] = homed.pop()
         else:
-            later = [forward_home(n) for n in reads if n in spec.batched or (n in producer and roles[producer[n]] == FORWARD)]
-            later += [stage[producer[n]] for n in reads if n in producer and roles[producer[n]] == ONCE]
-            earlier = [stage[producer[n]] for n in reads if n in producer and roles[producer[n]] in (BACKWARD, UPDATE)]
+            later = [forward_home(n) for n in reads if n in spec.batched or made_by(n, FORWARD)]
+            later += [stage[producer[n]] for n in reads if made_by(n, ONCE)]
+            earlier = [stage[producer[n]] for n in reads if made_by(n, BACKWARD, UPDATE)]
             bounds = ([max(later)] if later else []) + ([min(earlier)] if earlier else [])
             stage[i] = min(bounds) if bounds else (spec.stages - 1 if roles[i] == BACKWARD else 0)
         if isinstance(instruction, Assign):
             home.setdefault(instruction.dst, stage[i])
     for name in program.state:
         home.setdefault(name, min((stage[j] for j in readers.get(name, ()) if j in stage), default=0))
-    stages: list[set[int]] = [{stage[i]} if i in stage else set() for i in range(len(instructions))]
-    for i in reversed(range(len(instructions))):
-        if roles[i] == INIT:
-            for out in instructions[i].writes():
-                for j in readers.get(out, ()):
-                    stages[i] |= stages[j]
-    for name, where in home.items():
-        wrong = [j for j in readers.get(name, ()) if roles[j] != INIT and stages[j] != {where}]
-        if wrong and name in program.state:
-            raise CompileError(f"pipeline training: '{name}' lives on stage {where} but instruction "
-                               f"'{instructions[wrong[0]].node}' of stage {min(stages[wrong[0]])} reads it")
-    return stages, home
 
 
 def _forward_cut(program: Program, graph: Graph, roles: list[str], spec: PipelineSpec) -> dict[int, int]:

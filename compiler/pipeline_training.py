@@ -12,6 +12,7 @@ BatchNormalization a pipeline step differs from a step on the whole batch; witho
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Mapping
 
@@ -19,11 +20,14 @@ import numpy as np
 
 from tessel.ir.types import TensorType
 from tessel.passes.pipeline_schedule import SCHEDULES
+from tessel.runtime.errors import InputError
 
 from .api import ModelSource, load_model, model_name, prepare_machine
 from .options import CompileError, CompileOptions
 from .pipeline_programs import PipelineSpec, micro_name, pipeline_programs, step_report
 from .pipeline_step import build_pipeline_step
+
+_log = logging.getLogger("tessel.compile")
 
 
 def compile_pipeline_training(model, loss, optimizer, input_shapes, trainable, frozen, seed: int,
@@ -53,9 +57,12 @@ def compile_pipeline_training(model, loss, optimizer, input_shapes, trainable, f
     spec = PipelineSpec(stages, micro_batches, schedule, tuple(pipe.batched), pipe.grad_sums, pipe.sum_outputs,
                         pipe.step.loss_output)
     source = ModelSource(model_name(model, proto), proto, model, {}, time.perf_counter() - started)
+    report = step_report(spec)
+    _log.info("pipeline: %d stages, %d micro-batches, %s; predicted bubble %.1f%% of a step", stages, micro_batches,
+              schedule, 100 * report["bubble_fraction_predicted"])
     return compile_step(pipe.step, source, loss, optimizer, seed, options, machine,
                         replicate=lambda program, graph: pipeline_programs(program, graph, spec),
-                        plan_extra={"pipeline": step_report(spec)})
+                        plan_extra={"pipeline": report})
 
 
 def micro_input_shapes(shapes: Mapping[str, tuple[int, ...]], micro_batches: int) -> dict[str, tuple[int, ...]]:
@@ -82,7 +89,8 @@ class PipelineStep:
         from tessel.runtime.session import InferenceSession
 
         pipeline = artifact.plan["pipeline"]
-        self._micro_batches, self._batched, self._loss = pipeline["micro_batches"], pipeline["batched"], pipeline["loss"]
+        self._micro_batches, self._batched = pipeline["micro_batches"], pipeline["batched"]
+        self._loss = pipeline["loss"]
         self._session = InferenceSession(artifact)
         self.workers = self._session.workers
         self._types = batch_input_types(artifact.plan)
@@ -97,7 +105,11 @@ class PipelineStep:
         split = {}
         for name, array in feeds.items():
             if name in self._batched:
-                parts = np.split(np.asarray(array), self._micro_batches)
+                array = np.asarray(array)
+                if array.shape != self.input_types[name].shape:
+                    raise InputError(f"input '{name}' is {list(array.shape)}, the pipeline takes "
+                                     f"{list(self.input_types[name].shape)} ({self._micro_batches} micro-batches)")
+                parts = np.split(array, self._micro_batches)
                 split.update({micro_name(name, m): np.ascontiguousarray(part) for m, part in enumerate(parts)})
             else:
                 t = self._types.get(name)

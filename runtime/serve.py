@@ -135,7 +135,8 @@ def _state_request(executor, comm, plan: dict, op: str, tensors: dict[str, np.nd
 
     rank, names = comm.rank, plan["state"]["names"]
     if op == "set_state":
-        executor.set_state({name: a for name, a in tensors.items() if name in executor.state_names or name not in names})
+        held = set(executor.state_names)
+        executor.set_state({name: a for name, a in tensors.items() if name in held or name not in names})
         if rank == 0:
             write_message(reply, {"worker_s": 0.0}, {})
         return
