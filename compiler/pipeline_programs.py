@@ -279,7 +279,8 @@ def _blocks(program: Program, roles: list[str], stages: list[set[int]], spec: Pi
 # ---- transfers ---------------------------------------------------------------------------------------------
 def _with_transfers(program: Program, blocks, home: Mapping[str, int], spec: PipelineSpec) -> list[list[Instruction]]:
     """Each stage's instructions with a Recv before the first read of a value made elsewhere and a Send right
-    after the producer of a value read elsewhere (rank 0 sends its inputs first); rank 0 receives the losses."""
+    after the producer of a value read elsewhere (rank 0 sends its inputs first); rank 0 receives the losses
+    last."""
     sequences = [[instruction for _, _, block in stage_blocks for instruction in block] for stage_blocks in blocks]
     made: dict[str, int] = {name: 0 for name in _rank0_inputs(program, spec)}
     for s, sequence in enumerate(sequences):
@@ -287,39 +288,36 @@ def _with_transfers(program: Program, blocks, home: Mapping[str, int], spec: Pip
             if not instruction.runs_at_load:
                 made.update({name: s for name in instruction.writes() if name not in home})
     local = set(program.weights) | set(program.init_values) | set(KEEP_WEIGHTS) | set(home)
-    sends: list[list[tuple[str, int, int]]] = [[] for _ in sequences]
+    sends: list[list[Send]] = [[] for _ in sequences]
     received: list[list[Instruction]] = []
     tag = PIPE_TAG
     for t, sequence in enumerate(sequences):
-        have = set(name for name, s in made.items() if s == t)
-        out: list[Instruction] = []
-        reads_needed = [(k, instruction) for k, instruction in enumerate(sequence)]
+        have = {name for name, s in made.items() if s == t} | local
+        steps = [(sorted(reads_within(instruction)), instruction) for instruction in sequence]
         if t == 0:
-            reads_needed.append((len(sequence), None))
-        for k, instruction in reads_needed:
-            wanted = sorted(reads_within(instruction)) if instruction is not None else \
-                [micro_name(spec.loss, m) for m in range(spec.micro_batches)]
+            steps.append(([micro_name(spec.loss, m) for m in range(spec.micro_batches)], None))
+        out: list[Instruction] = []
+        for wanted, instruction in steps:
             for name in wanted:
-                if name in have or name in local:
+                if name in have:
                     continue
                 if name not in made:
                     raise AssertionError(f"pipeline stage {t} reads '{name}', which no stage makes")
                 source = made[name]
                 out.append(Recv(f"recv/{name}/from{source}", "Recv", output=name, peer=source, tag=tag))
-                sends[source].append((name, t, tag))
+                sends[source].append(Send(f"send/{name}/to{t}", "Send", tensor=name, peer=t, tag=tag))
                 have.add(name)
                 tag += 1
-            if instruction is not None:
-                out.append(instruction)
+            out.extend([instruction] if instruction is not None else [])
         received.append(out)
-    return [_placed_sends(sequence, sends[s], s) for s, sequence in enumerate(received)]
+    return [_placed_sends(sequence, sends[s]) for s, sequence in enumerate(received)]
 
 
-def _placed_sends(sequence: list[Instruction], sends: list[tuple[str, int, int]], stage: int) -> list[Instruction]:
+def _placed_sends(sequence: list[Instruction], sends: list[Send]) -> list[Instruction]:
     """The stage's instructions with each Send right after the instruction writing its value (inputs: first)."""
     after: dict[str, list[Send]] = {}
-    for name, peer, tag in sends:
-        after.setdefault(name, []).append(Send(f"send/{name}/to{peer}", "Send", tensor=name, peer=peer, tag=tag))
+    for send in sends:
+        after.setdefault(send.tensor, []).append(send)
     written = {name for instruction in sequence for name in instruction.writes()}
     placed = [send for name, group in after.items() if name not in written for send in group]
     for instruction in sequence:

@@ -2,7 +2,8 @@
 
 With `devices` = N > 1 the step runs data-parallel (compiler/dp_training.py) on N local workers kept up by
 the persistent worker group (runtime/session.py): each worker holds the state, rank 0 scatters each batch,
-the state is read from rank 0 and written into every worker.
+the state is read from rank 0 and written into every worker. With parallel="pipeline" the N workers are
+pipeline stages, each holding its own part of the state (compiler/pipeline_training.py).
 
 `compile_training` builds the step graph (compiler/training.py) and compiles it and its eval graph through the
 same stages as inference (compiler/api.compile_graph). The `Trainer` runs them: `step` feeds a batch, its
