@@ -38,7 +38,7 @@ GRAD_SUM_SUFFIX = ".grad_sum"
 
 
 @dataclass
-class PipelineStep:
+class PipelineStepGraph:
     """The micro-batch step graph and the names compiler/pipeline_programs.py unrolls it by."""
 
     step: StepGraph
@@ -50,7 +50,7 @@ class PipelineStep:
 
 def build_pipeline_step(model, micro_shapes: Mapping[str, Sequence[int]], whole_shapes: Mapping[str, Sequence[int]],
                         loss: str | LossSpec, optimizer: "Optimizer", micro_batches: int, trainable: str | None = None,
-                        frozen: str | None = None, label_smoothing: float = 0.0) -> PipelineStep:
+                        frozen: str | None = None, label_smoothing: float = 0.0) -> PipelineStepGraph:
     """The pipeline step of an ONNX model (path, bytes or ModelProto) at the micro-batch's input shapes
     `micro_shapes`; its eval graph at the whole batch's `whole_shapes`."""
     spec = loss if isinstance(loss, LossSpec) else LossSpec.parse(loss, label_smoothing)
@@ -92,4 +92,4 @@ def build_pipeline_step(model, micro_shapes: Mapping[str, Sequence[int]], whole_
         state_updates=state_updates, parameters=list(training.parameters),
         scalar_inputs=[v.name for v in updates.scalar_inputs], dropout_masks=dict(training.dropout_masks))
     batched = data_inputs + ([step.label_input] if step.label_input else []) + sorted(training.dropout_masks)
-    return PipelineStep(step, micro_batches, sums, sum_outputs, batched)
+    return PipelineStepGraph(step, micro_batches, sums, sum_outputs, batched)

@@ -80,7 +80,7 @@ def micro_input_shapes(shapes: Mapping[str, tuple[int, ...]], micro_batches: int
     return micro
 
 
-class PipelineStep:
+class PipelineRunner:
     """A pipeline step artifact run by its stages' workers (runtime/session.py): the Executor's surface the
     Trainer uses. Rank 0 takes each micro-batch's inputs; the loss is the sum of the micro-batches' shares."""
 

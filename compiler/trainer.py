@@ -262,9 +262,9 @@ def _step_runner(artifact: Artifact):
     if artifact.devices == 1:
         return Executor(artifact.directory)
     if "pipeline" in artifact.plan:
-        from .pipeline_training import PipelineStep
+        from .pipeline_training import PipelineRunner
 
-        return PipelineStep(artifact)
+        return PipelineRunner(artifact)
     return _WorkerStep(artifact)
 
 
