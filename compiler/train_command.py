@@ -30,7 +30,8 @@ from .train_data import (LABELS, Dataset, as_step_labels, check_class_labels, fe
 from .train_log import RunLog, keep_until, read_log, step_records
 from .train_metrics import ValidationTally
 from .train_progress import TrainProgress
-from .train_settings import DEFAULT_WEIGHT_DECAY, OPTIMIZERS, RUN_FILE, SCHEDULES, RunSettings, loss_output, parse_schedule
+from .train_settings import (DEFAULT_WEIGHT_DECAY, OPTIMIZERS, PARALLEL, PIPELINE_SCHEDULES, RUN_FILE, SCHEDULES,
+                             RunSettings, loss_output, parse_schedule)
 
 MODEL_FILE = "model.onnx"
 CURVES = "training_curves"
@@ -70,10 +71,16 @@ def add_train_parser(commands, parents) -> None:
     train.add_argument("--trainable", metavar="REGEX", help="train only the initializers whose name matches")
     train.add_argument("--frozen", metavar="REGEX", help="keep the initializers whose name matches constant")
     train.add_argument("--devices", type=count_from(1), metavar="N",
-                       help="train data-parallel on N local workers, each on batch/N samples (default 1)")
+                       help="train on N local workers: data-parallel, each on batch/N samples (default 1)")
     train.add_argument("--launcher", choices=LAUNCHERS, default="local",
                        help="local: start the --devices workers here (default); torchrun: this is one of the "
                             "ranks torchrun started, rank 0 trains and the others follow it")
+    train.add_argument("--parallel", choices=PARALLEL,
+                       help="with --devices N > 1: 'data' (default) or 'pipeline' (N stages, one per worker)")
+    train.add_argument("--micro-batches", type=count_from(1), metavar="M",
+                       help="pipeline: micro-batches per step (default 1)")
+    train.add_argument("--pipeline-schedule", choices=PIPELINE_SCHEDULES,
+                       help="pipeline: gpipe (all forwards, then all backwards; default) or 1f1b")
     train.add_argument("-o", "--output", metavar="RUN_DIR", help="run directory to write")
     train.add_argument("--force", action="store_true", help="replace an existing run directory")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue that run from its last checkpoint")
@@ -91,7 +98,7 @@ def add_train_parser(commands, parents) -> None:
 _DEFAULTS = {"val": None, "loss": None, "label_smoothing": 0.0, "optimizer": "sgd", "lr": None, "momentum": 0.0,
              "nesterov": False, "weight_decay": None, "schedule": "constant", "warmup": 0, "base_batch": None,
              "batch": 64, "epochs": 10, "seed": 0, "trainable": None, "frozen": None,
-             "devices": 1}
+             "devices": 1, "parallel": "data", "micro_batches": 1, "pipeline_schedule": "gpipe"}
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -220,7 +227,8 @@ def _trainer(settings: RunSettings, run_dir: Path, data: Dataset, inputs, steps_
         trainer = tessel.compile_training(
             settings.model, loss=_loss(settings), optimizer=build_optimizer(settings, steps_per_epoch),
             input_shapes=input_shapes(inputs, data, settings.batch), trainable=settings.trainable,
-            frozen=settings.frozen, seed=settings.seed, devices=settings.devices)
+            frozen=settings.frozen, seed=settings.seed, devices=settings.devices, parallel=settings.parallel,
+            micro_batches=settings.micro_batches, schedule=settings.pipeline_schedule)
     keep_until(run_dir, trainer.steps_done)
     return trainer, latest[0] if latest else None
 

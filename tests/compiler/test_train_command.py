@@ -44,6 +44,10 @@ def _train(files, *extra):
     (["--batch", "41"], "40 samples, fewer than --batch 41"),
     (["--batch", "0"], "0 is below 1"),
     (["--devices", "3"], "--batch 8 is not a multiple of --devices 3"),
+    (["--parallel", "pipeline"], "--parallel pipeline needs --devices 2 or more"),
+    (["--devices", "2", "--parallel", "pipeline", "--micro-batches", "3"],
+     "--batch 8 is not a multiple of --micro-batches 3"),
+    (["--micro-batches", "2"], "--micro-batches goes with --parallel pipeline"),
 ])
 def test_bad_settings_are_one_line(capsys, files, extra, expected):
     _refused(capsys, _train(files, *extra), expected)
@@ -158,9 +162,10 @@ def fake_trainer(monkeypatch):
 
     compiled = []
 
-    def compile_training(model, loss, optimizer, input_shapes, trainable, frozen, seed, devices):
+    def compile_training(model, loss, optimizer, input_shapes, trainable, frozen, seed, devices, parallel,
+                         micro_batches, schedule):
         assert loss == "cross_entropy" and input_shapes == {"x": (8, 4)}
-        compiled.append(model)
+        compiled.append((model, devices, parallel, micro_batches, schedule))
         return FakeTrainer(model, optimizer)
 
     def load_training(directory):
@@ -243,6 +248,16 @@ def test_resume_of_a_finished_run_asks_for_more_epochs(capsys, files, fake_train
     _refused(capsys, ["train", "--resume", files["run"]], "already trained 1 epoch(s) of 1; give --epochs N")
     assert main(["train", "--resume", str(files["run"]), "--epochs", "2"]) == 0
     assert len(fake_trainer) == 1  # the second epoch continued from the checkpoint, nothing recompiled
+
+
+def test_pipeline_flags_reach_the_compile_and_the_run_file(files, fake_trainer):
+    import json
+
+    assert main([str(a) for a in _train(files, "--epochs", "1", "--devices", "2", "--parallel", "pipeline",
+                                        "--micro-batches", "4", "--pipeline-schedule", "1f1b")]) == 0
+    assert fake_trainer[0][1:] == (2, "pipeline", 4, "1f1b")
+    run = json.loads((files["run"] / "run.json").read_text())
+    assert (run["parallel"], run["micro_batches"], run["pipeline_schedule"]) == ("pipeline", 4, "1f1b")
 
 
 def test_ops_without_a_gradient_rule_are_named_in_one_line(capsys, files, tmp_path):
