@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 from tessel.ir.errors import TesselError
@@ -45,9 +45,10 @@ class RunSettings:
     trainable: str | None
     frozen: str | None
     devices: int
-    parallel: str
-    micro_batches: int
-    pipeline_schedule: str
+    # Settings added after runs were first written: a run.json without them trained on these.
+    parallel: str = "data"
+    micro_batches: int = 1
+    pipeline_schedule: str = "gpipe"
 
     def check(self, output_names: list[str]) -> "RunSettings":
         """Refuse settings that cannot train (one line each), the loss checked against the model's outputs;
@@ -94,7 +95,7 @@ class RunSettings:
                                      "the -o directory of an earlier 'tessel train'")
         try:
             values = json.loads(path.read_text(encoding="utf-8"))
-            return cls(**{f.name: values[f.name] for f in fields(cls)})
+            return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values or f.default is MISSING})
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise TrainSettingsError(f"{path}: damaged ({type(exc).__name__}: {exc}); start a new run") from None
 
