@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import logging
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -41,6 +42,8 @@ from .recompute import place_recompute, recompute_pass
 from .state_program import PersistentState
 from .training import StepGraph, build_step_graph
 from .worker_programs import MachineShape
+
+_log = logging.getLogger("tessel.compile")
 
 
 class Trainer:
@@ -171,7 +174,7 @@ def _unalias_initializers(model, state: Mapping[str, np.ndarray]) -> None:
 def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
                      input_shapes: Mapping[str, tuple[int, ...]] | None = None, trainable: str | None = None,
                      frozen: str | None = None, seed: int = 0, label_smoothing: float = 0.0,
-                     bucket_bytes: int | None = None, **options) -> Trainer:
+                     bucket_bytes: int | None = None, sync_batchnorm: bool = False, **options) -> Trainer:
     """Compile an ONNX model (path, bytes or ModelProto) into a Trainer: one compiled graph per step.
 
     `loss`: "cross_entropy" (with `label_smoothing`), "mse", "l1", "bce_with_logits", "output:K" (the
@@ -179,10 +182,13 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
     `trainable` / `frozen`: regexes on initializer names; `seed` seeds the dropout masks; the other keywords
     are compile options (compiler/options.py). `devices` = N > 1 trains data-parallel on N local workers
     (compiler/dp_training.py), the gradients all-reduced in buckets of `bucket_bytes` (default: from the
-    link's α-β model).
+    link's α-β model); `sync_batchnorm` then normalises BatchNormalization with the whole batch's statistics
+    (as torch.nn.SyncBatchNorm) instead of each worker's slice's.
     """
     options = CompileOptions.create(None, input_shapes=dict(input_shapes or {}), **options)
     replicas = data_parallel_workers(options)
+    if sync_batchnorm and replicas == 1:
+        _log.warning("sync_batchnorm ignored: one device already normalises with the whole batch's statistics")
     if replicas > 1:
         options = CompileOptions.create(options, devices=1, placement="auto")
     machine = prepare_machine(options)
@@ -194,7 +200,8 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
         replica_model = with_batch(proto, next(iter(replica_shapes.values()))[0])
         step_graph = build_step_graph(replica_model, replica_shapes, loss, optimizer,
                                       trainable=trainable, frozen=frozen, label_smoothing=label_smoothing,
-                                      replicas=replicas, bucket_bytes=bucket_bytes or bucket_bytes_for(machine.link))
+                                      replicas=replicas, bucket_bytes=bucket_bytes or bucket_bytes_for(machine.link),
+                                      sync_batchnorm=sync_batchnorm)
         step_graph = replace(step_graph, eval_graph=prepare_eval(from_onnx(proto, shapes, training=True),
                                                                  list(step_graph.state)))
     else:
