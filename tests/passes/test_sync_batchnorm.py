@@ -147,10 +147,11 @@ def conv_bn_model(batch: int) -> onnx.ModelProto:
     return model(nodes, [("x", F, [batch, 2, 5, 5])], [("y", F, [batch, CLASSES])], initializers)
 
 
-def _batch(rng) -> tuple[np.ndarray, np.ndarray]:
-    # A per-channel offset larger than the spread, where the statistics must be the whole batch's to agree.
-    x = rng.standard_normal((BATCH, 2, 5, 5)) + np.array([3.0, -2.0]).reshape(1, 2, 1, 1)
-    return x, rng.integers(0, CLASSES, BATCH)
+def input_batch(rng, batch: int = BATCH) -> tuple[np.ndarray, np.ndarray]:
+    """conv_bn_model's input (float64) and class labels; a per-channel offset larger than the spread, where the
+    statistics must be the whole batch's to agree."""
+    x = rng.standard_normal((batch, 2, 5, 5)) + np.array([3.0, -2.0]).reshape(1, 2, 1, 1)
+    return x, rng.integers(0, CLASSES, batch)
 
 
 def _step_graph(batch: int, replicas: int = 1, sync: bool = False):
@@ -179,7 +180,7 @@ def test_synchronised_batchnorm_replicas_train_as_one_device_on_the_whole_batch(
     """Two simulated replicas with synchronised BN, 3 SGD-momentum steps in float64: losses, weights and BN
     running statistics (the unbiased variance over the whole batch's count) equal one device's to 1e-10."""
     rng = np.random.default_rng(3)
-    batches = [_batch(rng) for _ in range(3)]
+    batches = [input_batch(rng) for _ in range(3)]
     want_losses, [want] = _train(monkeypatch, _step_graph(BATCH), 1, batches)
     got_losses, replicas = _train(monkeypatch, _step_graph(BATCH // 2, replicas=2, sync=True), 2, batches)
     np.testing.assert_allclose(got_losses, want_losses, rtol=1e-10)
