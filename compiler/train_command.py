@@ -67,6 +67,9 @@ def add_train_parser(commands, parents) -> None:
     train.add_argument("--frozen", metavar="REGEX", help="keep the initializers whose name matches constant")
     train.add_argument("--devices", type=count_from(1), metavar="N",
                        help="train data-parallel on N local workers, each on batch/N samples (default 1)")
+    train.add_argument("--sync-batchnorm", action="store_true", default=None,
+                       help="with --devices N > 1: BatchNormalization normalises with the whole batch's statistics, "
+                            "all-reduced (as torch.nn.SyncBatchNorm), not each worker's slice's")
     train.add_argument("-o", "--output", metavar="RUN_DIR", help="run directory to write")
     train.add_argument("--force", action="store_true", help="replace an existing run directory")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue that run from its last checkpoint")
@@ -82,7 +85,7 @@ def add_train_parser(commands, parents) -> None:
 _DEFAULTS = {"val": None, "loss": None, "label_smoothing": 0.0, "optimizer": "sgd", "lr": None, "momentum": 0.0,
              "nesterov": False, "weight_decay": None, "schedule": "constant", "warmup": 0, "base_batch": None,
              "batch": 64, "epochs": 10, "seed": 0, "trainable": None, "frozen": None,
-             "devices": 1}
+             "devices": 1, "sync_batchnorm": False}
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -202,7 +205,8 @@ def _trainer(settings: RunSettings, run_dir: Path, data: Dataset, inputs, steps_
         trainer = tessel.compile_training(
             settings.model, loss=_loss(settings), optimizer=build_optimizer(settings, steps_per_epoch),
             input_shapes=input_shapes(inputs, data, settings.batch), trainable=settings.trainable,
-            frozen=settings.frozen, seed=settings.seed, devices=settings.devices)
+            frozen=settings.frozen, seed=settings.seed, devices=settings.devices,
+            sync_batchnorm=settings.sync_batchnorm)
     keep_until(run_dir, trainer.steps_done)
     return trainer, start_epoch
 

@@ -43,6 +43,7 @@ class RunSettings:
     trainable: str | None
     frozen: str | None
     devices: int
+    sync_batchnorm: bool
 
     def check(self, output_names: list[str]) -> "RunSettings":
         """Refuse settings that cannot train (one line each), the loss checked against the model's outputs;
