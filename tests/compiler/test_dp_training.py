@@ -198,7 +198,8 @@ def _interpreted_training(step, batches, optimizer) -> tuple[list[float], dict[s
 def test_synchronised_batchnorm_on_two_workers_trains_as_one_device_on_the_whole_batch(kernel_cache, tmp_path):
     """compile_training(devices=2, sync_batchnorm=True) on a small CNN with BatchNormalization, 20 SGD-momentum
     steps: losses, weights and BN running statistics equal one device's on the whole batch (its step graph
-    interpreted in float64) within 1e-4 relative."""
+    interpreted in float64) within 1e-4 relative. 64-byte buckets: the BN gradients' all-reduces run between a
+    bucket of one gradient (the filter's) and one of two (BN's scale and bias)."""
     batch = 8
     path = tmp_path / "cnn_bn.onnx"
     onnx.save(conv_bn_model(batch), path)
@@ -209,7 +210,7 @@ def test_synchronised_batchnorm_on_two_workers_trains_as_one_device_on_the_whole
         build_step_graph(str(path), {"x": batches[0][0].shape}, "cross_entropy", optimizer), batches, optimizer)
     parallel = tessel.compile_training(str(path), loss="cross_entropy", optimizer=optimizer,
                                        input_shapes={"x": batches[0][0].shape}, cache_dir=kernel_cache, devices=2,
-                                       sync_batchnorm=True)
+                                       sync_batchnorm=True, bucket_bytes=64)
     try:
         got_losses = [parallel.step({"x": x.astype(np.float32)}, labels) for x, labels in batches]
         got_state = parallel.state

@@ -1,10 +1,8 @@
 """Synchronised BatchNorm in a data-parallel replica's step (passes/training_mode.py with sync_replicas) and the
 gradient rule of AllReduce (passes/gradients/collectives.py), on the IR interpreter in float64: one replica
-(an AllReduce over one worker is its input) against finite differences, and several replicas simulated by one
-interpreter thread each, their AllReduces meeting at a barrier."""
+(an AllReduce over one worker is its input) against finite differences, and several replicas simulated by
+ir/interpret.interpret_replicas (one interpreter thread each, their AllReduces meeting)."""
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 import onnx
@@ -13,9 +11,8 @@ from onnx import helper
 
 import tessel
 from tessel.compiler.training import build_step_graph
-from tessel.ir import interpret as interpreter
 from tessel.ir.graph import Graph
-from tessel.ir.interpret import interpret
+from tessel.ir.interpret import interpret_replicas
 from tessel.ir.schema import TESSEL_DOMAIN
 from tessel.ir.types import TensorType
 from tessel.passes.autodiff import MissingGradientError, differentiate
@@ -25,50 +22,6 @@ from tests.passes.gradcheck import check_gradients
 
 BATCH, CHANNELS = 8, 4
 CLASSES = CHANNELS
-
-
-class SimulatedAllReduce:
-    """The interpreter's AllReduce for `count` threads, one replica each: every call waits for all the replicas'
-    inputs (the replicas run the same graph, so their AllReduces come in the same order) and returns their sum
-    or mean, added in rank order as a real all-reduce would on every worker alike."""
-
-    def __init__(self, count: int):
-        self.count = count
-        self.barrier = threading.Barrier(count, timeout=60)
-        self.slots: list[np.ndarray | None] = [None] * count
-        self.local = threading.local()
-
-    def __call__(self, attrs, inputs):
-        self.slots[self.local.rank] = inputs[0]
-        self.barrier.wait()
-        total = sum(self.slots[1:], self.slots[0])
-        self.barrier.wait()  # every replica has read the slots before any overwrites its own
-        return [total / self.count if attrs["reduction"] == "mean" else total]
-
-
-def interpret_replicas(monkeypatch, graph: Graph, feeds: list[dict]) -> list[dict[str, np.ndarray]]:
-    """Interpret `graph` once per element of `feeds`, concurrently, as that many replicas."""
-    reduce = SimulatedAllReduce(len(feeds))
-    monkeypatch.setitem(interpreter.REFERENCE, "AllReduce", reduce)
-    results: list = [None] * len(feeds)
-
-    def replica(rank: int) -> None:
-        reduce.local.rank = rank
-        try:
-            results[rank] = interpret(graph, feeds[rank])
-        except BaseException as exc:  # noqa: BLE001 - re-raised below; the barrier lets the others fail too
-            reduce.barrier.abort()
-            results[rank] = exc
-
-    threads = [threading.Thread(target=replica, args=(rank,)) for rank in range(len(feeds))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results
 
 
 # ---- the gradient rule -----------------------------------------------------------------------------------------
@@ -92,17 +45,17 @@ def _weighted_all_reduce(reduction: str) -> tuple[Graph, list]:
 
 
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
-def test_all_reduce_gradient_over_simulated_replicas_is_that_of_the_replicas_losses_summed(monkeypatch, reduction):
+def test_all_reduce_gradient_over_simulated_replicas_is_that_of_the_replicas_losses_summed(reduction):
     """Three replicas: replica r's gradient of x_r equals d(loss_0 + loss_1 + loss_2)/dx_r by central differences."""
     graph, (loss, x) = _weighted_all_reduce(reduction)
     rng = np.random.default_rng(1)
     feeds = [{"x": rng.standard_normal((2, 3))} for _ in range(3)]
     grads = differentiate(graph, loss, [x])
     graph.outputs = [loss, grads["x"]]
-    got = interpret_replicas(monkeypatch, graph, feeds)
+    got = interpret_replicas(graph, feeds)
 
     def total(moved: list[dict]) -> float:
-        return sum(float(out[loss.name]) for out in interpret_replicas(monkeypatch, graph, moved))
+        return sum(float(out[loss.name]) for out in interpret_replicas(graph, moved))
 
     eps = 1e-6
     for rank in range(len(feeds)):
@@ -158,7 +111,7 @@ def _step_graph(batch: int, replicas: int = 1, sync: bool = False):
                             tessel.optim.SGD(lr=0.1, momentum=0.9), replicas=replicas, sync_batchnorm=sync)
 
 
-def _train(monkeypatch, step, replicas: int, batches) -> tuple[list[float], list[dict[str, np.ndarray]]]:
+def _train(step, replicas: int, batches) -> tuple[list[float], list[dict[str, np.ndarray]]]:
     """Run the step graph's steps in float64 (`replicas` simulated, each on its slice): rank 0's losses and every
     replica's state."""
     optimizer = tessel.optim.SGD(lr=0.1, momentum=0.9)
@@ -168,27 +121,27 @@ def _train(monkeypatch, step, replicas: int, batches) -> tuple[list[float], list
         part = len(x) // replicas
         feeds = [{**state[r], "x": x[r * part:(r + 1) * part], step.label_input: labels[r * part:(r + 1) * part],
                   **optimizer.step_scalars(t)} for r in range(replicas)]
-        outputs = interpret_replicas(monkeypatch, step.graph, feeds)
+        outputs = interpret_replicas(step.graph, feeds)
         losses.append(float(outputs[0][step.loss_output]))
         state = [{name: out[step.state_updates.get(name, name)] if name in step.state_updates else state[r][name]
                   for name in state[r]} for r, out in enumerate(outputs)]
     return losses, state
 
 
-def test_synchronised_batchnorm_replicas_train_as_one_device_on_the_whole_batch(monkeypatch):
+def test_synchronised_batchnorm_replicas_train_as_one_device_on_the_whole_batch():
     """Two simulated replicas with synchronised BN, 3 SGD-momentum steps in float64: losses, weights and BN
     running statistics (the unbiased variance over the whole batch's count) equal one device's to 1e-10."""
     rng = np.random.default_rng(3)
     batches = [input_batch(rng) for _ in range(3)]
-    want_losses, [want] = _train(monkeypatch, _step_graph(BATCH), 1, batches)
-    got_losses, replicas = _train(monkeypatch, _step_graph(BATCH // 2, replicas=2, sync=True), 2, batches)
+    want_losses, [want] = _train(_step_graph(BATCH), 1, batches)
+    got_losses, replicas = _train(_step_graph(BATCH // 2, replicas=2, sync=True), 2, batches)
     np.testing.assert_allclose(got_losses, want_losses, rtol=1e-10)
     for got in replicas:
         assert set(got) == set(want)
         for name, value in want.items():
             np.testing.assert_allclose(got[name], value, rtol=1e-10, atol=1e-12, err_msg=name)
     # Per-replica statistics (the default) do not: each half normalises with its own mean and variance.
-    _, apart = _train(monkeypatch, _step_graph(BATCH // 2, replicas=2), 2, batches)
+    _, apart = _train(_step_graph(BATCH // 2, replicas=2), 2, batches)
     assert not np.allclose(apart[0]["bn_var"], want["bn_var"], rtol=1e-3)
     assert not np.allclose(apart[0]["bn_mean"], apart[1]["bn_mean"], rtol=1e-3)
 
