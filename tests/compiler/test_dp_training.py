@@ -194,7 +194,9 @@ def _interpreted_training(step, batches, optimizer) -> tuple[list[float], dict[s
     return losses, state
 
 
-# About 40 s on two cores, most of it compiling the replica step's kernels.
+# 40-100 s on two cores (compiling the replica step's kernels, starting two workers): `pytest -m slow`. The
+# default run checks the same step graphs on simulated replicas (tests/passes/test_sync_batchnorm.py).
+@pytest.mark.slow
 def test_synchronised_batchnorm_on_two_workers_trains_as_one_device_on_the_whole_batch(kernel_cache, tmp_path):
     """compile_training(devices=2, sync_batchnorm=True) on a small CNN with BatchNormalization, 20 SGD-momentum
     steps: losses, weights and BN running statistics equal one device's on the whole batch (its step graph
