@@ -10,11 +10,12 @@ compiles once, as for one device; `replica_programs` then gives each worker its 
 - the optimizer's scalars (learning rate, bias corrections) go from rank 0 to every peer (Send/Recv);
 - rank 0 returns the loss (already the mean over the replicas); the state update stays in each worker.
 
-Every worker starts from the same state file, so the weights agree from the first step. BatchNormalization
-normalises with each replica's own batch statistics and each replica keeps its own running statistics (rank 0's
-are the ones saved): with BatchNormalization the result differs from training on the whole batch on one device
-and equals PyTorch's DistributedDataParallel without SyncBatchNorm (tests/compiler/test_dp_training.py).
-Synchronised statistics are not built yet.
+Every worker starts from the same state file, so the weights agree from the first step. By default
+BatchNormalization normalises with each replica's own batch statistics and each replica keeps its own running
+statistics (rank 0's are the ones saved): with BatchNormalization the result differs from training on the whole
+batch on one device and equals PyTorch's DistributedDataParallel without SyncBatchNorm. With sync_batchnorm the
+replicas all-reduce every BN's batch statistics and their gradients (passes/training_mode.py), train as one device
+on the whole batch and keep identical running statistics (tests/compiler/test_dp_training.py).
 """
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tessel.ir.errors import TesselError
+from tessel.passes.pipeline_schedule import SCHEDULES as PIPELINE_SCHEDULES
 
 from .arg_types import count_from
 from .train_checkpoints import (completed_epochs, drop_after, drop_superseded, latest_checkpoint, prune,
@@ -30,7 +31,7 @@ from .train_data import (LABELS, Dataset, as_step_labels, check_class_labels, fe
 from .train_log import RunLog, keep_until, read_log, step_records
 from .train_metrics import ValidationTally
 from .train_progress import TrainProgress
-from .train_settings import (DEFAULT_WEIGHT_DECAY, OPTIMIZERS, PARALLEL, PIPELINE_SCHEDULES, RUN_FILE, SCHEDULES,
+from .train_settings import (DEFAULT_WEIGHT_DECAY, OPTIMIZERS, PARALLEL, RUN_FILE, SCHEDULES,
                              RunSettings, loss_output, parse_schedule)
 
 MODEL_FILE = "model.onnx"
@@ -81,6 +82,9 @@ def add_train_parser(commands, parents) -> None:
                        help="pipeline: micro-batches per step (default 1)")
     train.add_argument("--pipeline-schedule", choices=PIPELINE_SCHEDULES,
                        help="pipeline: gpipe (all forwards, then all backwards; default) or 1f1b")
+    train.add_argument("--sync-batchnorm", action="store_true", default=None,
+                       help="with --devices N > 1: BatchNormalization normalises with the whole batch's statistics, "
+                            "all-reduced (as torch.nn.SyncBatchNorm), not each worker's slice's")
     train.add_argument("-o", "--output", metavar="RUN_DIR", help="run directory to write")
     train.add_argument("--force", action="store_true", help="replace an existing run directory")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue that run from its last checkpoint")
@@ -98,7 +102,8 @@ def add_train_parser(commands, parents) -> None:
 _DEFAULTS = {"val": None, "loss": None, "label_smoothing": 0.0, "optimizer": "sgd", "lr": None, "momentum": 0.0,
              "nesterov": False, "weight_decay": None, "schedule": "constant", "warmup": 0, "base_batch": None,
              "batch": 64, "epochs": 10, "seed": 0, "trainable": None, "frozen": None,
-             "devices": 1, "parallel": "data", "micro_batches": 1, "pipeline_schedule": "gpipe"}
+             "devices": 1, "parallel": "data", "micro_batches": 1, "pipeline_schedule": "gpipe",
+             "sync_batchnorm": False}
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -228,7 +233,8 @@ def _trainer(settings: RunSettings, run_dir: Path, data: Dataset, inputs, steps_
             settings.model, loss=_loss(settings), optimizer=build_optimizer(settings, steps_per_epoch),
             input_shapes=input_shapes(inputs, data, settings.batch), trainable=settings.trainable,
             frozen=settings.frozen, seed=settings.seed, devices=settings.devices, parallel=settings.parallel,
-            micro_batches=settings.micro_batches, schedule=settings.pipeline_schedule)
+            micro_batches=settings.micro_batches, schedule=settings.pipeline_schedule,
+            sync_batchnorm=settings.sync_batchnorm)
     keep_until(run_dir, trainer.steps_done)
     return trainer, latest[0] if latest else None
 

@@ -7,7 +7,6 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 from tessel.ir.errors import TesselError
-from tessel.passes.pipeline_schedule import SCHEDULES as PIPELINE_SCHEDULES
 
 from .train_metrics import HOST_LOSSES
 
@@ -49,6 +48,7 @@ class RunSettings:
     parallel: str = "data"
     micro_batches: int = 1
     pipeline_schedule: str = "gpipe"
+    sync_batchnorm: bool = False
 
     def check(self, output_names: list[str]) -> "RunSettings":
         """Refuse settings that cannot train (one line each), the loss checked against the model's outputs;

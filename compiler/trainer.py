@@ -12,6 +12,7 @@ of the current state; `save` and `load_training` write and read checkpoints (com
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -40,6 +41,8 @@ from .recompute import place_recompute, recompute_pass
 from .state_program import PersistentState
 from .training import StepGraph, build_step_graph
 from .worker_programs import MachineShape
+
+_log = logging.getLogger("tessel.compile")
 
 
 class Trainer:
@@ -171,7 +174,7 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
                      input_shapes: Mapping[str, tuple[int, ...]] | None = None, trainable: str | None = None,
                      frozen: str | None = None, seed: int = 0, label_smoothing: float = 0.0,
                      bucket_bytes: int | None = None, parallel: str = "data", micro_batches: int = 1,
-                     schedule: str = "gpipe", **options) -> Trainer:
+                     schedule: str = "gpipe", sync_batchnorm: bool = False, **options) -> Trainer:
     """Compile an ONNX model (path, bytes or ModelProto) into a Trainer: one compiled graph per step.
 
     `loss`: "cross_entropy" (with `label_smoothing`), "mse", "l1", "bce_with_logits", "output:K" (the
@@ -179,18 +182,25 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
     `trainable` / `frozen`: regexes on initializer names; `seed` seeds the dropout masks; the other keywords
     are compile options (compiler/options.py). `devices` = N > 1 trains data-parallel on N local workers
     (compiler/dp_training.py), the gradients all-reduced in buckets of `bucket_bytes` (default: from the
-    link's α-β model). `parallel` = "pipeline" trains on `devices` pipeline stages instead, each step's batch in
-    `micro_batches` micro-batches under `schedule` "gpipe" or "1f1b" (compiler/pipeline_training.py).
+    link's α-β model); `sync_batchnorm` then normalises BatchNormalization with the whole batch's
+    statistics (as torch.nn.SyncBatchNorm) instead of each worker's slice's. `parallel` = "pipeline" trains
+    on `devices` pipeline stages instead, each step's batch in `micro_batches` micro-batches under `schedule`
+    "gpipe" or "1f1b" (compiler/pipeline_training.py).
     """
     if parallel == "pipeline":
         from .pipeline_training import compile_pipeline_training
 
+        if sync_batchnorm:
+            raise CompileError("sync_batchnorm goes with data-parallel training: pipeline stages normalise per "
+                               "micro-batch")
         return compile_pipeline_training(model, loss, optimizer, input_shapes, trainable, frozen, seed, label_smoothing,
                                          micro_batches, schedule, **options)
     if parallel != "data":
         raise CompileError(f"unknown parallel training '{parallel}'; choose data or pipeline")
     options = CompileOptions.create(None, input_shapes=dict(input_shapes or {}), **options)
     replicas = data_parallel_workers(options)
+    if sync_batchnorm and replicas == 1:
+        _log.warning("sync_batchnorm ignored: one device already normalises with the whole batch's statistics")
     if replicas > 1:
         options = CompileOptions.create(options, devices=1, placement="auto")
     machine = prepare_machine(options)
@@ -202,7 +212,8 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
         replica_model = with_batch(proto, next(iter(replica_shapes.values()))[0])
         step_graph = build_step_graph(replica_model, replica_shapes, loss, optimizer,
                                       trainable=trainable, frozen=frozen, label_smoothing=label_smoothing,
-                                      replicas=replicas, bucket_bytes=bucket_bytes or bucket_bytes_for(machine.link))
+                                      replicas=replicas, bucket_bytes=bucket_bytes or bucket_bytes_for(machine.link),
+                                      sync_batchnorm=sync_batchnorm)
         step_graph = replace(step_graph, eval_graph=prepare_eval(from_onnx(proto, shapes, training=True),
                                                                  list(step_graph.state)))
     else:

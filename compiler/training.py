@@ -53,18 +53,20 @@ class StepGraph:
 def build_step_graph(model, input_shapes: Mapping[str, Sequence[int]] | None, loss: str | LossSpec,
                      optimizer: "Optimizer", trainable: str | None = None, frozen: str | None = None,
                      label_smoothing: float = 0.0, replicas: int = 1,
-                     bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> StepGraph:
+                     bucket_bytes: int = DEFAULT_BUCKET_BYTES, sync_batchnorm: bool = False) -> StepGraph:
     """The training step of an ONNX model (path, bytes or ModelProto) for `loss` and `optimizer`.
 
     `loss` is a loss kind ("cross_entropy", "mse", "l1", "bce_with_logits"), "output:K" or the name of the
     model output that is the loss, or a LossSpec; `trainable`/`frozen` are regexes on initializer names.
     `replicas` > 1: one data-parallel replica's step (`input_shapes` are its slice of the batch): every
     gradient and the loss are averaged over the replicas (AllReduce nodes, gradients in buckets of about
-    `bucket_bytes`: passes/data_parallel.py) before the update.
+    `bucket_bytes`: passes/data_parallel.py) before the update; `sync_batchnorm`: BatchNormalization
+    normalises with the statistics of all the replicas' slices (passes/training_mode.py), not its own slice's.
     """
     spec = loss if isinstance(loss, LossSpec) else LossSpec.parse(loss, label_smoothing)
     proto = load_model(model)
-    training = prepare_training(from_onnx(proto, input_shapes, training=True), trainable, frozen)
+    training = prepare_training(from_onnx(proto, input_shapes, training=True), trainable, frozen,
+                                sync_replicas=replicas if sync_batchnorm else 1)
     eval_graph = prepare_eval(from_onnx(proto, input_shapes, training=True), list(training.state))
     return assemble_step(training, eval_graph, spec, optimizer, replicas, bucket_bytes)
 

@@ -7,7 +7,8 @@ results such as Cast or ConstantOfShape) is then held as float64, so differences
 from __future__ import annotations
 
 import math
-from typing import Mapping
+import threading
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -23,8 +24,19 @@ from .onnx_proto import attribute_proto
 from .optimizer_ops import REFERENCE as OPTIMIZER_REFERENCE
 from .schema import CANONICAL_OPSET, FUSED, TESSEL_DOMAIN, OpSchema, get_schema
 
+# The data-parallel replicas the interpreting thread stands for (`interpret_replicas`): its `group` and `rank`.
+_replica = threading.local()
+
+
+def _all_reduce(attrs: Attributes, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """AllReduce over the replicas `interpret_replicas` runs together; a plain `interpret` is one worker, whose
+    reduction is its input."""
+    group = getattr(_replica, "group", None)
+    return [inputs[0] if group is None else group.reduce(_replica.rank, attrs["reduction"], inputs[0])]
+
+
 # Numpy references of the Tessel-domain ops, by op type.
-REFERENCE = {**GRAD_REFERENCE, **OPTIMIZER_REFERENCE}
+REFERENCE = {**GRAD_REFERENCE, **OPTIMIZER_REFERENCE, "AllReduce": _all_reduce}
 
 
 def interpret(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -36,6 +48,53 @@ def interpret(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.nda
     env: dict[int, np.ndarray] = {id(v): _held(np.asarray(feeds[v.name]), wide) for v in graph.inputs}
     _run(graph, env, wide)
     return {v.name: env[id(v)] for v in graph.outputs}
+
+
+def interpret_replicas(graph: Graph, feeds: Sequence[Mapping[str, np.ndarray]],
+                       timeout_s: float = 600.0) -> list[dict[str, np.ndarray]]:
+    """`interpret` of a data-parallel replica's graph once per element of `feeds`, concurrently, each thread one
+    replica: their AllReduce nodes meet (the replicas run the same graph, so the reductions come in the same
+    order) and add up the replicas' inputs in rank order, as every worker of a real all-reduce gets the same sum."""
+    group = _ReplicaGroup(len(feeds), timeout_s)
+    results: list = [None] * len(feeds)
+
+    def replica(rank: int) -> None:
+        _replica.group, _replica.rank = group, rank
+        try:
+            results[rank] = interpret(graph, feeds[rank])
+        except BaseException as exc:  # noqa: BLE001 - raised below; aborting the barrier stops the other replicas
+            group.barrier.abort()
+            results[rank] = exc
+
+    threads = [threading.Thread(target=replica, args=(rank,), name=f"replica{rank}") for rank in range(len(feeds))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:  # the replica that failed first, not those its abort stopped
+        raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
+    return results
+
+
+class _ReplicaGroup:
+    """Where the replicas of `interpret_replicas` exchange their AllReduce inputs."""
+
+    def __init__(self, count: int, timeout_s: float):
+        self.count = count
+        self.barrier = threading.Barrier(count, timeout=timeout_s)
+        self.slots: list[np.ndarray | None] = [None] * count
+
+    def reduce(self, rank: int, reduction: str, value: np.ndarray) -> np.ndarray:
+        """The `reduction` (sum, mean, max, min) of every replica's `value`, once all have given theirs."""
+        self.slots[rank] = value
+        self.barrier.wait()
+        parts = list(self.slots)
+        self.barrier.wait()  # every replica has read the slots before any writes its next value
+        if reduction in ("max", "min"):
+            return (np.maximum if reduction == "max" else np.minimum).reduce(parts)
+        total = sum(parts[1:], parts[0])
+        return total / self.count if reduction == "mean" else total
 
 
 def _held(array: np.ndarray, wide: bool) -> np.ndarray:

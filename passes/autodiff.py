@@ -13,7 +13,7 @@ from tessel.ir.errors import TesselError
 from tessel.ir.graph import Graph, Node, Value
 from tessel.ir.types import numpy_dtype
 
-from .gradients import GRADIENT_RULES, GradBuilder, is_float
+from .gradients import GradBuilder, is_float, rule_for
 
 
 class MissingGradientError(TesselError):
@@ -49,7 +49,7 @@ def differentiate(graph: Graph, loss: Value, wrt: Sequence[Value]) -> dict[str, 
             continue
         wanted = [i for i, v in enumerate(node.inputs) if v is not None and id(v) in carriers]
         builder.begin(node, wanted)
-        input_grads = GRADIENT_RULES[node.op_type](builder, node, output_grads)
+        input_grads = rule_for(node)(builder, node, output_grads)
         for index in wanted:
             grad = input_grads[index] if index < len(input_grads) else None
             if grad is None:
@@ -95,7 +95,7 @@ def _check_rules(active: list[Node]) -> None:
     """Raise MissingGradientError naming every op type among `active` without a usable rule."""
     problems: dict[str, str] = {}
     for node in active:
-        rule = GRADIENT_RULES.get(node.op_type) if node.domain == "" else None
+        rule = rule_for(node)
         if rule is None:
             problems.setdefault(node.op_type, "")
             continue

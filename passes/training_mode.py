@@ -21,6 +21,7 @@ from tessel.ir.graph import Graph, Node, Value
 from tessel.ir.verify import verify
 
 from .base import add_op, can_replace, constant_scalar, retire
+from .data_parallel import replica_mean
 from .emitter import Emitter
 from .unroll_rnn import unroll_rnn
 
@@ -43,12 +44,15 @@ class TrainingModel:
     model_outputs: list[str] = field(default_factory=list)  # the model's own outputs (still graph outputs, first)
 
 
-def prepare_training(graph: Graph, trainable: str | None = None, frozen: str | None = None) -> TrainingModel:
+def prepare_training(graph: Graph, trainable: str | None = None, frozen: str | None = None,
+                     sync_replicas: int = 1) -> TrainingModel:
     """Give `graph` (imported with from_onnx(..., training=True); edited in place) training semantics.
 
     Every float initializer matching `trainable` (re.search; default all) and not `frozen` becomes a trainable
     graph input; BatchNormalization running statistics become persistent non-trainable inputs (unless `frozen`
-    matches them); the other float initializers stay constants.
+    matches them); the other float initializers stay constants. `sync_replicas` > 1: `graph` is one of that
+    many data-parallel replicas and BatchNormalization normalises with the statistics of all their slices
+    together (synchronised BatchNorm, as torch.nn.SyncBatchNorm).
     """
     selected, excluded = _pattern("trainable", trainable), _pattern("frozen", frozen)
     _split_aliases(graph)
@@ -65,7 +69,7 @@ def prepare_training(graph: Graph, trainable: str | None = None, frozen: str | N
     updates: dict[str, Value] = {}
     for node in list(graph.nodes):
         if node.op_type == "BatchNormalization":
-            _batch_norm_training(graph, node, updates)
+            _batch_norm_training(graph, node, updates, sync_replicas)
         elif node.op_type == "Dropout":
             _dropout_training(graph, node, model.dropout_masks)
         elif node.op_type in ("LSTM", "GRU"):
@@ -179,12 +183,13 @@ def _make_inputs(graph: Graph, names: list[str]) -> dict[str, np.ndarray]:
 
 
 # ---- BatchNormalization ----------------------------------------------------------------------------------------
-def _batch_norm_training(graph: Graph, node: Node, updates: dict[str, Value]) -> None:
-    """BatchNormalization with batch statistics; running statistics updated as PyTorch does (unbiased variance)."""
+def _batch_norm_training(graph: Graph, node: Node, updates: dict[str, Value], replicas: int = 1) -> None:
+    """BatchNormalization with batch statistics; running statistics updated as PyTorch does (unbiased variance).
+    `replicas` > 1: the statistics are those of every data-parallel replica's slice together (`_batch_mean`)."""
     x, scale, bias, mean_in, var_in = node.inputs[:5]
     rank, channels = x.type.rank, x.type.shape[1]
     axes = [0] + list(range(2, rank))
-    count = int(np.prod([x.type.shape[a] for a in axes]))
+    count = replicas * int(np.prod([x.type.shape[a] for a in axes]))
     if count < 2:
         raise ModelImportError(f"node '{node.name}' (BatchNormalization): training needs more than one value per "
                                f"channel, the input is {x.type}; use a larger batch")
@@ -192,9 +197,9 @@ def _batch_norm_training(graph: Graph, node: Node, updates: dict[str, Value]) ->
     epsilon = _float32_literal(node.attrs.get("epsilon", 1e-5))
     em = Emitter(graph, node, node.name)
     axes_value = em.const(axes, np.int64)
-    mean = em.op("ReduceMean", x, axes_value, keepdims=1)
+    mean = _batch_mean(em, x, axes_value, replicas)
     centered = em.op("Sub", x, mean)
-    var = em.op("ReduceMean", em.op("Mul", centered, centered), axes_value, keepdims=1)
+    var = _batch_mean(em, em.op("Mul", centered, centered), axes_value, replicas)
     normalized = em.op("Div", centered, em.op("Sqrt", em.op("Add", var, em.scalar(epsilon, x))))
     per_channel = [channels] + [1] * (rank - 2)
     y = em.op("Add", em.op("Mul", normalized, em.reshape(scale, per_channel)), em.reshape(bias, per_channel))
@@ -210,6 +215,15 @@ def _batch_norm_training(graph: Graph, node: Node, updates: dict[str, Value]) ->
             if persistent:
                 updates[stat.name] = update
     _retire_or_alias(graph, node, replacements)
+
+
+def _batch_mean(em: Emitter, value: Value, axes: Value, replicas: int) -> Value:
+    """The mean of `value` over the batch `axes` (kept); with `replicas` > 1 over all the replicas' slices: each
+    replica's mean, averaged over the replicas by an AllReduce (the slices are equally large). The mean and then
+    the variance of the centred values take one AllReduce each, the single-device arithmetic, rather than one
+    AllReduce of the mean and the mean of squares, whose difference cancels where the mean dwarfs the spread."""
+    mean = em.op("ReduceMean", value, axes, keepdims=1)
+    return replica_mean(em.graph, mean) if replicas > 1 else mean
 
 
 def _running_update(em: Emitter, stat: Value, batch_stat: Value, momentum: float, factor: float) -> Value:

@@ -1,9 +1,11 @@
 """Data-parallel training (compiler/dp_training.py): compile_training(devices=N) on N local workers trains like
-one device on the whole batch (the MLP of bench/training_models.py, no BatchNormalization); the replica step's
-AllReduce nodes; what is refused."""
+one device on the whole batch (the MLP of bench/training_models.py, no BatchNormalization; CNNs with
+BatchNormalization under sync_batchnorm); per-replica BN statistics as PyTorch DDP; the replica step's AllReduce
+nodes; what is refused."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 
 import tessel
@@ -12,7 +14,9 @@ from tessel.compiler.options import CompileError
 from tessel.compiler.training import build_step_graph
 from tessel.ir.schema import TESSEL_DOMAIN
 from tessel.passes.data_parallel import DEFAULT_BUCKET_BYTES, MAX_BUCKET_BYTES, MIN_BUCKET_BYTES, bucket_bytes_for
+from tessel.ir.interpret import interpret
 from tessel.passes.machine import Link
+from tests.passes.test_sync_batchnorm import conv_bn_model, input_batch
 
 STEPS = 20
 
@@ -175,3 +179,70 @@ def test_batchnorm_statistics_are_per_replica_as_pytorch_ddp_without_syncbatchno
     assert set(parameters) <= set(state)
     for name, value in parameters.items():
         assert _relative(state[name], value.detach().numpy()) < 1e-4, name
+
+
+def _interpreted_training(step, batches, optimizer) -> tuple[list[float], dict[str, np.ndarray]]:
+    """One device's training on the whole batch: the step graph interpreted in float64, step after step."""
+    state = {name: value.astype(np.float64) for name, value in step.state.items()}
+    losses = []
+    for t, (x, labels) in enumerate(batches):
+        out = interpret(step.graph, {**state, "x": x.astype(np.float64), step.label_input: labels,
+                                     **optimizer.step_scalars(t)})
+        losses.append(float(out[step.loss_output]))
+        state = {name: out[step.state_updates[name]] if name in step.state_updates else value
+                 for name, value in state.items()}
+    return losses, state
+
+
+# 40-100 s on two cores (compiling the replica step's kernels, starting two workers): `pytest -m slow`. The
+# default run checks the same step graphs on simulated replicas (tests/passes/test_sync_batchnorm.py).
+@pytest.mark.slow
+def test_synchronised_batchnorm_on_two_workers_trains_as_one_device_on_the_whole_batch(kernel_cache, tmp_path):
+    """compile_training(devices=2, sync_batchnorm=True) on a small CNN with BatchNormalization, 20 SGD-momentum
+    steps: losses, weights and BN running statistics equal one device's on the whole batch (its step graph
+    interpreted in float64) within 1e-4 relative. 64-byte buckets: the BN gradients' all-reduces run between a
+    bucket of one gradient (the filter's) and one of two (BN's scale and bias)."""
+    batch = 8
+    path = tmp_path / "cnn_bn.onnx"
+    onnx.save(conv_bn_model(batch), path)
+    optimizer = tessel.optim.SGD(lr=0.05, momentum=0.9)
+    rng = np.random.default_rng(0)
+    batches = [input_batch(rng, batch) for _ in range(STEPS)]
+    want_losses, want_state = _interpreted_training(
+        build_step_graph(str(path), {"x": batches[0][0].shape}, "cross_entropy", optimizer), batches, optimizer)
+    parallel = tessel.compile_training(str(path), loss="cross_entropy", optimizer=optimizer,
+                                       input_shapes={"x": batches[0][0].shape}, cache_dir=kernel_cache, devices=2,
+                                       sync_batchnorm=True, bucket_bytes=64)
+    try:
+        got_losses = [parallel.step({"x": x.astype(np.float32)}, labels) for x, labels in batches]
+        got_state = parallel.state
+    finally:
+        parallel.close()
+    np.testing.assert_allclose(got_losses, want_losses, rtol=1e-4)
+    assert set(got_state) == set(want_state)
+    for name, value in want_state.items():
+        assert _relative(got_state[name], value) < 1e-4, name
+
+
+# Several minutes on two cores (the CNN's kernels at batch 16 and 4, four worker processes): `pytest -m slow`.
+@pytest.mark.slow
+def test_synchronised_batchnorm_on_four_workers_trains_the_cnn_as_one_device(tmp_path, kernel_cache):
+    """bench/training_models.py's CNN with BatchNormalization, batch 16 on 4 workers with synchronised BN against
+    one compiled device on the whole batch: 20 SGD-momentum steps, weights and BN statistics within 1e-4."""
+    spec = SPECS["cnn_bn"]
+    shape = (16, *spec.input_shape[1:])
+    path = export(spec.model(0), shape, tmp_path / "cnn.onnx")
+    rng = np.random.default_rng(0)
+    batches = [type(spec)(spec.name, spec.build, shape, spec.loss, spec.outputs).batch(rng) for _ in range(STEPS)]
+    optimizer = tessel.optim.SGD(lr=0.05, momentum=0.9)
+    options = {"loss": spec.loss, "optimizer": optimizer, "input_shapes": {"x": shape}, "cache_dir": kernel_cache}
+    single = tessel.compile_training(str(path), **options)
+    parallel = tessel.compile_training(str(path), devices=4, sync_batchnorm=True, **options)
+    try:
+        for x, labels in batches:
+            assert parallel.step({"x": x}, labels) == pytest.approx(single.step({"x": x}, labels), rel=1e-4)
+        got_state = parallel.state
+    finally:
+        parallel.close()
+    for name, value in single.state.items():
+        assert _relative(got_state[name], value) < 1e-4, name

@@ -163,7 +163,8 @@ def fake_trainer(monkeypatch):
     compiled = []
 
     def compile_training(model, loss, optimizer, input_shapes, trainable, frozen, seed, devices, parallel,
-                         micro_batches, schedule):
+                         micro_batches, schedule,
+                         sync_batchnorm):
         assert loss == "cross_entropy" and input_shapes == {"x": (8, 4)}
         compiled.append((model, devices, parallel, micro_batches, schedule))
         return FakeTrainer(model, optimizer)
@@ -273,6 +274,15 @@ def test_ops_without_a_gradient_rule_are_named_in_one_line(capsys, files, tmp_pa
     onnx.save(model(nodes, [("x", F, ["N", 4])], [("logits", F, ["N", 3])], weights), str(tmp_path / "sin.onnx"))
     files["model"] = tmp_path / "sin.onnx"
     _refused(capsys, _train(files, "-q"), "no gradient rule for 2 op type(s): Cosh, Sin")
+
+
+def test_sync_batchnorm_is_a_setting_of_the_run(capsys, files, fake_trainer):
+    import json
+
+    assert main([str(a) for a in _train(files, "--epochs", "1", "--devices", "2", "--sync-batchnorm")]) == 0
+    assert json.loads((files["run"] / "run.json").read_text())["sync_batchnorm"] is True
+    capsys.readouterr()
+    _refused(capsys, ["train", "--resume", files["run"], "--sync-batchnorm"], "leave out --sync-batchnorm")
 
 
 def test_devices_train_data_parallel_like_one_device(capsys, files, tmp_path):

@@ -88,3 +88,35 @@ def test_fused_graph_interprets_like_the_unfused_one():
     got = interpret(fused, {"x": x})
     for name, array in expected.items():
         np.testing.assert_allclose(got[name], array, rtol=1e-6, atol=1e-6)
+
+
+def _all_reduce_graph(reduction: str):
+    from tessel.ir.graph import Graph
+    from tessel.ir.schema import TESSEL_DOMAIN
+    from tessel.ir.types import TensorType
+    from tessel.passes.base import add_op
+
+    graph = Graph()
+    x = graph.add_input("x", TensorType("float32", (2,)))
+    graph.outputs = [add_op(graph, "AllReduce", [x], {"reduction": reduction}, domain=TESSEL_DOMAIN).outputs[0]]
+    return graph
+
+
+@pytest.mark.parametrize("reduction, want", [("sum", [6.0, 0.0]), ("mean", [2.0, 0.0]), ("max", [3.0, 2.0]),
+                                             ("min", [1.0, -2.0])])
+def test_replicas_all_reduce_together_and_one_interpreter_is_one_worker(reduction, want):
+    from tessel.ir.interpret import interpret_replicas
+
+    graph = _all_reduce_graph(reduction)
+    feeds = [{"x": np.array(x, np.float32)} for x in ([1.0, 0.0], [2.0, 2.0], [3.0, -2.0])]
+    for result in interpret_replicas(graph, feeds):
+        np.testing.assert_allclose(result[graph.outputs[0].name], want)
+    np.testing.assert_array_equal(interpret(graph, feeds[0])[graph.outputs[0].name], feeds[0]["x"])
+
+
+def test_a_failing_replica_stops_the_others_with_its_own_error():
+    from tessel.ir.interpret import interpret_replicas
+
+    graph = _all_reduce_graph("sum")
+    with pytest.raises(ValueError, match="no feed"):
+        interpret_replicas(graph, [{"x": np.zeros(2, np.float32)}, {}], timeout_s=30)
