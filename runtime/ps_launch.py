@@ -52,8 +52,8 @@ def run_job(directory: str | Path, timeout_s: float = 600.0) -> PSResult:
     job = PSJob.read(directory)
     context = multiprocessing.get_context("spawn")
     port = free_port()
-    ranks = [context.Process(target=rank_main, args=(str(directory), rank, job.world, port), daemon=True)
-             for rank in range(job.world)]
+    ranks = [context.Process(target=rank_main, args=(str(directory), rank, job.world, port), daemon=True,
+                             name=f"tessel-ps {job.role(rank)}") for rank in range(job.world)]
     for process in ranks:
         process.start()
     try:
