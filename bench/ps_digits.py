@@ -48,9 +48,12 @@ def parse_config(text: str) -> dict:
     return {"mode": mode, "staleness": staleness, "compression": compression or "none"}
 
 
-def run_config(directory: Path, base: PSJob, config: str, test: dict) -> dict:
-    """Run one config on the compiled job in `directory`; its row of the table."""
-    job = replace(base, **parse_config(config))
+def run_config(directory: Path, base: PSJob, config: str, test: dict, async_lr: float) -> dict:
+    """Run one config on the compiled job in `directory`; its row of the table. Async and SSP apply every
+    worker's push as one update, so they take `async_lr` (by default LR / workers: the same step per sample)."""
+    settings = parse_config(config)
+    lr = LR if settings["mode"] == "sync" else async_lr
+    job = replace(base, **settings, optimizer={**base.optimizer, "lr": lr})
     job.write(directory)
     result = run_job(directory, timeout_s=1800)
     logits = evaluate_job(directory, {**result.parameters, **result.statistics}, test, BATCH)
@@ -60,7 +63,7 @@ def run_config(directory: Path, base: PSJob, config: str, test: dict) -> dict:
     pulled = np.mean([r["bytes_pulled"] for r in result.reports]) / steps
     floats = sum(int(np.prod(shape)) for shape in job.shapes.values())
     float32_push = 4 * floats + job.servers * HEADER_BYTES
-    return {"config": config, "accuracy": accuracy, "seconds": max(r["seconds"] for r in result.reports),
+    return {"config": config, "lr": lr, "accuracy": accuracy, "seconds": max(r["seconds"] for r in result.reports),
             "final_loss": float(np.mean([r["losses"][-1] for r in result.reports])),
             "push_bytes": float(pushed), "pull_bytes": float(pulled), "push_ratio": float32_push / pushed,
             "allreduce_bytes": 2 * (job.workers - 1) / job.workers * 4 * floats}
@@ -101,6 +104,7 @@ def main() -> None:
     parser.add_argument("--configs", default="sync,async,ssp1,ssp2,ssp4,sync+1bit,sync+topk")
     parser.add_argument("--compare-dp", type=int, default=0, metavar="STEPS",
                         help="also compare sync PS with data-parallel all-reduce after STEPS steps")
+    parser.add_argument("--async-lr", type=float, default=None, help="async and SSP learning rate (LR / workers)")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--json", default=None, help="write the rows here")
     args = parser.parse_args()
@@ -119,12 +123,12 @@ def main() -> None:
         rows = []
         print(f"digits CNN, {args.workers} workers, {args.servers} servers, global batch {BATCH}, {steps} steps "
               f"per worker, SGD lr {LR} momentum {MOMENTUM}")
-        print("| config | test accuracy | seconds | final loss | push B/step | pull B/step | push vs float32 |")
-        print("|---|---|---|---|---|---|---|")
+        print("| config | lr | test accuracy | seconds | final loss | push B/step | pull B/step | push vs float32 |")
+        print("|---|---|---|---|---|---|---|---|")
         for config in args.configs.split(","):
-            row = run_config(job_dir, base, config, test)
+            row = run_config(job_dir, base, config, test, args.async_lr or LR / args.workers)
             rows.append(row)
-            print(f"| {row['config']} | {100 * row['accuracy']:.2f}% | {row['seconds']:.2f} | {row['final_loss']:.4f} "
+            print(f"| {row['config']} | {row['lr']:g} | {100 * row['accuracy']:.2f}% | {row['seconds']:.2f} | {row['final_loss']:.4f} "
                   f"| {row['push_bytes']:.0f} | {row['pull_bytes']:.0f} | {row['push_ratio']:.1f}x |", flush=True)
         print(f"float32 ring all-reduce: {rows[0]['allreduce_bytes']:.0f} B sent per worker per step")
         if args.json:

@@ -20,6 +20,7 @@ from pathlib import Path
 from tessel.ir.errors import TesselError
 
 from .arg_types import count_from
+from .ps_command import add_ps_arguments, run_ps
 from .train_checkpoints import checkpoint_dir, completed_epochs, drop_after, prune, save_checkpoint
 from .train_data import (LABELS, Dataset, as_step_labels, check_class_labels, feeds, input_shapes, load_dataset,
                          model_inputs, model_outputs)
@@ -74,6 +75,7 @@ def add_train_parser(commands, parents) -> None:
                        help="stop after N steps in all, even mid-epoch (resume later with --resume)")
     train.add_argument("--keep-checkpoints", type=count_from(0), default=DEFAULT_KEEP_CHECKPOINTS, metavar="K",
                        help=f"keep the newest K epoch checkpoints, 0 for all (default {DEFAULT_KEEP_CHECKPOINTS})")
+    add_ps_arguments(train)
     train.set_defaults(run=run_train)
 
 
@@ -108,6 +110,8 @@ def run_train(args: argparse.Namespace) -> int:
     if checkpointed and checkpointed[0] >= settings.epochs:
         raise RunDirError(f"{run_dir}: already trained {checkpointed[0]} epoch(s) of {settings.epochs}; "
                           "give --epochs N to train more")
+    if args.parallel == "ps":
+        return run_ps(settings, run_dir, data, val, steps_per_epoch, model_loss or outputs[0], args)
     trainer, start_epoch = _trainer(settings, run_dir, data, inputs, steps_per_epoch, bool(args.resume))
     settings.save(run_dir)
     finished = _train_epochs(trainer, settings, run_dir, data, val, start_epoch, steps_per_epoch,

@@ -51,6 +51,12 @@ class PSJob:
     scalars: list[str]
     eval_inputs: list[str]
     shapes: dict[str, list[int]] = field(default_factory=dict)  # parameter -> shape
+    compress_pulls: bool = True    # with compression: the weights' changes go through the codec too
+
+    @property
+    def pull_codec(self) -> str:
+        """The codec of the weights servers send: the job's, or float32 when pulls are not compressed."""
+        return self.compression if self.compress_pulls else "none"
 
     def __post_init__(self):
         if self.mode not in MODES:

@@ -41,7 +41,8 @@ class Server:
         self.pushed = 0                                  # sync: how many of them
         self.weights = self._weights()
         # Compressed pulls send each worker the change since the weights it holds, which the server tracks.
-        self.views = [self.weights.copy() for _ in range(job.workers)] if job.compression != "none" else None
+        self.views = [self.weights.copy() for _ in range(job.workers)] if job.pull_codec != "none" else None
+        self.pull_codec = make_codec(job.pull_codec, job.sizes(shard), job.topk_ratio)
 
     def serve(self) -> None:
         """Answer messages until every worker is done; then write the shard's state to server<shard>.npz."""
@@ -110,7 +111,7 @@ class Server:
             if self.views is None:
                 payload = self.weights.view(np.uint8)
             else:
-                payload, decoded = self.codec.encode(self.weights - self.views[worker])
+                payload, decoded = self.pull_codec.encode(self.weights - self.views[worker])
                 self.views[worker] += decoded
             dist.send(header(WEIGHTS, self.updates, payload.size), dst=worker, tag=HEADER_TAG)
             dist.send(torch.from_numpy(np.ascontiguousarray(payload)), dst=worker, tag=PAYLOAD_TAG)

@@ -49,9 +49,9 @@ class Worker:
         start = self.step.state(job.parameters)
         self.weights = [flatten(start, names) for names in job.shards]
         self.sizes = [sum(job.sizes(s)) for s in range(job.servers)]
-        codecs = [make_codec(job.compression, job.sizes(s), job.topk_ratio) for s in range(job.servers)]
-        self.decoders = codecs
-        self.pushers = [ErrorFeedback(codec, size) for codec, size in zip(codecs, self.sizes)]
+        self.decoders = [make_codec(job.pull_codec, job.sizes(s), job.topk_ratio) for s in range(job.servers)]
+        self.pushers = [ErrorFeedback(make_codec(job.compression, job.sizes(s), job.topk_ratio), size)
+                        for s, size in enumerate(self.sizes)]
         self.bytes_pushed = self.bytes_pulled = 0
 
     def train(self) -> dict:
@@ -87,7 +87,7 @@ class Worker:
             payload = torch.empty(int(reply[2]), dtype=torch.uint8)
             dist.recv(payload, src=server, tag=PAYLOAD_TAG)
             received = self.decoders[shard].decode(payload.numpy(), self.sizes[shard])
-            if self.job.compression == "none":
+            if self.job.pull_codec == "none":
                 self.weights[shard] = received.copy()
             else:
                 self.weights[shard] += received
