@@ -7,8 +7,9 @@ feedback (`ErrorFeedback`) that residual is added to the next vector before it i
 gradient carries is dropped for good, only delayed.
 
 - 1-bit: each element becomes its sign bit; each segment sends two float32 reconstruction values, the mean of
-  its non-negative and the mean of its negative elements (Seide's per-column means, per tensor here). A
-  message is 8 bytes per segment plus one bit per element: about 32x fewer bytes than float32.
+  its non-negative and the mean of its negative elements (Seide's per-column means; here per run of at most
+  ONE_BIT_CHUNK elements of a tensor, which keeps a large tensor's small and large gradients apart). A message
+  is 8 bytes per segment plus one bit per element: 1.125 bits per element, about 28x fewer bytes than float32.
 - top-k: the k = ceil(ratio * n) elements of largest magnitude are sent as int32 indices and float32 values.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Sequence
 import numpy as np
 
 CODECS = ("none", "1bit", "topk")
+ONE_BIT_CHUNK = 512
 
 
 class Float32:
@@ -40,8 +42,9 @@ class OneBit:
 
     name = "1bit"
 
-    def __init__(self, segments: Sequence[int]):
-        self.bounds = np.cumsum([0, *segments])
+    def __init__(self, segments: Sequence[int], chunk: int = ONE_BIT_CHUNK):
+        pieces = [min(chunk, size - start) for size in segments for start in range(0, size, chunk)]
+        self.bounds = np.cumsum([0, *pieces])
 
     def encode(self, vector: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(message bytes, what the receiver decodes)."""
