@@ -7,6 +7,8 @@ A config is `sync`, `async`, `ssp<s>` (bounded staleness s), optionally followed
 config runs the same compiled programs (one compile; only the job settings change). Seconds are the slowest
 worker's training loop (process start and TVM/torch imports excluded); bytes are per worker per step, headers
 included; "vs float32" compares the gradient pushes with float32 pushes of the same gradients.
+`--link-gbit G --link-latency-ms L` emulates a slow link (runtime/ps_job.throttle: each sender waits L plus
+the message's time at G Gbit/s), reported as emulated.
 """
 from __future__ import annotations
 
@@ -48,12 +50,12 @@ def parse_config(text: str) -> dict:
     return {"mode": mode, "staleness": staleness, "compression": compression or "none"}
 
 
-def run_config(directory: Path, base: PSJob, config: str, test: dict, async_lr: float) -> dict:
+def run_config(directory: Path, base: PSJob, config: str, test: dict, async_lr: float, link: dict) -> dict:
     """Run one config on the compiled job in `directory`; its row of the table. Async and SSP apply every
     worker's push as one update, so they take `async_lr` (by default LR / workers: the same step per sample)."""
     settings = parse_config(config)
     lr = LR if settings["mode"] == "sync" else async_lr
-    job = replace(base, **settings, optimizer={**base.optimizer, "lr": lr})
+    job = replace(base, **settings, **link, optimizer={**base.optimizer, "lr": lr})
     job.write(directory)
     result = run_job(directory, timeout_s=1800)
     logits = evaluate_job(directory, {**result.parameters, **result.statistics}, test, BATCH)
@@ -105,6 +107,8 @@ def main() -> None:
     parser.add_argument("--compare-dp", type=int, default=0, metavar="STEPS",
                         help="also compare sync PS with data-parallel all-reduce after STEPS steps")
     parser.add_argument("--async-lr", type=float, default=None, help="async and SSP learning rate (LR / workers)")
+    parser.add_argument("--link-gbit", type=float, default=0.0, help="emulated link bandwidth, Gbit/s (0: none)")
+    parser.add_argument("--link-latency-ms", type=float, default=0.0, help="emulated latency per message")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--json", default=None, help="write the rows here")
     args = parser.parse_args()
@@ -122,11 +126,14 @@ def main() -> None:
                            workers=args.workers, servers=args.servers, batch=BATCH, steps=steps, **options)
         rows = []
         print(f"digits CNN, {args.workers} workers, {args.servers} servers, global batch {BATCH}, {steps} steps "
-              f"per worker, SGD lr {LR} momentum {MOMENTUM}")
+              f"per worker, SGD lr {LR} momentum {MOMENTUM}"
+              + (f"; EMULATED link {args.link_gbit:g} Gbit/s, {args.link_latency_ms:g} ms per message"
+                 if args.link_gbit or args.link_latency_ms else ""))
         print("| config | lr | test accuracy | seconds | final loss | push B/step | pull B/step | push vs float32 |")
         print("|---|---|---|---|---|---|---|---|")
         for config in args.configs.split(","):
-            row = run_config(job_dir, base, config, test, args.async_lr or LR / args.workers)
+            link = {"link_gbit_s": args.link_gbit, "link_latency_s": args.link_latency_ms / 1e3}
+            row = run_config(job_dir, base, config, test, args.async_lr or LR / args.workers, link)
             rows.append(row)
             print(f"| {row['config']} | {row['lr']:g} | {100 * row['accuracy']:.2f}% | {row['seconds']:.2f} | {row['final_loss']:.4f} "
                   f"| {row['push_bytes']:.0f} | {row['pull_bytes']:.0f} | {row['push_ratio']:.1f}x |", flush=True)

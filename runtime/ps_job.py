@@ -52,6 +52,8 @@ class PSJob:
     eval_inputs: list[str]
     shapes: dict[str, list[int]] = field(default_factory=dict)  # parameter -> shape
     compress_pulls: bool = True    # with compression: the weights' changes go through the codec too
+    link_gbit_s: float = 0.0       # emulated link bandwidth (0: none); see `throttle`
+    link_latency_s: float = 0.0    # emulated link latency per message
 
     @property
     def pull_codec(self) -> str:
@@ -104,6 +106,16 @@ def unflatten(vector: np.ndarray, names: list[str], shapes: dict[str, list[int]]
         arrays[name] = vector[start:start + size].reshape(shapes[name])
         start += size
     return arrays
+
+
+def throttle(job: PSJob, nbytes: int) -> None:
+    """Emulate a slow link (documented, reported as emulated): before a message of `nbytes` leaves, its sender
+    waits the link's latency plus the bytes' time at the link's bandwidth, as a sender's network interface
+    would; loopback between local processes is faster than any network."""
+    import time
+
+    if job.link_gbit_s or job.link_latency_s:
+        time.sleep(job.link_latency_s + (8 * nbytes / (job.link_gbit_s * 1e9) if job.link_gbit_s else 0.0))
 
 
 def header(kind: int, clock: int = 0, nbytes: int = 0):

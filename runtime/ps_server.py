@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from .ps_compression import make_codec
-from .ps_job import DONE, HEADER_TAG, PAYLOAD_TAG, PULL, PUSH, WEIGHTS, PSJob, flatten, header, unflatten
+from .ps_job import (DONE, HEADER_BYTES, HEADER_TAG, PAYLOAD_TAG, PULL, PUSH, WEIGHTS, PSJob, flatten, header,
+                     throttle, unflatten)
 
 
 class Server:
@@ -113,6 +114,7 @@ class Server:
             else:
                 payload, decoded = self.pull_codec.encode(self.weights - self.views[worker])
                 self.views[worker] += decoded
+            throttle(self.job, HEADER_BYTES + payload.size)
             dist.send(header(WEIGHTS, self.updates, payload.size), dst=worker, tag=HEADER_TAG)
             dist.send(torch.from_numpy(np.ascontiguousarray(payload)), dst=worker, tag=PAYLOAD_TAG)
         self.waiting = still

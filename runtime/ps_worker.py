@@ -16,7 +16,7 @@ import numpy as np
 
 from .ps_compression import ErrorFeedback, make_codec
 from .ps_job import (DATA_FILE, DONE, HEADER_BYTES, HEADER_TAG, PAYLOAD_TAG, PULL, PUSH, PSJob, flatten, header,
-                     unflatten)
+                     throttle, unflatten)
 
 
 def worker_batches(job: PSJob, arrays: dict[str, np.ndarray], worker: int) -> Iterator[dict[str, np.ndarray]]:
@@ -82,6 +82,7 @@ class Worker:
         reply = torch.zeros(4, dtype=torch.int64)
         for shard in range(self.job.servers):
             server = self.job.server_rank(shard)
+            throttle(self.job, HEADER_BYTES)
             dist.send(header(PULL, clock), dst=server, tag=HEADER_TAG)
             dist.recv(reply, src=server, tag=HEADER_TAG)
             payload = torch.empty(int(reply[2]), dtype=torch.uint8)
@@ -104,6 +105,7 @@ class Worker:
         for shard, names in enumerate(self.job.shards):
             message = self.pushers[shard].encode(flatten(grads, names))
             server = self.job.server_rank(shard)
+            throttle(self.job, HEADER_BYTES + message.size)
             dist.send(header(PUSH, clock, message.size), dst=server, tag=HEADER_TAG)
             dist.send(torch.from_numpy(np.ascontiguousarray(message)), dst=server, tag=PAYLOAD_TAG)
             self.bytes_pushed += HEADER_BYTES + message.size
