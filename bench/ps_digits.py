@@ -24,6 +24,8 @@ import numpy as np
 import tessel
 from tessel.compiler.ps_training import evaluate_job, prepare_job
 from tessel.compiler.train_data import Dataset
+from tessel.passes.machine import Link
+from tessel.passes.ps_cost import exchange_plans
 from tessel.runtime.ps_job import HEADER_BYTES, PSJob
 from tessel.runtime.ps_launch import run_job
 
@@ -98,6 +100,16 @@ def compare_dp(model: Path, train: dict, workers: int, servers: int, steps: int,
     return max(float(np.max(np.abs(ps[name] - state[name]))) for name in ps)
 
 
+def _print_predictions(job: PSJob, link: Link, rows: list[dict]) -> None:
+    """The α-β model's communication seconds per step (passes/ps_cost.py) on the emulated link, beside the
+    measured seconds per step."""
+    sizes = [4 * int(np.prod(shape)) for shape in job.shapes.values()]
+    plans = {(p.kind, p.servers): p.seconds for p in exchange_plans(link, sizes, job.workers)}
+    print(f"predicted communication per step on the emulated link: all-reduce {1e3 * plans[('allreduce', 0)]:.2f} ms, "
+          f"PS with {job.servers} servers {1e3 * plans[('ps', job.servers)]:.2f} ms; measured step: "
+          + ", ".join(f"{row['config']} {1e3 * row['seconds'] / job.steps:.2f} ms" for row in rows))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=4)
@@ -138,6 +150,8 @@ def main() -> None:
             print(f"| {row['config']} | {row['lr']:g} | {100 * row['accuracy']:.2f}% | {row['seconds']:.2f} | {row['final_loss']:.4f} "
                   f"| {row['push_bytes']:.0f} | {row['pull_bytes']:.0f} | {row['push_ratio']:.1f}x |", flush=True)
         print(f"float32 ring all-reduce: {rows[0]['allreduce_bytes']:.0f} B sent per worker per step")
+        if args.link_gbit:
+            _print_predictions(base, Link(args.link_latency_ms / 1e3, 8 / (args.link_gbit * 1e9)), rows)
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
 
