@@ -52,12 +52,13 @@ def parse_config(text: str) -> dict:
     return {"mode": mode, "staleness": staleness, "compression": compression or "none"}
 
 
-def run_config(directory: Path, base: PSJob, config: str, test: dict, async_lr: float, link: dict) -> dict:
+def run_config(directory: Path, base: PSJob, config: str, test: dict, async_lr: float, link: dict,
+               topk_ratio: float) -> dict:
     """Run one config on the compiled job in `directory`; its row of the table. Async and SSP apply every
     worker's push as one update, so they take `async_lr` (by default LR / workers: the same step per sample)."""
     settings = parse_config(config)
     lr = LR if settings["mode"] == "sync" else async_lr
-    job = replace(base, **settings, **link, optimizer={**base.optimizer, "lr": lr})
+    job = replace(base, **settings, **link, topk_ratio=topk_ratio, optimizer={**base.optimizer, "lr": lr})
     job.write(directory)
     result = run_job(directory, timeout_s=1800)
     logits = evaluate_job(directory, {**result.parameters, **result.statistics}, test, BATCH)
@@ -119,6 +120,7 @@ def main() -> None:
     parser.add_argument("--compare-dp", type=int, default=0, metavar="STEPS",
                         help="also compare sync PS with data-parallel all-reduce after STEPS steps")
     parser.add_argument("--async-lr", type=float, default=None, help="async and SSP learning rate (LR / workers)")
+    parser.add_argument("--topk-ratio", type=float, default=0.01, help="top-k: share of elements sent")
     parser.add_argument("--link-gbit", type=float, default=0.0, help="emulated link bandwidth, Gbit/s (0: none)")
     parser.add_argument("--link-latency-ms", type=float, default=0.0, help="emulated latency per message")
     parser.add_argument("--cache-dir", default=None)
@@ -145,7 +147,7 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|---|")
         for config in args.configs.split(","):
             link = {"link_gbit_s": args.link_gbit, "link_latency_s": args.link_latency_ms / 1e3}
-            row = run_config(job_dir, base, config, test, args.async_lr or LR / args.workers, link)
+            row = run_config(job_dir, base, config, test, args.async_lr or LR / args.workers, link, args.topk_ratio)
             rows.append(row)
             print(f"| {row['config']} | {row['lr']:g} | {100 * row['accuracy']:.2f}% | {row['seconds']:.2f} | {row['final_loss']:.4f} "
                   f"| {row['push_bytes']:.0f} | {row['pull_bytes']:.0f} | {row['push_ratio']:.1f}x |", flush=True)

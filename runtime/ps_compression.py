@@ -6,10 +6,10 @@ the message and the vector the receiver will decode from it, so that the sender 
 feedback (`ErrorFeedback`) that residual is added to the next vector before it is encoded, and nothing a
 gradient carries is dropped for good, only delayed.
 
-- 1-bit: each element becomes its sign bit; each segment sends two float32 reconstruction values, the mean of
-  its non-negative and the mean of its negative elements (Seide's per-column means; here per run of at most
-  ONE_BIT_CHUNK elements of a tensor, which keeps a large tensor's small and large gradients apart). A message
-  is 8 bytes per segment plus one bit per element: 1.125 bits per element, about 28x fewer bytes than float32.
+- 1-bit: each element becomes its sign bit; each segment (a tensor) sends two float32 reconstruction values,
+  the mean of its non-negative and the mean of its negative elements (Seide's per-column means, per tensor
+  here: on the digits CNN, means per run of 512 elements trained worse, 91% against 99%). A message is 8 bytes
+  per tensor plus one bit per element: about 30x fewer bytes than float32.
 - top-k: the k = ceil(ratio * n) elements of largest magnitude are sent as int32 indices and float32 values.
 """
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import Sequence
 import numpy as np
 
 CODECS = ("none", "1bit", "topk")
-ONE_BIT_CHUNK = 512
 
 
 class Float32:
@@ -42,9 +41,8 @@ class OneBit:
 
     name = "1bit"
 
-    def __init__(self, segments: Sequence[int], chunk: int = ONE_BIT_CHUNK):
-        pieces = [min(chunk, size - start) for size in segments for start in range(0, size, chunk)]
-        self.bounds = np.cumsum([0, *pieces])
+    def __init__(self, segments: Sequence[int]):
+        self.bounds = np.cumsum([0, *segments])
 
     def encode(self, vector: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(message bytes, what the receiver decodes)."""
