@@ -26,8 +26,9 @@ BACKEND_ROOT = Path(__file__).resolve().parent
 
 
 def backend_sources() -> list[Path]:
-    """The backend's own source files, its subpackages' (lowering/, cpu/, cuda/) included, in a fixed order."""
-    return sorted(BACKEND_ROOT.rglob("*.py"))
+    """The backend's own source files, its subpackages' (lowering/, cpu/, cuda/) included, in a fixed order: the
+    Python modules and the data they generate code from (cuda/conv_configs.json)."""
+    return sorted([*BACKEND_ROOT.rglob("*.py"), *BACKEND_ROOT.rglob("*.json")])
 
 
 @functools.lru_cache(maxsize=1)

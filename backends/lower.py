@@ -61,7 +61,7 @@ def schedule_kernel(spec: KernelSpec, target: TargetSpec):
     anchor = None
     for m, member in enumerate(members):
         op = member.spec
-        rule = _rule(op)
+        rule = _rule(op, target)
         tensors, types, data = [], [], []
         for index, (item, source) in enumerate(zip(op.inputs, member.sources)):
             if item is None:
@@ -77,7 +77,8 @@ def schedule_kernel(spec: KernelSpec, target: TargetSpec):
             else:
                 tensors.append(_constant_tensor(te, tir, item.data, t, f"const{m}_{index}"))
         out_types = [TensorType.parse(o) if o is not None else None for o in op.outputs]
-        ctx = LowerContext(op.op_type, dict(op.attrs), tensors, types, data, out_types, gpu=target.is_gpu)
+        ctx = LowerContext(op.op_type, dict(op.attrs), tensors, types, data, out_types, gpu=target.is_gpu,
+                           arch=target.arch)
         results = rule(ctx)
         if isinstance(results, SelfScheduled):
             known = [t for t in tensors if t is not None]
@@ -112,6 +113,10 @@ def schedule_kernel(spec: KernelSpec, target: TargetSpec):
         from .cpu import schedule as cpu_schedule
 
         return cpu_schedule.schedule_around(func, *anchor), True
+    if anchor is not None:
+        from .cuda import schedule as cuda_schedule
+
+        return cuda_schedule.schedule_around(func, *anchor), True
     return func, False
 
 
@@ -127,12 +132,16 @@ def _blocked(te, tensor, block: int, name: str):
     return te.compute((n, c // block, h, w, block), lambda ni, cb, y, x, ci: tensor[ni, cb * block + ci, y, x], name=name)
 
 
-def _rule(op: KernelSpec):
-    """The lowering rule of one op: the variant of the algorithm its spec chose, else the op's target-neutral rule."""
+def _rule(op: KernelSpec, target: TargetSpec):
+    """The lowering rule of one op: the variant of the algorithm its spec chose (a GPU's own first), else the op's
+    target-neutral rule."""
     from .cpu.variants import variant_rule
+    from .cuda.conv import gpu_rule
     from .lowering import RULES, LoweringError
 
-    rule = variant_rule(op.op_type, dict(op.attrs)) or RULES.get(op.op_type)
+    attrs = dict(op.attrs)
+    rule = (gpu_rule(op.op_type, attrs) if target.is_gpu else None) or variant_rule(op.op_type, attrs) \
+        or RULES.get(op.op_type)
     if rule is None:
         raise LoweringError(f"op {op.op_type} has no TVM lowering")
     return rule

@@ -121,12 +121,14 @@ def compile_graph(graph: ir.Graph, options: CompileOptions, machine_shape: Machi
                   state: PersistentState | None = None, passes: Sequence[Pass] | None = None,
                   progress: Callable[[int, int], None] | None = None,
                   profile_progress: Callable[[int, int], None] | None = None,
-                  replicate: Callable[[Program], list[Program]] | None = None) -> Artifact:
+                  replicate: Callable[[Program, ir.Graph], list[Program]] | None = None,
+                  plan_extra: Mapping[str, Any] | None = None) -> Artifact:
     """The stages after import: passes → micro-batches → program → algorithm selection → kernels → placement →
     memory plans → artifact. Inference compiles the imported model's graph; training (compiler/trainer.py) a
     step graph and an eval graph, whose `state` persists across runs (compiler/state_program.py). `passes`
-    replaces the options' pipeline (training adds recomputation); `replicate` turns the one-device program into
-    the workers' programs (data-parallel training, compiler/dp_training.py)."""
+    replaces the options' pipeline (training adds recomputation); `replicate` turns the one-device program (and
+    the graph it runs) into the workers' programs (data-parallel training, compiler/dp_training.py; pipeline
+    training, compiler/pipeline_programs.py); `plan_extra` adds entries to plan.json."""
     if state is not None and (machine_shape.devices > 1 or options.microbatches > 1):
         raise CompileError("training compiles for one device and one micro-batch; data-parallel training "
                            "replicates that step (compile_training with devices=N)")
@@ -168,7 +170,7 @@ def compile_graph(graph: ir.Graph, options: CompileOptions, machine_shape: Machi
     placed = place_workers(graph, program, spec, cache, options, machine_shape, log)
     programs, memories, graph = placed.programs, placed.memories, placed.graph
     if replicate is not None:
-        programs = replicate(programs[0])
+        programs = replicate(programs[0], graph)
         memories = [plan_program_memory(p, spec.kind) for p in programs]
     _log.info("placement: %d worker program(s) planned (%.1f s)", len(programs), time.perf_counter() - built)
     _warn_idle_workers(programs, placed.report)
@@ -187,7 +189,8 @@ def compile_graph(graph: ir.Graph, options: CompileOptions, machine_shape: Machi
     model_record = write_model_files(root, source.model, graph, options.keep_model, source.origin, options.batch)
     extra.update(write_input_defaults(root, source.defaults))
     if state is not None:
-        extra.update(write_state_file(root, programs[0], state))
+        extra.update(write_state_file(root, programs, state))
+    extra.update(plan_extra or {})
     report = {
         "target": str(spec),
         "model": model_record,

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from tessel.passes.loss import LossSpec
-from tessel.runtime.artifact_files import check_state_file, file_hash, inside
+from tessel.runtime.artifact_files import check_state_file, file_hash, inside, state_types
 from tessel.runtime.errors import ArtifactError
 
 from .artifact import Artifact, load, write_staged
@@ -124,9 +124,8 @@ def read_checkpoint(directory: str | Path) -> Checkpoint:
         if not path.is_file() or file_hash(path) != doc["files"][name]:
             raise ArtifactError(f"{path}: missing, or its content does not match its hash in {TRAINING_FILE}")
     step_artifact, eval_artifact = load(directory / STEP_DIR), load(directory / EVAL_DIR)
-    worker = step_artifact.plan["workers"][0]
     names = step_artifact.plan.get("state", {}).get("names", [])
-    check_state_file(directory / STATE_FILE, names, worker["values"])
+    check_state_file(directory / STATE_FILE, names, state_types(step_artifact.plan) if names else {})
     with np.load(directory / STATE_FILE, allow_pickle=False) as arrays:
         state = {name: arrays[name] for name in names}
     try:

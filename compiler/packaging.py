@@ -71,7 +71,7 @@ def write_artifact(root: Path, programs: Sequence[Program], memories: Sequence[A
         held = tuple(sorted((name, id(array)) for name, array in program.weights.items()))
         if held not in weight_files:
             weight_files[held] = "weights.npz" if not weight_files else f"weights_{worker}.npz"
-            np.savez(root / weight_files[held], **{name: np.ascontiguousarray(a) for name, a in program.weights.items()})
+            np.savez(root / weight_files[held], **{name: np.require(a, requirements="C") for name, a in program.weights.items()})
         sections.append(program_section(program, memory, weight_files[held]))
     plan: dict[str, Any] = {"format": FORMAT, "format_version": FORMAT_VERSION, "target": target, "workers": sections}
     plan.update(extra or {})

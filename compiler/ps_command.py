@@ -26,8 +26,7 @@ PS_DIR = "ps"
 
 
 def add_ps_arguments(train) -> None:
-    """The parameter-server flags of `tessel train`."""
-    train.add_argument("--parallel", choices=("ps",), help="ps: parameter-server training over --devices workers")
+    """The parameter-server flags of `tessel train` (`--parallel ps` is among train_settings.PARALLEL)."""
     train.add_argument("--servers", type=int, default=1, metavar="S", help="parameter servers (default 1)")
     train.add_argument("--ps-mode", choices=MODES, help="sync (BSP, default), async (Downpour) or ssp")
     train.add_argument("--staleness", type=int, metavar="S", help="ssp: most steps a worker may run ahead")

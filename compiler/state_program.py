@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -79,19 +79,25 @@ def placed_assigns(instructions: list[Instruction], assigns: list[Assign]) -> li
     return placed
 
 
-def write_state_file(root: Path, program: Program, state: PersistentState) -> dict[str, Any]:
-    """Save the state's starting values as `root`/state.npz; plan.json's "state" entry that describes it."""
-    arrays = {}
-    for name in program.state:
-        want = TensorType.parse(program.values[name])
-        array = np.asarray(state.initial[name])
-        if array.shape != want.shape or array.dtype != numpy_dtype(want.dtype):
-            raise ValueError(f"the starting value of state '{name}' is {array.dtype}{list(array.shape)}, "
-                             f"the graph takes {want.spec()}")
-        arrays[name] = np.ascontiguousarray(array)
+def write_state_file(root: Path, programs: Sequence[Program], state: PersistentState) -> dict[str, Any]:
+    """Save the state's starting values as `root`/state.npz; plan.json's "state" entry that describes it. Workers
+    holding the same state (one worker, data-parallel replicas) share its names; workers holding parts of it
+    (pipeline stages) get a list each under "workers"."""
+    arrays, updates = {}, {}
+    for program in programs:
+        for name in program.state:
+            want = TensorType.parse(program.values[name])
+            array = np.asarray(state.initial[name])
+            if array.shape != want.shape or array.dtype != numpy_dtype(want.dtype):
+                raise ValueError(f"the starting value of state '{name}' is {array.dtype}{list(array.shape)}, "
+                                 f"the graph takes {want.spec()}")
+            arrays[name] = np.ascontiguousarray(array)
+        updates.update({i.dst: i.src for i in program.instructions if isinstance(i, Assign)})
     np.savez(root / STATE_FILE, **arrays)
-    updates = {i.dst: i.src for i in program.instructions if isinstance(i, Assign)}
-    return {"state": {"names": list(program.state), "updates": updates, "file": STATE_FILE}}
+    entry = {"names": list(arrays), "updates": updates, "file": STATE_FILE}
+    if any(program.state != programs[0].state for program in programs):
+        entry["workers"] = [list(program.state) for program in programs]
+    return {"state": entry}
 
 
 def state_views(program: Program) -> set[str]:

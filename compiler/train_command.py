@@ -3,14 +3,16 @@
 The .npz files hold one array per model input (by name) and `labels`. Each epoch visits the full batches of
 the data in an order drawn from (seed, epoch) (the last partial batch is left out: the step is compiled for
 one batch size), then evaluates --val, writes a line to RUN_DIR/log.jsonl (a line per step too) and saves a
-checkpoint. At the end RUN_DIR holds model.onnx (the trained model, for any ONNX runtime) and
-training_curves.png/.svg. `--resume RUN_DIR` continues a run from its last checkpoint with the settings in
+checkpoint (with --checkpoint-every N, one every N steps inside the epoch too). At the end RUN_DIR holds
+model.onnx (the trained model, for any ONNX runtime) and training_curves.png/.svg. `--resume RUN_DIR`
+continues a run from its newest checkpoint with the settings in
 RUN_DIR/run.json: shuffling and dropout masks depend only on (seed, epoch/step), so a run killed mid-epoch and
 resumed ends with the weights an uninterrupted run ends with.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import shutil
 import time
@@ -21,13 +23,16 @@ from tessel.ir.errors import TesselError
 
 from .arg_types import count_from
 from .ps_command import add_ps_arguments, run_ps
-from .train_checkpoints import checkpoint_dir, completed_epochs, drop_after, prune, save_checkpoint
+from .train_checkpoints import (completed_epochs, drop_after, drop_superseded, latest_checkpoint, prune,
+                                save_checkpoint, save_step_checkpoint)
+from .train_launch import LAUNCHERS, join_ranks, restarted_as_resume
 from .train_data import (LABELS, Dataset, as_step_labels, check_class_labels, feeds, input_shapes, load_dataset,
                          model_inputs, model_outputs)
-from .train_log import RunLog, keep_until, read_log
+from .train_log import RunLog, keep_until, read_log, step_records
 from .train_metrics import ValidationTally
 from .train_progress import TrainProgress
-from .train_settings import DEFAULT_WEIGHT_DECAY, OPTIMIZERS, RUN_FILE, SCHEDULES, RunSettings, loss_output, parse_schedule
+from .train_settings import (DEFAULT_WEIGHT_DECAY, OPTIMIZERS, PARALLEL, PIPELINE_SCHEDULES, RUN_FILE, SCHEDULES,
+                             RunSettings, loss_output, parse_schedule)
 
 MODEL_FILE = "model.onnx"
 CURVES = "training_curves"
@@ -67,12 +72,24 @@ def add_train_parser(commands, parents) -> None:
     train.add_argument("--trainable", metavar="REGEX", help="train only the initializers whose name matches")
     train.add_argument("--frozen", metavar="REGEX", help="keep the initializers whose name matches constant")
     train.add_argument("--devices", type=count_from(1), metavar="N",
-                       help="train data-parallel on N local workers, each on batch/N samples (default 1)")
+                       help="train on N local workers: data-parallel, each on batch/N samples (default 1)")
+    train.add_argument("--launcher", choices=LAUNCHERS, default="local",
+                       help="local: start the --devices workers here (default); torchrun: this is one of the "
+                            "ranks torchrun started, rank 0 trains and the others follow it")
+    train.add_argument("--parallel", choices=PARALLEL,
+                       help="with --devices N > 1: 'data' (default), 'pipeline' (N stages, one per worker) or "
+                            "'ps' (N workers and --servers parameter servers)")
+    train.add_argument("--micro-batches", type=count_from(1), metavar="M",
+                       help="pipeline: micro-batches per step (default 1)")
+    train.add_argument("--pipeline-schedule", choices=PIPELINE_SCHEDULES,
+                       help="pipeline: gpipe (all forwards, then all backwards; default) or 1f1b")
     train.add_argument("-o", "--output", metavar="RUN_DIR", help="run directory to write")
     train.add_argument("--force", action="store_true", help="replace an existing run directory")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue that run from its last checkpoint")
     train.add_argument("--max-steps", type=count_from(1), metavar="N",
                        help="stop after N steps in all, even mid-epoch (resume later with --resume)")
+    train.add_argument("--checkpoint-every", type=count_from(1), metavar="N",
+                       help="also save a checkpoint every N steps inside an epoch (the newest one is kept)")
     train.add_argument("--keep-checkpoints", type=count_from(0), default=DEFAULT_KEEP_CHECKPOINTS, metavar="K",
                        help=f"keep the newest K epoch checkpoints, 0 for all (default {DEFAULT_KEEP_CHECKPOINTS})")
     add_ps_arguments(train)
@@ -84,11 +101,17 @@ def add_train_parser(commands, parents) -> None:
 _DEFAULTS = {"val": None, "loss": None, "label_smoothing": 0.0, "optimizer": "sgd", "lr": None, "momentum": 0.0,
              "nesterov": False, "weight_decay": None, "schedule": "constant", "warmup": 0, "base_batch": None,
              "batch": 64, "epochs": 10, "seed": 0, "trainable": None, "frozen": None,
-             "devices": 1}
+             "devices": 1, "parallel": "data", "micro_batches": 1, "pipeline_schedule": "gpipe"}
 
 
 def run_train(args: argparse.Namespace) -> int:
     """The `tessel train` command."""
+    if args.launcher == "torchrun":
+        if join_ranks() != 0:
+            from tessel.runtime.rank_group import follow
+
+            return follow()
+        args = restarted_as_resume(args, _DEFAULTS)
     if args.resume:
         run_dir, settings = _resumed_settings(args)
     else:
@@ -110,14 +133,16 @@ def run_train(args: argparse.Namespace) -> int:
     if checkpointed and checkpointed[0] >= settings.epochs:
         raise RunDirError(f"{run_dir}: already trained {checkpointed[0]} epoch(s) of {settings.epochs}; "
                           "give --epochs N to train more")
-    if args.parallel == "ps":
+    if settings.parallel == "ps":
         return run_ps(settings, run_dir, data, val, steps_per_epoch, model_loss or outputs[0], args)
-    trainer, start_epoch = _trainer(settings, run_dir, data, inputs, steps_per_epoch, bool(args.resume))
+    trainer, loaded_from = _trainer(settings, run_dir, data, inputs, steps_per_epoch, bool(args.resume))
     settings.save(run_dir)
-    finished = _train_epochs(trainer, settings, run_dir, data, val, start_epoch, steps_per_epoch,
+    finished = _train_epochs(trainer, settings, run_dir, data, val, loaded_from, steps_per_epoch,
                              model_loss or outputs[0], args)
     prune(run_dir, args.keep_checkpoints)  # the checkpoint a resumed run started from, too, once past it
+    drop_superseded(run_dir, steps_per_epoch)
     trainer.export_onnx(str(run_dir / MODEL_FILE))
+    trainer.close()
     from .plots.training_curves import write_training_curves
 
     write_training_curves(run_dir / CURVES, read_log(run_dir), f"{Path(settings.model).name}: training",
@@ -187,18 +212,19 @@ def _prepare_run_dir(run_dir: Path, force: bool) -> None:
 
 
 def _trainer(settings: RunSettings, run_dir: Path, data: Dataset, inputs, steps_per_epoch: int, resumed: bool):
-    """(trainer, epochs already done): the last checkpoint's trainer when resuming, else a fresh compile."""
+    """(trainer, the checkpoint it was loaded from or None): the latest checkpoint's trainer (epoch end or
+    mid-epoch) when resuming, else a fresh compile."""
     import tessel
 
-    epochs = completed_epochs(run_dir) if resumed else []
-    start_epoch = epochs[-1] if epochs else 0
-    drop_after(run_dir, start_epoch)
-    if epochs:
-        trainer = tessel.load_training(str(checkpoint_dir(run_dir, start_epoch)))
-        if trainer.steps_done != start_epoch * steps_per_epoch:
-            raise RunDirError(f"{run_dir}: checkpoint epoch_{start_epoch} holds {trainer.steps_done} steps, "
-                              f"not {start_epoch} x {steps_per_epoch}: the data or --batch changed since")
-        _log.info("resuming %s from epoch %d (step %d)", run_dir, start_epoch, trainer.steps_done)
+    latest = latest_checkpoint(run_dir, steps_per_epoch) if resumed else None
+    drop_after(run_dir, latest[1] if latest else 0, steps_per_epoch)
+    if latest:
+        path, steps = latest
+        trainer = tessel.load_training(str(path))
+        if trainer.steps_done != steps:
+            raise RunDirError(f"{run_dir}: checkpoint {path.name} holds {trainer.steps_done} steps, not {steps} "
+                              f"({steps_per_epoch} per epoch): the data or --batch changed since")
+        _log.info("resuming %s from %s (step %d)", run_dir, path.name, trainer.steps_done)
     else:
         if resumed:
             _log.info("resuming %s: no checkpoint yet, starting from the beginning", run_dir)
@@ -206,9 +232,10 @@ def _trainer(settings: RunSettings, run_dir: Path, data: Dataset, inputs, steps_
         trainer = tessel.compile_training(
             settings.model, loss=_loss(settings), optimizer=build_optimizer(settings, steps_per_epoch),
             input_shapes=input_shapes(inputs, data, settings.batch), trainable=settings.trainable,
-            frozen=settings.frozen, seed=settings.seed, devices=settings.devices)
+            frozen=settings.frozen, seed=settings.seed, devices=settings.devices, parallel=settings.parallel,
+            micro_batches=settings.micro_batches, schedule=settings.pipeline_schedule)
     keep_until(run_dir, trainer.steps_done)
-    return trainer, start_epoch
+    return trainer, latest[0] if latest else None
 
 
 def _loss(settings: RunSettings):
@@ -245,13 +272,20 @@ def build_optimizer(settings: RunSettings, steps_per_epoch: int):
 
 
 def _train_epochs(trainer, settings: RunSettings, run_dir: Path, data: Dataset, val: Dataset | None,
-                  start_epoch: int, steps_per_epoch: int, first_output: str, args) -> bool:
-    """Train epochs start_epoch+1 .. settings.epochs; False when --max-steps stopped the run first."""
+                  loaded_from: Path | None, steps_per_epoch: int, first_output: str, args) -> bool:
+    """Train from the trainer's step to the end of epoch settings.epochs (a resumed epoch skips the batches
+    it did: the order depends only on (seed, epoch)); False when --max-steps stopped the run first."""
     progress = TrainProgress(settings.epochs, steps_per_epoch, settings.batch)
+    start_epoch, done_in_epoch = divmod(trainer.steps_done, steps_per_epoch)
+    # A resumed epoch's mean loss counts the steps before the checkpoint too (their log lines were kept).
+    resumed_losses = [r["loss"] for r in step_records(read_log(run_dir)) if r["epoch"] == start_epoch + 1]
     with RunLog(run_dir) as log:
         for epoch in range(start_epoch + 1, settings.epochs + 1):
-            started, losses = time.perf_counter(), []
-            for index, batch in enumerate(data.batches(settings.batch, settings.seed, epoch), 1):
+            started = time.perf_counter()
+            losses = resumed_losses if epoch == start_epoch + 1 else []
+            before = len(losses)
+            batches = enumerate(data.batches(settings.batch, settings.seed, epoch), 1)
+            for index, batch in itertools.islice(batches, done_in_epoch if epoch == start_epoch + 1 else 0, None):
                 if args.max_steps is not None and trainer.steps_done >= args.max_steps:
                     return False
                 lr = trainer.optimizer.lr_at(trainer.steps_done)
@@ -262,15 +296,17 @@ def _train_epochs(trainer, settings: RunSettings, run_dir: Path, data: Dataset, 
                 log.write({"kind": "step", "epoch": epoch, "step": trainer.steps_done, "loss": loss, "lr": lr,
                            "samples_per_s": settings.batch / seconds})
                 progress.step(epoch, index, loss, seconds)
+                if args.checkpoint_every and index % args.checkpoint_every == 0 and index < steps_per_epoch:
+                    save_step_checkpoint(trainer, run_dir, spare=loaded_from)
             seconds = time.perf_counter() - started
             record = {"kind": "epoch", "epoch": epoch, "step": trainer.steps_done,
                       "loss": sum(losses) / len(losses), "lr": lr,
-                      "samples_per_s": len(losses) * settings.batch / seconds, "seconds": seconds}
+                      "samples_per_s": (len(losses) - before) * settings.batch / seconds, "seconds": seconds}
             if val is not None:
                 record.update(validate(trainer, val, settings, first_output))
             log.write(record)
             progress.epoch(record)
-            save_checkpoint(trainer, run_dir, epoch, args.keep_checkpoints, loaded_from=start_epoch or None)
+            save_checkpoint(trainer, run_dir, epoch, args.keep_checkpoints, spare=loaded_from)
     return True
 
 
@@ -280,7 +316,7 @@ def _step(trainer, batch: dict, epoch: int) -> float:
         return trainer.step(feeds(batch), as_step_labels(batch[LABELS]) if LABELS in batch else None)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(f"interrupted in epoch {epoch} at step {trainer.steps_done}; continue with "
-                                "'tessel train --resume RUN_DIR' (from the last epoch's checkpoint)") from None
+                                "'tessel train --resume RUN_DIR' (from the last checkpoint)") from None
 
 
 def validate(trainer, val: Dataset, settings: RunSettings, output: str) -> dict[str, float]:

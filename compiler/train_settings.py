@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 from tessel.ir.errors import TesselError
+from tessel.passes.pipeline_schedule import SCHEDULES as PIPELINE_SCHEDULES
 
 from .train_metrics import HOST_LOSSES
 
 RUN_FILE = "run.json"
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("constant", "step:STEP_SIZE:GAMMA", "cosine", "cosine:MIN_LR")
+PARALLEL = ("data", "pipeline", "ps")
 DEFAULT_WEIGHT_DECAY = {"sgd": 0.0, "adamw": 0.01}  # torch.optim's defaults
 
 
@@ -43,6 +45,10 @@ class RunSettings:
     trainable: str | None
     frozen: str | None
     devices: int
+    # Settings added after runs were first written: a run.json without them trained on these.
+    parallel: str = "data"
+    micro_batches: int = 1
+    pipeline_schedule: str = "gpipe"
 
     def check(self, output_names: list[str]) -> "RunSettings":
         """Refuse settings that cannot train (one line each), the loss checked against the model's outputs;
@@ -62,7 +68,15 @@ class RunSettings:
             raise TrainSettingsError(f"--label-smoothing {self.label_smoothing}: give a value in [0, 1)")
         if self.label_smoothing and self.loss != "cross_entropy":
             raise TrainSettingsError("--label-smoothing goes with --loss cross_entropy only")
-        if self.batch % self.devices:
+        if self.parallel == "pipeline":
+            if self.devices < 2:
+                raise TrainSettingsError("--parallel pipeline needs --devices 2 or more (one stage per worker)")
+            if self.batch % self.micro_batches:
+                raise TrainSettingsError(f"--batch {self.batch} is not a multiple of --micro-batches "
+                                         f"{self.micro_batches}")
+        elif self.micro_batches > 1:
+            raise TrainSettingsError("--micro-batches goes with --parallel pipeline")
+        elif self.batch % self.devices:
             raise TrainSettingsError(f"--batch {self.batch} is not a multiple of --devices {self.devices}: each "
                                      "worker trains on an equal share")
         parse_schedule(self.schedule)
@@ -81,7 +95,7 @@ class RunSettings:
                                      "the -o directory of an earlier 'tessel train'")
         try:
             values = json.loads(path.read_text(encoding="utf-8"))
-            return cls(**{f.name: values[f.name] for f in fields(cls)})
+            return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values or f.default is MISSING})
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise TrainSettingsError(f"{path}: damaged ({type(exc).__name__}: {exc}); start a new run") from None
 

@@ -2,7 +2,8 @@
 
 With `devices` = N > 1 the step runs data-parallel (compiler/dp_training.py) on N local workers kept up by
 the persistent worker group (runtime/session.py): each worker holds the state, rank 0 scatters each batch,
-the state is read from rank 0 and written into every worker.
+the state is read from rank 0 and written into every worker. With parallel="pipeline" the N workers are
+pipeline stages, each holding its own part of the state (compiler/pipeline_training.py).
 
 `compile_training` builds the step graph (compiler/training.py) and compiles it and its eval graph through the
 same stages as inference (compiler/api.compile_graph). The `Trainer` runs them: `step` feeds a batch, its
@@ -10,8 +11,6 @@ labels, the optimizer's scalars for that step and the dropout masks; `evaluate` 
 of the current state; `save` and `load_training` write and read checkpoints (compiler/checkpoint.py).
 """
 from __future__ import annotations
-
-from functools import partial
 
 import time
 from dataclasses import replace
@@ -175,7 +174,8 @@ def _unalias_initializers(model, state: Mapping[str, np.ndarray]) -> None:
 def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
                      input_shapes: Mapping[str, tuple[int, ...]] | None = None, trainable: str | None = None,
                      frozen: str | None = None, seed: int = 0, label_smoothing: float = 0.0,
-                     bucket_bytes: int | None = None, **options) -> Trainer:
+                     bucket_bytes: int | None = None, parallel: str = "data", micro_batches: int = 1,
+                     schedule: str = "gpipe", **options) -> Trainer:
     """Compile an ONNX model (path, bytes or ModelProto) into a Trainer: one compiled graph per step.
 
     `loss`: "cross_entropy" (with `label_smoothing`), "mse", "l1", "bce_with_logits", "output:K" (the
@@ -183,8 +183,16 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
     `trainable` / `frozen`: regexes on initializer names; `seed` seeds the dropout masks; the other keywords
     are compile options (compiler/options.py). `devices` = N > 1 trains data-parallel on N local workers
     (compiler/dp_training.py), the gradients all-reduced in buckets of `bucket_bytes` (default: from the
-    link's α-β model).
+    link's α-β model). `parallel` = "pipeline" trains on `devices` pipeline stages instead, each step's batch in
+    `micro_batches` micro-batches under `schedule` "gpipe" or "1f1b" (compiler/pipeline_training.py).
     """
+    if parallel == "pipeline":
+        from .pipeline_training import compile_pipeline_training
+
+        return compile_pipeline_training(model, loss, optimizer, input_shapes, trainable, frozen, seed, label_smoothing,
+                                         micro_batches, schedule, **options)
+    if parallel != "data":
+        raise CompileError(f"unknown parallel training '{parallel}'; choose data or pipeline")
     options = CompileOptions.create(None, input_shapes=dict(input_shapes or {}), **options)
     replicas = data_parallel_workers(options)
     if replicas > 1:
@@ -210,15 +218,17 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
 
 def compile_step(step_graph: StepGraph, source: ModelSource, loss: str | LossSpec, optimizer: Optimizer,
                  seed: int, options: CompileOptions, machine: MachineShape | None = None,
-                 replicas: int = 1) -> Trainer:
+                 replicas: int = 1, replicate=None, plan_extra: Mapping | None = None) -> Trainer:
     """Compile a StepGraph's step graph and eval graph (`source`: the model they came from); their Trainer.
     `replicas` > 1: the step graph is one data-parallel replica's (compiler/dp_training.py), run by that many
-    workers."""
+    workers; else `replicate` (compile_graph's) may make the workers' programs, `plan_extra` saying how to run them."""
     machine = machine or prepare_machine(options)
     state = PersistentState(step_graph.state, step_graph.state_updates)
-    replicate = partial(replica_programs, shared=step_graph.scalar_inputs, workers=replicas) if replicas > 1 else None
+    if replicas > 1:
+        shared = step_graph.scalar_inputs
+        replicate = lambda program, graph: replica_programs(program, shared, replicas)  # noqa: E731
     step = compile_graph(step_graph.graph, options, machine, source, state=state,
-                         passes=_step_passes(options, step_graph), replicate=replicate)
+                         passes=_step_passes(options, step_graph), replicate=replicate, plan_extra=plan_extra)
     eval_names = {v.name for v in step_graph.eval_graph.inputs} & set(step_graph.state)
     eval_state = PersistentState({n: step_graph.state[n] for n in eval_names}, {})
     evaluation = compile_graph(step_graph.eval_graph, options, machine,
@@ -252,10 +262,17 @@ def whole_input_shapes(proto, shapes: Mapping[str, tuple[int, ...]]) -> dict[str
 
 
 def _step_runner(artifact: Artifact):
-    """What runs the steps: an Executor here for one worker, the persistent worker group for several."""
+    """What runs the steps: an Executor here for one worker, the persistent worker group for several (the
+    torchrun ranks when this process is one, runtime/rank_group.py)."""
+    from tessel.runtime import rank_group
+
     if artifact.devices == 1:
         return Executor(artifact.directory)
-    return _WorkerStep(artifact)
+    if "pipeline" in artifact.plan:
+        from .pipeline_training import PipelineRunner
+
+        return PipelineRunner(artifact)
+    return rank_group.RankStep(artifact) if rank_group.attached() else _WorkerStep(artifact)
 
 
 class _WorkerStep:

@@ -180,7 +180,7 @@ def verify_files(directory: Path, plan: dict[str, Any]) -> None:
     for section in plan["workers"]:
         check_weights(directory / section["weights"]["file"], section)
     if "state" in plan:
-        check_state_file(directory / plan["state"]["file"], plan["state"]["names"], plan["workers"][0]["values"])
+        check_state_file(directory / plan["state"]["file"], plan["state"]["names"], state_types(plan))
 
 
 def check_weights(path: Path, section: dict[str, Any]) -> None:
@@ -203,6 +203,19 @@ def check_weights(path: Path, section: dict[str, Any]) -> None:
     ram = physical_memory()
     if ram is not None and total > ram:
         raise ArtifactError(f"{path}: weights need {total} bytes but this machine has {ram} bytes of memory")
+
+
+def state_types(plan: dict[str, Any]) -> dict[str, str]:
+    """Each state value's type spec, from the worker that holds it (pipeline stages hold different state)."""
+    names = set(plan["state"]["names"])
+    return {name: spec for section in plan["workers"] for name, spec in section["values"].items() if name in names}
+
+
+def worker_state_names(plan: dict[str, Any], worker: int) -> list[str]:
+    """The state values worker `worker` holds: its own list under the state's "workers" (pipeline stages), else
+    every state value (one worker, or data-parallel replicas)."""
+    state = plan["state"]
+    return list(state["workers"][worker]) if "workers" in state else list(state["names"])
 
 
 def check_state_file(path: Path, names: list[str], values: dict[str, str]) -> None:

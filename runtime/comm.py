@@ -48,11 +48,25 @@ def join_group(rank: int, world: int, timeout_s: float, exit_status: int = 1) ->
     watchdog.daemon = True
     watchdog.start()
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),
+                                store=_attempt_store(rank, world, timeout_s))
     finally:
         with lock:
             joined.set()
         watchdog.cancel()
+
+
+def _attempt_store(rank: int, world: int, timeout_s: float):
+    """Under torchrun, the rendezvous store with keys of this attempt only: a group that torchrun restarted
+    (--max-restarts) finds the same store, and the failed attempt's addresses in it would make the new group
+    connect to dead peers. None elsewhere (init_process_group makes its own store)."""
+    import torch.distributed as dist
+
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return None
+    store = next(dist.rendezvous("env://", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)))[0]
+    return dist.PrefixStore(f"tessel/attempt_{attempt}", store)
 
 
 class TorchComm:

@@ -23,7 +23,7 @@ import numpy as np
 
 from tessel.ir.types import TensorType, numpy_dtype
 
-from .artifact_files import PLAN_FILE, read_plan, verify_files
+from .artifact_files import PLAN_FILE, read_plan, verify_files, worker_state_names
 from .errors import ArtifactError, ExecutionError, InputError
 from .ffi_abi import kernel_entry, take_raised_error
 from .graph_names import member_name
@@ -139,8 +139,8 @@ class Executor:
 
     def _load_state(self) -> None:
         state = self.artifact_plan.get("state")
-        # The state's names, in the plan's order: parameters, optimizer slots, running statistics.
-        self.state_names: tuple[str, ...] = tuple(state["names"]) if state else ()
+        # This worker's state names, in the plan's order: parameters, optimizer slots, running statistics.
+        self.state_names: tuple[str, ...] = tuple(worker_state_names(self.artifact_plan, self.worker)) if state else ()
         if state is None:
             return
         path = self.directory / state["file"]

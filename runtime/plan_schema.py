@@ -146,12 +146,12 @@ def _check_plan(plan: Any) -> None:
     workers = _list(_field(top, "workers", "plan"), "workers")
     if not 1 <= len(workers) <= MAX_WORKERS:
         raise _Invalid("workers", f"{len(workers)} worker programs; expected 1 to {MAX_WORKERS}")
-    state = _state_names(top)
+    held = _held_state(top, len(workers))
     for rank, section in enumerate(workers):
-        _check_worker(_dict(section, f"workers[{rank}]"), f"workers[{rank}]", kernels, rank, len(workers), state)
+        _check_worker(_dict(section, f"workers[{rank}]"), f"workers[{rank}]", kernels, rank, len(workers), held[rank])
     if "state" in top:
         for rank, section in enumerate(workers):
-            _check_state(top["state"], section, f"workers[{rank}]")
+            _check_state(top["state"], section, held[rank], f"workers[{rank}]")
     if "input_defaults" in top:
         _names(top["input_defaults"], "input_defaults", dict.fromkeys(workers[0]["inputs"]))
 
@@ -164,23 +164,35 @@ def parsed_instructions(section: Mapping[str, Any], where: str) -> list[Instruct
         raise _Invalid(exc.where, exc.message) from None
 
 
-def _state_names(top: dict) -> frozenset[str]:
-    """The persistent values the plan names (none without "state"); every worker holds all of them (data-parallel
-    replicas start from the same state file)."""
+def _held_state(top: dict, workers: int) -> list[frozenset[str]]:
+    """The persistent values each worker holds (none without "state"): every one the plan names (data-parallel
+    replicas start from the same state file), or, under the state's "workers", a list per worker (pipeline stages),
+    each value held by one worker."""
     if "state" not in top:
-        return frozenset()
+        return [frozenset()] * workers
     state = _dict(top["state"], "state")
     names = _list(_field(state, "names", "state"), "state.names")
     for k, name in enumerate(names):
         _str(name, f"state.names[{k}]")
-    return frozenset(names)
+    if "workers" not in state:
+        return [frozenset(names)] * workers
+    lists = _list(state["workers"], "state.workers")
+    if len(lists) != workers:
+        raise _Invalid("state.workers", f"{len(lists)} lists for {workers} workers")
+    held = [frozenset(_list(names_held, f"state.workers[{rank}]")) for rank, names_held in enumerate(lists)]
+    owners = [name for names_held in held for name in names_held]
+    if sorted(owners) != sorted(names):
+        raise _Invalid("state.workers", "must hold every state value once")
+    return held
 
 
-def _check_state(state: dict, section: dict, where: str = "workers[0]") -> None:
-    """The state's names are values of the program outside its inputs, weights and arena; its file a plain path;
-    each update names a state value and the value of the same type that the program assigns to it."""
+def _check_state(state: dict, section: dict, held: frozenset[str], where: str = "workers[0]") -> None:
+    """The state this worker holds (`held`) are values of its program outside its inputs, weights and arena; the
+    file a plain path; each update names a state value and, for one held here, the value of the same type that
+    the program assigns to it."""
     types = {name: TensorType.parse(spec) for name, spec in section["values"].items()}
-    names = _names(state["names"], "state.names", types)
+    names = set(state["names"])
+    _names([name for name in state["names"] if name in held], "state.names", types)
     plain_relative_path(_field(state, "file", "state"), "state.file")
     updates = _dict(_field(state, "updates", "state"), "state.updates")
     assigned = {i.dst: i.src for i in parsed_instructions(section, where) if isinstance(i, Assign)}
@@ -188,6 +200,8 @@ def _check_state(state: dict, section: dict, where: str = "workers[0]") -> None:
         at = f"state.updates['{name}']"
         if name not in names:
             raise _Invalid(at, f"'{name}' is not a state value")
+        if name not in held:
+            continue
         _value_name(source, at, types)
         if assigned.get(name) != source:
             raise _Invalid(at, f"the program does not assign '{source}' to '{name}'")

@@ -11,8 +11,8 @@ program once per micro-batch, exchanging activations with its peers over gloo.
 Requests are pipelined: while the outputs of a request are still on their
 way from the last stage, the next request already enters the first stage
 (up to `--window` requests in flight). A training artifact's state is read
-from rank 0 ("state") and written into every worker ("set_state") once the
-requests before have finished. A failure of any kind is answered with
+through rank 0 ("state": pipeline stages send it the values they hold) and
+written into every worker ("set_state") once the requests before have finished. A failure of any kind is answered with
 one line, and the worker exits: a gloo group that failed cannot be reused.
 
 The control pipes are the file descriptors in TESSEL_CONTROL_FDS ("IN,OUT");
@@ -36,6 +36,8 @@ from tessel.runtime.worker import EXIT_FAILED, LAUNCHER_ENV, leave_with_the_laun
 CONTROL_ENV = "TESSEL_CONTROL_FDS"
 # Requests about a training artifact's persistent state (runtime/worker_group.py `state`, `set_state`).
 STATE_OPS = ("state", "set_state")
+# Tag of state value k sent to rank 0 for a "state" request (beside the programs' own tags).
+STATE_TAG = 1 << 24
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -113,7 +115,7 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
             if header.get("op") in STATE_OPS:
                 while in_flight:
                     finish_oldest()
-                _state_request(executor, header["op"], inputs, rank, reply)
+                _state_request(executor, comm, plan, header["op"], inputs, reply)
                 continue
             started = time.perf_counter()
             slices = _split(inputs, microbatches) if rank == 0 else [{}] * microbatches
@@ -122,17 +124,49 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
         finish_oldest()
 
 
-def _state_request(executor, op: str, tensors: dict[str, np.ndarray], rank: int, reply: int) -> None:
-    """A training artifact's state, after every earlier request: "state" answers rank 0's (the replicas hold
-    equal weights), "set_state" overwrites this worker's with `tensors` (rank 0 answers when done)."""
+def _state_request(executor, comm, plan: dict, op: str, tensors: dict[str, np.ndarray], reply: int) -> None:
+    """A training artifact's state, after every earlier request. "state": rank 0 answers every state value, each
+    from the lowest rank holding it (data-parallel replicas hold equal values, so all come from rank 0; pipeline
+    stages send theirs to rank 0). "set_state": each worker overwrites the values of `tensors` it holds (a name no
+    worker holds is refused); rank 0 answers when done."""
+    from tessel.ir.types import TensorType, numpy_dtype
+    from tessel.runtime.artifact_files import state_types
     from tessel.runtime.wire import write_message
 
-    if op == "state":
-        write_message(reply, {"worker_s": 0.0}, executor.state())
+    rank, names = comm.rank, plan["state"]["names"]
+    if op == "set_state":
+        held = set(executor.state_names)
+        executor.set_state({name: a for name, a in tensors.items() if name in held or name not in names})
+        if rank == 0:
+            write_message(reply, {"worker_s": 0.0}, {})
         return
-    executor.set_state(tensors)
-    if rank == 0:
-        write_message(reply, {"worker_s": 0.0}, {})
+    owners = _state_owners(plan)
+    if rank != 0:
+        for k, name in enumerate(names):
+            if owners[name] == rank:
+                comm.send(executor.state([name])[name], 0, STATE_TAG + k, name)
+        comm.wait_sends()
+        return
+    types, own = state_types(plan), executor.state()
+    state = {}
+    for k, name in enumerate(names):
+        if owners[name] == 0:
+            state[name] = own[name]
+            continue
+        t = TensorType.parse(types[name])
+        state[name] = np.empty(t.shape, numpy_dtype(t.dtype))
+        comm.recv(state[name], owners[name], STATE_TAG + k, name)
+    write_message(reply, {"worker_s": 0.0}, state)
+
+
+def _state_owners(plan: dict) -> dict[str, int]:
+    """Each state value's lowest rank holding it."""
+    from tessel.runtime.artifact_files import worker_state_names
+
+    owners: dict[str, int] = {}
+    for rank in reversed(range(len(plan["workers"]))):
+        owners.update(dict.fromkeys(worker_state_names(plan, rank), rank))
+    return owners
 
 
 def _split(inputs: dict[str, np.ndarray], parts: int) -> list[dict[str, np.ndarray]]:

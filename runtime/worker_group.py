@@ -150,7 +150,7 @@ class WorkerGroup:
 
     # ---- requests -------------------------------------------------------------
     def state(self) -> dict[str, np.ndarray]:
-        """A training artifact's persistent state, read from rank 0 after the requests before."""
+        """A training artifact's persistent state, through rank 0 after the requests before."""
         return self.submit({}, op="state").result()
 
     def set_state(self, values: Mapping[str, np.ndarray]) -> None:
@@ -173,7 +173,7 @@ class WorkerGroup:
                 # Rank 0 first: the others wait for its tensors anyway, and woken earlier they would take a core
                 # from this process while it writes the inputs.
                 write_message(self._requests[0], {"op": op}, inputs, deadline, self._wait_writable)
-                for fd in self._requests[1:] if op != "state" else []:
+                for fd in self._requests[1:]:
                     write_message(fd, {"op": op}, inputs if op == "set_state" else None, deadline,
                                   self._wait_writable)
             except ChannelClosed:

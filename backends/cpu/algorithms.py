@@ -3,7 +3,10 @@
 Conv (dense, 2-D, float32) on llvm: "nchwc" (weights packed at compile time,
 register-tiled; the default), "im2col" (column buffer + GEMM), "direct" (the
 same register tiles reading the input in place: no workspace) and, for 3×3
-stride-1 convs, "winograd" (F(4×4, 3×3)); on cuda: "direct" and "im2col" (dlight schedules).
+stride-1 convs, "winograd" (F(4×4, 3×3)); on cuda: "gemm" (an implicit GEMM with shared-memory tiles,
+cuda/conv.py; the default) and "direct" (dlight's schedule of the generic rule). "im2col" is not offered on cuda:
+dlight's GEMV schedule of its column product writes wrong results for tiles that wrap a row (yolov8n_320's
+1×1 conv on [1,16,4,2100] on an H100).
 Matmul with constant weights on llvm: "packed" (the default) and "direct".
 The backward convolutions of a training step (ConvTranspose, the data gradient; ConvGradFilter, the filter
 gradient), whose weights are known only at run time, on llvm: "tiled" (register-tiled products, the default) and
@@ -40,7 +43,7 @@ def algorithms(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[Ten
         if attrs.get("group", 1) != 1 or input_types[0].rank != 4:
             return ()
         if target_kind != "llvm":
-            return ("direct", "im2col")
+            return ("gemm", "direct")
         out_channels, in_channels = constants[1].shape[:2]
         # Direct writes whole channel blocks straight to the output: the channels must fill them.
         whole_blocks = out_channels % conv_blocks(out_channels, in_channels)[1] == 0

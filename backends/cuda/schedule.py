@@ -74,6 +74,45 @@ class CudaExecutable:
         return self.executable[name]
 
 
+def schedule_around(func, anchor_schedule, anchor_blocks: frozenset[str]):
+    """Schedule a fused kernel whose anchor (an implicit-GEMM conv, cuda/conv.py) brings its own schedule.
+
+    The ops before the anchor are inlined into it (they become part of how its
+    tiles are fetched), the anchor's schedule folds the ops after it into the
+    block that writes its result, and a block left over (one whose result is
+    also a kernel output) gets a flat one-thread-per-element schedule.
+    """
+    s_tir = tvm().s_tir
+    sch = s_tir.Schedule(func)
+    root = sch.get_sblock("root")
+    for block in reversed(sch.get_child_blocks(root)):
+        if sch.get(block).name_hint not in anchor_blocks:
+            try:
+                sch.compute_inline(block)
+            except Exception:  # noqa: BLE001 - an op after the anchor (or a reduction) is not inlined forward
+                continue
+    anchor_schedule(sch)
+    for block in sch.get_child_blocks(root):
+        if not _thread_bound(sch, block):
+            _schedule_flat(sch, block)
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def _thread_bound(sch, block) -> bool:
+    return any(sch.get(loop).thread_binding is not None for loop in sch.get_loops(block))
+
+
+def _schedule_flat(sch, block) -> None:
+    """One GPU thread per element of a spatial block (its reductions, if any, run inside the thread)."""
+    tirx = tvm().tirx
+    spatial = [loop for loop, var in zip(sch.get_loops(block), sch.get(block).iter_vars)
+               if var.iter_type == tirx.IterVar.DataPar]
+    fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+    blocks, threads = sch.split(fused, [None, 256])
+    sch.bind(blocks, "blockIdx.x")
+    sch.bind(threads, "threadIdx.x")
+
+
 def _dlight_schedules(func, cuda):
     """The kernel as each of dlight's GPU rules that applies schedules it, in the rules' order of preference;
     the kernel as it is when none applies (compile then finds it binds no GPU thread).

@@ -30,6 +30,7 @@ class LowerContext:
     const_data: Sequence[np.ndarray | None]
     output_types: Sequence[TensorType | None]
     gpu: bool = False
+    arch: str | None = None  # the GPU's architecture (sm_90), None on a CPU
 
     def attr(self, name: str, default: Any = None) -> Any:
         """An attribute value, or `default` when it is absent."""

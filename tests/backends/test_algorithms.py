@@ -110,4 +110,4 @@ def test_algorithm_choices_and_workspaces():
     k18, _ = run_pipeline(ir.from_onnx(conv_relu_model(**CONVS["3x3_k18"])), select_passes([]))
     assert find_layers(k18, "llvm", "all")[0].algorithms == ("nchwc", "im2col", "winograd")
     assert algorithms("Conv", {"group": 2}, [layer.node.inputs[0].type], [None, np.ones(1)], "llvm") == ()
-    assert algorithms("Conv", {}, [layer.node.inputs[0].type], [None, np.ones((16, 8, 3, 3), np.float32)], "cuda") == ("direct", "im2col")
+    assert algorithms("Conv", {}, [layer.node.inputs[0].type], [None, np.ones((16, 8, 3, 3), np.float32)], "cuda") == ("gemm", "direct")

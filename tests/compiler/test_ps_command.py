@@ -13,7 +13,7 @@ def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--resume")
     add_ps_arguments(parser)
-    return parser.parse_args(["--parallel", "ps", *argv])
+    return parser.parse_args(list(argv))
 
 
 @pytest.mark.parametrize("argv, want", [((), ("sync", 0)), (("--ps-mode", "async"), ("async", 0)),

@@ -44,6 +44,10 @@ def _train(files, *extra):
     (["--batch", "41"], "40 samples, fewer than --batch 41"),
     (["--batch", "0"], "0 is below 1"),
     (["--devices", "3"], "--batch 8 is not a multiple of --devices 3"),
+    (["--parallel", "pipeline"], "--parallel pipeline needs --devices 2 or more"),
+    (["--devices", "2", "--parallel", "pipeline", "--micro-batches", "3"],
+     "--batch 8 is not a multiple of --micro-batches 3"),
+    (["--micro-batches", "2"], "--micro-batches goes with --parallel pipeline"),
 ])
 def test_bad_settings_are_one_line(capsys, files, extra, expected):
     _refused(capsys, _train(files, *extra), expected)
@@ -136,6 +140,9 @@ class FakeTrainer:
         np.savez(Path(directory) / "state.npz", **self.weights)
         (Path(directory) / "training.json").write_text(json.dumps({"steps": self.steps_done, "model": self.model}))
 
+    def close(self):
+        """No workers to stop."""
+
     def export_onnx(self, path):
         import onnx
         from onnx import numpy_helper
@@ -155,9 +162,10 @@ def fake_trainer(monkeypatch):
 
     compiled = []
 
-    def compile_training(model, loss, optimizer, input_shapes, trainable, frozen, seed, devices):
+    def compile_training(model, loss, optimizer, input_shapes, trainable, frozen, seed, devices, parallel,
+                         micro_batches, schedule):
         assert loss == "cross_entropy" and input_shapes == {"x": (8, 4)}
-        compiled.append(model)
+        compiled.append((model, devices, parallel, micro_batches, schedule))
         return FakeTrainer(model, optimizer)
 
     def load_training(directory):
@@ -215,12 +223,41 @@ def test_a_run_stopped_mid_epoch_and_resumed_ends_with_the_same_weights(capsys, 
     assert sorted(p.name for p in (files["run"] / "checkpoints").iterdir()) == ["epoch_4", "epoch_5"]
 
 
+def test_a_run_resumes_from_its_newest_mid_epoch_checkpoint(capsys, files, tmp_path, fake_trainer):
+    from tessel.compiler.train_log import epoch_records, read_log
+
+    whole = dict(files, run=tmp_path / "whole")
+    assert main([str(a) for a in _train(whole, "--lr", "0.5", "--epochs", "3")]) == 0
+    argv = _train(files, "--lr", "0.5", "--epochs", "3", "--checkpoint-every", "2", "--max-steps", "9")
+    assert main([str(a) for a in argv]) == 0
+    assert sorted(p.name for p in (files["run"] / "checkpoints").iterdir()) == ["epoch_1", "step_9"]
+    capsys.readouterr()
+    assert main(["train", "--resume", str(files["run"])]) == 0
+    assert "from step_9 (step 9)" in capsys.readouterr().err
+    got, want = _final_weights(files["run"]), _final_weights(whole["run"])
+    assert all(np.array_equal(got[name], want[name]) for name in want)
+    assert [r["step"] for r in read_log(files["run"]) if r["kind"] == "step"] == list(range(1, 16))
+    assert [r["loss"] for r in epoch_records(read_log(files["run"]))] == \
+        [r["loss"] for r in epoch_records(read_log(whole["run"]))]
+    assert sorted(p.name for p in (files["run"] / "checkpoints").iterdir()) == ["epoch_2", "epoch_3"]
+
+
 def test_resume_of_a_finished_run_asks_for_more_epochs(capsys, files, fake_trainer):
     assert main([str(a) for a in _train(files, "--epochs", "1")]) == 0
     capsys.readouterr()
     _refused(capsys, ["train", "--resume", files["run"]], "already trained 1 epoch(s) of 1; give --epochs N")
     assert main(["train", "--resume", str(files["run"]), "--epochs", "2"]) == 0
     assert len(fake_trainer) == 1  # the second epoch continued from the checkpoint, nothing recompiled
+
+
+def test_pipeline_flags_reach_the_compile_and_the_run_file(files, fake_trainer):
+    import json
+
+    assert main([str(a) for a in _train(files, "--epochs", "1", "--devices", "2", "--parallel", "pipeline",
+                                        "--micro-batches", "4", "--pipeline-schedule", "1f1b")]) == 0
+    assert fake_trainer[0][1:] == (2, "pipeline", 4, "1f1b")
+    run = json.loads((files["run"] / "run.json").read_text())
+    assert (run["parallel"], run["micro_batches"], run["pipeline_schedule"]) == ("pipeline", 4, "1f1b")
 
 
 def test_ops_without_a_gradient_rule_are_named_in_one_line(capsys, files, tmp_path):
