@@ -23,6 +23,7 @@ from tessel.ir.errors import TesselError
 from tessel.passes.pipeline_schedule import SCHEDULES as PIPELINE_SCHEDULES
 
 from .arg_types import count_from
+from .ps_command import add_ps_arguments, run_ps
 from .train_checkpoints import (completed_epochs, drop_after, drop_superseded, latest_checkpoint, prune,
                                 save_checkpoint, save_step_checkpoint)
 from .train_launch import LAUNCHERS, join_ranks, restarted_as_resume
@@ -77,7 +78,8 @@ def add_train_parser(commands, parents) -> None:
                        help="local: start the --devices workers here (default); torchrun: this is one of the "
                             "ranks torchrun started, rank 0 trains and the others follow it")
     train.add_argument("--parallel", choices=PARALLEL,
-                       help="with --devices N > 1: 'data' (default) or 'pipeline' (N stages, one per worker)")
+                       help="with --devices N > 1: 'data' (default), 'pipeline' (N stages, one per worker) or "
+                            "'ps' (N workers and --servers parameter servers)")
     train.add_argument("--micro-batches", type=count_from(1), metavar="M",
                        help="pipeline: micro-batches per step (default 1)")
     train.add_argument("--pipeline-schedule", choices=PIPELINE_SCHEDULES,
@@ -94,6 +96,7 @@ def add_train_parser(commands, parents) -> None:
                        help="also save a checkpoint every N steps inside an epoch (the newest one is kept)")
     train.add_argument("--keep-checkpoints", type=count_from(0), default=DEFAULT_KEEP_CHECKPOINTS, metavar="K",
                        help=f"keep the newest K epoch checkpoints, 0 for all (default {DEFAULT_KEEP_CHECKPOINTS})")
+    add_ps_arguments(train)
     train.set_defaults(run=run_train)
 
 
@@ -135,6 +138,8 @@ def run_train(args: argparse.Namespace) -> int:
     if checkpointed and checkpointed[0] >= settings.epochs:
         raise RunDirError(f"{run_dir}: already trained {checkpointed[0]} epoch(s) of {settings.epochs}; "
                           "give --epochs N to train more")
+    if settings.parallel == "ps":
+        return run_ps(settings, run_dir, data, val, steps_per_epoch, model_loss or outputs[0], args)
     trainer, loaded_from = _trainer(settings, run_dir, data, inputs, steps_per_epoch, bool(args.resume))
     settings.save(run_dir)
     finished = _train_epochs(trainer, settings, run_dir, data, val, loaded_from, steps_per_epoch,

@@ -13,7 +13,7 @@ from .train_metrics import HOST_LOSSES
 RUN_FILE = "run.json"
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("constant", "step:STEP_SIZE:GAMMA", "cosine", "cosine:MIN_LR")
-PARALLEL = ("data", "pipeline")
+PARALLEL = ("data", "pipeline", "ps")
 DEFAULT_WEIGHT_DECAY = {"sgd": 0.0, "adamw": 0.01}  # torch.optim's defaults
 
 

@@ -131,25 +131,29 @@ class Trainer:
         return write_checkpoint(checkpoint, directory, force)
 
     def export_onnx(self, path: str | Path) -> Path:
-        """Write the model as given with its trained values: every initializer named like a state value
-        (parameters, BatchNormalization running statistics) takes that value, in the initializer's type."""
-        import onnx
-        from onnx import numpy_helper
+        """Write the model as given with its trained values (`export_state`)."""
+        return export_state(self.model_bytes, self.state, self.names.parameters, path)
 
-        model = onnx.load_from_string(self.model_bytes)
-        state = self.state
-        _unalias_initializers(model, state)
-        found = set()
-        for initializer in model.graph.initializer:
-            if initializer.name in state:
-                dtype = numpy_helper.to_array(initializer).dtype
-                initializer.CopyFrom(numpy_helper.from_array(state[initializer.name].astype(dtype), initializer.name))
-                found.add(initializer.name)
-        lost = [name for name in self.names.parameters if name not in found]
-        if lost:
-            raise ArtifactError(f"parameter '{lost[0]}' is not an initializer of the model; cannot export it")
-        onnx.save(model, str(path))
-        return Path(path)
+
+def export_state(model_bytes: bytes, state: Mapping[str, np.ndarray], parameters, path: str | Path) -> Path:
+    """Write the ONNX model `model_bytes` with trained values: every initializer named like a state value
+    (parameters, BatchNormalization running statistics) takes that value, in the initializer's type."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load_from_string(model_bytes)
+    _unalias_initializers(model, state)
+    found = set()
+    for initializer in model.graph.initializer:
+        if initializer.name in state:
+            dtype = numpy_helper.to_array(initializer).dtype
+            initializer.CopyFrom(numpy_helper.from_array(state[initializer.name].astype(dtype), initializer.name))
+            found.add(initializer.name)
+    lost = [name for name in parameters if name not in found]
+    if lost:
+        raise ArtifactError(f"parameter '{lost[0]}' is not an initializer of the model; cannot export it")
+    onnx.save(model, str(path))
+    return Path(path)
 
 
 def _unalias_initializers(model, state: Mapping[str, np.ndarray]) -> None:

@@ -1,0 +1,100 @@
+"""`tessel train ... --devices W --parallel ps --servers S`: train on W local workers with S parameter servers.
+
+The parameters are sharded over the servers (balanced by bytes); each worker pulls the weights, runs the
+compiled gradient step on its 1/W of every batch and pushes each shard's gradient to its server, which applies
+the optimizer (compiler/ps_training.py, runtime/ps_*.py). `--ps-mode sync` (BSP, the default) trains exactly
+as data-parallel all-reduce does; `async` (Downpour) applies each push at once; `ssp` (with `--staleness s`)
+lets a worker run at most s steps ahead of the slowest. `--compression 1bit|topk` sends gradients (and the
+weights' changes) through a codec with error feedback. RUN_DIR gets model.onnx, log.jsonl (the workers' mean
+loss per step, then one record with the validation metrics, the wall time and the bytes on the wire) and
+ps/ (the compiled programs and the job). Checkpoints and --resume are not built for this mode yet.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from tessel.runtime.ps_compression import CODECS
+from tessel.runtime.ps_job import HEADER_BYTES, MODES
+
+from .train_data import LABELS, Dataset, as_step_labels
+from .train_settings import RunSettings, TrainSettingsError
+
+PS_DIR = "ps"
+
+
+def add_ps_arguments(train) -> None:
+    """The parameter-server flags of `tessel train` (`--parallel ps` is among train_settings.PARALLEL)."""
+    train.add_argument("--servers", type=int, default=1, metavar="S", help="parameter servers (default 1)")
+    train.add_argument("--ps-mode", choices=MODES, help="sync (BSP, default), async (Downpour) or ssp")
+    train.add_argument("--staleness", type=int, metavar="S", help="ssp: most steps a worker may run ahead")
+    train.add_argument("--compression", choices=CODECS, default="none",
+                       help="gradient compression with error feedback (default none)")
+    train.add_argument("--topk-ratio", type=float, default=0.01, help="top-k: share of elements sent (0.01)")
+
+
+def ps_mode(args: argparse.Namespace) -> tuple[str, int]:
+    """(mode, staleness) from the flags: --staleness alone means ssp; a bad pairing is a one-line error."""
+    mode = args.ps_mode or ("ssp" if args.staleness is not None else "sync")
+    if mode == "ssp" and (args.staleness is None or args.staleness < 0):
+        raise TrainSettingsError("--ps-mode ssp needs --staleness S (S >= 0)")
+    if mode != "ssp" and args.staleness is not None:
+        raise TrainSettingsError(f"--staleness goes with --ps-mode ssp, not {mode}")
+    if args.resume:
+        raise TrainSettingsError("--parallel ps does not resume from checkpoints yet")
+    if not 0 < args.topk_ratio <= 1:
+        raise TrainSettingsError(f"--topk-ratio {args.topk_ratio}: give a value in (0, 1]")
+    return mode, args.staleness or 0
+
+
+def run_ps(settings: RunSettings, run_dir: Path, data: Dataset, val: Dataset | None, steps_per_epoch: int,
+           first_output: str, args: argparse.Namespace) -> int:
+    """Train the run on parameter servers; write model.onnx and log.jsonl; print one summary line."""
+    from tessel.runtime.ps_launch import run_job
+
+    from .ps_training import evaluate_job, prepare_job
+    from .train_command import MODEL_FILE, _loss, build_optimizer
+    from .train_log import RunLog
+    from .train_metrics import ValidationTally
+    from .trainer import export_state
+
+    mode, staleness = ps_mode(args)
+    steps = settings.epochs * steps_per_epoch
+    if args.max_steps is not None:
+        steps = min(steps, args.max_steps)
+    arrays = {name: as_step_labels(a) if name == LABELS else a for name, a in data.arrays.items()}
+    job = prepare_job(settings.model, _loss(settings), build_optimizer(settings, steps_per_epoch), arrays,
+                      run_dir / PS_DIR, workers=settings.devices, servers=args.servers, batch=settings.batch,
+                      steps=steps, mode=mode, staleness=staleness, seed=settings.seed,
+                      compression=args.compression, topk_ratio=args.topk_ratio)
+    settings.save(run_dir)
+    result = run_job(run_dir / PS_DIR)
+    state = {**result.parameters, **result.statistics}
+    seconds = max(report["seconds"] for report in result.reports)
+    pushed = float(np.mean([report["bytes_pushed"] for report in result.reports])) / steps
+    pulled = float(np.mean([report["bytes_pulled"] for report in result.reports])) / steps
+    floats = sum(int(np.prod(shape)) for shape in job.shapes.values())
+    record = {"kind": "epoch", "epoch": settings.epochs, "step": steps, "seconds": seconds, "ps_mode": mode,
+              "staleness": staleness, "servers": args.servers, "compression": args.compression,
+              "push_bytes_per_step": pushed, "pull_bytes_per_step": pulled,
+              "compression_ratio": (4 * floats + args.servers * HEADER_BYTES) / pushed}
+    losses = np.mean([report["losses"] for report in result.reports], axis=0)
+    record["loss"] = float(losses[-steps_per_epoch:].mean())
+    if val is not None:
+        tally = ValidationTally(settings.loss, settings.label_smoothing)
+        outputs = evaluate_job(run_dir / PS_DIR, state, val.arrays, settings.batch)
+        tally.add(outputs[first_output], val.arrays.get(LABELS), val.length)
+        record.update(tally.result())
+    with RunLog(run_dir) as log:
+        for step, loss in enumerate(losses, 1):
+            log.write({"kind": "step", "epoch": (step - 1) // steps_per_epoch + 1, "step": step, "loss": float(loss)})
+        log.write(record)
+    export_state(Path(settings.model).read_bytes(), state, job.parameters, run_dir / MODEL_FILE)
+    accuracy = f", val accuracy {100 * record['val_accuracy']:.2f}%" if "val_accuracy" in record else ""
+    print(f"trained on parameter servers ({mode}{f' s={staleness}' if mode == 'ssp' else ''}, "
+          f"{settings.devices} workers, {args.servers} servers, compression {args.compression}): {steps} steps in "
+          f"{seconds:.1f} s{accuracy}, {pushed:.0f} B pushed per worker per step "
+          f"({record['compression_ratio']:.1f}x fewer than float32), {run_dir / MODEL_FILE}")
+    return 0

@@ -1,0 +1,124 @@
+"""A parameter server: one shard's parameters and optimizer slots, updated by its compiled update program.
+
+The server answers messages in arrival order (runtime/ps_job.py). Consistency models:
+- sync (BSP): the gradients of one clock from every worker are averaged, then applied as one update; a pull
+  at clock c waits until c updates are applied, so every worker computes step c on the same weights (the
+  result of data-parallel all-reduce training).
+- async (Downpour): every push is applied as it arrives, every pull answered at once.
+- ssp (stale synchronous parallel, staleness s): pushes applied as they arrive; a pull at clock c waits until
+  the slowest worker has pushed c - s gradients, so no worker runs more than s steps ahead of the slowest.
+The optimizer's step count (its learning-rate schedule, AdamW's bias corrections) is the server's update count.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .ps_compression import make_codec
+from .ps_job import (DONE, HEADER_BYTES, HEADER_TAG, PAYLOAD_TAG, PULL, PUSH, WEIGHTS, PSJob, flatten, header,
+                     throttle, unflatten)
+
+
+class Server:
+    """Shard `shard` of a job: its update program and the workers' clocks."""
+
+    def __init__(self, job: PSJob, directory: Path, shard: int):
+        from tessel.compiler.optim import optimizer_from_json
+
+        from .executor import Executor
+
+        self.job, self.shard = job, shard
+        self.names = job.shards[shard]
+        self.grad_names = [name + "__grad" for name in self.names]
+        self.update = Executor(directory / f"server{shard}", threads=1)
+        self.optimizer = optimizer_from_json(job.optimizer)
+        self.size = sum(job.sizes(shard))
+        self.codec = make_codec(job.compression, job.sizes(shard), job.topk_ratio)
+        self.clocks = [0] * job.workers
+        self.updates = 0
+        self.waiting: list[tuple[int, int]] = []  # pulls not answered yet: (worker, clock)
+        self.pending = np.zeros(self.size, np.float32)  # sync: the sum of this clock's gradients so far
+        self.pushed = 0                                  # sync: how many of them
+        self.weights = self._weights()
+        # Compressed pulls send each worker the change since the weights it holds, which the server tracks.
+        self.views = [self.weights.copy() for _ in range(job.workers)] if job.pull_codec != "none" else None
+        self.pull_codec = make_codec(job.pull_codec, job.sizes(shard), job.topk_ratio)
+
+    def serve(self) -> None:
+        """Answer messages until every worker is done; then write the shard's state to server<shard>.npz."""
+        import torch
+        import torch.distributed as dist
+
+        done = 0
+        message = torch.zeros(4, dtype=torch.int64)
+        while done < self.job.workers:
+            worker = dist.recv(message, tag=HEADER_TAG)
+            kind, clock, nbytes = (int(v) for v in message[:3])
+            if kind == PUSH:
+                payload = torch.empty(nbytes, dtype=torch.uint8)
+                dist.recv(payload, src=worker, tag=PAYLOAD_TAG)
+                self._push(worker, clock, self.codec.decode(payload.numpy(), self.size))
+            elif kind == PULL:
+                self.waiting.append((worker, clock))
+            elif kind == DONE:
+                done += 1
+            self._answer_pulls()
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The shard's parameters and optimizer slots."""
+        return self.update.state()
+
+    def _push(self, worker: int, clock: int, gradient: np.ndarray) -> None:
+        """Take a worker's gradient of clock `clock`: sync sums it until all workers pushed, else applies it."""
+        self.clocks[worker] = clock + 1
+        if self.job.mode != "sync":
+            self._apply(gradient)
+            return
+        self.pending += gradient
+        self.pushed += 1
+        if self.pushed == self.job.workers:
+            self._apply(self.pending / np.float32(self.job.workers))
+            self.pending[:] = 0
+            self.pushed = 0
+
+    def _apply(self, gradient: np.ndarray) -> None:
+        """One optimizer update of the shard."""
+        shapes = self.job.shapes
+        feeds = {name + "__grad": array for name, array in unflatten(gradient, self.names, shapes).items()}
+        feeds.update(self.optimizer.step_scalars(self.updates))
+        self.update.run(feeds)
+        self.updates += 1
+        self.weights = self._weights()
+
+    def _ready(self, clock: int) -> bool:
+        """Whether a pull at `clock` may see the current weights."""
+        if self.job.mode == "sync":
+            return self.updates >= clock
+        if self.job.mode == "ssp":
+            return min(self.clocks) >= clock - self.job.staleness
+        return True
+
+    def _answer_pulls(self) -> None:
+        """Send the weights to every waiting worker whose pull is now allowed."""
+        import torch
+        import torch.distributed as dist
+
+        still = []
+        for worker, clock in self.waiting:
+            if not self._ready(clock):
+                still.append((worker, clock))
+                continue
+            if self.views is None:
+                payload = self.weights.view(np.uint8)
+            else:
+                payload, decoded = self.pull_codec.encode(self.weights - self.views[worker])
+                self.views[worker] += decoded
+            throttle(self.job, HEADER_BYTES + payload.size)
+            dist.send(header(WEIGHTS, self.updates, payload.size), dst=worker, tag=HEADER_TAG)
+            dist.send(torch.from_numpy(np.ascontiguousarray(payload)), dst=worker, tag=PAYLOAD_TAG)
+        self.waiting = still
+
+    def _weights(self) -> np.ndarray:
+        """The shard's current parameters as one float32 vector."""
+        return flatten(self.update.state(self.names), self.names)

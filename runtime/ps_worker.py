@@ -1,0 +1,116 @@
+"""A parameter-server worker: pull the weights, run the compiled gradient step on its part of the batch, push
+each shard's gradient to its server (runtime/ps_job.py has the messages).
+
+Worker w takes rows [w*b, (w+1)*b) of every global batch (b = batch / workers), the batches in the order
+`tessel train` draws them (compiler/train_data.Dataset.batches: shuffled per epoch by (seed, epoch)). With
+compression the pushed gradient goes through the codec with error feedback, and the weights arrive as changes
+to the ones the worker holds.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from .ps_compression import ErrorFeedback, make_codec
+from .ps_job import (DATA_FILE, DONE, HEADER_BYTES, HEADER_TAG, PAYLOAD_TAG, PULL, PUSH, PSJob, flatten, header,
+                     throttle, unflatten)
+
+
+def worker_batches(job: PSJob, arrays: dict[str, np.ndarray], worker: int) -> Iterator[dict[str, np.ndarray]]:
+    """Worker `worker`'s part of each of the job's global batches, epoch after epoch, `job.steps` of them."""
+    from tessel.compiler.train_data import Dataset
+
+    dataset = Dataset(arrays, len(next(iter(arrays.values()))))
+    part = job.batch // job.workers
+    rows = slice(worker * part, (worker + 1) * part)
+    steps, epoch = 0, 0
+    while True:
+        for batch in dataset.batches(job.batch, job.seed, epoch):
+            if steps == job.steps:
+                return
+            yield {name: array[rows] for name, array in batch.items()}
+            steps += 1
+        epoch += 1
+
+
+class Worker:
+    """Rank `rank` < W of a job."""
+
+    def __init__(self, job: PSJob, directory: Path, rank: int):
+        from .executor import Executor
+
+        self.job, self.rank = job, rank
+        self.step = Executor(directory / "worker", threads=1)
+        with np.load(directory / DATA_FILE, allow_pickle=False) as data:
+            self.arrays = {name: data[name] for name in data.files}
+        start = self.step.state(job.parameters)
+        self.weights = [flatten(start, names) for names in job.shards]
+        self.sizes = [sum(job.sizes(s)) for s in range(job.servers)]
+        self.decoders = [make_codec(job.pull_codec, job.sizes(s), job.topk_ratio) for s in range(job.servers)]
+        self.pushers = [ErrorFeedback(make_codec(job.compression, job.sizes(s), job.topk_ratio), size)
+                        for s, size in enumerate(self.sizes)]
+        self.bytes_pushed = self.bytes_pulled = 0
+
+    def train(self) -> dict:
+        """Run the job's steps; the losses, the bytes this worker sent and received, and the seconds it took."""
+        import torch.distributed as dist
+
+        losses = []
+        dist.barrier()
+        started = time.perf_counter()
+        for clock, batch in enumerate(worker_batches(self.job, self.arrays, self.rank)):
+            self._pull(clock)
+            feeds = {name: batch[name] for name in self.job.data_inputs}
+            if self.job.label_input is not None:
+                feeds[self.job.label_input] = batch["labels"]
+            outputs = self.step.run(feeds)
+            losses.append(float(outputs[self.job.loss_output]))
+            self._push(clock, outputs)
+        for shard in range(self.job.servers):
+            dist.send(header(DONE), dst=self.job.server_rank(shard), tag=HEADER_TAG)
+        return {"losses": losses, "seconds": time.perf_counter() - started, "bytes_pushed": self.bytes_pushed,
+                "bytes_pulled": self.bytes_pulled}
+
+    def _pull(self, clock: int) -> None:
+        """The weights for step `clock` from every server, into the step's state."""
+        import torch
+        import torch.distributed as dist
+
+        reply = torch.zeros(4, dtype=torch.int64)
+        for shard in range(self.job.servers):
+            server = self.job.server_rank(shard)
+            throttle(self.job, HEADER_BYTES)
+            dist.send(header(PULL, clock), dst=server, tag=HEADER_TAG)
+            dist.recv(reply, src=server, tag=HEADER_TAG)
+            payload = torch.empty(int(reply[2]), dtype=torch.uint8)
+            dist.recv(payload, src=server, tag=PAYLOAD_TAG)
+            received = self.decoders[shard].decode(payload.numpy(), self.sizes[shard])
+            if self.job.pull_codec == "none":
+                self.weights[shard] = received.copy()
+            else:
+                self.weights[shard] += received
+            self.bytes_pulled += 2 * HEADER_BYTES + payload.numel()
+        for shard, names in enumerate(self.job.shards):
+            self.step.set_state(unflatten(self.weights[shard], names, self.job.shapes))
+
+    def _push(self, clock: int, outputs: dict[str, np.ndarray]) -> None:
+        """Each shard's gradient to its server."""
+        import torch
+        import torch.distributed as dist
+
+        grads = {name: outputs[self.job.gradients[name]] for name in self.job.parameters}
+        for shard, names in enumerate(self.job.shards):
+            message = self.pushers[shard].encode(flatten(grads, names))
+            server = self.job.server_rank(shard)
+            throttle(self.job, HEADER_BYTES + message.size)
+            dist.send(header(PUSH, clock, message.size), dst=server, tag=HEADER_TAG)
+            dist.send(torch.from_numpy(np.ascontiguousarray(message)), dst=server, tag=PAYLOAD_TAG)
+            self.bytes_pushed += HEADER_BYTES + message.size
+
+    def statistics(self) -> dict[str, np.ndarray]:
+        """The worker's state other than the parameters: its BatchNormalization running statistics."""
+        parameters = set(self.job.parameters)
+        return self.step.state([name for name in self.step.state_names if name not in parameters])

@@ -1,0 +1,34 @@
+"""The parameter-server flags of `tessel train` (compiler/ps_command.py): which mode they select, what is refused."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from tessel.compiler.ps_command import add_ps_arguments, ps_mode
+from tessel.compiler.train_settings import TrainSettingsError
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--resume")
+    add_ps_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.mark.parametrize("argv, want", [((), ("sync", 0)), (("--ps-mode", "async"), ("async", 0)),
+                                        (("--staleness", "2"), ("ssp", 2)),
+                                        (("--ps-mode", "ssp", "--staleness", "0"), ("ssp", 0))])
+def test_the_flags_select_a_consistency_model(argv, want):
+    assert ps_mode(_args(*argv)) == want
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--ps-mode", "ssp"), "--ps-mode ssp needs --staleness S"),
+    (("--ps-mode", "async", "--staleness", "1"), "--staleness goes with --ps-mode ssp, not async"),
+    (("--resume", "run"), "does not resume from checkpoints yet"),
+    (("--compression", "topk", "--topk-ratio", "2"), "--topk-ratio 2.0: give a value in"),
+])
+def test_bad_pairings_are_refused_in_one_line(argv, message):
+    with pytest.raises(TrainSettingsError, match=message):
+        ps_mode(_args(*argv))

@@ -1,0 +1,67 @@
+"""Gradient codecs (runtime/ps_compression.py): what each message carries, its size, and error feedback."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tessel.runtime.ps_compression import ErrorFeedback, Float32, OneBit, TopK, make_codec
+
+
+def _vector(size: int = 1000, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(size).astype(np.float32)
+
+
+def test_float32_sends_the_vector_as_it_is():
+    vector = _vector()
+    message, decoded = Float32().encode(vector)
+    assert message.nbytes == 4 * vector.size
+    np.testing.assert_array_equal(Float32().decode(message, vector.size), vector)
+
+
+def test_one_bit_sends_signs_and_each_segments_two_means():
+    vector = _vector(1000)
+    codec = OneBit([600, 400])
+    message, decoded = codec.encode(vector)
+    assert message.nbytes == 2 * 8 + 1000 // 8
+    np.testing.assert_array_equal(codec.decode(message, vector.size), decoded)
+    first = vector[:600]
+    assert decoded[0] == pytest.approx(first[first >= 0].mean() if vector[0] >= 0 else first[first < 0].mean())
+    assert np.all(np.sign(decoded) == np.where(vector >= 0, 1, -1))
+    # Means keep each segment's sum of positive and of negative parts.
+    assert decoded[:600].sum() == pytest.approx(first.sum(), rel=1e-4)
+
+
+def test_one_bit_is_over_25_times_smaller_than_float32_for_the_digits_cnns_shards():
+    for sizes in ([144, 16, 16, 32, 32, 9216, 32, 10], [4608, 5120]):  # examples/digits on 2 servers
+        vector = _vector(sum(sizes))
+        message, _ = OneBit(sizes).encode(vector)
+        assert 4 * vector.size / message.nbytes >= 25
+
+
+def test_top_k_sends_the_largest_magnitudes():
+    vector = _vector(1000)
+    codec = TopK(0.01)
+    message, decoded = codec.encode(vector)
+    assert message.nbytes == 10 * 8
+    kept = np.flatnonzero(decoded)
+    assert set(kept) == set(np.argsort(-np.abs(vector))[:10])
+    np.testing.assert_array_equal(codec.decode(message, vector.size), decoded)
+
+
+@pytest.mark.parametrize("name", ["1bit", "topk"])
+def test_error_feedback_delays_what_a_message_loses_but_drops_nothing(name):
+    codec = make_codec(name, [500, 500], topk_ratio=0.05)
+    sender = ErrorFeedback(codec, 1000)
+    sent = np.zeros(1000, np.float32)
+    total = np.zeros(1000, np.float32)
+    for step in range(50):
+        gradient = _vector(1000, seed=step)
+        total += gradient
+        sent += codec.decode(sender.encode(gradient), 1000)
+    # What arrived plus what waits in the residual is everything that was sent.
+    np.testing.assert_allclose(sent + sender.residual, total, atol=1e-3)
+
+
+def test_an_unknown_codec_is_refused():
+    with pytest.raises(ValueError, match="unknown compression 'zip'"):
+        make_codec("zip", [4])
