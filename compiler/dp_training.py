@@ -15,13 +15,21 @@ normalises with each replica's own batch statistics and each replica keeps its o
 are the ones saved): with BatchNormalization the result differs from training on the whole batch on one device
 and equals PyTorch's DistributedDataParallel without SyncBatchNorm (tests/compiler/test_dp_training.py).
 Synchronised statistics are not built yet.
+
+Each gradient bucket's all-reduce algorithm is chosen by its α-β cost (passes/data_parallel.py `choose_allreduce`)
+and reported in the step artifact's reports/data_parallel.md and .json.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Mapping, Sequence
 
+from tessel.ir.graph import Graph
 from tessel.ir.types import TensorType
+from tessel.passes.data_parallel import AllReduceChoice, allreduce_choices
+from tessel.passes.machine import Link
 from tessel.runtime.instructions import Recv, Scatter, Send
 
 from .options import CompileError
@@ -30,6 +38,29 @@ from .worker_programs import SCATTER_TAG, SLICE_SUFFIX
 
 # Tags of the optimizer scalars sent from rank 0: scalar k to worker d uses SCALAR_TAG + k * workers + d.
 SCALAR_TAG = 1 << 22
+
+
+def allreduce_plan(graph: Graph, link: Link, workers: int, requested: str) -> list[AllReduceChoice]:
+    """Each AllReduce of the replica's step `graph` with its algorithm (`requested`, or "auto"); CompileError for an
+    algorithm unknown or not executed."""
+    try:
+        return allreduce_choices(graph, link, workers, requested)
+    except ValueError as exc:
+        raise CompileError(str(exc)) from None
+
+
+def write_allreduce_report(directory: str | Path, choices: Sequence[AllReduceChoice], link: Link) -> None:
+    """reports/data_parallel.json and .md in the step artifact `directory`: the link, each all-reduce (bucket)
+    in the order backward issues them, every algorithm's predicted time and the one that runs."""
+    reports = Path(directory) / "reports"
+    where = f"link alpha {1e6 * link.alpha:.1f} us, beta {1e9 * link.beta:.3f} ns/byte" + \
+        ("" if link.measured else " (default: `tessel calibrate` has not run)")
+    (reports / "data_parallel.json").write_text(json.dumps(
+        {"link": {"alpha_s": link.alpha, "beta_s_per_byte": link.beta, "measured": link.measured},
+         "allreduces": [asdict(choice) for choice in choices]}, indent=1))
+    lines = ["# Data-parallel all-reduce", "", f"{len(choices)} all-reduce(s) per step, {where}:", ""]
+    lines += [f"- {choice.describe()}" for choice in choices]
+    (reports / "data_parallel.md").write_text("\n".join(lines) + "\n")
 
 
 def replica_input_shapes(input_shapes: Mapping[str, Sequence[int]], replicas: int) -> dict[str, tuple[int, ...]]:
