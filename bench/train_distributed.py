@@ -1,7 +1,7 @@
 """Data-parallel training throughput, one core per worker: Tessel against PyTorch DistributedDataParallel (gloo).
 
     flock /tmp/tessel_heavy.lock python bench/train_distributed.py [MODEL ...] [--workers 2] [--repeats 2]
-                                 [--steps 3] [--image-size 224] [--batch 32] [--allreduce auto]
+                                 [--steps S] [--image-size 224] [--batch 32] [--allreduce auto]
 
 For each model (bench/training_models.py; ResNet-18 at batch 32, the transformer block at batch 256 unless --batch
 says otherwise) both engines train with SGD (momentum 0.9) on the same batch, on 1 worker and on N workers
@@ -38,6 +38,7 @@ if __package__ in (None, ""):
 from bench.train import _batch_spec, _median  # noqa: E402
 
 BENCH_MODELS = {"resnet18": 32, "transformer_block": 256}  # model -> whole batch
+BENCH_STEPS = {"resnet18": 3, "transformer_block": 30}  # model -> timed steps per run (ResNet-18's take seconds)
 DEFAULT_IMAGE_SIZE = 224
 LR, MOMENTUM = 0.01, 0.9
 WARMUP_STEPS = 2
@@ -301,7 +302,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=None, help="whole batch (default: per model)")
     parser.add_argument("--image-size", type=int, default=DEFAULT_IMAGE_SIZE)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per run (default: per model)")
     parser.add_argument("--allreduce", default="auto", help="all-reduce algorithm: auto, gloo, ring, halving_doubling")
     parser.add_argument("--link-repeats", type=int, default=50, help="ping-pongs per message size")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
@@ -319,7 +320,8 @@ def main(argv=None) -> int:
             if batch % args.workers:
                 print(f"train_distributed: batch {batch} does not split over {args.workers} workers", file=sys.stderr)
                 return 2
-            results.append(bench_model(name, batch, args.image_size, args.workers, args.repeats, args.steps,
+            results.append(bench_model(name, batch, args.image_size, args.workers, args.repeats,
+                                       args.steps or BENCH_STEPS[name],
                                        Path(scratch), args.allreduce, link))
     print(_table(results))
     print(_allreduce_lines(results))
