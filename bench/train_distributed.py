@@ -11,8 +11,8 @@ DDP, Tessel, ...) for --repeats rounds, each round's median step time (after war
 rounds. Tessel's steps are compiled once beforehand and loaded by each timing run, so compiles are not timed.
 
 Tessel's predicted step time is its own cost model: the kernels' measured time for one replica's step (a
-one-worker compile at the replica's batch, timed kernel by kernel on the native host) plus the batch scatter
-and the gradient buckets' all-reduce under the α-β link measured first (runtime/calibrate.py's ping-pong and fit,
+one-worker compile at the replica's batch, timed kernel by kernel on the native host) plus the batch's delivery
+(the client writes each worker its slice in turn: a linear scatter over the link) and the gradient buckets' all-reduce under the α-β link measured first (runtime/calibrate.py's ping-pong and fit,
 not stored), each bucket all-reduced by the algorithm passes/data_parallel.py chooses (every algorithm's cost is
 printed), issued as backward produces it (backward taken as the last 2/3 of the
 step's kernel time, its progress as the share of gradient bytes done) and overlapped with the rest of backward.
@@ -204,7 +204,7 @@ def measure_link(repeat: int):
 
 
 def predicted_seconds(kernel_s: float, buckets: list, link, workers: int, input_bytes: int) -> float:
-    """Predicted data-parallel step time: the batch scattered from rank 0, one replica's kernels, and each
+    """Predicted data-parallel step time: the batch's slices delivered in turn, one replica's kernels, and each
     bucket's all-reduce issued once backward produced it (progress taken as the share of gradient bytes done),
     the link doing one at a time; the step ends when both the kernels and the last all-reduce are done."""
     from tessel.passes.collectives import scatter_linear
