@@ -111,7 +111,8 @@ def _batches(name: str, batch: int, image_size: int, count: int) -> list:
 
 
 def worker_tessel(name: str, batch: int, image_size: int, steps: int, directory: str) -> dict:
-    """Tessel: the compiled step loaded from `directory` (its workers started by the session, one thread each)."""
+    """Tessel: the compiled step loaded from `directory`, here on one thread, or on the session's workers (each
+    with the cores shared among them: one on a 2-core machine, the one this bench is for)."""
     import tessel
     from tessel.backends.tvm_env import set_threads
 
