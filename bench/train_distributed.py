@@ -60,10 +60,8 @@ def _export(name: str, batch: int, image_size: int, path: Path) -> Path:
 
 
 def compile_tessel(name: str, batch: int, image_size: int, workers: int, directory: Path, allreduce: str) -> dict:
-    """Compile the step (SGD with momentum) of `batch` on `workers` workers into `directory`; for one worker, the
-    kernels' measured seconds per step; for several, the bytes of each all-reduce in issue order."""
-    import numpy as np
-
+    """Compile the step (SGD with momentum) of `batch` on `workers` workers into `directory`; for several, the bytes
+    of each all-reduce in issue order."""
     import tessel
     from tessel.backends.tvm_env import set_threads
 
@@ -76,14 +74,7 @@ def compile_tessel(name: str, batch: int, image_size: int, workers: int, directo
                                       **({"allreduce": allreduce} if workers > 1 else {}))
     result = {"compile_s": time.perf_counter() - started}
     trainer.save(str(directory))
-    if workers == 1:
-        x, labels = spec.batch(np.random.default_rng(0))
-        executor = trainer._step
-        feeds = {"x": x, trainer.names.label_input: labels, **trainer.optimizer.step_scalars(0)}
-        types = executor.input_types
-        feeds = {k: np.asarray(a, dtype=str(types[k].dtype)).reshape(types[k].shape) for k, a in feeds.items()}
-        result["kernel_s"] = _median(executor.kernel_times(feeds, 5))
-    else:
+    if workers > 1:
         report = json.loads((Path(trainer.step_artifact.directory) / "reports" / "data_parallel.json").read_text())
         result["buckets"] = [r["nbytes"] for r in report["allreduces"]]
     trainer.close()
@@ -112,14 +103,26 @@ def _batches(name: str, batch: int, image_size: int, count: int) -> list:
 
 def worker_tessel(name: str, batch: int, image_size: int, steps: int, directory: str) -> dict:
     """Tessel: the compiled step loaded from `directory`, here on one thread, or on the session's workers (each
-    with the cores shared among them: one on a 2-core machine, the one this bench is for)."""
+    with the cores shared among them: one on a 2-core machine, the one this bench is for). A one-worker step also
+    gives its kernels' seconds (timed call by call on the native host, `steps` runs)."""
+    import numpy as np
+
     import tessel
     from tessel.backends.tvm_env import set_threads
 
     set_threads(1)
     trainer = tessel.load_training(directory)
+    batches = _batches(name, batch, image_size, 4)
     try:
-        return {"seconds": _timed(lambda x, y: trainer.step({"x": x}, y), _batches(name, batch, image_size, 4), steps)}
+        result = {"seconds": _timed(lambda x, y: trainer.step({"x": x}, y), batches, steps)}
+        if trainer.workers == 1:
+            executor = trainer._step
+            x, labels = batches[0]
+            feeds = {"x": x, trainer.names.label_input: labels, **trainer.optimizer.step_scalars(0)}
+            types = executor.input_types
+            feeds = {k: np.asarray(a, dtype=str(types[k].dtype)).reshape(types[k].shape) for k, a in feeds.items()}
+            result["kernel_s"] = _median(executor.kernel_times(feeds, steps))
+        return result
     finally:
         trainer.close()
 
@@ -229,21 +232,27 @@ def bench_model(name: str, batch: int, image_size: int, workers: int, repeats: i
     for count in (1, workers):
         plans[count] = _isolated(["compile", name, str(batch), str(image_size), str(count),
                                   str(scratch / f"{name}_{count}"), allreduce])
-    replica = _isolated(["compile", name, str(batch // workers), str(image_size), "1",
-                         str(scratch / f"{name}_replica"), allreduce])
+    _isolated(["compile", name, str(batch // workers), str(image_size), "1", str(scratch / f"{name}_replica"),
+               allreduce])
     runs: dict[tuple[str, int], list[float]] = {}
+    kernels: dict[int, list[float]] = {1: [], workers: []}
     for _ in range(repeats):
         for count in (1, workers):
             runs.setdefault(("ddp", count), []).append(
                 _median(_isolated(["ddp", *common], ranks=count)["seconds"]))
-            runs.setdefault(("tessel", count), []).append(
-                _median(_isolated(["tessel", *common, str(scratch / f"{name}_{count}")])["seconds"]))
+            timed = _isolated(["tessel", *common, str(scratch / f"{name}_{count}")])
+            runs.setdefault(("tessel", count), []).append(_median(timed["seconds"]))
+            if count == 1:
+                kernels[1].append(timed["kernel_s"])
+        # One replica's kernels: the one-worker step at the replica's batch (the same kernels as each worker's).
+        kernels[workers].append(_isolated(["tessel", name, str(batch // workers), str(image_size), str(steps),
+                                           str(scratch / f"{name}_replica")])["kernel_s"])
     spec = _batch_spec(name, batch, image_size)
     input_bytes = batch * (4 * math.prod(spec.input_shape[1:]) + 8)  # float32 samples, int64 labels
     measured = {key: _median(values) for key, values in runs.items()}
     buckets = [choose_allreduce(link, workers, nbytes, allreduce) for nbytes in plans[workers]["buckets"]]
-    predicted = {1: plans[1]["kernel_s"],
-                 workers: predicted_seconds(replica["kernel_s"], buckets, link, workers, input_bytes)}
+    predicted = {1: _median(kernels[1]),
+                 workers: predicted_seconds(_median(kernels[workers]), buckets, link, workers, input_bytes)}
     return {"model": name, "batch": batch, "workers": workers, "measured": measured, "predicted": predicted,
             "buckets": buckets, "link": link}
 
