@@ -6,8 +6,9 @@ by AllReduce nodes issued as soon as their gradients exist, in buckets (passes/d
 the optimizer update: the replicas update identical weights with identical gradients and stay identical. It
 compiles once, as for one device; `replica_programs` then gives each worker its program:
 
-- rank 0 takes the whole batch and scatters every batched input (data, labels, dropout masks) along axis 0;
-- the optimizer's scalars (learning rate, bias corrections) go from rank 0 to every peer (Send/Recv);
+- every worker takes its slice of each batched input (data, labels, dropout masks) along axis 0 and the
+  optimizer's scalars (learning rate, bias corrections) straight from the client (runtime/batch_io.py
+  `worker_feeds`): no batch goes through rank 0 or a peer;
 - rank 0 returns the loss (already the mean over the replicas); the state update stays in each worker.
 
 Every worker starts from the same state file, so the weights agree from the first step. By default
@@ -16,21 +17,46 @@ statistics (rank 0's are the ones saved): with BatchNormalization the result dif
 batch on one device and equals PyTorch's DistributedDataParallel without SyncBatchNorm. With sync_batchnorm the
 replicas all-reduce every BN's batch statistics and their gradients (passes/training_mode.py), train as one device
 on the whole batch and keep identical running statistics (tests/compiler/test_dp_training.py).
+
+Each gradient bucket's all-reduce algorithm is chosen by its α-β cost (passes/data_parallel.py `choose_allreduce`)
+and reported in the step artifact's reports/data_parallel.md and .json.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Mapping, Sequence
 
+from tessel.ir.graph import Graph
 from tessel.ir.types import TensorType
-from tessel.runtime.instructions import Recv, Scatter, Send
-
+from tessel.passes.data_parallel import AllReduceChoice, allreduce_choices
+from tessel.passes.machine import Link
 from .options import CompileError
-from .program import Program, renamed_program
-from .worker_programs import SCATTER_TAG, SLICE_SUFFIX
+from .program import Program
 
-# Tags of the optimizer scalars sent from rank 0: scalar k to worker d uses SCALAR_TAG + k * workers + d.
-SCALAR_TAG = 1 << 22
+
+def allreduce_plan(graph: Graph, link: Link, workers: int, requested: str) -> list[AllReduceChoice]:
+    """Each AllReduce of the replica's step `graph` with its algorithm (`requested`, or "auto"); CompileError for an
+    algorithm unknown or not executed."""
+    try:
+        return allreduce_choices(graph, link, workers, requested)
+    except ValueError as exc:
+        raise CompileError(str(exc)) from None
+
+
+def write_allreduce_report(directory: str | Path, choices: Sequence[AllReduceChoice], link: Link) -> None:
+    """reports/data_parallel.json and .md in the step artifact `directory`: the link, each all-reduce (bucket)
+    in the order backward issues them, every algorithm's predicted time and the one that runs."""
+    reports = Path(directory) / "reports"
+    where = f"link alpha {1e6 * link.alpha:.1f} us, beta {1e9 * link.beta:.3f} ns/byte" + \
+        ("" if link.measured else " (default: `tessel calibrate` has not run)")
+    (reports / "data_parallel.json").write_text(json.dumps(
+        {"link": {"alpha_s": link.alpha, "beta_s_per_byte": link.beta, "measured": link.measured},
+         "allreduces": [asdict(choice) for choice in choices]}, indent=1))
+    lines = ["# Data-parallel all-reduce", "", f"{len(choices)} all-reduce(s) per step, {where}:", ""]
+    lines += [f"- {choice.describe()}" for choice in choices]
+    (reports / "data_parallel.md").write_text("\n".join(lines) + "\n")
 
 
 def replica_input_shapes(input_shapes: Mapping[str, Sequence[int]], replicas: int) -> dict[str, tuple[int, ...]]:
@@ -48,32 +74,13 @@ def replica_input_shapes(input_shapes: Mapping[str, Sequence[int]], replicas: in
 
 
 def replica_programs(program: Program, shared: Sequence[str], workers: int) -> list[Program]:
-    """One program per worker from a replica's step `program`: its inputs not in `shared` are scattered from
-    rank 0 along axis 0, those in `shared` (the optimizer's scalars) sent from rank 0 to every peer; rank 0
-    alone returns the outputs."""
-    batched = [name for name in program.inputs if name not in shared]
-    scalars = [name for name in program.inputs if name in shared]
-    slices = {name: f"{name}{SLICE_SUFFIX}" for name in batched}
-    body = renamed_program(program, slices)
-    whole = {}
-    for name in batched:
-        part = TensorType.parse(program.values[name])
-        whole[name] = TensorType(part.dtype, (part.shape[0] * workers, *part.shape[1:])).spec()
-    programs = []
-    for rank in range(workers):
-        root = rank == 0
-        scatters = [Scatter(f"scatter_{name}", "Scatter", output=slices[name], root=0, parts=workers,
-                            tag=SCATTER_TAG + k * workers, source=name if root else None)
-                    for k, name in enumerate(batched)]
-        if root:
-            transfers = [Send(f"send_{name}_to{peer}", "Send", tensor=name, peer=peer,
-                              tag=SCALAR_TAG + k * workers + peer)
-                         for k, name in enumerate(scalars) for peer in range(1, workers)]
-        else:
-            transfers = [Recv(f"recv_{name}_on{rank}", "Recv", output=name, peer=0, tag=SCALAR_TAG + k * workers + rank)
-                         for k, name in enumerate(scalars)]
-        programs.append(replace(body, instructions=scatters + transfers + body.instructions,
-                                values={**body.values, **(whole if root else {})},
-                                inputs=batched + scalars if root else [], outputs=body.outputs if root else [],
-                                state=list(program.state)))
-    return programs
+    """One program per worker from a replica's step `program`: every worker takes the replica's inputs straight
+    from the client (its slice of each batched input along axis 0, and the inputs in `shared`, the optimizer's
+    scalars, whole: runtime/batch_io.py `worker_feeds`), so no batch goes through a peer; rank 0 alone returns
+    the outputs. CompileError when a shared input is not a scalar (batched inputs are the ones with axes)."""
+    values = program.values
+    tensors = [name for name in shared if TensorType.parse(values[name]).rank]
+    if tensors:
+        raise CompileError(f"data-parallel training: the shared input(s) {', '.join(tensors)} must be scalars")
+    return [replace(program, outputs=program.outputs if rank == 0 else [], state=list(program.state))
+            for rank in range(workers)]

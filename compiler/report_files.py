@@ -40,7 +40,7 @@ def report_markdown(artifact) -> list[str]:
         text = _read(artifact.directory, name)
         if text is not None:
             sections.append(text if devices == 1 else f"# Device {worker}\n\n{text}")
-    for name in ("algo.md", "placement.md"):
+    for name in ("algo.md", "placement.md", "data_parallel.md"):
         text = _read(artifact.directory, name)
         if text is not None:
             sections.append(text)
@@ -52,7 +52,7 @@ def report_document(artifact) -> dict[str, Any]:
     document: dict[str, Any] = {"artifact": str(artifact.directory), "compile": artifact.report(), "memory": []}
     for worker, name in _memory_names(artifact.devices, "json"):
         document["memory"].append({"device": worker, **_parsed(artifact.directory, name)})
-    for key in ("algo", "placement"):
+    for key in ("algo", "placement", "data_parallel"):
         parsed = _parsed(artifact.directory, f"{key}.json")
         if parsed:
             document[key] = parsed

@@ -35,7 +35,7 @@ from .api import ModelSource, compile_graph, load_model, model_name, prepare_mac
 from .artifact import Artifact
 from .checkpoint import Checkpoint, StepNames, read_checkpoint, write_checkpoint
 from .optim import Optimizer
-from .dp_training import replica_input_shapes, replica_programs
+from .dp_training import allreduce_plan, replica_input_shapes, replica_programs, write_allreduce_report
 from .options import CompileError, CompileOptions
 from .recompute import place_recompute, recompute_pass
 from .state_program import PersistentState
@@ -177,8 +177,9 @@ def _unalias_initializers(model, state: Mapping[str, np.ndarray]) -> None:
 def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
                      input_shapes: Mapping[str, tuple[int, ...]] | None = None, trainable: str | None = None,
                      frozen: str | None = None, seed: int = 0, label_smoothing: float = 0.0,
-                     bucket_bytes: int | None = None, parallel: str = "data", micro_batches: int = 1,
-                     schedule: str = "gpipe", sync_batchnorm: bool = False, **options) -> Trainer:
+                     bucket_bytes: int | None = None, allreduce: str = "auto", parallel: str = "data",
+                     micro_batches: int = 1, schedule: str = "gpipe", sync_batchnorm: bool = False,
+                     **options) -> Trainer:
     """Compile an ONNX model (path, bytes or ModelProto) into a Trainer: one compiled graph per step.
 
     `loss`: "cross_entropy" (with `label_smoothing`), "mse", "l1", "bce_with_logits", "output:K" (the
@@ -186,10 +187,11 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
     `trainable` / `frozen`: regexes on initializer names; `seed` seeds the dropout masks; the other keywords
     are compile options (compiler/options.py). `devices` = N > 1 trains data-parallel on N local workers
     (compiler/dp_training.py), the gradients all-reduced in buckets of `bucket_bytes` (default: from the
-    link's α-β model); `sync_batchnorm` then normalises BatchNormalization with the whole batch's
-    statistics (as torch.nn.SyncBatchNorm) instead of each worker's slice's. `parallel` = "pipeline" trains
-    on `devices` pipeline stages instead, each step's batch in `micro_batches` micro-batches under `schedule`
-    "gpipe" or "1f1b" (compiler/pipeline_training.py).
+    link's α-β model), each by the `allreduce` algorithm ("auto": the cheapest the runtime executes;
+    passes/data_parallel.py), reported in the step artifact's reports/data_parallel.md; `sync_batchnorm` then
+    normalises BatchNormalization with the whole batch's statistics (as torch.nn.SyncBatchNorm) instead of each
+    worker's slice's. `parallel` = "pipeline" trains on `devices` pipeline stages instead, each step's batch in
+    `micro_batches` micro-batches under `schedule` "gpipe" or "1f1b" (compiler/pipeline_training.py).
     """
     if parallel == "pipeline":
         from .pipeline_training import compile_pipeline_training
@@ -224,7 +226,12 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
         step_graph = build_step_graph(proto, shapes, loss, optimizer, trainable=trainable, frozen=frozen,
                                       label_smoothing=label_smoothing)
     source = ModelSource(model_name(model, proto), proto, model, {}, time.perf_counter() - started)
-    return compile_step(step_graph, source, loss, optimizer, seed, options, machine, replicas)
+    if replicas == 1:
+        return compile_step(step_graph, source, loss, optimizer, seed, options, machine, replicas)
+    choices = allreduce_plan(step_graph.graph, machine.link, replicas, allreduce)
+    trainer = compile_step(step_graph, source, loss, optimizer, seed, options, machine, replicas)
+    write_allreduce_report(trainer.step_artifact.directory, choices, machine.link)
+    return trainer
 
 
 def compile_step(step_graph: StepGraph, source: ModelSource, loss: str | LossSpec, optimizer: Optimizer,

@@ -52,11 +52,17 @@ def allreduce_halving_doubling(link: Link, p: int, n: int) -> float:
     return 2 * _log2(p) * link.alpha + 2 * link.beta * n * (p - 1) / p if p > 1 and n else 0.0
 
 
+def allreduce_gloo(link: Link, p: int, n: int) -> float:
+    """gloo's own all-reduce of CPU tensors: its ring (reduce-scatter, then all-gather, each of p − 1 steps of n/p
+    bytes, chunked so that sending and reducing overlap), so the ring's α-β cost."""
+    return allreduce_ring(link, p, n)
+
+
 ALGORITHMS = {
     "scatter": {"linear": scatter_linear, "binomial": scatter_binomial},
     "gather": {"linear": gather_linear, "binomial": gather_binomial},
     "allgather": {"ring": allgather_ring, "recursive_doubling": allgather_recursive_doubling},
-    "allreduce": {"ring": allreduce_ring, "halving_doubling": allreduce_halving_doubling},
+    "allreduce": {"ring": allreduce_ring, "halving_doubling": allreduce_halving_doubling, "gloo": allreduce_gloo},
 }
 
 

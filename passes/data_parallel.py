@@ -5,9 +5,14 @@ first reader of its result) take the gradients in buckets: consecutive gradients
 computes them, up to a bucket size, flattened and concatenated once the bucket's last gradient exists, and
 split back at the end of backward, just before the optimizer update reads them. The bucket size comes from
 the α-β link model: the smallest bucket whose latency is a small share of its all-reduce time.
+
+Each bucket's all-reduce algorithm is chosen by its α-β cost (passes/collectives.py: ring, recursive halving
+and doubling, gloo's own) among those the runtime executes: today gloo's own only (runtime/comm.py runs
+torch.distributed's all_reduce), so ring and halving-doubling are costed and reported, not run.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -16,6 +21,7 @@ from tessel.ir.graph import Graph, Value
 from tessel.ir.schema import TESSEL_DOMAIN
 
 from .base import add_op
+from .collectives import ALGORITHMS
 from .machine import Link
 
 # Gradient bucket bytes without a link model, and the range a link model may choose in (PyTorch DDP: 25 MiB).
@@ -32,6 +38,46 @@ def bucket_bytes_for(link: Link | None) -> int:
         return DEFAULT_BUCKET_BYTES
     wanted = link.alpha * (1 - LATENCY_SHARE) / (LATENCY_SHARE * link.beta)
     return round(min(MAX_BUCKET_BYTES, max(MIN_BUCKET_BYTES, wanted)))
+
+
+# The all-reduce algorithms the runtime executes (runtime/comm.py: torch.distributed's, gloo's own).
+EXECUTED_ALLREDUCE = ("gloo",)
+ALLREDUCE_CHOICES = ("auto", *ALGORITHMS["allreduce"])
+
+
+@dataclass(frozen=True)
+class AllReduceChoice:
+    """One all-reduce of `nbytes` among `workers`: every algorithm's α-β seconds and the one it runs."""
+
+    nbytes: int
+    workers: int
+    costs: dict[str, float]
+    algorithm: str
+
+    def describe(self) -> str:
+        """One report line: the bytes, each algorithm's predicted time, the choice."""
+        costs = ", ".join(f"{name} {1e3 * seconds:.3f} ms" for name, seconds in self.costs.items())
+        return f"{self.nbytes / 2**20:.2f} MiB on {self.workers} workers: {costs} -> {self.algorithm}"
+
+
+def choose_allreduce(link: Link, workers: int, nbytes: int, requested: str = "auto") -> AllReduceChoice:
+    """Cost every all-reduce algorithm for `nbytes` on `workers` and pick one: `requested`, or with "auto" the
+    cheapest the runtime executes. ValueError (one line) for an unknown algorithm or one the runtime does not run."""
+    if requested not in ALLREDUCE_CHOICES:
+        raise ValueError(f"unknown all-reduce algorithm '{requested}'; choose one of {', '.join(ALLREDUCE_CHOICES)}")
+    if requested != "auto" and requested not in EXECUTED_ALLREDUCE:
+        raise ValueError(f"all-reduce algorithm '{requested}' is costed but not executed by the runtime; "
+                         f"it runs {', '.join(EXECUTED_ALLREDUCE)} (or 'auto')")
+    costs = {name: fn(link, workers, nbytes) for name, fn in ALGORITHMS["allreduce"].items()}
+    chosen = requested if requested != "auto" else min(EXECUTED_ALLREDUCE, key=costs.__getitem__)
+    return AllReduceChoice(nbytes, workers, costs, chosen)
+
+
+def allreduce_choices(graph: Graph, link: Link, workers: int, requested: str = "auto") -> list[AllReduceChoice]:
+    """The algorithm of each AllReduce in `graph` (a replica's step), in graph order (the order backward issues
+    them)."""
+    return [choose_allreduce(link, workers, node.inputs[0].type.nbytes, requested)
+            for node in graph.nodes if node.domain == TESSEL_DOMAIN and node.op_type == "AllReduce"]
 
 
 def replica_mean(graph: Graph, value: Value) -> Value:

@@ -1,7 +1,10 @@
 """A whole batch's inputs and outputs as the user sees them: types, the defaults of overridable inputs, checks.
 
 A micro-batched artifact's programs run one micro-batch; its callers give and get the whole batch (axis 0
-times the micro-batches). Shared by compiler.artifact.Artifact and runtime.session.InferenceSession.
+times the micro-batches). An input that every worker of a multi-worker artifact takes is fed to each worker
+straight from the client (a data-parallel step, compiler/dp_training.py): with axes, each worker takes its
+slice along axis 0 (the whole batch is the workers' slices together); a scalar goes whole to every worker.
+Shared by compiler.artifact.Artifact and runtime.session.InferenceSession.
 """
 from __future__ import annotations
 
@@ -21,11 +24,38 @@ DEFAULTS_FILE = "input_defaults.npz"
 def _whole_batch(plan: dict[str, Any], names_key: str) -> dict[str, TensorType]:
     entry = plan["workers"][0]
     microbatches = int(plan.get("microbatches", 1))
+    split = _split_among_workers(plan) if names_key == "inputs" else set()
     types = {}
     for name in entry[names_key]:
         t = TensorType.parse(entry["values"][name])
-        types[name] = TensorType(t.dtype, (t.shape[0] * microbatches,) + t.shape[1:]) if t.rank else t
+        parts = microbatches * (len(plan["workers"]) if name in split else 1)
+        types[name] = TensorType(t.dtype, (t.shape[0] * parts,) + t.shape[1:]) if t.rank else t
     return types
+
+
+def _split_among_workers(plan: dict[str, Any]) -> set[str]:
+    """The inputs every worker takes (there are several): each worker gets its part of the batch."""
+    workers = plan["workers"]
+    if len(workers) < 2:
+        return set()
+    return set.intersection(*(set(w["inputs"]) for w in workers))
+
+
+def worker_feeds(plan: dict[str, Any], inputs: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """What each worker takes of a whole batch's `inputs` (checked): the inputs its program lists, those that every
+    worker takes split evenly along axis 0 (a scalar whole), the others whole (rank 0's)."""
+    workers = plan["workers"]
+    split = _split_among_workers(plan)
+    feeds: list[dict[str, np.ndarray]] = [{} for _ in workers]
+    for name, array in inputs.items():
+        if name in split and np.ndim(array):
+            for feed, part in zip(feeds, np.split(array, len(workers))):
+                feed[name] = np.ascontiguousarray(part)
+        else:
+            for feed, entry in zip(feeds, workers):
+                if name in entry["inputs"]:
+                    feed[name] = array
+    return feeds
 
 
 def batch_input_types(plan: dict[str, Any]) -> dict[str, TensorType]:

@@ -3,10 +3,12 @@
 It joins the gloo group like a one-shot worker (runtime/worker.py), loads its
 program once, says it is ready, then serves requests until told to stop or
 until its control pipe closes (the session, or the process that held it, is
-gone). Each request runs the whole batch: rank 0 receives the inputs with the
-request, splits them into the artifact's micro-batches and answers with the
-outputs; every other rank receives only the request's header and runs its
-program once per micro-batch, exchanging activations with its peers over gloo.
+gone). Each request runs the whole batch: each rank receives with the request
+the inputs its program takes (rank 0 all of them; in a data-parallel step every
+rank its slice of the batch; a later pipeline stage none, only the header),
+splits them into the artifact's micro-batches and runs its program once per
+micro-batch, exchanging activations with its peers over gloo; rank 0 answers
+with the outputs.
 
 Requests are pipelined: while the outputs of a request are still on their
 way from the last stage, the next request already enters the first stage
@@ -118,7 +120,7 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
                 _state_request(executor, comm, plan, header["op"], inputs, reply)
                 continue
             started = time.perf_counter()
-            slices = _split(inputs, microbatches) if rank == 0 else [{}] * microbatches
+            slices = _split(inputs, microbatches)
             in_flight.append(([executor.start(feeds) for feeds in slices], started))
             continue
         finish_oldest()

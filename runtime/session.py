@@ -50,7 +50,8 @@ import numpy as np
 from tessel.ir.types import TensorType
 
 from .artifact_files import read_plan, verify_files, worker_count
-from .batch_io import batch_input_types, batch_output_types, check_inputs, read_defaults, with_defaults
+from .batch_io import (batch_input_types, batch_output_types, check_inputs, read_defaults, with_defaults,
+                       worker_feeds)
 from .errors import ArtifactError, InputError
 
 # onnxruntime's names of tensor element types, by Tessel's dtype names.
@@ -147,7 +148,7 @@ class InferenceSession:
         if self._closed:
             raise ArtifactError(f"{self.directory}: the session is closed")
         if self._group is not None:
-            return self._group.submit(check_inputs(self._defaults, self.plan, feeds))
+            return self._group.submit(worker_feeds(self.plan, check_inputs(self._defaults, self.plan, feeds)))
         done: Future = Future()
         done.set_result(self._run_here(with_defaults(self._defaults, feeds)))
         return done

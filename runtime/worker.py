@@ -106,7 +106,7 @@ def _run(args, rank: int, world: int, threads: int) -> int:
         report = str(io / f"times{k}.json") if io else args.report
         executor = Executor(artifact, threads=threads, worker=rank, comm=comm)
         microbatches = int(plan.get("microbatches", 1))
-        slices = _input_slices(inputs, executor, microbatches) if rank == 0 else [{}] * microbatches
+        slices = _input_slices(inputs, plan, rank, microbatches)
         run_batch = _pipelined_run(executor, slices)
         # The first run gives the outputs (and warms up); with --repeat, one more run alone gives the
         # latency, then the runs stream back to back: each device starts the next batch as soon as
@@ -160,22 +160,22 @@ def _pipelined_run(executor, slices):
     return run_batch
 
 
-def _input_slices(path, executor, microbatches: int) -> list[dict[str, np.ndarray]]:
-    """The inputs (full batch) split into micro-batches along axis 0."""
+def _input_slices(path, plan, rank: int, microbatches: int) -> list[dict[str, np.ndarray]]:
+    """This rank's inputs (runtime/batch_io.py `worker_feeds` of the whole batch: rank 0's all, a data-parallel
+    worker's its slice, a later pipeline stage's none) split into micro-batches along axis 0."""
+    from tessel.runtime.batch_io import batch_input_types, worker_feeds
     from tessel.runtime.inputs import random_input
 
     if path:
         with np.load(path, allow_pickle=False) as data:
             full = {name: data[name] for name in data.files}
     else:
-        rng = np.random.default_rng(0)
-        full = {}
-        for name, t in executor.input_types.items():
-            shape = (t.shape[0] * microbatches,) + t.shape[1:] if t.rank else t.shape
-            full[name] = random_input(t, rng, shape)
+        rng = np.random.default_rng(0)  # every rank draws the same whole batch
+        full = {name: random_input(t, rng) for name, t in batch_input_types(plan).items()}
+    mine = worker_feeds(plan, full)[rank]
     if microbatches == 1:
-        return [full]
-    return [{name: np.ascontiguousarray(np.array_split(a, microbatches)[k]) for name, a in full.items()}
+        return [mine]
+    return [{name: np.ascontiguousarray(np.array_split(a, microbatches)[k]) for name, a in mine.items()}
             for k in range(microbatches)]
 
 

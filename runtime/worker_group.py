@@ -33,7 +33,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -151,15 +151,16 @@ class WorkerGroup:
     # ---- requests -------------------------------------------------------------
     def state(self) -> dict[str, np.ndarray]:
         """A training artifact's persistent state, through rank 0 after the requests before."""
-        return self.submit({}, op="state").result()
+        return self.submit([{}], op="state").result()
 
     def set_state(self, values: Mapping[str, np.ndarray]) -> None:
         """Overwrite state values by name in every worker, after the requests before."""
-        self.submit(values, op="set_state").result()
+        self.submit([values] * len(self._requests), op="set_state").result()
 
-    def submit(self, inputs: Mapping[str, np.ndarray], op: str = "run") -> Request:
-        """Send one request (whole-batch inputs, already checked; or a state request, runtime/serve.py's
-        STATE_OPS); returns its future."""
+    def submit(self, feeds: Sequence[Mapping[str, np.ndarray]], op: str = "run") -> Request:
+        """Send one request: to each worker its tensors (`feeds`, rank 0 first; runtime/batch_io.py `worker_feeds`
+        for a run; a worker past the end of `feeds` gets none, and none of a "state" request); or a state request,
+        runtime/serve.py's STATE_OPS. Returns its future."""
         request = Request(self)
         with self._sending:
             if self._closing:
@@ -170,12 +171,12 @@ class WorkerGroup:
             self._pending.append(request)
             try:
                 deadline = time.monotonic() + self.timeout
-                # Rank 0 first: the others wait for its tensors anyway, and woken earlier they would take a core
-                # from this process while it writes the inputs.
-                write_message(self._requests[0], {"op": op}, inputs, deadline, self._wait_writable)
-                for fd in self._requests[1:]:
-                    write_message(fd, {"op": op}, inputs if op == "set_state" else None, deadline,
-                                  self._wait_writable)
+                # Rank 0 first: the others' slices are as large or smaller, and a pipeline's later stages wait for
+                # rank 0 anyway. A "state" request goes to every worker: pipeline stages send rank 0 the values
+                # they hold (runtime/serve.py).
+                for rank, fd in enumerate(self._requests):
+                    write_message(fd, {"op": op}, feeds[rank] if rank < len(feeds) and feeds[rank] else None,
+                                  deadline, self._wait_writable)
             except ChannelClosed:
                 self._read_answers(GRACE_S)  # a worker is gone: its end of file says which, and fails the request
             except BaseException:

@@ -13,8 +13,10 @@ from bench.training_models import SPECS, export
 from tessel.compiler.options import CompileError
 from tessel.compiler.training import build_step_graph
 from tessel.ir.schema import TESSEL_DOMAIN
-from tessel.passes.data_parallel import DEFAULT_BUCKET_BYTES, MAX_BUCKET_BYTES, MIN_BUCKET_BYTES, bucket_bytes_for
 from tessel.ir.interpret import interpret
+from tessel.passes.collectives import allreduce_halving_doubling, allreduce_ring
+from tessel.passes.data_parallel import (DEFAULT_BUCKET_BYTES, MAX_BUCKET_BYTES, MIN_BUCKET_BYTES, bucket_bytes_for,
+                                         choose_allreduce)
 from tessel.passes.machine import Link
 from tests.passes.test_sync_batchnorm import conv_bn_model, input_batch
 
@@ -45,6 +47,9 @@ def test_two_workers_train_like_one_device_on_the_whole_batch(mlp, kernel_cache,
     parallel = _compile(spec, path, kernel_cache, devices=2, placement="data", bucket_bytes=10_000)
     try:
         assert parallel.workers == 2
+        # Every all-reduce (the loss, each bucket) is costed by algorithm; gloo's own is the one that runs.
+        report = (parallel.step_artifact.directory / "reports" / "data_parallel.md").read_text()
+        assert report.count("-> gloo") >= 2 and "ring" in report and "halving_doubling" in report
         for x, labels in batches:
             want, got = single.step({"x": x}, labels), parallel.step({"x": x}, labels)
             assert got == pytest.approx(want, rel=1e-4)
@@ -102,9 +107,22 @@ def test_the_bucket_size_keeps_the_link_latency_a_tenth_of_a_bucket_all_reduce()
     assert bucket_bytes_for(Link(alpha=1.0, beta=1e-9)) == MAX_BUCKET_BYTES
 
 
+def test_each_all_reduce_algorithm_is_costed_and_auto_runs_the_cheapest_executed():
+    link, size = Link(alpha=1e-5, beta=1e-9), 4 << 20
+    choice = choose_allreduce(link, 4, size)
+    assert choice.costs == {"ring": allreduce_ring(link, 4, size), "halving_doubling":
+                            allreduce_halving_doubling(link, 4, size), "gloo": allreduce_ring(link, 4, size)}
+    assert choice.algorithm == "gloo" and "-> gloo" in choice.describe()
+    with pytest.raises(ValueError, match="costed but not executed"):
+        choose_allreduce(link, 4, size, "ring")
+    with pytest.raises(ValueError, match="unknown all-reduce algorithm 'tree'"):
+        choose_allreduce(link, 4, size, "tree")
+
+
 @pytest.mark.parametrize("options, problem", [
     ({"devices": 2, "placement": "pipeline"}, "runs data-parallel only"),
     ({"devices": 3, "placement": "data"}, "not a multiple of 3"),
+    ({"devices": 2, "placement": "data", "allreduce": "halving_doubling"}, "costed but not executed"),
 ])
 def test_unsupported_data_parallel_training_is_refused(mlp, kernel_cache, options, problem):
     spec, path, _ = mlp

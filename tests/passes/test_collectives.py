@@ -1,8 +1,9 @@
 """α-β costs of collectives: the textbook formulas and which algorithm wins when."""
 import pytest
 
-from tessel.passes.collectives import (allgather_recursive_doubling, allgather_ring, allreduce_halving_doubling,
-                                allreduce_ring, cost, scatter_binomial, scatter_linear)
+from tessel.passes.collectives import (allgather_recursive_doubling, allgather_ring, allreduce_gloo,
+                                       allreduce_halving_doubling, allreduce_ring, cost, scatter_binomial,
+                                       scatter_linear)
 from tessel.passes.machine import Link
 
 LINK = Link(alpha=1e-5, beta=1e-9)
@@ -16,6 +17,7 @@ def test_formulas():
     assert allgather_recursive_doubling(LINK, p, n) == pytest.approx(2 * 1e-5 + 1e-9 * n * 3 / 4)
     assert allreduce_ring(LINK, p, n) == pytest.approx(6 * (1e-5 + 1e-9 * n / 4))
     assert allreduce_halving_doubling(LINK, p, n) == pytest.approx(4 * 1e-5 + 2e-9 * n * 3 / 4)
+    assert allreduce_gloo(LINK, p, n) == allreduce_ring(LINK, p, n)  # gloo's own is its ring
 
 
 def test_one_device_or_nothing_to_move_costs_nothing():
