@@ -86,6 +86,23 @@ def candidates(shape) -> list:
     return found
 
 
+def refined_candidates(shape, arch: str) -> list:
+    """The configurations worth timing next to a shape's recorded best: it and each large tile double-buffered
+    (`stages` 2), and the large tiles with K-steps of 16, at the recorded best's K split."""
+    from dataclasses import replace
+
+    from tessel.backends.cuda.conv import GemmConfig, chosen_config
+
+    best, timed = chosen_config(shape, arch)
+    found = [best, replace(best, stages=2)]
+    for bm, bn, bk, tm, tn in [(128, 128, 16, 8, 8), (128, 128, 8, 8, 8), (64, 128, 16, 4, 8), (128, 64, 16, 8, 4)]:
+        for stages in (1, 2) if bk == 16 and bm == bn == 128 else (2,):
+            config = GemmConfig(bm, bn, bk, tm, tn, best.split_k, stages)
+            if config not in found:
+                found.append(config)
+    return found if timed else candidates(shape)
+
+
 def _kernel(shape, config, arch: str):
     """Conv + bias + ReLU of `shape` with `config`, compiled for CUDA (a CudaExecutable)."""
     from tessel.backends.cuda.conv import conv_gemm
@@ -116,7 +133,8 @@ def _kernel(shape, config, arch: str):
     return CudaExecutable(executable, target)
 
 
-def pack(arch: str, models: list[str], batches: list[int], out: Path, python: str, limit: int | None) -> None:
+def pack(arch: str, models: list[str], batches: list[int], out: Path, python: str, limit: int | None,
+         refine: bool = False) -> None:
     """Compile every shape's candidates into `out` with the runtime-only TVM."""
     os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
     from tessel.compiler.corpus import load_corpus
@@ -132,7 +150,7 @@ def pack(arch: str, models: list[str], batches: list[int], out: Path, python: st
             continue
         for shape in conv_shapes(model.path, model.input_shapes, batches):
             rows = []
-            for config in candidates(shape)[:limit]:
+            for config in (refined_candidates(shape, arch) if refine else candidates(shape))[:limit]:
                 name = f"{shape.key()}-{'x'.join(str(v) for v in config.to_json().values())}"
                 started = time.perf_counter()
                 _kernel(shape, config, arch).export_library(out / "kernels" / f"{name}.so")
@@ -259,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", nargs="+", type=int, default=[1, 16])
     p.add_argument("--python", default="312")
     p.add_argument("--limit", type=int, help="at most this many candidates per shape")
+    p.add_argument("--refine", action="store_true",
+                   help="time variants of each shape's recorded best (double-buffered, longer K-steps) instead")
     p.add_argument("-o", "--out", type=Path, default=REPO / "out" / "gpu_tune")
     r = commands.add_parser("run")
     r.add_argument("folder", type=Path)
@@ -268,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--into", type=Path, default=REPO / "backends" / "cuda" / "conv_configs.json")
     args = parser.parse_args(argv)
     if args.command == "pack":
-        pack(args.arch, args.models, args.batches, args.out, args.python, args.limit)
+        pack(args.arch, args.models, args.batches, args.out, args.python, args.limit, args.refine)
         return 0
     if args.command == "record":
         record(args.report, args.into)

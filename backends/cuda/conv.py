@@ -49,6 +49,7 @@ class GemmConfig:
     tm: int = 4
     tn: int = 4
     split_k: int = 1
+    stages: int = 1  # 2: the next K-step's tiles are fetched into a second shared buffer while this one computes
 
     @property
     def threads(self) -> int:
@@ -282,6 +283,9 @@ def _schedule_tiles(sch, block, config: GemmConfig, fold: bool) -> None:
     column_registers = sch.cache_read(block, _read_index(sch, block, COLUMN_BLOCK), "local")
     sch.compute_at(column_registers, ri)
     sch.vectorize(sch.get_loops(column_registers)[-1])
+    if config.stages == 2:
+        sch.annotate(ro, "software_pipeline_stage", [0, 0, 1])
+        sch.annotate(ro, "software_pipeline_order", [0, 1, 2])
     sch.decompose_reduction(block, ro)
     for loop in (ri, ii, ij):
         sch.unroll(loop)
