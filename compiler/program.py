@@ -24,7 +24,7 @@ from tessel.ir.schema import FUSED, TESSEL_DOMAIN
 from tessel.ir.types import TensorType
 from tessel.passes.conv_layout import DEFAULT_ALGORITHM, blocked_type, blocked_values
 from tessel.passes.fuse import is_kernel, kernel_members
-from tessel.passes.inplace import inplace_inputs
+from tessel.passes.inplace import inplace_pairs
 from tessel.passes.partition import HOME_DEVICE, node_device
 from tessel.runtime.instructions import AllReduce, Branch, Fail, If, Instruction, KernelCall, Piece, Recv, Send, View
 
@@ -132,8 +132,9 @@ class ProgramBuilder:
 
     def _inplace(self, node: Node, args, outs) -> tuple[tuple[str, str], ...]:
         # Writing over an input element by element needs both in the same layout.
-        return tuple((outs[0], node.inputs[k].name) for k in inplace_inputs(node) if node.inputs[k].name in args
-                     and self.blocked.get(node.inputs[k].name) == self.blocked.get(outs[0]))
+        pairs = [(node.outputs[o].name, node.inputs[k].name) for o, k in inplace_pairs(node)]
+        return tuple((out, source) for out, source in pairs if source in args and out in outs
+                     and self.blocked.get(source) == self.blocked.get(out))
 
     def candidate(self, node: Node, algorithm: str, size: int, first: bool = False) -> tuple[KernelSpec, list[str]]:
         """The kernel running `node` with `algorithm` on a micro-batch of `size`, and its argument names.

@@ -130,6 +130,13 @@ OPTIMIZER_OPS = {
     "AdamWUpdate": (6, 7, 3, 3, ADAMW_UPDATE_ATTRS, _infer_adamw_update),
 }
 
+# op type -> for each output, the position of the input it is the next value of (param, then the slots). The
+# lowering reads every operand at one position before writing there, so an output may overwrite that input.
+NEXT_VALUE_OF = {
+    "SGDUpdate": (0, 3),
+    "AdamWUpdate": (0, 2, 3),
+}
+
 REFERENCE = {
     "SGDUpdate": _sgd_reference,
     "AdamWUpdate": _adamw_reference,

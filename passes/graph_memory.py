@@ -19,7 +19,7 @@ from tessel.ir.graph import Graph, Node
 from tessel.ir.op_traits import op_traits
 
 from .fuse import is_kernel
-from .inplace import inplace_inputs
+from .inplace import inplace_pairs
 from .memory_plan import DEFAULT_ALIGNMENT, MemoryPlan, StepUse, plan_memory
 
 
@@ -37,8 +37,8 @@ def node_step(node: Node, reads: Sequence[str | None] | None = None, writes: Seq
     inplace: tuple[tuple[str, str], ...] = ()
     if op_traits(node.op_type).view and not is_kernel(node):
         views = ((outs[0], ins[0]),)
-    elif written:
-        inplace = tuple((written[0], ins[k]) for k in inplace_inputs(node))
+    else:
+        inplace = tuple((outs[o], ins[k]) for o, k in inplace_pairs(node) if outs[o] is not None and ins[k] is not None)
     captured = tuple(v.name for v in node.captured_values())
     return StepUse(name or node.name, node.op_type, tuple(n for n in ins if n is not None) + captured, written,
                    views, inplace)

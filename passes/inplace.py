@@ -5,18 +5,31 @@ computed from x's element at the same position only, and x is read nowhere
 else in the kernel: x is read only by elementwise ops of the output's shape,
 and every op downstream of those is elementwise or broadcast with the output's
 shape. A conv's residual Add qualifies (the epilogue reads x[i] and then
-writes out[i]); x feeding the conv itself does not.
+writes out[i]); x feeding the conv itself does not. An optimizer update
+(ir/optimizer_ops.py) computes each of its outputs element by element from the
+parameter and its slots at the same position, read before anything is written:
+each output may overwrite the input it is the next value of.
 """
 from __future__ import annotations
 
 from tessel.ir.graph import Graph, Node, Value
 from tessel.ir.op_traits import Pattern
+from tessel.ir.optimizer_ops import NEXT_VALUE_OF
 from tessel.ir.schema import FUSED, TESSEL_DOMAIN
 
 from .op_patterns import pattern
 
 
-def inplace_inputs(node: Node) -> list[int]:
+def inplace_pairs(node: Node) -> list[tuple[int, int]]:
+    """(output, input) positions among the node's outputs and inputs: the output may reuse the input's buffer."""
+    if node.domain == TESSEL_DOMAIN and node.op_type in NEXT_VALUE_OF:
+        return [(k, position) for k, position in enumerate(NEXT_VALUE_OF[node.op_type])
+                if k < len(node.outputs) and _candidate(node.inputs[position], node.outputs[k])]
+    written = [o for o, value in enumerate(node.outputs) if value is not None]
+    return [(written[0], k) for k in _inplace_inputs(node)] if len(written) == 1 else []
+
+
+def _inplace_inputs(node: Node) -> list[int]:
     """Positions of the node's inputs whose buffer its (single) output may reuse."""
     outs = [v for v in node.outputs if v is not None]
     if len(outs) != 1:

@@ -200,9 +200,12 @@ def _batch_norm_training(graph: Graph, node: Node, updates: dict[str, Value], re
     mean = _batch_mean(em, x, axes_value, replicas)
     centered = em.op("Sub", x, mean)
     var = _batch_mean(em, em.op("Mul", centered, centered), axes_value, replicas)
-    normalized = em.op("Div", centered, em.op("Sqrt", em.op("Add", var, em.scalar(epsilon, x))))
+    rstd = em.op("Reciprocal", em.op("Sqrt", em.op("Add", var, em.scalar(epsilon, x))))
     per_channel = [channels] + [1] * (rank - 2)
-    y = em.op("Add", em.op("Mul", normalized, em.reshape(scale, per_channel)), em.reshape(bias, per_channel))
+    # (x - mean) times one per-channel factor rstd * scale: backward then keeps x - mean alone (and per-channel
+    # values), as PyTorch keeps x, instead of both x - mean and the normalized x.
+    factor = em.op("Mul", rstd, em.reshape(scale, per_channel))
+    y = em.op("Add", em.op("Mul", centered, factor), em.reshape(bias, per_channel))
     replacements = {0: y}
     running = {1: (mean_in, mean, 1.0 - momentum), 2: (var_in, var, (1.0 - momentum) * count / (count - 1))}
     for output, (stat, batch_stat, factor) in running.items():

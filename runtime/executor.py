@@ -2,7 +2,7 @@
 
 Every buffer is allocated once, 64-byte aligned, when the executor is made;
 weights are loaded once, and so is a training artifact's persistent state (its
-buffers live outside the arena and keep what each run's Assigns copy into them:
+buffers live outside the arena and keep what each run's Assigns and updates write:
 `state()`, `set_state()`); each run copies the inputs in, runs the instructions
 in order on pre-bound arguments (kernel calls, views, branches, and with other
 workers, transfers and collectives over `comm`), and copies the outputs out.

@@ -13,7 +13,8 @@ Collectives (scatter, gather, all-reduce) run on every worker of the group;
 the root of a scatter holds the whole tensor, every worker its slice of axis 0.
 `Assign` copies a value into a persistent state buffer (plan.json's "state"),
 which keeps it for the next run: it comes after every read of the state's
-current value.
+current value. An optimizer update's kernel call may instead write the state
+it reads in place (its outputs named as the state values).
 """
 from __future__ import annotations
 

@@ -16,8 +16,9 @@ against the number of workers.
 
 A training artifact's "state" names its persistent values: held by every
 worker (data-parallel replicas), outside the arena, never a per-run input or a weight, written only by
-`Assign`s (each copying a value of the same type, after every read of the
-state's current value), and never read by an instruction that runs at load.
+`Assign`s (each copying a value of the same type) or in place by a kernel that also reads it (an optimizer
+update), once per run, after every read of the state's current value, and never read by an instruction that
+runs at load.
 """
 from __future__ import annotations
 
@@ -276,8 +277,9 @@ def _check_instructions(instructions: list[Instruction], where: str, types: Mapp
 
 def _check_assigns(instructions: list[Instruction], where: str, types: Mapping[str, TensorType],
                    state: frozenset[str]) -> None:
-    """State is written only by top-level Assigns, one per state value, each copying a value of the state's
-    type, and nothing reads the state (or a view of it) after its Assign."""
+    """State is written only by top-level Assigns, each copying a value of the state's type, or in place by a
+    top-level kernel call that also reads it; once per state value, and nothing reads the state (or a view of
+    it) after that write."""
     assigned: set[str] = set()
     owner: dict[str, str] = {name: name for name in state}  # a state value or a view of one -> the state value
     for index, instruction in enumerate(instructions):
@@ -298,12 +300,18 @@ def _check_assigns(instructions: list[Instruction], where: str, types: Mapping[s
             continue
         if isinstance(instruction, View) and instruction.input in owner:
             owner[instruction.output] = owner[instruction.input]
+        in_place: set[str] = set()
+        if isinstance(instruction, KernelCall) and not instruction.pieces:
+            # Read here, so not yet written: the stale check above refuses a second write.
+            in_place = state.intersection(instruction.writes()).intersection(instruction.inputs)
         for inner in walk([instruction]):
             if isinstance(inner, Assign):
                 raise _Invalid(at, "holds an Assign inside a branch; Assigns run at the top level")
-            written = sorted(state.intersection(inner.writes()))
+            written = sorted(state.intersection(inner.writes()) - in_place)
             if written:
-                raise _Invalid(at, f"writes state '{written[0]}'; only an Assign may")
+                raise _Invalid(at, f"writes state '{written[0]}' without reading it; only an Assign or an update "
+                                   "in place may")
+        assigned.update(in_place)
 
 
 def _check_collective(instruction: Scatter | Gather, at: str, types: Mapping[str, TensorType], rank: int,

@@ -77,6 +77,12 @@ def _positive(b: GradBuilder, node: Node, x: Value, y: Value) -> Value:
     return b.op("Greater", [x, b.scalar(0.0, x)])
 
 
+def _positive_output(b: GradBuilder, node: Node, x: Value, y: Value) -> Value:
+    # relu(x) > 0 exactly where x > 0: reading the output, which the next layer keeps for its own backward
+    # anyway, lets the input die in forward (after a BatchNormalization, a whole activation).
+    return b.op("Greater", [y, b.scalar(0.0, y)])
+
+
 def _sigmoid_derivative(b, node, x, y):
     return b.mul(y, b.sub(b.scalar(1.0, y), y))
 
@@ -228,7 +234,7 @@ RULES: dict[str, Rule] = {
     "Softplus": Rule(_unary(_softplus_derivative)),
     "Mish": Rule(_unary(_mish_derivative)),
     "Softsign": Rule(_unary(_softsign_derivative)),
-    "Relu": Rule(_gate(_positive)),
+    "Relu": Rule(_gate(_positive_output)),
     "LeakyRelu": Rule(_gate(_positive, _leaky_otherwise)),
     "Elu": Rule(_gate(_positive, _elu_otherwise)),
     "Selu": Rule(_selu),

@@ -134,3 +134,20 @@ def test_fused_conv_add_relu_is_one_gpu_kernel(tmp_path):
     source = library.with_suffix(".cu").read_text()
     # M 32 and N 64 fill whole tiles: the add and the ReLU run in the GEMM kernel, the only one.
     assert source.count("__global__") == 2 and "__shared__" in source
+
+
+def test_double_buffered_schedule_doubles_the_shared_tiles():
+    from tessel.backends.target import TargetSpec, tvm_target
+
+    mod = tvm()
+    sources = []
+    for stages in (1, 2):
+        tensors, result, _ = _conv((1, 8, 8, 8, 32, (3, 3), 1, 1, (1, 1, 1, 1)), GemmConfig(32, 32, 16, 2, 2, 1, stages))
+        sch = mod.s_tir.Schedule(mod.te.create_prim_func(tensors))
+        result.schedule(sch)
+        target = TargetSpec("cuda", "sm_90")
+        with tvm_target(target):
+            executable = mod.compile(mod.IRModule({"main": sch.mod["main"]}), target=tvm_target(target))
+        sources.append(next(m for m in executable.mod.imports if m.kind == "cuda").inspect_source())
+    # 32x16 weights and 16x32 columns: 512 floats each, twice that with a second buffer.
+    assert "conv_columns_shared_ptr[512]" in sources[0] and "conv_columns_shared_ptr[1024]" in sources[1]

@@ -135,6 +135,10 @@ def _producer(worker: dict, name: str) -> dict:
     return next(i for i in worker["instructions"] if name in i.get("outputs", []))
 
 
+def _writes_w_without_reading_it(kernel: dict) -> None:
+    kernel.update(outputs=["W"], inputs=["W_next" if name == "W" else name for name in kernel["inputs"]])
+
+
 def test_the_plan_as_compiled_validates(artifact):
     validate_plan(artifact.plan, "plan.json")
 
@@ -153,7 +157,8 @@ def test_the_plan_as_compiled_validates(artifact):
     (lambda plan, w: plan["state"].update(file="../state.npz"), "state.file"),
     (lambda plan, w: plan.update(workers=[w, {**w, "instructions": [i for i in w["instructions"] if i.get("dst") != "W"]}]),
      "state.updates['W']: the program does not assign"),
-    (lambda plan, w: _producer(w, "W_next").update(outputs=["W"]), "writes state 'W'; only an Assign may"),
+    (lambda plan, w: _producer(w, "W_next").update(outputs=["W"]), "state 'W' is assigned twice"),
+    (lambda plan, w: _writes_w_without_reading_it(_producer(w, "W_next")), "writes state 'W' without reading it"),
 ])
 def test_plan_checks_refuse_a_damaged_state(artifact, edit, problem):
     assert problem in _plan_fault(_edited(artifact, edit))
