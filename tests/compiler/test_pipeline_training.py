@@ -88,14 +88,18 @@ def _check_plan(plan: dict, schedule: str) -> None:
         instructions = program_from_json(section["instructions"])
         assert any(isinstance(i, KernelCall) for i in instructions)
         assert any(isinstance(i, Send) for i in instructions) and any(isinstance(i, Recv) for i in instructions)
-        assert {i.dst for i in instructions if isinstance(i, Assign)} == set(held[rank])
+        # Each stage updates exactly the state it holds: by an Assign, or by its update kernel writing in place.
+        names = set(plan["state"]["names"])
+        written = {i.dst for i in instructions if isinstance(i, Assign)}
+        written |= {name for i in instructions if isinstance(i, KernelCall) for name in i.writes() if name in names}
+        assert written == set(held[rank])
     assert plan["workers"][0]["outputs"] == [f"loss@mb{m}" for m in range(MICRO_BATCHES)]
     validate_plan(plan, "plan.json")
     # Each state value is held by exactly one stage, and a stage assigns only what it holds.
     for edit, problem in [
         (lambda p: p["state"]["workers"][1].append(p["state"]["workers"][0][0]), "every state value once"),
         (lambda p: p["state"]["workers"].pop(), "1 lists for 2 workers"),
-        (lambda p: p["state"]["workers"].reverse(), "is not a state value"),
+        (lambda p: p["state"]["workers"].reverse(), "is not a state value|is read before any instruction writes it"),
     ]:
         damaged = copy.deepcopy(plan)
         edit(damaged)
