@@ -27,7 +27,7 @@ from tessel.compiler.train_data import Dataset
 from tessel.passes.machine import Link
 from tessel.passes.ps_cost import exchange_plans
 from tessel.runtime.ps_job import HEADER_BYTES, PSJob
-from tessel.runtime.ps_launch import run_job
+from tessel.compiler.ps_launch import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH, LR, MOMENTUM = 32, 0.05, 0.9

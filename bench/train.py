@@ -91,7 +91,7 @@ def worker_torch(name: str, batch: int, image_size: int, threads: int, steps: in
     import numpy as np
     import torch
 
-    from bench.training_models import torch_loss
+    from bench.training_models import torch_train_step
 
     torch.set_num_threads(threads)
     spec = _batch_spec(name, batch, image_size)
@@ -100,12 +100,7 @@ def worker_torch(name: str, batch: int, image_size: int, threads: int, steps: in
     rng = np.random.default_rng(0)
     batches = [tuple(torch.from_numpy(a) for a in spec.batch(rng)) for _ in range(4)]
 
-    def step(x, y):
-        optimizer.zero_grad(set_to_none=True)
-        loss = torch_loss(spec.loss, model(x), y)
-        loss.backward()
-        optimizer.step()
-        return loss.item()
+    step = torch_train_step(spec.loss, model, optimizer)
 
     seconds = _timed_steps(step, batches, steps)
     persistent = [*model.parameters(), *model.buffers(),

@@ -135,7 +135,7 @@ def worker_ddp(name: str, batch: int, image_size: int, steps: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from bench.training_models import torch_loss
+    from bench.training_models import torch_train_step
 
     torch.set_num_threads(1)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -149,12 +149,7 @@ def worker_ddp(name: str, batch: int, image_size: int, steps: int) -> dict:
     batches = [tuple(torch.from_numpy(a[rank * part:(rank + 1) * part]) for a in b)
                for b in _batches(name, batch, image_size, 4)]
 
-    def step(x, y):
-        optimizer.zero_grad(set_to_none=True)
-        loss = torch_loss(spec.loss, model(x), y)
-        loss.backward()
-        optimizer.step()
-        return loss.item()
+    step = torch_train_step(spec.loss, model, optimizer)
 
     seconds = _timed(step, batches, steps)
     if world > 1:

@@ -210,3 +210,16 @@ def torch_optimizer(kind: str, params, lr: float):
     if kind == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9)
     return torch.optim.AdamW(params, lr=lr)
+
+
+def torch_train_step(loss: str, model, optimizer):
+    """One PyTorch training step on (x, y) as a function returning the loss: zero the gradients, forward, the loss,
+    backward, the optimizer's update."""
+    def step(x, y):
+        optimizer.zero_grad(set_to_none=True)
+        value = torch_loss(loss, model(x), y)
+        value.backward()
+        optimizer.step()
+        return value.item()
+
+    return step

@@ -297,3 +297,17 @@ def _memory_summary(reports: Sequence[dict]) -> dict:
     if len(reports) > 1:
         summary["per_device"] = [{key: r[key] for key in (*keys, "ratio")} for r in reports]
     return summary
+
+
+def whole_input_shapes(proto, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Every model input's shape: from `shapes`, else the model's own static shape."""
+    initializers = {init.name for init in proto.graph.initializer}
+    whole = dict(shapes)
+    for value in proto.graph.input:
+        if value.name in initializers or value.name in whole:
+            continue
+        dims = value.type.tensor_type.shape.dim
+        if not all(d.HasField("dim_value") for d in dims):
+            raise CompileError(f"training on several devices needs the shape of input '{value.name}' (input_shapes)")
+        whole[value.name] = tuple(d.dim_value for d in dims)
+    return whole

@@ -27,7 +27,7 @@ from tessel.passes.loss import LossSpec, add_loss
 from tessel.passes.optimizer_update import add_updates
 from tessel.passes.training_mode import prepare_eval, prepare_training
 
-from .training import LOSS_OUTPUT, NEXT_SUFFIX, StepGraph
+from .training import LOSS_OUTPUT, NEXT_SUFFIX, StepGraph, add_next_values
 
 if TYPE_CHECKING:
     from .optim import Optimizer
@@ -79,11 +79,7 @@ def build_pipeline_step(model, micro_shapes: Mapping[str, Sequence[int]], whole_
     updates = add_updates(graph, optimizer.rule, {p.name: (p, summed[p.name]) for p in parameters})
     graph.rename_value(share, graph.unique_name(LOSS_OUTPUT))
     graph.outputs = [share] + [graph.lookup(name) for name in training.state_updates.values()] + list(summed.values())
-    state_updates = dict(training.state_updates)
-    for name, value in updates.next_values.items():
-        graph.rename_value(value, graph.unique_name(name + NEXT_SUFFIX))
-        graph.outputs.append(value)
-        state_updates[name] = value.name
+    state_updates = add_next_values(graph, updates.next_values, training.state_updates)
     verify(graph)
     step = StepGraph(
         graph=graph, eval_graph=eval_graph, data_inputs=data_inputs,

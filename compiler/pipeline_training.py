@@ -1,4 +1,5 @@
-"""Pipeline-parallel training on local workers: `compile_pipeline_training` and the step runner the Trainer uses.
+"""Pipeline-parallel training on local workers: `prepare_pipeline_training`, the step graph and stage cut that
+compiler/trainer.py compiles (its step runner is compiler/worker_step.py `PipelineRunner`).
 
 K = `devices` stages, one worker each, M micro-batches per step under GPipe or 1F1B
 (passes/pipeline_schedule.py). The step graph is one micro-batch's (compiler/pipeline_step.py); it compiles as
@@ -14,26 +15,37 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Callable, Mapping
 
-import numpy as np
-
-from tessel.ir.types import TensorType
 from tessel.passes.pipeline_schedule import SCHEDULES
-from tessel.runtime.errors import InputError
 
-from .api import ModelSource, load_model, model_name, prepare_machine
+from .api import ModelSource, load_model, model_name, prepare_machine, whole_input_shapes
 from .options import CompileError, CompileOptions
-from .pipeline_programs import PipelineSpec, micro_name, pipeline_programs, step_report
+from .pipeline_programs import PipelineSpec, pipeline_programs, step_report
 from .pipeline_step import build_pipeline_step
+from .training import StepGraph
+from .worker_programs import MachineShape
 
 _log = logging.getLogger("tessel.compile")
 
 
-def compile_pipeline_training(model, loss, optimizer, input_shapes, trainable, frozen, seed: int,
-                              label_smoothing: float, micro_batches: int, schedule: str, **options):
-    """compile_training with parallel="pipeline": a Trainer whose steps run on `devices` pipeline stages."""
-    from .trainer import compile_step, whole_input_shapes
+@dataclass(frozen=True)
+class PipelineCompile:
+    """What compile_training (compiler/trainer.py `compile_step`) compiles a pipeline's step from: one
+    micro-batch's step graph, its model, the options and machine of one stage, and how to cut it into stages."""
+
+    step: StepGraph
+    source: ModelSource
+    options: CompileOptions
+    machine: MachineShape
+    replicate: Callable
+    plan_extra: dict
+
+
+def prepare_pipeline_training(model, loss, optimizer, input_shapes, trainable, frozen, label_smoothing: float,
+                              micro_batches: int, schedule: str, **options) -> PipelineCompile:
+    """compile_training with parallel="pipeline", up to its step graph: steps that run on `devices` stages."""
 
     options = CompileOptions.create(None, input_shapes=dict(input_shapes or {}), **options)
     stages = options.devices
@@ -60,9 +72,8 @@ def compile_pipeline_training(model, loss, optimizer, input_shapes, trainable, f
     report = step_report(spec)
     _log.info("pipeline: %d stages, %d micro-batches, %s; predicted bubble %.1f%% of a step", stages, micro_batches,
               schedule, 100 * report["bubble_fraction_predicted"])
-    return compile_step(pipe.step, source, loss, optimizer, seed, options, machine,
-                        replicate=lambda program, graph: pipeline_programs(program, graph, spec),
-                        plan_extra={"pipeline": report})
+    return PipelineCompile(pipe.step, source, options, machine,
+                           lambda program, graph: pipeline_programs(program, graph, spec), {"pipeline": report})
 
 
 def micro_input_shapes(shapes: Mapping[str, tuple[int, ...]], micro_batches: int) -> dict[str, tuple[int, ...]]:
@@ -78,55 +89,3 @@ def micro_input_shapes(shapes: Mapping[str, tuple[int, ...]], micro_batches: int
                                f"{shape[0] if shape else 'none (a scalar)'}, not a multiple of {micro_batches}")
         micro[name] = (shape[0] // micro_batches, *shape[1:])
     return micro
-
-
-class PipelineRunner:
-    """A pipeline step artifact run by its stages' workers (runtime/session.py): the Executor's surface the
-    Trainer uses. Rank 0 takes each micro-batch's inputs; the loss is the sum of the micro-batches' shares."""
-
-    def __init__(self, artifact):
-        from tessel.runtime.batch_io import batch_input_types
-        from tessel.runtime.session import InferenceSession
-
-        pipeline = artifact.plan["pipeline"]
-        self._micro_batches, self._batched = pipeline["micro_batches"], pipeline["batched"]
-        self._loss = pipeline["loss"]
-        self._session = InferenceSession(artifact)
-        self.workers = self._session.workers
-        self._types = batch_input_types(artifact.plan)
-        self.input_types = {name: t for name, t in self._types.items() if "@mb" not in name}
-        for name in self._batched:
-            part = self._types[micro_name(name, 0)]
-            self.input_types[name] = TensorType(part.dtype, (part.shape[0] * self._micro_batches, *part.shape[1:]))
-        self.state_names = tuple(artifact.plan["state"]["names"])
-
-    def run(self, feeds: Mapping[str, np.ndarray], copy: bool = False) -> dict[str, np.ndarray]:
-        """One step on the stages: the batched inputs split into micro-batches; the batch's loss."""
-        split = {}
-        for name, array in feeds.items():
-            if name in self._batched:
-                array = np.asarray(array)
-                if array.shape != self.input_types[name].shape:
-                    raise InputError(f"input '{name}' is {list(array.shape)}, the pipeline takes "
-                                     f"{list(self.input_types[name].shape)} ({self._micro_batches} micro-batches)")
-                parts = np.split(array, self._micro_batches)
-                split.update({micro_name(name, m): np.ascontiguousarray(part) for m, part in enumerate(parts)})
-            else:
-                t = self._types.get(name)
-                scalar = t is not None and t.rank == 0 and np.size(array) == 1
-                split[name] = np.ascontiguousarray(array).reshape(t.shape) if scalar else array
-        outputs = self._session.run(split)
-        shares = [np.float64(outputs[micro_name(self._loss, m)]) for m in range(self._micro_batches)]
-        return {self._loss: np.float32(sum(shares))}
-
-    def state(self) -> dict[str, np.ndarray]:
-        """Every stage's state."""
-        return self._session.state()
-
-    def set_state(self, values: Mapping[str, np.ndarray]) -> None:
-        """Each state value written into the stage holding it."""
-        self._session.set_state(values)
-
-    def close(self) -> None:
-        """Stop the workers."""
-        self._session.close()

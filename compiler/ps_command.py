@@ -20,7 +20,7 @@ from tessel.runtime.ps_compression import CODECS
 from tessel.runtime.ps_job import HEADER_BYTES, MODES
 
 from .train_data import LABELS, Dataset, as_step_labels
-from .train_settings import RunSettings, TrainSettingsError
+from .train_settings import MODEL_FILE, RunSettings, TrainSettingsError, build_optimizer, loss_spec
 
 PS_DIR = "ps"
 
@@ -52,10 +52,9 @@ def ps_mode(args: argparse.Namespace) -> tuple[str, int]:
 def run_ps(settings: RunSettings, run_dir: Path, data: Dataset, val: Dataset | None, steps_per_epoch: int,
            first_output: str, args: argparse.Namespace) -> int:
     """Train the run on parameter servers; write model.onnx and log.jsonl; print one summary line."""
-    from tessel.runtime.ps_launch import run_job
+    from .ps_launch import run_job
 
     from .ps_training import evaluate_job, prepare_job
-    from .train_command import MODEL_FILE, _loss, build_optimizer
     from .train_log import RunLog
     from .train_metrics import ValidationTally
     from .trainer import export_state
@@ -65,7 +64,7 @@ def run_ps(settings: RunSettings, run_dir: Path, data: Dataset, val: Dataset | N
     if args.max_steps is not None:
         steps = min(steps, args.max_steps)
     arrays = {name: as_step_labels(a) if name == LABELS else a for name, a in data.arrays.items()}
-    job = prepare_job(settings.model, _loss(settings), build_optimizer(settings, steps_per_epoch), arrays,
+    job = prepare_job(settings.model, loss_spec(settings), build_optimizer(settings, steps_per_epoch), arrays,
                       run_dir / PS_DIR, workers=settings.devices, servers=args.servers, batch=settings.batch,
                       steps=steps, mode=mode, staleness=staleness, seed=settings.seed,
                       compression=args.compression, topk_ratio=args.topk_ratio)

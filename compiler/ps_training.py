@@ -7,7 +7,7 @@ servers, balanced by bytes (`shard_parameters`); each server's program (`build_s
 update of its shard alone, made by passes/optimizer_update.py, so its arithmetic is the in-graph update's: a
 server's parameters and optimizer slots are its persistent state, the averaged gradient and the optimizer's
 scalars its inputs. `compile_ps` compiles both and writes the job description (runtime/ps_job.py) the
-processes of runtime/ps_launch.py read.
+processes of compiler/ps_launch.py read.
 """
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def prepare_job(model, loss: str, optimizer: Optimizer, data: Mapping[str, np.nd
     """Compile a parameter-server job into `directory` and write its description and data: `data` holds the
     model's inputs by name and, for a loss with labels, "labels", all along axis 0; each step takes a global
     batch of `batch` rows shuffled as `tessel train` does. The job (runtime/ps_job.PSJob) to run with
-    runtime/ps_launch.run_job."""
+    compiler/ps_launch.run_job."""
     from tessel.runtime.ps_job import DATA_FILE, PSJob
 
     directory = Path(directory)

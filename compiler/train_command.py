@@ -32,10 +32,9 @@ from .train_data import (LABELS, Dataset, as_step_labels, check_class_labels, fe
 from .train_log import RunLog, keep_until, read_log, step_records
 from .train_metrics import ValidationTally
 from .train_progress import TrainProgress
-from .train_settings import (DEFAULT_WEIGHT_DECAY, OPTIMIZERS, PARALLEL, RUN_FILE, SCHEDULES,
-                             RunSettings, loss_output, parse_schedule)
+from .train_settings import (DEFAULT_WEIGHT_DECAY, MODEL_FILE, OPTIMIZERS, PARALLEL, RUN_FILE, SCHEDULES,
+                             RunSettings, build_optimizer, loss_output, loss_spec)
 
-MODEL_FILE = "model.onnx"
 CURVES = "training_curves"
 DEFAULT_KEEP_CHECKPOINTS = 2
 
@@ -235,46 +234,13 @@ def _trainer(settings: RunSettings, run_dir: Path, data: Dataset, inputs, steps_
             _log.info("resuming %s: no checkpoint yet, starting from the beginning", run_dir)
         _log.info("compiling the training step of %s (batch %d)", settings.model, settings.batch)
         trainer = tessel.compile_training(
-            settings.model, loss=_loss(settings), optimizer=build_optimizer(settings, steps_per_epoch),
+            settings.model, loss=loss_spec(settings), optimizer=build_optimizer(settings, steps_per_epoch),
             input_shapes=input_shapes(inputs, data, settings.batch), trainable=settings.trainable,
             frozen=settings.frozen, seed=settings.seed, devices=settings.devices, parallel=settings.parallel,
             micro_batches=settings.micro_batches, schedule=settings.pipeline_schedule,
             sync_batchnorm=settings.sync_batchnorm)
     keep_until(run_dir, trainer.steps_done)
     return trainer, latest[0] if latest else None
-
-
-def _loss(settings: RunSettings):
-    """The loss as compile_training takes it: its name, or a LossSpec when it carries label smoothing."""
-    if not settings.label_smoothing:
-        return settings.loss
-    from tessel.passes.loss import LossSpec
-
-    return LossSpec.parse(settings.loss, settings.label_smoothing)
-
-
-def build_optimizer(settings: RunSettings, steps_per_epoch: int):
-    """The tessel.optim optimizer the settings describe, its schedule counted in steps."""
-    from tessel.compiler import optim
-
-    lr = settings.lr
-    if settings.base_batch:
-        lr = optim.linear_scaling(settings.lr, settings.base_batch, settings.batch)
-    kind, numbers = parse_schedule(settings.schedule)
-    total = settings.epochs * steps_per_epoch
-    if kind == "step":
-        schedule = optim.step(int(numbers[0]), numbers[1])
-    elif kind == "cosine":
-        schedule = optim.cosine(total - settings.warmup, min_lr=numbers[0] if numbers else 0.0)
-    else:
-        schedule = optim.constant()
-    if settings.warmup:  # from the base batch's rate when scaling it (Goyal et al.'s gradual warm-up)
-        start = settings.base_batch / settings.batch if settings.base_batch else 1.0 / 3
-        schedule = optim.warmup(settings.warmup, schedule, start_factor=min(start, 1.0))
-    if settings.optimizer == "sgd":
-        return optim.SGD(lr, momentum=settings.momentum, nesterov=settings.nesterov,
-                         weight_decay=settings.weight_decay, schedule=schedule)
-    return optim.AdamW(lr, weight_decay=settings.weight_decay, schedule=schedule)
 
 
 def _train_epochs(trainer, settings: RunSettings, run_dir: Path, data: Dataset, val: Dataset | None,

@@ -10,6 +10,7 @@ from tessel.ir.errors import TesselError
 
 from .train_metrics import HOST_LOSSES
 
+MODEL_FILE = "model.onnx"  # the trained model a run writes into RUN_DIR
 RUN_FILE = "run.json"
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("constant", "step:STEP_SIZE:GAMMA", "cosine", "cosine:MIN_LR")
@@ -128,3 +129,36 @@ def loss_output(loss: str, output_names: list[str]) -> str | None:
     raise TrainSettingsError(f"unknown --loss '{loss}'; choose {', '.join(HOST_LOSSES)}, or output:K (K < "
                              f"{len(output_names)}) / an output's name ({', '.join(output_names)}) when the model "
                              "computes its own loss")
+
+
+def loss_spec(settings: RunSettings):
+    """The loss as compile_training takes it: its name, or a LossSpec when it carries label smoothing."""
+    if not settings.label_smoothing:
+        return settings.loss
+    from tessel.passes.loss import LossSpec
+
+    return LossSpec.parse(settings.loss, settings.label_smoothing)
+
+
+def build_optimizer(settings: RunSettings, steps_per_epoch: int):
+    """The tessel.optim optimizer the settings describe, its schedule counted in steps."""
+    from tessel.compiler import optim
+
+    lr = settings.lr
+    if settings.base_batch:
+        lr = optim.linear_scaling(settings.lr, settings.base_batch, settings.batch)
+    kind, numbers = parse_schedule(settings.schedule)
+    total = settings.epochs * steps_per_epoch
+    if kind == "step":
+        schedule = optim.step(int(numbers[0]), numbers[1])
+    elif kind == "cosine":
+        schedule = optim.cosine(total - settings.warmup, min_lr=numbers[0] if numbers else 0.0)
+    else:
+        schedule = optim.constant()
+    if settings.warmup:  # from the base batch's rate when scaling it (Goyal et al.'s gradual warm-up)
+        start = settings.base_batch / settings.batch if settings.base_batch else 1.0 / 3
+        schedule = optim.warmup(settings.warmup, schedule, start_factor=min(start, 1.0))
+    if settings.optimizer == "sgd":
+        return optim.SGD(lr, momentum=settings.momentum, nesterov=settings.nesterov,
+                         weight_decay=settings.weight_decay, schedule=schedule)
+    return optim.AdamW(lr, weight_decay=settings.weight_decay, schedule=schedule)

@@ -31,10 +31,12 @@ from tessel.passes.training_mode import prepare_eval
 from tessel.runtime.errors import ArtifactError, InputError
 from tessel.runtime.executor import Executor
 
-from .api import ModelSource, compile_graph, load_model, model_name, prepare_machine
+from .api import ModelSource, compile_graph, load_model, model_name, prepare_machine, whole_input_shapes
 from .artifact import Artifact
 from .checkpoint import Checkpoint, StepNames, read_checkpoint, write_checkpoint
 from .optim import Optimizer
+from .pipeline_training import prepare_pipeline_training
+from .worker_step import PipelineRunner, WorkerStep
 from .dp_training import allreduce_plan, replica_input_shapes, replica_programs, write_allreduce_report
 from .options import CompileError, CompileOptions
 from .recompute import place_recompute, recompute_pass
@@ -194,13 +196,13 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
     `micro_batches` micro-batches under `schedule` "gpipe" or "1f1b" (compiler/pipeline_training.py).
     """
     if parallel == "pipeline":
-        from .pipeline_training import compile_pipeline_training
-
         if sync_batchnorm:
             raise CompileError("sync_batchnorm goes with data-parallel training: pipeline stages normalise per "
                                "micro-batch")
-        return compile_pipeline_training(model, loss, optimizer, input_shapes, trainable, frozen, seed, label_smoothing,
+        pipe = prepare_pipeline_training(model, loss, optimizer, input_shapes, trainable, frozen, label_smoothing,
                                          micro_batches, schedule, **options)
+        return compile_step(pipe.step, pipe.source, loss, optimizer, seed, pipe.options, pipe.machine,
+                            replicate=pipe.replicate, plan_extra=pipe.plan_extra)
     if parallel != "data":
         raise CompileError(f"unknown parallel training '{parallel}'; choose data or pipeline")
     options = CompileOptions.create(None, input_shapes=dict(input_shapes or {}), **options)
@@ -265,20 +267,6 @@ def data_parallel_workers(options: CompileOptions) -> int:
     return options.devices
 
 
-def whole_input_shapes(proto, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    """Every model input's shape: from `shapes`, else the model's own static shape."""
-    initializers = {init.name for init in proto.graph.initializer}
-    whole = dict(shapes)
-    for value in proto.graph.input:
-        if value.name in initializers or value.name in whole:
-            continue
-        dims = value.type.tensor_type.shape.dim
-        if not all(d.HasField("dim_value") for d in dims):
-            raise CompileError(f"data-parallel training needs the shape of input '{value.name}' (input_shapes)")
-        whole[value.name] = tuple(d.dim_value for d in dims)
-    return whole
-
-
 def _step_runner(artifact: Artifact):
     """What runs the steps: an Executor here for one worker, the persistent worker group for several (the
     torchrun ranks when this process is one, runtime/rank_group.py)."""
@@ -287,44 +275,8 @@ def _step_runner(artifact: Artifact):
     if artifact.devices == 1:
         return Executor(artifact.directory)
     if "pipeline" in artifact.plan:
-        from .pipeline_training import PipelineRunner
-
         return PipelineRunner(artifact)
-    return rank_group.RankStep(artifact) if rank_group.attached() else _WorkerStep(artifact)
-
-
-class _WorkerStep:
-    """A data-parallel step artifact run by its workers (runtime/session.py): the Executor's surface the Trainer
-    uses. The workers keep the state; rank 0 scatters each batch and returns the loss."""
-
-    def __init__(self, artifact: Artifact):
-        from tessel.runtime.batch_io import batch_input_types
-        from tessel.runtime.session import InferenceSession
-
-        self._session = InferenceSession(artifact)
-        self.workers = self._session.workers
-        self.input_types = batch_input_types(artifact.plan)
-        self.state_names = tuple(artifact.plan["state"]["names"])
-
-    def run(self, feeds: Mapping[str, np.ndarray], copy: bool = False) -> dict[str, np.ndarray]:
-        """One step on the workers; rank 0's outputs. The optimizer's one-element scalars take the scalar shape
-        the plan gives them (the session checks shapes exactly)."""
-        types = self.input_types
-        return self._session.run({name: np.ascontiguousarray(a).reshape(types[name].shape)
-                                  if name in types and types[name].rank == 0 and np.size(a) == 1 else a
-                                  for name, a in feeds.items()})
-
-    def state(self) -> dict[str, np.ndarray]:
-        """Rank 0's state."""
-        return self._session.state()
-
-    def set_state(self, values: Mapping[str, np.ndarray]) -> None:
-        """The same state in every worker."""
-        self._session.set_state(values)
-
-    def close(self) -> None:
-        """Stop the workers."""
-        self._session.close()
+    return rank_group.RankStep(artifact) if rank_group.attached() else WorkerStep(artifact)
 
 
 def _step_passes(options: CompileOptions, step_graph: StepGraph) -> tuple[Pass, ...]:

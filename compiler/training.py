@@ -89,11 +89,7 @@ def assemble_step(training: TrainingModel, eval_graph: Graph, spec: LossSpec, op
     kept = [_value(graph, name) for name in training.state_updates.values()]
     loss_value = _loss_output(graph, loss)
     graph.outputs = [loss_value] + kept
-    state_updates = dict(training.state_updates)
-    for name, value in updates.next_values.items():
-        graph.rename_value(value, graph.unique_name(name + NEXT_SUFFIX))
-        graph.outputs.append(value)
-        state_updates[name] = value.name
+    state_updates = add_next_values(graph, updates.next_values, training.state_updates)
     verify(graph)
     return StepGraph(
         graph=graph, eval_graph=eval_graph, data_inputs=data_inputs,
@@ -118,3 +114,14 @@ def _loss_output(graph: Graph, loss: Value) -> Value:
         return loss
     graph.rename_value(loss, graph.unique_name(LOSS_OUTPUT))
     return loss
+
+
+def add_next_values(graph, next_values: Mapping, state_updates: Mapping[str, str]) -> dict[str, str]:
+    """The optimizer's new values as graph outputs named `<state>__next`, added to `state_updates` (state name →
+    the output that replaces it after a step)."""
+    updated = dict(state_updates)
+    for name, value in next_values.items():
+        graph.rename_value(value, graph.unique_name(name + NEXT_SUFFIX))
+        graph.outputs.append(value)
+        updated[name] = value.name
+    return updated

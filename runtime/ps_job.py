@@ -4,7 +4,7 @@ ranks' roles and the messages they exchange over torch.distributed point-to-poin
 Ranks 0 .. W-1 are the workers, W .. W+S-1 the servers. A message is a header, four int64
 (kind, clock, payload bytes, 0) sent with HEADER_TAG, then its payload (uint8) with PAYLOAD_TAG:
 - PULL (worker -> server, clock c: the worker has pushed c gradients): the server answers with WEIGHTS
-  once the consistency model lets the worker see its weights (runtime/ps_server.py);
+  once the consistency model lets the worker see its weights (compiler/ps_server.py);
 - PUSH (worker -> server): the gradient of the server's shard, encoded by the job's codec;
 - WEIGHTS (server -> worker): the shard's weights, as float32 or, compressed, the change since the weights that
   worker holds;

@@ -16,7 +16,7 @@ from tessel.compiler.options import CompileError
 from tessel.compiler.ps_training import build_server_graph, prepare_job, shard_parameters
 from tessel.compiler.train_data import Dataset
 from tessel.runtime.ps_job import PSJob
-from tessel.runtime.ps_launch import PSFailure, run_job
+from tessel.compiler.ps_launch import PSFailure, run_job
 
 STEPS, BATCH = 8, 16
 

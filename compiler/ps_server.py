@@ -15,18 +15,18 @@ from pathlib import Path
 
 import numpy as np
 
-from .ps_compression import make_codec
-from .ps_job import (DONE, HEADER_BYTES, HEADER_TAG, PAYLOAD_TAG, PULL, PUSH, WEIGHTS, PSJob, flatten, header,
-                     throttle, unflatten)
+from tessel.runtime.ps_compression import make_codec
+from tessel.runtime.ps_job import (DONE, HEADER_BYTES, HEADER_TAG, PAYLOAD_TAG, PULL, PUSH, WEIGHTS, PSJob, flatten,
+                                   header, throttle, unflatten)
 
 
 class Server:
     """Shard `shard` of a job: its update program and the workers' clocks."""
 
     def __init__(self, job: PSJob, directory: Path, shard: int):
-        from tessel.compiler.optim import optimizer_from_json
+        from .optim import optimizer_from_json
 
-        from .executor import Executor
+        from tessel.runtime.executor import Executor
 
         self.job, self.shard = job, shard
         self.names = job.shards[shard]

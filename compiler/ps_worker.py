@@ -14,14 +14,14 @@ from typing import Iterator
 
 import numpy as np
 
-from .ps_compression import ErrorFeedback, make_codec
-from .ps_job import (DATA_FILE, DONE, HEADER_BYTES, HEADER_TAG, PAYLOAD_TAG, PULL, PUSH, PSJob, flatten, header,
-                     throttle, unflatten)
+from tessel.runtime.ps_compression import ErrorFeedback, make_codec
+from tessel.runtime.ps_job import (DATA_FILE, DONE, HEADER_BYTES, HEADER_TAG, PAYLOAD_TAG, PULL, PUSH, PSJob, flatten,
+                                   header, throttle, unflatten)
 
 
 def worker_batches(job: PSJob, arrays: dict[str, np.ndarray], worker: int) -> Iterator[dict[str, np.ndarray]]:
     """Worker `worker`'s part of each of the job's global batches, epoch after epoch, `job.steps` of them."""
-    from tessel.compiler.train_data import Dataset
+    from .train_data import Dataset
 
     dataset = Dataset(arrays, len(next(iter(arrays.values()))))
     part = job.batch // job.workers
@@ -40,7 +40,7 @@ class Worker:
     """Rank `rank` < W of a job."""
 
     def __init__(self, job: PSJob, directory: Path, rank: int):
-        from .executor import Executor
+        from tessel.runtime.executor import Executor
 
         self.job, self.rank = job, rank
         self.step = Executor(directory / "worker", threads=1)

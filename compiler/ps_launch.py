@@ -22,8 +22,8 @@ import numpy as np
 
 from tessel.ir.errors import TesselError
 
-from .launch import free_port
-from .ps_job import PSJob
+from tessel.runtime.launch import free_port
+from tessel.runtime.ps_job import PSJob
 
 PEER_LOST = 3
 # Seconds a rank waits for a peer (gloo's timeout); the launcher stops everything as soon as one rank dies.
