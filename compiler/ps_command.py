@@ -2,12 +2,13 @@
 
 The parameters are sharded over the servers (balanced by bytes); each worker pulls the weights, runs the
 compiled gradient step on its 1/W of every batch and pushes each shard's gradient to its server, which applies
-the optimizer (compiler/ps_training.py, runtime/ps_*.py). `--ps-mode sync` (BSP, the default) trains exactly
-as data-parallel all-reduce does; `async` (Downpour) applies each push at once; `ssp` (with `--staleness s`)
-lets a worker run at most s steps ahead of the slowest. `--compression 1bit|topk` sends gradients (and the
-weights' changes) through a codec with error feedback. RUN_DIR gets model.onnx, log.jsonl (the workers' mean
-loss per step, then one record with the validation metrics, the wall time and the bytes on the wire) and
-ps/ (the compiled programs and the job). Checkpoints and --resume are not built for this mode yet.
+the optimizer (compiler/ps_training.py, ps_server.py, ps_worker.py; runtime/ps_job.py). `--ps-mode sync` (BSP,
+the default) trains exactly as data-parallel all-reduce does; `async` (Downpour) applies each push at once;
+`ssp` (with `--staleness s`) lets a worker run at most s steps ahead of the slowest. `--compression 1bit|topk`
+sends gradients (and the weights' changes) through a codec with error feedback. RUN_DIR gets model.onnx,
+log.jsonl (the workers' mean loss per step, then one record with the validation metrics, the wall time and the
+bytes on the wire) and ps/ (the compiled programs and the job). Checkpoints and --resume are not built for this
+mode yet.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Parameter-server training (compiler/ps_training.py, runtime/ps_*.py): shards balanced by bytes, the server's
+"""Parameter-server training (compiler/ps_training.py, compiler/ps_*.py): shards balanced by bytes, the server's
 update program, synchronous PS equal to one device on the whole batch, and a killed rank named in one line."""
 from __future__ import annotations
 
