@@ -92,7 +92,7 @@ def _reference(model_path: Path, inputs: dict[str, np.ndarray], batch: int | Non
     return {name: np.concatenate([s[k] for s in samples]) for k, name in enumerate(names)}
 
 
-def _runtime_tarball(destination: Path) -> None:
+def runtime_tarball(destination: Path) -> None:
     """TVM's installed Python package without its compiler library, as a .tar.gz."""
     import importlib.util
 
@@ -108,7 +108,7 @@ def _runtime_tarball(destination: Path) -> None:
         tar.add(package, arcname="tvm", filter=keep)
 
 
-def _ffi_wheel(destination: Path, python: str) -> Path:
+def ffi_wheel(destination: Path, python: str) -> Path:
     """The pinned tvm-ffi wheel for the GPU machine's Python (pip download; cached in `destination`).
 
     For this machine's own Python the installed package is zipped instead (no download).
@@ -183,8 +183,8 @@ def pack(target: str, out: Path, limit_mib: float, only: list[str] | None, cache
     out.mkdir(parents=True)
     shared = out / "shared"
     shared.mkdir()
-    _runtime_tarball(shared / "tvm_runtime.tar.gz")
-    wheel = _ffi_wheel(out / "wheels", python)
+    runtime_tarball(shared / "tvm_runtime.tar.gz")
+    wheel = ffi_wheel(out / "wheels", python)
     fixed_bytes = (shared / "tvm_runtime.tar.gz").stat().st_size + wheel.stat().st_size
     budget = int(limit_mib * 2**20) - fixed_bytes
     cases, blobs = [], {}
@@ -282,7 +282,7 @@ def _torch_weights(files: dict[str, bytes]) -> dict[str, np.ndarray] | None:
 
 
 # ---- run (GPU machine) --------------------------------------------------------------------------
-def _install_runtime(part: Path, into: Path) -> None:
+def install_runtime(part: Path, into: Path) -> None:
     """Unpack the runtime-only TVM and the tvm-ffi wheel into `into` and import TVM from there."""
     import zipfile
 
@@ -375,7 +375,7 @@ def run(parts: list[Path], json_path: Path | None, dump_to: Path | None = None, 
     """Verify and time every case of the parts on this machine's GPU; 0 when every model matches."""
     scratch = Path(tempfile.mkdtemp(prefix="tessel-gpu-check-"))
     try:
-        _install_runtime(parts[0], scratch / "site")
+        install_runtime(parts[0], scratch / "site")
         from tessel.backends.tvm_env import enable_cuda, tvm
         from tessel.runtime.executor import Executor
 

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.gpu_check import _ffi_wheel, _install_runtime, _runtime_tarball  # noqa: E402
+from bench.gpu_check import ffi_wheel, install_runtime, runtime_tarball  # noqa: E402 - after the path set-up above
 
 
 def conv_shapes(model_path: Path, input_shapes, batches) -> list:
@@ -142,8 +142,8 @@ def pack(arch: str, models: list[str], batches: list[int], out: Path, python: st
     if out.exists():
         shutil.rmtree(out)
     (out / "kernels").mkdir(parents=True)
-    _runtime_tarball(out / "tvm_runtime.tar.gz")
-    _ffi_wheel(out, python)
+    runtime_tarball(out / "tvm_runtime.tar.gz")
+    ffi_wheel(out, python)
     cases = []
     for model in load_corpus():
         if model.name not in models:
@@ -201,7 +201,7 @@ def run(folder: Path, json_path: Path | None) -> int:
     import torch
 
     scratch = Path(tempfile.mkdtemp(prefix="tessel-gpu-tune-"))
-    _install_runtime(folder, scratch / "site")
+    install_runtime(folder, scratch / "site")
     from tessel.backends.tvm_env import enable_cuda, tvm
 
     mod = tvm()
@@ -225,10 +225,13 @@ def run(folder: Path, json_path: Path | None) -> int:
         torch.backends.cudnn.allow_tf32 = False
         torch_fp32_ms = _median_ms(torch, lambda: _torch_conv(torch, tx, tw, tb, f))
         args = [mod.runtime.tensor(a, device) for a in (x, w, b)] + [mod.runtime.empty(want.shape, "float32", device)]
+        # Every candidate writes over NaN: an output it leaves unwritten fails it, not passes on the last one's values.
+        poison = np.full(want.shape, np.nan, np.float32)
         rows = []
         for candidate in case["candidates"]:
             row = {"config": candidate["config"]}
             try:
+                args[-1].copyfrom(poison)
                 function = mod.runtime.load_module(str(folder / candidate["library"]))["main"]
                 function(*args)
                 device.sync()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -142,7 +142,7 @@ def heuristic_config(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT) -
     split = 1
     while _blocks(m, n, config) * split * 2 <= 2 * sm_count and k // (config.bk * split * 2) >= 8:
         split *= 2
-    return GemmConfig(config.bm, config.bn, config.bk, config.tm, config.tn, split)
+    return replace(config, split_k=split)
 
 
 def _blocks(m: int, n: int, config: GemmConfig) -> int:
@@ -203,7 +203,8 @@ def conv_gemm(ctx: LowerContext, before, after, config: GemmConfig | None = None
 
     columns = te.compute((kp, np_), column, name=COLUMN_BLOCK)
     weights = te.compute((mp, kp), weight, name=WEIGHT_BLOCK)
-    if config.split_k > 1 or (mp, np_) != (m, n):
+    two_kernels = config.split_k > 1 or (mp, np_) != (m, n)
+    if two_kernels:
         per_split = kp // config.split_k
         rk = te.reduce_axis((0, per_split), name="rk")
         partial = te.compute((config.split_k, mp, np_),
@@ -215,28 +216,27 @@ def conv_gemm(ctx: LowerContext, before, after, config: GemmConfig | None = None
     else:
         rk = te.reduce_axis((0, kp), name="rk")
         gemm = te.compute((m, n), lambda i, j: te.sum(weights[i, rk] * columns[rk, j], axis=rk), name=GEMM_BLOCK)
-    if bias is None:
-        out = te.compute((shape.batch, m, oh, ow), lambda b, i, y, xx: gemm[i, b * plane + y * ow + xx], name="conv")
-    else:
-        out = te.compute((shape.batch, m, oh, ow), lambda b, i, y, xx: gemm[i, b * plane + y * ow + xx] + bias[i],
-                         name="conv")
-    return SelfScheduled([out], functools.partial(schedule_gemm, config=config))
+    def output(b, i, y, xx):
+        value = gemm[i, b * plane + y * ow + xx]
+        return value if bias is None else value + bias[i]
+
+    out = te.compute((shape.batch, m, oh, ow), output, name="conv")
+    return SelfScheduled([out], functools.partial(schedule_gemm, config=config, two_kernels=two_kernels))
 
 
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def schedule_gemm(sch, config: GemmConfig) -> None:
+def schedule_gemm(sch, config: GemmConfig, two_kernels: bool) -> None:
     """Schedule the implicit GEMM and fold the ops after it (the output view, the bias, the fused epilogue) into
-    the block that writes its result (see module docstring)."""
-    try:
-        partial = sch.get_sblock(PARTIAL_BLOCK)
-    except Exception:  # noqa: BLE001 - no partial products: whole tiles, one K range
-        _schedule_tiles(sch, sch.get_sblock(GEMM_BLOCK), config, fold=True)
-        return
-    _schedule_sum(sch, sch.get_sblock(GEMM_BLOCK))
-    _schedule_tiles(sch, partial, config, fold=False)
+    the block that writes its result (see module docstring): the tiles' own, or with `two_kernels` (partial
+    products, conv_gemm) the sum's."""
+    if two_kernels:
+        _schedule_sum(sch, sch.get_sblock(GEMM_BLOCK))
+        _schedule_tiles(sch, sch.get_sblock(PARTIAL_BLOCK), config, partial=True)
+    else:
+        _schedule_tiles(sch, sch.get_sblock(GEMM_BLOCK), config, partial=False)
 
 
 def fold_consumers(sch, block) -> None:
@@ -253,12 +253,14 @@ def fold_consumers(sch, block) -> None:
                 continue
 
 
-def _schedule_tiles(sch, block, config: GemmConfig, fold: bool) -> None:
+def _schedule_tiles(sch, block, config: GemmConfig, partial: bool) -> None:
+    """The tiled GEMM: `partial`, the partial products (split axis first, the sum kernel takes the epilogue);
+    else the result itself, the ops after it folded into its write-back."""
     local = sch.cache_write(block, 0, "local")
-    if fold:
+    if not partial:
         fold_consumers(sch, local)
     loops = sch.get_loops(block)
-    split_loop, (i, j, r) = (loops[0], loops[1:]) if len(loops) == 4 else (None, loops)
+    split_loop, (i, j, r) = (loops[0], loops[1:]) if partial else (None, loops)
     bi, ti, ii = sch.split(i, [None, config.bm // config.tm, config.tm])
     bj, tj, ij = sch.split(j, [None, config.bn // config.tn, config.tn])
     ro, ri = sch.split(r, [None, config.bk])
