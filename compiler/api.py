@@ -311,3 +311,20 @@ def whole_input_shapes(proto, shapes: Mapping[str, tuple[int, ...]]) -> dict[str
             raise CompileError(f"training on several devices needs the shape of input '{value.name}' (input_shapes)")
         whole[value.name] = tuple(d.dim_value for d in dims)
     return whole
+
+
+def divided_batch_shapes(shapes: Mapping[str, Sequence[int]], parts: int, training: str,
+                         division: str) -> dict[str, tuple[int, ...]]:
+    """Each input's shape with axis 0 (the batch) divided into `parts`: one replica's or one micro-batch's.
+    CompileError when the inputs disagree on the batch, or one does not divide; the line names `training`
+    ("data-parallel training") and `division` ("on 2 workers")."""
+    if len({shape[0] if shape else None for shape in shapes.values()}) > 1:
+        raise CompileError(f"{training}: the inputs disagree on the batch (axis 0): "
+                           f"{', '.join(f'{n}: {list(s)}' for n, s in shapes.items())}")
+    divided = {}
+    for name, shape in shapes.items():
+        if not shape or shape[0] % parts:
+            raise CompileError(f"{training} {division}: input '{name}' has batch "
+                               f"{shape[0] if shape else 'none (a scalar)'}, not a multiple of {parts}")
+        divided[name] = (shape[0] // parts, *shape[1:])
+    return divided

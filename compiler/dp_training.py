@@ -32,6 +32,7 @@ from tessel.ir.graph import Graph
 from tessel.ir.types import TensorType
 from tessel.passes.data_parallel import AllReduceChoice, allreduce_choices
 from tessel.passes.machine import Link
+from .api import divided_batch_shapes
 from .options import CompileError
 from .program import Program
 
@@ -61,16 +62,7 @@ def write_allreduce_report(directory: str | Path, choices: Sequence[AllReduceCho
 
 def replica_input_shapes(input_shapes: Mapping[str, Sequence[int]], replicas: int) -> dict[str, tuple[int, ...]]:
     """Each replica's input shapes: axis 0 (the batch) divided by `replicas`; CompileError when it does not divide."""
-    shapes = {}
-    if len({shape[0] if shape else None for shape in input_shapes.values()}) > 1:
-        raise CompileError(f"data-parallel training: the inputs disagree on the batch (axis 0): "
-                           f"{', '.join(f'{n}: {list(s)}' for n, s in input_shapes.items())}")
-    for name, shape in input_shapes.items():
-        if not shape or shape[0] % replicas:
-            raise CompileError(f"data-parallel training on {replicas} workers: input '{name}' has batch "
-                               f"{shape[0] if shape else 'none (a scalar)'}, not a multiple of {replicas}")
-        shapes[name] = (shape[0] // replicas, *shape[1:])
-    return shapes
+    return divided_batch_shapes(input_shapes, replicas, "data-parallel training", f"on {replicas} workers")
 
 
 def replica_programs(program: Program, shared: Sequence[str], workers: int) -> list[Program]:

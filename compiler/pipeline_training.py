@@ -20,7 +20,7 @@ from typing import Callable, Mapping
 
 from tessel.passes.pipeline_schedule import SCHEDULES
 
-from .api import ModelSource, load_model, model_name, prepare_machine, whole_input_shapes
+from .api import ModelSource, divided_batch_shapes, load_model, model_name, prepare_machine, whole_input_shapes
 from .options import CompileError, CompileOptions
 from .pipeline_programs import PipelineSpec, pipeline_programs, step_report
 from .pipeline_step import build_pipeline_step
@@ -79,13 +79,4 @@ def prepare_pipeline_training(model, loss, optimizer, input_shapes, trainable, f
 def micro_input_shapes(shapes: Mapping[str, tuple[int, ...]], micro_batches: int) -> dict[str, tuple[int, ...]]:
     """Each input's micro-batch shape (axis 0 divided by `micro_batches`); CompileError when it does not divide
     or the inputs disagree on the batch."""
-    if len({shape[0] if shape else None for shape in shapes.values()}) > 1:
-        raise CompileError(f"pipeline training: the inputs disagree on the batch (axis 0): "
-                           f"{', '.join(f'{n}: {list(s)}' for n, s in shapes.items())}")
-    micro = {}
-    for name, shape in shapes.items():
-        if not shape or shape[0] % micro_batches:
-            raise CompileError(f"pipeline training with {micro_batches} micro-batches: input '{name}' has batch "
-                               f"{shape[0] if shape else 'none (a scalar)'}, not a multiple of {micro_batches}")
-        micro[name] = (shape[0] // micro_batches, *shape[1:])
-    return micro
+    return divided_batch_shapes(shapes, micro_batches, "pipeline training", f"with {micro_batches} micro-batches")
