@@ -5,8 +5,9 @@ rank. Each joins torch's process group first (`attach`); rank 0 then does what `
 the data, compiles or loads the step, writes the log and the checkpoints) and drives the others, which `follow`:
 
 - rank 0 sends them the step artifact's files once (they may be on other machines), then one command per
-  request: run a step (rank 0 scatters the batch, every rank runs its replica's program, gradients are
-  all-reduced inside the programs), overwrite the state (a resumed checkpoint), or stop;
+  request: run a step (the command carries the whole batch, each rank takes its slice as local workers do,
+  runtime/batch_io.py `worker_feeds`; gradients are all-reduced inside the programs), overwrite the state (a
+  resumed checkpoint), or stop;
 - commands travel as gloo broadcasts on a group of their own, whose timeout is long: a follower waits while
   rank 0 validates, writes a checkpoint or compiles; the step's own transfers keep `timeout`.
 
@@ -27,6 +28,7 @@ from typing import Mapping
 
 import numpy as np
 
+from .batch_io import worker_feeds
 from .errors import ExecutionError, PeerError
 from .worker import EXIT_FAILED
 
@@ -93,8 +95,8 @@ class RankStep:
         types = self.input_types
         feeds = {name: np.ascontiguousarray(a).reshape(types[name].shape)
                  if name in types and types[name].rank == 0 and np.size(a) == 1 else a for name, a in feeds.items()}
-        _send(_RUN, {})
-        return self._executor.run(feeds, copy=copy)
+        _send(_RUN, feeds)
+        return self._executor.run(worker_feeds(self._executor.artifact_plan, feeds)[0], copy=copy)
 
     def state(self) -> dict[str, np.ndarray]:
         """Rank 0's state (the replicas hold equal weights)."""
@@ -139,7 +141,7 @@ def _follow(rank: int, timeout_s: float) -> None:
                     (directory / relative).write_bytes(data.tobytes())
                 executor = Executor(directory, threads=_threads(), worker=rank, comm=TorchComm(rank, timeout_s))
             elif op == _RUN:
-                executor.start({})()
+                executor.start(worker_feeds(executor.artifact_plan, tensors)[rank])()
             elif op == _SET_STATE:
                 executor.set_state(tensors)
             else:
@@ -161,7 +163,8 @@ def _artifact_files(directory: Path) -> dict[str, np.ndarray]:
 
 def _send(op: int, tensors: Mapping[str, np.ndarray]) -> None:
     """Broadcast command `op` with `tensors` (names, dtypes and shapes in a JSON header, then the raw bytes)."""
-    arrays = {name: np.ascontiguousarray(a) for name, a in tensors.items()}
+    # tobytes() writes C order whatever the layout; np.ascontiguousarray would turn a 0-d scalar into shape (1,).
+    arrays = {name: np.asarray(a) for name, a in tensors.items()}
     header = json.dumps([[name, a.dtype.str, list(a.shape)] for name, a in arrays.items()]).encode()
     payload = b"".join(a.tobytes() for a in arrays.values())
     _broadcast(np.array([op, len(header), len(payload)], np.int64))
