@@ -7,17 +7,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import numpy_helper
 
 from tessel.compiler.cli import main
 from tessel.runtime.launch import free_port
-from tests.compiler.train_fixtures import write_classifier, write_data
+from tests.compiler.train_fixtures import (ranked_children, trained_weights, wait_for_step_checkpoint,
+                                          write_classifier, write_data)
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES, BATCH, EPOCHS, EVERY = 800, 4, 2, 20  # 200 steps per epoch; a checkpoint every 20 steps
@@ -28,10 +26,6 @@ def _train_argv(model: Path, data: Path, run: Path, *extra: str) -> list[str]:
             "--batch", str(BATCH), "--epochs", str(EPOCHS), "--devices", "2", "-o", str(run), *extra]
 
 
-def _weights(run: Path) -> dict[str, np.ndarray]:
-    return {i.name: numpy_helper.to_array(i) for i in onnx.load(str(run / "model.onnx")).graph.initializer}
-
-
 def test_the_torchrun_launcher_outside_torchrun_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     model, data = write_classifier(tmp_path / "clf.onnx"), write_data(tmp_path / "train.npz")
@@ -39,20 +33,6 @@ def test_the_torchrun_launcher_outside_torchrun_is_one_line(tmp_path, capsys, mo
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "--launcher torchrun runs under torchrun" in err, err
     assert not (tmp_path / "run").exists()
-
-
-def _ranks(agent: int) -> dict[int, int]:
-    """The worker processes (rank: pid) that the torchrun agent `agent` started."""
-    found = {}
-    for child in Path(f"/proc/{agent}/task/{agent}/children").read_text().split():
-        try:
-            environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-        except FileNotFoundError:
-            continue
-        rank = [int(v.split(b"=")[1]) for v in environ if v.startswith(b"RANK=")]
-        if rank:
-            found[rank[0]] = int(child)
-    return found
 
 
 @pytest.mark.slow  # two runs, one of them restarted by torchrun: 60-120 s on a loaded 2-core machine
@@ -72,11 +52,8 @@ def test_torchrun_restarts_a_killed_group_which_resumes_and_ends_like_an_uninter
          *_train_argv(model, data, run, "--launcher", "torchrun", "--checkpoint-every", str(EVERY))],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     try:
-        deadline = time.monotonic() + 300
-        while not list((run / "checkpoints").glob("step_*")):
-            assert agent.poll() is None and time.monotonic() < deadline, "no mid-epoch checkpoint came"
-            time.sleep(0.02)
-        ranks = _ranks(agent.pid)
+        wait_for_step_checkpoint(run, agent)
+        ranks = ranked_children(agent.pid)
         assert sorted(ranks) == [0, 1]
         os.kill(ranks[1], signal.SIGKILL)
         _, err = agent.communicate(timeout=600)
@@ -86,6 +63,6 @@ def test_torchrun_restarts_a_killed_group_which_resumes_and_ends_like_an_uninter
     assert agent.returncode == 0, err[-3000:]
     assert "tessel: error: rank 0: " in err, err[-3000:]  # the first attempt's rank 0: one line on the dead peer
     assert "torchrun restarted the group: resuming" in err and "from step_" in err, err[-3000:]
-    expected, got = _weights(tmp_path / "whole"), _weights(run)
+    expected, got = trained_weights(tmp_path / "whole"), trained_weights(run)
     for name, want in expected.items():
         np.testing.assert_array_equal(got[name], want, err_msg=name)

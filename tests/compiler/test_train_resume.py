@@ -11,12 +11,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import numpy_helper
 
 from tessel.compiler.train_log import epoch_records, read_log
-from tests.compiler.train_fixtures import write_classifier, write_data
+from tests.compiler.train_fixtures import (ranked_children, trained_weights, wait_for_step_checkpoint,
+                                          write_classifier, write_data)
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES, BATCH, EPOCHS, EVERY = 800, 4, 3, 20  # 200 steps per epoch; a checkpoint every 20 steps
@@ -37,25 +36,6 @@ def _argv(files, run: Path, *extra: str) -> list[str]:
             "-o", str(run), *extra]
 
 
-def _weights(run: Path) -> dict[str, np.ndarray]:
-    return {i.name: numpy_helper.to_array(i) for i in onnx.load(str(run / "model.onnx")).graph.initializer}
-
-
-def _workers(pid: int) -> dict[int, int]:
-    """The worker processes (rank: pid) the `tessel train` process `pid` started."""
-    found = {}
-    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        try:
-            command = Path(f"/proc/{child}/cmdline").read_bytes()
-            environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-        except FileNotFoundError:
-            continue
-        if WORKER_MODULE in command:
-            rank = next(int(v.split(b"=")[1]) for v in environ if v.startswith(b"RANK="))
-            found[rank] = int(child)
-    return found
-
-
 def _gone(pid: int, within: float = 5.0) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
@@ -66,13 +46,6 @@ def _gone(pid: int, within: float = 5.0) -> bool:
             return True
         time.sleep(0.05)
     return False
-
-
-def _wait_for_checkpoint(run: Path, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 300
-    while not list((run / "checkpoints").glob("step_*")):
-        assert process.poll() is None and time.monotonic() < deadline, "no mid-epoch checkpoint came"
-        time.sleep(0.02)
 
 
 @pytest.mark.slow  # three runs, each starting two workers: 60-150 s on a loaded 2-core machine
@@ -87,8 +60,8 @@ def test_a_killed_worker_stops_the_run_and_resuming_ends_with_the_uninterrupted_
     process = subprocess.Popen(_argv(files, run, "--checkpoint-every", str(EVERY)), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     try:
-        _wait_for_checkpoint(run, process)
-        workers = _workers(process.pid)
+        wait_for_step_checkpoint(run, process)
+        workers = ranked_children(process.pid, WORKER_MODULE)
         assert sorted(workers) == [0, 1]
         os.kill(workers[1], signal.SIGKILL)
         _, err = process.communicate(timeout=60)
@@ -107,7 +80,7 @@ def test_a_killed_worker_stops_the_run_and_resuming_ends_with_the_uninterrupted_
                              text=True, env=env, cwd=ROOT, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"step_{stopped}" in resumed.stderr
-    expected, got = _weights(tmp_path / "whole"), _weights(run)
+    expected, got = trained_weights(tmp_path / "whole"), trained_weights(run)
     for name, want in expected.items():
         np.testing.assert_array_equal(got[name], want, err_msg=name)
     assert not list((run / "checkpoints").glob("step_*"))

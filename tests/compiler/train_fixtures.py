@@ -1,11 +1,14 @@
-"""A tiny classifier (x[N, 4] -> logits[N, 3], one Gemm) and matching .npz data for the `tessel train` tests."""
+"""A tiny classifier (x[N, 4] -> logits[N, 3], one Gemm) and matching .npz data for the `tessel train` tests; what
+the kill-and-resume tests read of a run (its trained weights, its checkpoints, its ranks' processes)."""
 from __future__ import annotations
 
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from tests.ir.helpers import F, model
 
@@ -29,3 +32,32 @@ def write_data(path: Path, samples: int = 40, **overrides) -> Path:
     arrays.update(overrides)
     np.savez(path, **{name: array for name, array in arrays.items() if array is not None})
     return path
+
+
+def trained_weights(run: Path) -> dict[str, np.ndarray]:
+    """The weights of the model.onnx a `tessel train` run wrote, by initializer name."""
+    return {i.name: numpy_helper.to_array(i) for i in onnx.load(str(run / "model.onnx")).graph.initializer}
+
+
+def wait_for_step_checkpoint(run: Path, process: subprocess.Popen, timeout_s: float = 300) -> None:
+    """Wait until the run has a mid-epoch checkpoint, failing if `process` ends first or it takes `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not list((run / "checkpoints").glob("step_*")):
+        assert process.poll() is None and time.monotonic() < deadline, "no mid-epoch checkpoint came"
+        time.sleep(0.02)
+
+
+def ranked_children(pid: int, module: bytes | None = None) -> dict[int, int]:
+    """The child processes of `pid` (only those whose command line names `module`, if given) by their RANK
+    environment variable: rank -> pid."""
+    found = {}
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes()
+            environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            continue
+        rank = [int(v.split(b"=")[1]) for v in environ if v.startswith(b"RANK=")]
+        if rank and (module is None or module in command):
+            found[rank[0]] = int(child)
+    return found
