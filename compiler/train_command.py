@@ -23,7 +23,7 @@ from tessel.ir.errors import TesselError
 from tessel.passes.pipeline_schedule import SCHEDULES as PIPELINE_SCHEDULES
 
 from .arg_types import count_from
-from .ps_command import add_ps_arguments, run_ps
+from .ps_command import add_ps_arguments, ps_mode, run_ps
 from .train_checkpoints import (completed_epochs, drop_after, drop_superseded, latest_checkpoint, prune,
                                 save_checkpoint, save_step_checkpoint)
 from .train_launch import LAUNCHERS, join_ranks, restarted_as_resume
@@ -131,6 +131,8 @@ def run_train(args: argparse.Namespace) -> int:
     if data.length < settings.batch:
         raise RunDirError(f"{settings.data}: {data.length} samples, fewer than --batch {settings.batch}")
     steps_per_epoch = data.length // settings.batch
+    if settings.parallel == "ps":
+        ps_mode(args)  # its flags refused before RUN_DIR is touched
     if not args.resume:
         _prepare_run_dir(run_dir, args.force)
     checkpointed = completed_epochs(run_dir)[-1:] if args.resume else []

@@ -70,6 +70,9 @@ class RunSettings:
         if self.label_smoothing and self.loss != "cross_entropy":
             raise TrainSettingsError("--label-smoothing goes with --loss cross_entropy only")
         if self.parallel == "pipeline":
+            if self.sync_batchnorm:
+                raise TrainSettingsError("--sync-batchnorm goes with data-parallel training: pipeline stages "
+                                         "normalise per micro-batch")
             if self.devices < 2:
                 raise TrainSettingsError("--parallel pipeline needs --devices 2 or more (one stage per worker)")
             if self.batch % self.micro_batches:
