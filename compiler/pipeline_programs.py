@@ -69,14 +69,38 @@ def micro_name(name: str, micro_batch: int) -> str:
     return f"{name}@mb{micro_batch}"
 
 
-def pipeline_programs(program: Program, graph: Graph, spec: PipelineSpec) -> list[Program]:
-    """One program per stage from the one-device step `program` (running `graph`, whose nodes give the costs)."""
+def pipeline_programs(program: Program, graph: Graph, spec: PipelineSpec) -> tuple[list[Program], list[list]]:
+    """One program per stage from the one-device step `program` (running `graph`, whose nodes give the costs), and
+    each stage's phases (`stage_phases`)."""
     roles = _roles(program, spec)
     stages, home = _stages(program, graph, roles, spec)
     blocks = [_blocks(program, roles, stages, spec, s) for s in range(spec.stages)]
     sequences = _with_transfers(program, blocks, home, spec)
     _check_no_deadlock(sequences)
-    return [_stage_program(program, sequence, home, spec, s) for s, sequence in enumerate(sequences)]
+    return ([_stage_program(program, sequence, home, spec, s) for s, sequence in enumerate(sequences)],
+            [stage_phases(stage_blocks, sequence) for stage_blocks, sequence in zip(blocks, sequences)])
+
+
+def stage_phases(blocks, sequence: list[Instruction]) -> list[list]:
+    """A stage's program in runs of one phase, [phase, micro-batch or None, instruction count] in order (what
+    plan.json's pipeline "phases" holds per stage, for the step's predicted and measured timelines): "once",
+    "F", "B" or "update". A Send belongs to the block of the instruction before it, a Recv to the next one's."""
+    phase_of = {id(instruction): (phase, m) for phase, m, block in blocks for instruction in block}
+    labels: list = [phase_of.get(id(instruction)) for instruction in sequence]
+    following = None
+    for k in reversed(range(len(labels))):  # a Recv waits for the block it feeds
+        if labels[k] is None and isinstance(sequence[k], Recv):
+            labels[k] = following
+        following = labels[k] or following
+    previous = (ONCE, None)
+    runs: list[list] = []
+    for label in labels:
+        previous = label or previous
+        if runs and (runs[-1][0], runs[-1][1]) == previous:
+            runs[-1][2] += 1
+        else:
+            runs.append([previous[0], previous[1], 1])
+    return runs
 
 
 # ---- roles -------------------------------------------------------------------------------------------------

@@ -72,8 +72,12 @@ def prepare_pipeline_training(model, loss, optimizer, input_shapes, trainable, f
     report = step_report(spec)
     _log.info("pipeline: %d stages, %d micro-batches, %s; predicted bubble %.1f%% of a step", stages, micro_batches,
               schedule, 100 * report["bubble_fraction_predicted"])
-    return PipelineCompile(pipe.step, source, options, machine,
-                           lambda program, graph: pipeline_programs(program, graph, spec), {"pipeline": report})
+
+    def stage_programs(program, graph):
+        programs, report["phases"] = pipeline_programs(program, graph, spec)
+        return programs
+
+    return PipelineCompile(pipe.step, source, options, machine, stage_programs, {"pipeline": report})
 
 
 def micro_input_shapes(shapes: Mapping[str, tuple[int, ...]], micro_batches: int) -> dict[str, tuple[int, ...]]:

@@ -78,9 +78,10 @@ def add_train_parser(commands, parents) -> None:
                             "ranks torchrun started, rank 0 trains and the others follow it")
     train.add_argument("--parallel", choices=PARALLEL,
                        help="with --devices N > 1: 'data' (default), 'pipeline' (N stages, one per worker) or "
-                            "'ps' (N workers and --servers parameter servers)")
+                            "'ps' (N workers and --servers parameter servers) or 'auto' (the best predicted step of "
+                            "data and pipeline: RUN_DIR/reports/parallel_auto.md)")
     train.add_argument("--micro-batches", type=count_from(1), metavar="M",
-                       help="pipeline: micro-batches per step (default 1)")
+                       help="pipeline: micro-batches per step (default 1; auto: up to 4 per stage)")
     train.add_argument("--pipeline-schedule", choices=PIPELINE_SCHEDULES,
                        help="pipeline: gpipe (all forwards, then all backwards; default) or 1f1b")
     train.add_argument("--sync-batchnorm", action="store_true", default=None,
@@ -145,6 +146,10 @@ def run_train(args: argparse.Namespace) -> int:
     settings.save(run_dir)
     finished = _train_epochs(trainer, settings, run_dir, data, val, loaded_from, steps_per_epoch,
                              model_loss or outputs[0], args)
+    if settings.parallel == "auto":
+        from .parallel_auto import record_run
+
+        record_run(run_dir, trainer, [settings.batch / r["samples_per_s"] for r in step_records(read_log(run_dir))])
     prune(run_dir, args.keep_checkpoints)  # the checkpoint a resumed run started from, too, once past it
     drop_superseded(run_dir, steps_per_epoch)
     trainer.export_onnx(str(run_dir / MODEL_FILE))

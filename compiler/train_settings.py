@@ -14,7 +14,7 @@ MODEL_FILE = "model.onnx"  # the trained model a run writes into RUN_DIR
 RUN_FILE = "run.json"
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("constant", "step:STEP_SIZE:GAMMA", "cosine", "cosine:MIN_LR")
-PARALLEL = ("data", "pipeline", "ps")
+PARALLEL = ("data", "pipeline", "ps", "auto")
 DEFAULT_WEIGHT_DECAY = {"sgd": 0.0, "adamw": 0.01}  # torch.optim's defaults
 
 
@@ -78,8 +78,11 @@ class RunSettings:
             if self.batch % self.micro_batches:
                 raise TrainSettingsError(f"--batch {self.batch} is not a multiple of --micro-batches "
                                          f"{self.micro_batches}")
-        elif self.micro_batches > 1:
-            raise TrainSettingsError("--micro-batches goes with --parallel pipeline")
+        elif self.micro_batches > 1 and self.parallel != "auto":
+            raise TrainSettingsError("--micro-batches goes with --parallel pipeline or auto")
+        elif self.batch % max(self.micro_batches, 1):
+            raise TrainSettingsError(f"--batch {self.batch} is not a multiple of --micro-batches "
+                                     f"{self.micro_batches}")
         elif self.batch % self.devices:
             raise TrainSettingsError(f"--batch {self.batch} is not a multiple of --devices {self.devices}: each "
                                      "worker trains on an equal share")

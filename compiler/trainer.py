@@ -193,8 +193,15 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
     passes/data_parallel.py), reported in the step artifact's reports/data_parallel.md; `sync_batchnorm` then
     normalises BatchNormalization with the whole batch's statistics (as torch.nn.SyncBatchNorm) instead of each
     worker's slice's. `parallel` = "pipeline" trains on `devices` pipeline stages instead, each step's batch in
-    `micro_batches` micro-batches under `schedule` "gpipe" or "1f1b" (compiler/pipeline_training.py).
+    `micro_batches` micro-batches under `schedule` "gpipe" or "1f1b" (compiler/pipeline_training.py); "auto"
+    trains the way with the best predicted step time (compiler/parallel_auto.py).
     """
+    if parallel == "auto":
+        from .parallel_auto import compile_auto
+
+        training = dict(loss=loss, optimizer=optimizer, input_shapes=input_shapes, trainable=trainable, frozen=frozen,
+                        seed=seed, label_smoothing=label_smoothing, bucket_bytes=bucket_bytes)
+        return compile_auto(compile_training, model, training, options, micro_batches, allreduce, sync_batchnorm)
     if parallel == "pipeline":
         if sync_batchnorm:
             raise CompileError("sync_batchnorm goes with data-parallel training: pipeline stages normalise per "
@@ -204,7 +211,7 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
         return compile_step(pipe.step, pipe.source, loss, optimizer, seed, pipe.options, pipe.machine,
                             replicate=pipe.replicate, plan_extra=pipe.plan_extra)
     if parallel != "data":
-        raise CompileError(f"unknown parallel training '{parallel}'; choose data or pipeline")
+        raise CompileError(f"unknown parallel training '{parallel}'; choose data, pipeline or auto")
     options = CompileOptions.create(None, input_shapes=dict(input_shapes or {}), **options)
     replicas = data_parallel_workers(options)
     if sync_batchnorm and replicas == 1:

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -39,13 +39,18 @@ def time_kernel(library: Path, spec: KernelSpec, runs: int, deadline: float | No
     With a `deadline` (a `time.perf_counter()` instant) the samples stop once it has passed: the median is then over
     fewer than `runs` samples, and None (not measured) when the deadline passed before the first sample.
     """
+    types = [TensorType.parse(i.type) for i in spec.inputs if i is not None and i.role == ARG]
+    types += [TensorType.parse(o) for o in spec.outputs if o is not None]
+    return time_library(library, types, runs, deadline)
+
+
+def time_library(library: Path, types: Sequence[TensorType], runs: int, deadline: float | None = None) -> float | None:
+    """`time_kernel` for a kernel library whose "main" takes arguments of `types` (inputs, then outputs)."""
     from tessel.backends.tvm_env import tvm
 
     tvm_mod = tvm()
     fn = tvm_mod.runtime.load_module(str(library))["main"]
     rng = np.random.default_rng(0)
-    types = [TensorType.parse(i.type) for i in spec.inputs if i is not None and i.role == ARG]
-    types += [TensorType.parse(o) for o in spec.outputs if o is not None]
     arrays = [aligned_copy(random_input(t, rng).astype(numpy_dtype(t.dtype))) for t in types]
     args = [tvm_mod.runtime.from_dlpack(a) for a in arrays]
     fn(*args)  # the first calls fault the pages in and grow TVM's workspace pool

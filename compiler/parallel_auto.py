@@ -1,0 +1,318 @@
+"""compile_training(parallel="auto") and `tessel train --parallel auto`: train the way with the best predicted step.
+
+On N > 1 workers the alternatives are data parallel (its buckets all-reduced by the chosen algorithm), pipeline
+under GPipe and under 1F1B (the stage cut of compiler/pipeline_programs.py, `micro_batches` or, when not given,
+`auto_micro_batches`), and the parameter server (passes/ps_cost.py). Data parallel and GPipe are compiled; each
+one's step is played out on its workers (compiler/step_timeline.py) with its kernels' times (measured on this
+machine where possible, compiler/step_kernels.py) and the α-β link (`tessel calibrate`); 1F1B replays GPipe's
+stage blocks in its own order, and is compiled only when chosen. The parameter server's step is the replica's
+kernels then its pushes and pulls (α-β): it is reported, not chosen, since it runs through
+`tessel train --parallel ps` with server processes of its own.
+
+The chosen step artifact's reports/parallel_auto.md and .json list every alternative's prediction and where its
+kernel times came from, and reports/step_gantt.png/.svg draws the chosen step per worker. `record_measured` adds
+the measured step time (median after warm-up), the prediction's error and, for a pipeline, the measured bubble.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from tessel.passes.collectives import scatter_linear
+from tessel.passes.data_parallel import choose_allreduce
+from tessel.passes.machine import Link
+from tessel.passes.pipeline_schedule import GPIPE, ONE_F_ONE_B, bubble_fraction
+from tessel.passes.ps_cost import exchange_plans
+from tessel.runtime.instructions import KernelCall, program_from_json
+
+from .api import prepare_machine
+from .options import CompileError, CompileOptions
+from .plots.step_gantt import write_step_gantt
+from .step_kernels import KernelTime, kernel_times
+from .step_timeline import WorkerProgram, replica_phases, reordered_stage, simulate
+
+_log = logging.getLogger("tessel.compile")
+
+REPORT = "parallel_auto"
+GANTT = "step_gantt"
+# Steps left out of the measured step time: the first ones fault pages in and warm the caches.
+WARMUP_STEPS = 2
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """One way to train a step on the workers and its predicted seconds (None: it cannot run, `note` says why)."""
+
+    name: str
+    parallel: str
+    schedule: str | None
+    predicted_s: float | None
+    kernels: str = ""          # where the kernel times came from: "measured", "estimated", "k of n measured"
+    detail: str = ""
+    runnable: bool = True
+    note: str = ""
+    bubble: dict = field(default_factory=dict)
+
+
+def auto_micro_batches(batch: int, stages: int) -> int:
+    """Micro-batches for a pipeline of `stages` when none are given: the most up to 4 per stage that divide the
+    batch (the bubble (K-1)/(M+K-1) shrinks with M; each micro-batch adds its kernels' fixed costs)."""
+    return max(m for m in range(1, 4 * stages + 1) if batch % m == 0)
+
+
+def compile_auto(compile_training, model, training: Mapping, options: Mapping, micro_batches: int, allreduce: str,
+                 sync_batchnorm: bool):
+    """compile_training(parallel="auto") (compiler/trainer.py passes itself as `compile_training`, the training
+    keywords as `training` and the compile options as `options`): the Trainer of the alternative with the best
+    predicted step on options["devices"] workers, its reports written."""
+    devices = options.get("devices", 1)
+    data = compile_training(model, allreduce=allreduce, sync_batchnorm=sync_batchnorm, **training, **options)
+    if devices < 2:
+        _log.info("parallel auto: one device, nothing to choose")
+        return data
+    trainers = {"data": data}
+    link = prepare_machine(CompileOptions.create(None, **options)).link
+    times = _step_kernel_times(data.step_artifact, devices)
+    alternatives = [predict_data(data.step_artifact, times, link, devices, allreduce)]
+    timelines = {"data": alternatives[0].bubble.pop("timeline")}
+    alternatives.append(predict_ps(data.step_artifact, times, link, devices, data.names.parameters))
+    if sync_batchnorm:
+        alternatives += [Alternative(f"pipeline {s}", "pipeline", s, None, runnable=False,
+                                     note="sync_batchnorm: pipeline stages normalise per micro-batch")
+                         for s in (GPIPE, ONE_F_ONE_B)]
+    else:
+        micro = micro_batches if micro_batches > 1 else auto_micro_batches(_whole_batch(data), devices)
+        try:
+            pipe = compile_training(model, parallel="pipeline", micro_batches=micro, schedule=GPIPE, **training,
+                                    **options)
+        except CompileError as exc:
+            alternatives += [Alternative(f"pipeline {s}", "pipeline", s, None, runnable=False, note=str(exc))
+                             for s in (GPIPE, ONE_F_ONE_B)]
+        else:
+            trainers["pipeline gpipe"] = pipe
+            pipe_times = _step_kernel_times(pipe.step_artifact, devices)
+            for schedule in (GPIPE, ONE_F_ONE_B):
+                alternative = predict_pipeline(pipe.step_artifact, pipe_times, link, schedule)
+                timelines[alternative.name] = alternative.bubble.pop("timeline", None)
+                alternatives.append(alternative)
+    chosen = choose(alternatives)
+    if chosen.name not in trainers:  # 1F1B: compiled only now (its kernels are GPipe's, already built)
+        trainers[chosen.name] = compile_training(model, parallel="pipeline", schedule=chosen.schedule,
+                                                 micro_batches=micro, **training, **options)
+    for name, trainer in trainers.items():
+        if name != chosen.name:
+            trainer.close()
+    trainer = trainers[chosen.name]
+    reports = Path(trainer.step_artifact.directory) / "reports"
+    write_report(reports, alternatives, chosen, link, devices)
+    write_step_gantt(reports / GANTT, timelines[chosen.name], f"{chosen.name} on {devices} workers: one step, "
+                     f"predicted ({chosen.kernels} kernel times, α-β link)")
+    _log.info("parallel auto: %s (predicted %.3f ms a step)", chosen.name, 1e3 * chosen.predicted_s)
+    return trainer
+
+
+def choose(alternatives: Sequence[Alternative]) -> Alternative:
+    """The runnable alternative with the least predicted step; CompileError when none can run."""
+    runnable = [a for a in alternatives if a.runnable and a.predicted_s is not None]
+    if not runnable:
+        raise CompileError("parallel auto: no alternative can run: " + "; ".join(f"{a.name}: {a.note}"
+                                                                                for a in alternatives))
+    return min(runnable, key=lambda a: a.predicted_s)
+
+
+# ---- predictions -------------------------------------------------------------------------------------------
+def predict_data(artifact, times: Mapping[str, KernelTime], link: Link, workers: int, allreduce: str) -> Alternative:
+    """The data-parallel step: the batch's slices piped to the workers in turn, then every replica's program
+    with its all-reduces overlapping backward. The timeline rides in `bubble["timeline"]` for the caller."""
+    plan = artifact.plan
+    programs = [program_from_json(w["instructions"]) for w in plan["workers"]]
+    loss = plan["workers"][0]["outputs"][0]
+    slice_bytes = _input_bytes(plan["workers"][0], plan["workers"][0]["inputs"])
+    algorithms = {}
+
+    def allreduce_s(nbytes: int) -> float:
+        choice = choose_allreduce(link, workers, nbytes, allreduce)
+        algorithms[choice.algorithm] = algorithms.get(choice.algorithm, 0) + 1
+        return choice.costs[choice.algorithm]
+
+    timeline = simulate([WorkerProgram(p, replica_phases(p, loss), w["values"]) for p, w in zip(programs, plan["workers"])],
+                        _kernel_seconds(times), link, allreduce_s, scatter_linear(link, workers, workers * slice_bytes))
+    buckets = sum(1 for bar in timeline.bars if bar.worker == 0 and bar.phase == "all-reduce")
+    detail = f"{buckets} all-reduce(s) a step ({', '.join(sorted(algorithms))})"
+    return Alternative("data", "data", None, timeline.step_s, _source(times), detail, bubble={"timeline": timeline})
+
+
+def predict_pipeline(artifact, times: Mapping[str, KernelTime], link: Link, schedule: str) -> Alternative:
+    """A pipeline step under `schedule`, from a compile under any schedule (its stage blocks replayed in
+    `schedule`'s order). The timeline rides in `bubble["timeline"]` for the caller."""
+    plan = artifact.plan
+    pipe = plan["pipeline"]
+    stages, micro = pipe["stages"], pipe["micro_batches"]
+    workers = []
+    for s, (worker, runs) in enumerate(zip(plan["workers"], pipe["phases"])):
+        instructions, phases = reordered_stage(program_from_json(worker["instructions"]), runs, schedule, stages,
+                                               micro, s)
+        workers.append(WorkerProgram(instructions, phases, worker["values"]))
+    delivered = link.seconds(_input_bytes(plan["workers"][0], plan["workers"][0]["inputs"]))
+    try:
+        timeline = simulate(workers, _kernel_seconds(times), link, link.seconds, delivered)
+    except ValueError as exc:
+        return Alternative(f"pipeline {schedule}", "pipeline", schedule, None, _source(times), runnable=False,
+                           note=str(exc))
+    bubble = {"predicted": bubble_fraction(stages, micro), "simulated": _bubble(timeline.busy_s, timeline.step_s),
+              "busy_s": timeline.busy_s, "timeline": timeline}
+    detail = (f"{stages} stages, {micro} micro-batches; bubble (K-1)/(M+K-1) {100 * bubble['predicted']:.1f}%, "
+              f"in the played-out step {100 * bubble['simulated']:.1f}%")
+    return Alternative(f"pipeline {schedule}", "pipeline", schedule, timeline.step_s, _source(times), detail,
+                       bubble=bubble)
+
+
+def predict_ps(artifact, times: Mapping[str, KernelTime], link: Link, workers: int,
+               parameters: Sequence[str]) -> Alternative:
+    """The parameter-server step: one replica's kernels, then the gradients of `parameters` pushed to and their
+    weights pulled from the servers (the best server count, passes/ps_cost.py)."""
+    plan = artifact.plan
+    worker = plan["workers"][0]
+    kernels_s = sum(_kernel_seconds(times)(i) for i in program_from_json(worker["instructions"])
+                    if isinstance(i, KernelCall) and not i.init)
+    sizes = [_input_bytes(worker, [name]) for name in parameters]
+    plans = [p for p in exchange_plans(link, sizes, workers) if p.kind == "ps"]
+    if not plans:
+        return Alternative("parameter server", "ps", None, None, runnable=False, note="no parameters to serve")
+    best = plans[0]
+    return Alternative("parameter server", "ps", None, kernels_s + best.seconds, _source(times),
+                       f"{best.servers} server(s), sync, no compression", runnable=False,
+                       note="runs through `tessel train --parallel ps` (server processes of its own)")
+
+
+def _bubble(busy_s: Sequence[float], step_s: float) -> float:
+    """The share of a step the stages idle on average."""
+    return max(0.0, 1 - statistics.fmean(busy_s) / step_s) if step_s > 0 and busy_s else 0.0
+
+
+def _kernel_seconds(times: Mapping[str, KernelTime]):
+    def seconds(call: KernelCall) -> float:
+        keys = [piece.kernel for piece in call.pieces] if call.pieces else [call.kernel]
+        return sum(times[k].seconds for k in keys)
+
+    return seconds
+
+
+def _step_kernel_times(artifact, workers: int) -> dict[str, KernelTime]:
+    """Every kernel the step's workers call, timed with each worker's share of the cores."""
+    calls = [(key, i.node) for w in artifact.plan["workers"] for i in program_from_json(w["instructions"])
+             if isinstance(i, KernelCall) for key in i.kernel_keys()]
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    return kernel_times(Path(artifact.directory), artifact.plan, calls, threads)
+
+
+def _source(times: Mapping[str, KernelTime]) -> str:
+    measured = sum(t.measured for t in times.values())
+    if measured == len(times):
+        return "measured"
+    return "estimated" if measured == 0 else f"{measured} of {len(times)} measured"
+
+
+def _input_bytes(worker: Mapping, names: Sequence[str]) -> int:
+    from tessel.ir.types import TensorType
+
+    return sum(TensorType.parse(worker["values"][n]).nbytes for n in names if n in worker["values"])
+
+
+def _whole_batch(trainer) -> int:
+    """The whole batch a data-parallel trainer steps on: its workers' slices together."""
+    from tessel.ir.types import TensorType
+
+    worker = trainer.step_artifact.plan["workers"][0]
+    return TensorType.parse(worker["values"][trainer.names.data_inputs[0]]).shape[0] * trainer.workers
+
+
+# ---- report ------------------------------------------------------------------------------------------------
+def write_report(reports: Path, alternatives: Sequence[Alternative], chosen: Alternative, link: Link,
+                 workers: int, measured: Mapping | None = None) -> None:
+    """reports/parallel_auto.json and .md: the link, every alternative's prediction, the choice, and (after
+    training) the measured step."""
+    doc = {"workers": workers, "chosen": chosen.name,
+           "link": {"alpha_s": link.alpha, "beta_s_per_byte": link.beta, "measured": link.measured},
+           "alternatives": [asdict(a) for a in alternatives], "measured": dict(measured or {})}
+    (reports / f"{REPORT}.json").write_text(json.dumps(doc, indent=1))
+    (reports / f"{REPORT}.md").write_text(report_markdown(doc))
+
+
+def report_markdown(doc: Mapping) -> str:
+    """The markdown of a parallel_auto.json document."""
+    link = doc["link"]
+    where = "measured by `tessel calibrate`" if link["measured"] else "default: `tessel calibrate` has not run"
+    lines = [f"# Parallel training: auto on {doc['workers']} workers", "",
+             f"Link α {1e6 * link['alpha_s']:.1f} µs, β {1e9 * link['beta_s_per_byte']:.3f} ns/byte ({where}).", "",
+             "| alternative | predicted step | kernel times | detail |", "|---|---|---|---|"]
+    for a in doc["alternatives"]:
+        mark = " **(chosen)**" if a["name"] == doc["chosen"] else ""
+        predicted = "-" if a["predicted_s"] is None else f"{1e3 * a['predicted_s']:.3f} ms"
+        detail = "; ".join(part for part in (a["detail"], a["note"]) if part)
+        lines.append(f"| {a['name']}{mark} | {predicted} | {a['kernels'] or '-'} | {detail} |")
+    lines += ["", f"Chosen: **{doc['chosen']}** (the least predicted step of those that can run here). "
+              f"Step chart: {GANTT}.png (predicted)."]
+    measured = doc.get("measured") or {}
+    if measured:
+        lines += ["", "## Measured", "",
+                  f"- step: {1e3 * measured['step_s']:.3f} ms (median of {measured['steps']} steps after "
+                  f"{measured['warmup']} warm-up); predicted {1e3 * measured['predicted_s']:.3f} ms, "
+                  f"error {100 * measured['error']:+.1f}%"]
+        if "bubble" in measured:
+            b = measured["bubble"]
+            lines.append(f"- pipeline bubble: measured {100 * b['measured']:.1f}% (1 − each stage's busy time "
+                         f"from its measured kernel times / the measured step, averaged over stages), predicted "
+                         f"(K−1)/(M+K−1) {100 * b['predicted']:.1f}%, in the played-out step "
+                         f"{100 * b['simulated']:.1f}%")
+    return "\n".join(lines) + "\n"
+
+
+def record_measured(reports: Path, step_seconds: Sequence[float], warmup: int = WARMUP_STEPS) -> dict:
+    """Add the measured step (the median of `step_seconds` after `warmup` steps, all of them when there are not
+    more), the prediction's error and a pipeline's measured bubble to reports/parallel_auto.json and .md; the
+    measured entry."""
+    path = Path(reports) / f"{REPORT}.json"
+    doc = json.loads(path.read_text())
+    timed = list(step_seconds[warmup:]) if len(step_seconds) > warmup else list(step_seconds)
+    step = statistics.median(timed)
+    chosen = next(a for a in doc["alternatives"] if a["name"] == doc["chosen"])
+    measured = {"step_s": step, "steps": len(timed), "warmup": len(step_seconds) - len(timed),
+                "predicted_s": chosen["predicted_s"], "error": (chosen["predicted_s"] - step) / step}
+    if chosen["parallel"] == "pipeline":
+        bubble = chosen["bubble"]
+        measured["bubble"] = {"measured": _bubble(bubble["busy_s"], step), "predicted": bubble["predicted"],
+                              "simulated": bubble["simulated"]}
+    doc["measured"] = measured
+    path.write_text(json.dumps(doc, indent=1))
+    (Path(reports) / f"{REPORT}.md").write_text(report_markdown(doc))
+    return measured
+
+
+def record_run(run_dir: Path, trainer, step_seconds: Sequence[float]) -> dict | None:
+    """After `tessel train --parallel auto`: RUN_DIR/reports gets the chosen step artifact's parallel_auto
+    report and step chart, with the measured step added (`record_measured`), and RUN_DIR/run.json the choice, the
+    predictions and the measured step. None (nothing written) when the trainer's step was not chosen by auto (one
+    device) or no step ran."""
+    source = Path(trainer.step_artifact.directory) / "reports"
+    reports = Path(run_dir) / "reports"
+    if not step_seconds or not ((source / f"{REPORT}.json").is_file() or (reports / f"{REPORT}.json").is_file()):
+        return None
+    reports.mkdir(exist_ok=True)
+    for name in (f"{REPORT}.json", f"{REPORT}.md", f"{GANTT}.png", f"{GANTT}.svg"):
+        if (source / name).is_file() and (source / name).resolve() != (reports / name).resolve():
+            shutil.copyfile(source / name, reports / name)
+    measured = record_measured(reports, step_seconds)
+    doc = json.loads((reports / f"{REPORT}.json").read_text())
+    run_file = Path(run_dir) / "run.json"
+    settings = json.loads(run_file.read_text())
+    settings[REPORT] = {"chosen": doc["chosen"], "measured": measured,
+                        "predicted_s": {a["name"]: a["predicted_s"] for a in doc["alternatives"]}}
+    run_file.write_text(json.dumps(settings, indent=2) + "\n")
+    return measured

@@ -1,0 +1,36 @@
+"""One training step per worker (compiler/step_timeline.py): a lane per worker, its kernels coloured by phase
+(forward, backward, update) and under them its communication (all-reduce, Send; a Recv's wait sits in the
+kernels' row)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .style import PALETTE, pyplot, save
+
+LANE_HEIGHT = 0.8  # inches per worker lane
+COMPUTE, COMM = 0.55, 0.25  # shares of a lane's height
+PHASE_COLORS = {"forward": PALETTE[0], "backward": PALETTE[1], "all-reduce": PALETTE[3], "send/recv": "#222222",
+                "update": PALETTE[2]}
+
+
+def write_step_gantt(path: Path, timeline, title: str) -> list[Path]:
+    """Write path.png and path.svg of `timeline` (a step_timeline.Timeline) titled `title`; returns both paths."""
+    plt = pyplot()
+    workers = max(len(timeline.busy_s), 1)
+    figure, axes = plt.subplots(figsize=(10, 1.2 + LANE_HEIGHT * workers))
+    scale = 1e3  # milliseconds
+    for bar in timeline.bars:
+        base = bar.worker + (0.05 if bar.comm else 0.05 + COMM + 0.05)
+        height = COMM if bar.comm else COMPUTE
+        axes.broken_barh([(scale * bar.start_s, scale * (bar.finish_s - bar.start_s))], (base, height),
+                         facecolors=PHASE_COLORS[bar.phase], edgecolor="white", linewidth=0.2)
+    axes.set_yticks([w + 0.5 for w in range(workers)], [f"worker {w}" for w in range(workers)])
+    axes.set_ylim(workers, 0)
+    axes.set_xlim(0, scale * timeline.step_s * 1.02 or 1)
+    axes.set_xlabel("ms into the step")
+    used = {bar.phase for bar in timeline.bars}
+    handles = [plt.Rectangle((0, 0), 1, 1, color=color) for phase, color in PHASE_COLORS.items() if phase in used]
+    axes.legend(handles, [phase for phase in PHASE_COLORS if phase in used], loc="upper right", ncols=len(handles))
+    axes.set_title(title)
+    figure.tight_layout()
+    return save(figure, path)
