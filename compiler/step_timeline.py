@@ -123,15 +123,21 @@ def _compute_s(instruction: Instruction, program: WorkerProgram, kernel_s: Calla
 def replica_phases(instructions: Sequence[Instruction], loss: str) -> list[str]:
     """The phase of each instruction of a data-parallel replica's step: forward (what the loss needs), all-reduce,
     update (what reads an averaged gradient, and the state copies), backward (the rest)."""
-    producer = {name: k for k, instruction in enumerate(instructions) for name in instruction.writes()}
+    # What each instruction reads comes from the last writer before it (a parameter the update later writes in
+    # place is read as it was before).
+    latest: dict[str, int] = {}
+    sources: list[set[int]] = []
+    for k, instruction in enumerate(instructions):
+        sources.append({latest[name] for name in reads_within(instruction) if name in latest})
+        latest.update(dict.fromkeys(instruction.writes(), k))
     phases = [BACKWARD] * len(instructions)
-    wanted = [producer[loss]] if loss in producer else []
+    wanted = [latest[loss]] if loss in latest else []
     while wanted:
         k = wanted.pop()
         if phases[k] == FORWARD:
             continue
         phases[k] = FORWARD
-        wanted.extend(producer[name] for name in reads_within(instructions[k]) if name in producer)
+        wanted.extend(sources[k])
     averaged: set[str] = set()
     for k, instruction in enumerate(instructions):
         if isinstance(instruction, AllReduce):

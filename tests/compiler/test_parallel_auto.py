@@ -1,0 +1,179 @@
+"""compile_training(parallel="auto") and `tessel train --parallel auto` (compiler/parallel_auto.py): the step of
+each alternative played out on hand-made worker programs (compiler/step_timeline.py), its phases, the report and
+the measured step; the whole run on two workers is slow-marked."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tessel.compiler.parallel_auto import (Alternative, auto_micro_batches, choose, record_measured, report_markdown,
+                                           write_report)
+from tessel.compiler.pipeline_programs import stage_phases as block_runs
+from tessel.compiler.plots.step_gantt import write_step_gantt
+from tessel.compiler.options import CompileError
+from tessel.compiler.step_timeline import (ALLREDUCE, BACKWARD, FORWARD, TRANSFER, UPDATE, WorkerProgram,
+                                           reordered_stage, replica_phases, simulate, stage_phases)
+from tessel.passes.machine import Link
+from tessel.runtime.instructions import AllReduce, Assign, KernelCall, Recv, Send
+
+LINK = Link(alpha=1e-3, beta=1e-6)  # 1 ms + 1 µs per byte: round numbers
+F32 = "float32[250]"  # 1000 bytes: one transfer costs 2 ms
+
+
+def _kernel(node: str, inputs: list[str], outputs: list[str]) -> KernelCall:
+    return KernelCall(node, "Op", kernel=f"k_{node}", inputs=inputs, outputs=outputs)
+
+
+def _values(*names: str) -> dict[str, str]:
+    return dict.fromkeys(names, F32)
+
+
+def _replica() -> list:
+    """forward (f1, loss), the loss all-reduced, backward (g) with its gradient all-reduced, then the update
+    (reading the averaged gradient and the parameter, which it writes in place) and a state copy."""
+    return [_kernel("f1", ["x", "w"], ["h"]), _kernel("loss_k", ["h"], ["l"]),
+            AllReduce("ar_loss", "AllReduce", tensor="l", reduction="mean", output="loss"),
+            _kernel("g", ["h", "l"], ["gw"]), AllReduce("ar_g", "AllReduce", tensor="gw", reduction="mean", output="gm"),
+            _kernel("other", ["h"], ["o"]), _kernel("upd", ["w", "gm"], ["w"]), Assign("keep", "Assign", src="o", dst="s")]
+
+
+def test_replica_phases_follow_the_data_flow():
+    # The forward reads w before the update writes it: w's later writer is not a forward instruction.
+    assert replica_phases(_replica(), "loss") == [FORWARD, FORWARD, ALLREDUCE, BACKWARD, ALLREDUCE, BACKWARD, UPDATE,
+                                                  UPDATE]
+
+
+def test_all_reduce_overlaps_the_kernels_after_it():
+    program = _replica()
+    worker = WorkerProgram(program, replica_phases(program, "loss"), _values("x", "w", "h", "l", "loss", "gw", "gm",
+                                                                              "o", "s"))
+    timeline = simulate([worker, worker], lambda call: {"other": 5e-3}.get(call.node, 1e-3), LINK,
+                        allreduce_s=lambda nbytes: 4e-3, start_s=0.5e-3)
+    # f1, loss_k: 0.5-2.5 ms; loss all-reduce 2.5-6.5; g 2.5-3.5; gradient all-reduce waits for the link: 6.5-10.5;
+    # "other" 3.5-8.5 overlaps it; upd waits for the averaged gradient: 10.5-11.5; the copy: 2 KB at 5 GB/s.
+    assert timeline.step_s == pytest.approx(11.5e-3 + 2000 / 5e9)
+    assert timeline.busy_s == [pytest.approx(9e-3 + 2000 / 5e9)] * 2
+    bars = {(bar.node, bar.worker): bar for bar in timeline.bars}
+    assert bars["ar_g", 0].start_s == pytest.approx(6.5e-3) and bars["ar_g", 0].comm
+    assert bars["upd", 1].start_s == pytest.approx(10.5e-3) and bars["upd", 1].phase == UPDATE
+
+
+def _two_stages():
+    """Stage 0 computes a and sends it; stage 1 receives it, computes b and sends back its gradient."""
+    first = [_kernel("a", ["x"], ["a"]), Send("send_a", "Send", tensor="a", peer=1, tag=7),
+             Recv("recv_g", "Recv", output="g", peer=1, tag=8), _kernel("ga", ["g"], ["gx"])]
+    second = [Recv("recv_a", "Recv", output="a", peer=0, tag=7), _kernel("b", ["a"], ["g"]),
+              Send("send_g", "Send", tensor="g", peer=0, tag=8)]
+    values = _values("x", "a", "g", "gx")
+    return (WorkerProgram(first, [FORWARD, FORWARD, BACKWARD, BACKWARD], values),
+            WorkerProgram(second, [FORWARD, FORWARD, BACKWARD], values))
+
+
+def test_sends_arrive_after_the_link_and_receivers_wait():
+    timeline = simulate(list(_two_stages()), lambda call: 1e-3, LINK, allreduce_s=LINK.seconds)
+    # a 0-1 ms; arrives at 3; b 3-4; its gradient arrives at 6; ga 6-7.
+    assert timeline.step_s == pytest.approx(7e-3)
+    waits = [(bar.worker, bar.start_s, bar.finish_s) for bar in timeline.bars if bar.phase == TRANSFER and not bar.comm]
+    assert waits == [(1, 0.0, pytest.approx(3e-3)), (0, pytest.approx(1e-3), pytest.approx(6e-3))]
+    assert timeline.busy_s == [pytest.approx(2e-3), pytest.approx(1e-3)]
+
+
+def test_programs_that_would_deadlock_are_refused():
+    first, second = _two_stages()
+    stuck = WorkerProgram([Recv("r", "Recv", output="a", peer=1, tag=9)], [FORWARD], first.values)
+    with pytest.raises(ValueError, match="deadlock"):
+        simulate([stuck, second], lambda call: 1e-3, LINK, allreduce_s=LINK.seconds)
+
+
+def test_a_stage_replays_its_blocks_in_1f1b_order():
+    # A GPipe first stage of 2 with 2 micro-batches: once, F0, F1, B0, B1, update (a block of one instruction each).
+    runs = [["once", None, 1], ["F", 0, 1], ["F", 1, 1], ["B", 0, 1], ["B", 1, 1], ["update", None, 1]]
+    instructions = [_kernel(name, [], [name]) for name in ("once", "F0", "F1", "B0", "B1", "update")]
+    assert stage_phases(runs) == [FORWARD, FORWARD, FORWARD, BACKWARD, BACKWARD, UPDATE]
+    sequence, phases = reordered_stage(instructions, runs, "1f1b", 2, 2, 1)
+    assert [i.node for i in sequence] == ["once", "F0", "B0", "F1", "B1", "update"]
+    assert phases == [FORWARD, FORWARD, BACKWARD, FORWARD, BACKWARD, UPDATE]
+
+
+def test_pipeline_blocks_give_transfers_their_neighbours_phase():
+    once, f0, b0, update = (_kernel(n, [], [n]) for n in ("once", "f0", "b0", "update"))
+    blocks = [("once", None, [once]), ("F", 0, [f0]), ("B", 0, [b0]), ("update", None, [update])]
+    send = Send("s", "Send", tensor="f0", peer=1, tag=1)
+    recv = Recv("r", "Recv", output="g", peer=1, tag=2)
+    # A Send goes with the block before it, a Recv with the block it feeds.
+    assert block_runs(blocks, [once, f0, send, recv, b0, update]) == [
+        ["once", None, 1], ["F", 0, 2], ["B", 0, 2], ["update", None, 1]]
+
+
+def test_micro_batches_default_to_up_to_four_per_stage_dividing_the_batch():
+    assert auto_micro_batches(16, 2) == 8
+    assert auto_micro_batches(12, 2) == 6
+    assert auto_micro_batches(7, 2) == 7
+    assert auto_micro_batches(5, 4) == 5
+
+
+def _alternatives() -> list[Alternative]:
+    return [Alternative("data", "data", None, 4e-3, "measured", "1 all-reduce(s) a step (gloo)"),
+            Alternative("parameter server", "ps", None, 1e-3, "measured", "1 server(s)", runnable=False,
+                        note="runs through `tessel train --parallel ps`"),
+            Alternative("pipeline gpipe", "pipeline", "gpipe", 3e-3, "2 of 3 measured", "2 stages",
+                        bubble={"predicted": 0.2, "simulated": 0.25, "busy_s": [1.5e-3, 2.5e-3]}),
+            Alternative("pipeline 1f1b", "pipeline", "1f1b", None, note="cannot cut", runnable=False)]
+
+
+def test_the_least_predicted_runnable_alternative_is_chosen():
+    assert choose(_alternatives()).name == "pipeline gpipe"
+    with pytest.raises(CompileError, match="no alternative can run: data: none"):
+        choose([Alternative("data", "data", None, None, runnable=False, note="none")])
+
+
+def test_the_report_lists_every_prediction_then_the_measured_step(tmp_path):
+    alternatives = _alternatives()
+    write_report(tmp_path, alternatives, choose(alternatives), LINK, 2)
+    text = (tmp_path / "parallel_auto.md").read_text()
+    assert "| pipeline gpipe **(chosen)** | 3.000 ms | 2 of 3 measured | 2 stages |" in text
+    assert "| parameter server | 1.000 ms | measured | 1 server(s); runs through" in text
+    assert "| pipeline 1f1b | - | - | cannot cut |" in text
+    # Warm-up steps are left out; the median of the rest is the step.
+    measured = record_measured(tmp_path, [1.0, 1.0, 4e-3, 5e-3, 6e-3])
+    assert measured["step_s"] == pytest.approx(5e-3) and measured["steps"] == 3
+    assert measured["error"] == pytest.approx((3e-3 - 5e-3) / 5e-3)
+    assert measured["bubble"]["measured"] == pytest.approx(1 - 2e-3 / 5e-3)
+    doc = json.loads((tmp_path / "parallel_auto.json").read_text())
+    assert doc["measured"] == measured and report_markdown(doc) == (tmp_path / "parallel_auto.md").read_text()
+    assert "error -40.0%" in report_markdown(doc)
+    assert "pipeline bubble: measured 60.0%" in report_markdown(doc)
+
+
+def test_the_step_chart_is_written_with_its_title(tmp_path):
+    first, second = _two_stages()
+    timeline = simulate([first, second], lambda call: 1e-3, LINK, allreduce_s=LINK.seconds)
+    paths = write_step_gantt(tmp_path / "step", timeline, "one step, predicted")
+    assert [p.suffix for p in paths] == [".png", ".svg"] and all(p.stat().st_size for p in paths)
+    assert "one step, predicted" in paths[1].read_text()
+
+
+@pytest.mark.slow
+def test_tessel_train_parallel_auto_on_two_workers(tmp_path):
+    """~1-2 minutes: compiles the data-parallel and pipeline steps of the bench MLP, trains 6 steps."""
+    from bench.training_models import SPECS, export
+    from tessel.compiler.cli import main
+
+    spec = SPECS["mlp"]
+    model = export(spec.model(0), spec.input_shape, tmp_path / "mlp.onnx")
+    rng = np.random.default_rng(0)
+    x, y = zip(*(spec.batch(rng) for _ in range(6)))
+    np.savez(tmp_path / "data.npz", x=np.concatenate(x), labels=np.concatenate(y))
+    run = tmp_path / "run"
+    assert main(["train", str(model), "--data", str(tmp_path / "data.npz"), "--loss", "mse", "--lr", "0.05",
+                 "--batch", str(spec.input_shape[0]), "--epochs", "1", "--devices", "2", "--parallel", "auto",
+                 "-o", str(run)]) == 0
+    settings = json.loads((run / "run.json").read_text())
+    auto = settings["parallel_auto"]
+    assert settings["parallel"] == "auto" and auto["chosen"] in ("data", "pipeline gpipe", "pipeline 1f1b")
+    assert set(auto["predicted_s"]) == {"data", "parameter server", "pipeline gpipe", "pipeline 1f1b"}
+    assert auto["measured"]["step_s"] > 0
+    text = (run / "reports" / "parallel_auto.md").read_text()
+    assert "## Measured" in text and (run / "reports" / "step_gantt.png").is_file()
