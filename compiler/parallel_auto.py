@@ -35,7 +35,7 @@ from .api import prepare_machine
 from .options import CompileError, CompileOptions
 from .plots.step_gantt import write_step_gantt
 from .step_kernels import KernelTime, kernel_times
-from .step_timeline import WorkerProgram, replica_phases, reordered_stage, simulate
+from .step_timeline import ALLREDUCE, Timeline, WorkerProgram, replica_phases, reordered_stage, simulate
 
 _log = logging.getLogger("tessel.compile")
 
@@ -57,7 +57,7 @@ class Alternative:
     detail: str = ""
     runnable: bool = True
     note: str = ""
-    bubble: dict = field(default_factory=dict)
+    bubble: dict = field(default_factory=dict)  # a pipeline's: stages, micro-batches, predicted and busy seconds
 
 
 def auto_micro_batches(batch: int, stages: int) -> int:
@@ -71,40 +71,19 @@ def compile_auto(compile_training, model, training: Mapping, options: Mapping, m
     """compile_training(parallel="auto") (compiler/trainer.py passes itself as `compile_training`, the training
     keywords as `training` and the compile options as `options`): the Trainer of the alternative with the best
     predicted step on options["devices"] workers, its reports written."""
-    devices = options.get("devices", 1)
     data = compile_training(model, allreduce=allreduce, sync_batchnorm=sync_batchnorm, **training, **options)
+    devices = options.get("devices", 1)
     if devices < 2:
         _log.info("parallel auto: one device, nothing to choose")
         return data
     trainers = {"data": data}
-    link = prepare_machine(CompileOptions.create(None, **options)).link
-    times = _step_kernel_times(data.step_artifact, devices)
-    alternatives = [predict_data(data.step_artifact, times, link, devices, allreduce)]
-    timelines = {"data": alternatives[0].bubble.pop("timeline")}
-    alternatives.append(predict_ps(data.step_artifact, times, link, devices, data.names.parameters))
-    if sync_batchnorm:
-        alternatives += [Alternative(f"pipeline {s}", "pipeline", s, None, runnable=False,
-                                     note="sync_batchnorm: pipeline stages normalise per micro-batch")
-                         for s in (GPIPE, ONE_F_ONE_B)]
-    else:
-        micro = micro_batches if micro_batches > 1 else auto_micro_batches(_whole_batch(data), devices)
-        try:
-            pipe = compile_training(model, parallel="pipeline", micro_batches=micro, schedule=GPIPE, **training,
-                                    **options)
-        except CompileError as exc:
-            alternatives += [Alternative(f"pipeline {s}", "pipeline", s, None, runnable=False, note=str(exc))
-                             for s in (GPIPE, ONE_F_ONE_B)]
-        else:
-            trainers["pipeline gpipe"] = pipe
-            pipe_times = _step_kernel_times(pipe.step_artifact, devices)
-            for schedule in (GPIPE, ONE_F_ONE_B):
-                alternative = predict_pipeline(pipe.step_artifact, pipe_times, link, schedule)
-                timelines[alternative.name] = alternative.bubble.pop("timeline", None)
-                alternatives.append(alternative)
-    chosen = choose(alternatives)
-    if chosen.name not in trainers:  # 1F1B: compiled only now (its kernels are GPipe's, already built)
-        trainers[chosen.name] = compile_training(model, parallel="pipeline", schedule=chosen.schedule,
-                                                 micro_batches=micro, **training, **options)
+    try:
+        chosen, alternatives, timelines, link = _choose_and_compile(compile_training, model, training, options,
+                                                                    micro_batches, allreduce, sync_batchnorm, trainers)
+    except BaseException:
+        for trainer in trainers.values():
+            trainer.close()
+        raise
     for name, trainer in trainers.items():
         if name != chosen.name:
             trainer.close()
@@ -117,6 +96,46 @@ def compile_auto(compile_training, model, training: Mapping, options: Mapping, m
     return trainer
 
 
+def _choose_and_compile(compile_training, model, training: Mapping, options: Mapping, micro_batches: int,
+                        allreduce: str, sync_batchnorm: bool, trainers: dict):
+    """Predict every alternative and compile the chosen one if it is not yet (`trainers` holds the data-parallel
+    Trainer and gets every one compiled here, by name); (chosen, alternatives, timelines by name, link)."""
+    devices = options["devices"]
+    data = trainers["data"]
+    link = prepare_machine(CompileOptions.create(None, **options)).link
+    times = _step_kernel_times(data.step_artifact, devices)
+    alternative, timeline = predict_data(data.step_artifact, times, link, devices, allreduce)
+    alternatives, timelines = [alternative], {"data": timeline}
+    alternatives.append(predict_ps(data.step_artifact, times, link, devices, data.names.parameters))
+    micro = micro_batches if micro_batches > 1 else auto_micro_batches(_whole_batch(data), devices)
+    pipe, note = None, "sync_batchnorm: pipeline stages normalise per micro-batch"
+    if not sync_batchnorm:
+        try:
+            pipe = compile_training(model, parallel="pipeline", micro_batches=micro, schedule=GPIPE, **training,
+                                    **options)
+            trainers[alternative_name(GPIPE)] = pipe
+        except CompileError as exc:
+            note = str(exc)
+    pipe_times = _step_kernel_times(pipe.step_artifact, devices) if pipe is not None else {}
+    for schedule in (GPIPE, ONE_F_ONE_B):
+        if pipe is None:
+            alternative = Alternative(alternative_name(schedule), "pipeline", schedule, None, runnable=False, note=note)
+        else:
+            alternative, timelines[alternative_name(schedule)] = predict_pipeline(
+                pipe.step_artifact, pipe_times, link, schedule)
+        alternatives.append(alternative)
+    chosen = choose(alternatives)
+    if chosen.name not in trainers:  # 1F1B: compiled only now (its kernels are GPipe's, already built)
+        trainers[chosen.name] = compile_training(model, parallel="pipeline", schedule=chosen.schedule,
+                                                 micro_batches=micro, **training, **options)
+    return chosen, alternatives, timelines, link
+
+
+def alternative_name(schedule: str) -> str:
+    """The name a pipeline alternative goes by in the report."""
+    return f"pipeline {schedule}"
+
+
 def choose(alternatives: Sequence[Alternative]) -> Alternative:
     """The runnable alternative with the least predicted step; CompileError when none can run."""
     runnable = [a for a in alternatives if a.runnable and a.predicted_s is not None]
@@ -127,9 +146,10 @@ def choose(alternatives: Sequence[Alternative]) -> Alternative:
 
 
 # ---- predictions -------------------------------------------------------------------------------------------
-def predict_data(artifact, times: Mapping[str, KernelTime], link: Link, workers: int, allreduce: str) -> Alternative:
-    """The data-parallel step: the batch's slices piped to the workers in turn, then every replica's program
-    with its all-reduces overlapping backward. The timeline rides in `bubble["timeline"]` for the caller."""
+def predict_data(artifact, times: Mapping[str, KernelTime], link: Link, workers: int,
+                 allreduce: str) -> tuple[Alternative, Timeline]:
+    """The data-parallel step and its timeline: the batch's slices piped to the workers in turn, then every
+    replica's program with its all-reduces overlapping backward."""
     plan = artifact.plan
     programs = [program_from_json(w["instructions"]) for w in plan["workers"]]
     loss = plan["workers"][0]["outputs"][0]
@@ -141,16 +161,18 @@ def predict_data(artifact, times: Mapping[str, KernelTime], link: Link, workers:
         algorithms[choice.algorithm] = algorithms.get(choice.algorithm, 0) + 1
         return choice.costs[choice.algorithm]
 
-    timeline = simulate([WorkerProgram(p, replica_phases(p, loss), w["values"]) for p, w in zip(programs, plan["workers"])],
-                        _kernel_seconds(times), link, allreduce_s, scatter_linear(link, workers, workers * slice_bytes))
-    buckets = sum(1 for bar in timeline.bars if bar.worker == 0 and bar.phase == "all-reduce")
+    replicas = [WorkerProgram(p, replica_phases(p, loss), w["values"]) for p, w in zip(programs, plan["workers"])]
+    delivered = scatter_linear(link, workers, workers * slice_bytes)
+    timeline = simulate(replicas, _kernel_seconds(times), link, allreduce_s, delivered)
+    buckets = sum(1 for bar in timeline.bars if bar.worker == 0 and bar.phase == ALLREDUCE)
     detail = f"{buckets} all-reduce(s) a step ({', '.join(sorted(algorithms))})"
-    return Alternative("data", "data", None, timeline.step_s, _source(times), detail, bubble={"timeline": timeline})
+    return Alternative("data", "data", None, timeline.step_s, _source(times), detail), timeline
 
 
-def predict_pipeline(artifact, times: Mapping[str, KernelTime], link: Link, schedule: str) -> Alternative:
-    """A pipeline step under `schedule`, from a compile under any schedule (its stage blocks replayed in
-    `schedule`'s order). The timeline rides in `bubble["timeline"]` for the caller."""
+def predict_pipeline(artifact, times: Mapping[str, KernelTime], link: Link,
+                     schedule: str) -> tuple[Alternative, Timeline | None]:
+    """A pipeline step under `schedule` and its timeline (None when it cannot run), from a compile under any
+    schedule (its stage blocks replayed in `schedule`'s order)."""
     plan = artifact.plan
     pipe = plan["pipeline"]
     stages, micro = pipe["stages"], pipe["micro_batches"]
@@ -163,14 +185,14 @@ def predict_pipeline(artifact, times: Mapping[str, KernelTime], link: Link, sche
     try:
         timeline = simulate(workers, _kernel_seconds(times), link, link.seconds, delivered)
     except ValueError as exc:
-        return Alternative(f"pipeline {schedule}", "pipeline", schedule, None, _source(times), runnable=False,
-                           note=str(exc))
-    bubble = {"predicted": bubble_fraction(stages, micro), "simulated": _bubble(timeline.busy_s, timeline.step_s),
-              "busy_s": timeline.busy_s, "timeline": timeline}
+        return Alternative(alternative_name(schedule), "pipeline", schedule, None, _source(times), runnable=False,
+                           note=str(exc)), None
+    bubble = {"stages": stages, "micro_batches": micro, "predicted": bubble_fraction(stages, micro),
+              "simulated": _bubble(timeline.busy_s, timeline.step_s), "busy_s": timeline.busy_s}
     detail = (f"{stages} stages, {micro} micro-batches; bubble (K-1)/(M+K-1) {100 * bubble['predicted']:.1f}%, "
               f"in the played-out step {100 * bubble['simulated']:.1f}%")
-    return Alternative(f"pipeline {schedule}", "pipeline", schedule, timeline.step_s, _source(times), detail,
-                       bubble=bubble)
+    return Alternative(alternative_name(schedule), "pipeline", schedule, timeline.step_s, _source(times), detail,
+                       bubble=bubble), timeline
 
 
 def predict_ps(artifact, times: Mapping[str, KernelTime], link: Link, workers: int,

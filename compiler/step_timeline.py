@@ -172,8 +172,8 @@ def reordered_stage(instructions: Sequence[Instruction], runs: Sequence[Sequence
             last += part
         else:
             blocks.setdefault((kind, m), []).extend(part)
-    ordered = [(first, "once")] + [(blocks.get((kind, m), []), kind)
-                                   for kind, m in stage_order(schedule, stages, micro_batches, stage)] + [(last, "update")]
+    order = stage_order(schedule, stages, micro_batches, stage)
+    ordered = [(first, "once"), *((blocks.get((kind, m), []), kind) for kind, m in order), (last, "update")]
     sequence = [instruction for part, _ in ordered for instruction in part]
     phases = [_BLOCK_PHASES[kind] for part, kind in ordered for _ in part]
     return sequence, phases

@@ -35,8 +35,10 @@ def _replica() -> list:
     (reading the averaged gradient and the parameter, which it writes in place) and a state copy."""
     return [_kernel("f1", ["x", "w"], ["h"]), _kernel("loss_k", ["h"], ["l"]),
             AllReduce("ar_loss", "AllReduce", tensor="l", reduction="mean", output="loss"),
-            _kernel("g", ["h", "l"], ["gw"]), AllReduce("ar_g", "AllReduce", tensor="gw", reduction="mean", output="gm"),
-            _kernel("other", ["h"], ["o"]), _kernel("upd", ["w", "gm"], ["w"]), Assign("keep", "Assign", src="o", dst="s")]
+            _kernel("g", ["h", "l"], ["gw"]),
+            AllReduce("ar_g", "AllReduce", tensor="gw", reduction="mean", output="gm"),
+            _kernel("other", ["h"], ["o"]), _kernel("upd", ["w", "gm"], ["w"]),
+            Assign("keep", "Assign", src="o", dst="s")]
 
 
 def test_replica_phases_follow_the_data_flow():
