@@ -33,7 +33,7 @@ from .train_log import RunLog, keep_until, read_log, step_records
 from .train_metrics import ValidationTally
 from .train_progress import TrainProgress
 from .train_settings import (DEFAULT_WEIGHT_DECAY, MODEL_FILE, OPTIMIZERS, PARALLEL, RUN_FILE, SCHEDULES,
-                             RunSettings, build_optimizer, loss_output, loss_spec)
+                             RunSettings, TrainSettingsError, build_optimizer, loss_output, loss_spec)
 
 CURVES = "training_curves"
 DEFAULT_KEEP_CHECKPOINTS = 2
@@ -111,6 +111,9 @@ _DEFAULTS = {"val": None, "loss": None, "label_smoothing": 0.0, "optimizer": "sg
 
 def run_train(args: argparse.Namespace) -> int:
     """The `tessel train` command."""
+    if args.launcher == "torchrun" and args.parallel == "auto":
+        raise TrainSettingsError("--parallel auto compares its alternatives on local workers; under torchrun give "
+                                 "--parallel data or pipeline")
     if args.launcher == "torchrun":
         if join_ranks() != 0:
             from tessel.runtime.rank_group import follow

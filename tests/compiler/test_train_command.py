@@ -48,6 +48,8 @@ def _train(files, *extra):
     (["--devices", "2", "--parallel", "pipeline", "--micro-batches", "3"],
      "--batch 8 is not a multiple of --micro-batches 3"),
     (["--micro-batches", "2"], "--micro-batches goes with --parallel pipeline"),
+    (["--devices", "2", "--parallel", "auto", "--micro-batches", "3"], "--batch 8 is not a multiple of --micro-batches 3"),
+    (["--parallel", "auto", "--launcher", "torchrun"], "--parallel auto compares its alternatives on local workers"),
     (["--devices", "2", "--parallel", "pipeline", "--sync-batchnorm"], "--sync-batchnorm goes with data-parallel"),
     (["--devices", "2", "--parallel", "ps", "--ps-mode", "ssp"], "--ps-mode ssp needs --staleness S"),
 ])
