@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from tessel.ir.types import TensorType
 from tessel.passes.collectives import scatter_linear
 from tessel.passes.data_parallel import choose_allreduce
 from tessel.passes.machine import Link
@@ -154,11 +155,11 @@ def predict_data(artifact, times: Mapping[str, KernelTime], link: Link, workers:
     programs = [program_from_json(w["instructions"]) for w in plan["workers"]]
     loss = plan["workers"][0]["outputs"][0]
     slice_bytes = _input_bytes(plan["workers"][0], plan["workers"][0]["inputs"])
-    algorithms = {}
+    algorithms = set()
 
     def allreduce_s(nbytes: int) -> float:
         choice = choose_allreduce(link, workers, nbytes, allreduce)
-        algorithms[choice.algorithm] = algorithms.get(choice.algorithm, 0) + 1
+        algorithms.add(choice.algorithm)
         return choice.costs[choice.algorithm]
 
     replicas = [WorkerProgram(p, replica_phases(p, loss), w["values"]) for p, w in zip(programs, plan["workers"])]
@@ -219,6 +220,8 @@ def _bubble(busy_s: Sequence[float], step_s: float) -> float:
 
 
 def _kernel_seconds(times: Mapping[str, KernelTime]):
+    """A kernel call's seconds (its pieces' when it runs in pieces) by `times`."""
+
     def seconds(call: KernelCall) -> float:
         keys = [piece.kernel for piece in call.pieces] if call.pieces else [call.kernel]
         return sum(times[k].seconds for k in keys)
@@ -235,6 +238,7 @@ def _step_kernel_times(artifact, workers: int) -> dict[str, KernelTime]:
 
 
 def _source(times: Mapping[str, KernelTime]) -> str:
+    """Where the kernel times came from, for the report: measured, estimated, or how many were measured."""
     measured = sum(t.measured for t in times.values())
     if measured == len(times):
         return "measured"
@@ -242,15 +246,12 @@ def _source(times: Mapping[str, KernelTime]) -> str:
 
 
 def _input_bytes(worker: Mapping, names: Sequence[str]) -> int:
-    from tessel.ir.types import TensorType
-
+    """Bytes of the values `names` of a worker's plan section (those it has)."""
     return sum(TensorType.parse(worker["values"][n]).nbytes for n in names if n in worker["values"])
 
 
 def _whole_batch(trainer) -> int:
     """The whole batch a data-parallel trainer steps on: its workers' slices together."""
-    from tessel.ir.types import TensorType
-
     worker = trainer.step_artifact.plan["workers"][0]
     return TensorType.parse(worker["values"][trainer.names.data_inputs[0]]).shape[0] * trainer.workers
 

@@ -12,6 +12,7 @@ import pytest
 import tessel
 from bench.training_models import SPECS, export
 from tessel.compiler.options import CompileError
+from tessel.passes.pipeline_schedule import stage_order
 from tessel.runtime.errors import ArtifactError
 from tessel.runtime.instructions import Assign, KernelCall, Recv, Send
 from tessel.runtime.plan_schema import validate_plan
@@ -93,6 +94,10 @@ def _check_plan(plan: dict, schedule: str) -> None:
         written = {i.dst for i in instructions if isinstance(i, Assign)}
         written |= {name for i in instructions if isinstance(i, KernelCall) for name in i.writes() if name in names}
         assert written == set(held[rank])
+        # The stage's blocks (for the step's timeline) cover its program, in the schedule's order.
+        runs = pipeline["phases"][rank]
+        assert sum(count for _, _, count in runs) == len(instructions)
+        assert [(kind, m) for kind, m, _ in runs if kind in "FB"] == stage_order(schedule, 2, MICRO_BATCHES, rank)
     assert plan["workers"][0]["outputs"] == [f"loss@mb{m}" for m in range(MICRO_BATCHES)]
     validate_plan(plan, "plan.json")
     # Each state value is held by exactly one stage, and a stage assigns only what it holds.
