@@ -3,7 +3,8 @@
 Each worker runs its instructions in order. A kernel takes its time (compiler/step_kernels.py) once the
 all-reduces whose results it reads are done; an all-reduce starts when issued and its worker's link is free and
 takes the α-β time of its algorithm (passes/data_parallel.py), so it overlaps the kernels after it; a Send
-leaves when issued and its worker's link is free and arrives α + β·bytes later; a Recv waits for its Send's
+leaves when issued and its worker's link is free, holds the link for β·bytes (its latency α does not keep the
+next message back: sends are asynchronous) and arrives α + β·bytes after leaving; a Recv waits for its Send's
 arrival. The step ends when every worker's last instruction, all-reduce and Send is done.
 
 Every bar carries the phase of the step it belongs to (forward, backward, all-reduce, send/recv, update), from
@@ -23,7 +24,8 @@ from tessel.runtime.instructions import AllReduce, Assign, Instruction, KernelCa
 from tessel.runtime.profile_db import ESTIMATE_BYTES_PER_S
 
 FORWARD, BACKWARD, ALLREDUCE, TRANSFER, UPDATE = "forward", "backward", "all-reduce", "send/recv", "update"
-PHASES = (FORWARD, BACKWARD, ALLREDUCE, TRANSFER, UPDATE)
+WAIT = "waiting for a recv"
+PHASES = (FORWARD, BACKWARD, ALLREDUCE, TRANSFER, UPDATE, WAIT)
 # The pipeline block kinds plan.json records (compiler/pipeline_programs.py stage_phases) as step phases; the
 # once block (parameters prepared for the micro-batches) counts as forward.
 _BLOCK_PHASES = {"once": FORWARD, "F": FORWARD, "B": BACKWARD, "update": UPDATE}
@@ -83,13 +85,14 @@ def simulate(workers: Sequence[WorkerProgram], kernel_s: Callable[[KernelCall], 
                         break
                     arrived = max(clock[w], arrivals[key])
                     if arrived > clock[w]:
-                        bars.append(Bar(w, TRANSFER, clock[w], arrived, instruction.node))
+                        bars.append(Bar(w, WAIT, clock[w], arrived, instruction.node))
                     clock[w] = arrived
                 elif isinstance(instruction, Send):
+                    nbytes = program.nbytes(instruction.tensor)
                     leaves = max(clock[w], link_free[w])
-                    link_free[w] = leaves + link.seconds(program.nbytes(instruction.tensor))
-                    arrivals[(w, instruction.peer, instruction.tag)] = link_free[w]
-                    bars.append(Bar(w, TRANSFER, leaves, link_free[w], instruction.node, comm=True))
+                    link_free[w] = leaves + link.beta * nbytes
+                    arrivals[(w, instruction.peer, instruction.tag)] = leaves + link.seconds(nbytes)
+                    bars.append(Bar(w, TRANSFER, leaves, leaves + link.seconds(nbytes), instruction.node, comm=True))
                 elif isinstance(instruction, AllReduce):
                     begins = max(clock[w], link_free[w])
                     link_free[w] = begins + allreduce_s(program.nbytes(instruction.tensor))

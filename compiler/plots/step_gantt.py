@@ -1,6 +1,6 @@
 """One training step per worker (compiler/step_timeline.py): a lane per worker, its kernels coloured by phase
-(forward, backward, update) and under them its communication (all-reduce, Send; a Recv's wait sits in the
-kernels' row)."""
+(forward, backward, update) and above them its communication (all-reduce, Send); a Recv's wait sits, grey, in
+the kernels' row."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,8 +9,8 @@ from .style import PALETTE, pyplot, save
 
 LANE_HEIGHT = 0.8  # inches per worker lane
 COMPUTE, COMM = 0.55, 0.25  # shares of a lane's height
-PHASE_COLORS = {"forward": PALETTE[0], "backward": PALETTE[1], "all-reduce": PALETTE[3], "send/recv": "#222222",
-                "update": PALETTE[2]}
+PHASE_COLORS = {"forward": PALETTE[0], "backward": PALETTE[1], "update": PALETTE[2], "all-reduce": PALETTE[3],
+                "send/recv": "#222222", "waiting for a recv": "#d9d9d9"}
 
 
 def write_step_gantt(path: Path, timeline, title: str) -> list[Path]:
@@ -30,7 +30,7 @@ def write_step_gantt(path: Path, timeline, title: str) -> list[Path]:
     axes.set_xlabel("ms into the step")
     used = {bar.phase for bar in timeline.bars}
     handles = [plt.Rectangle((0, 0), 1, 1, color=color) for phase, color in PHASE_COLORS.items() if phase in used]
-    axes.legend(handles, [phase for phase in PHASE_COLORS if phase in used], loc="upper right", ncols=len(handles))
+    axes.legend(handles, [phase for phase in PHASE_COLORS if phase in used], loc="upper left", bbox_to_anchor=(1, 1))
     axes.set_title(title)
     figure.tight_layout()
     return save(figure, path)

@@ -13,7 +13,7 @@ from tessel.compiler.parallel_auto import (Alternative, auto_micro_batches, choo
 from tessel.compiler.pipeline_programs import stage_phases as block_runs
 from tessel.compiler.plots.step_gantt import write_step_gantt
 from tessel.compiler.options import CompileError
-from tessel.compiler.step_timeline import (ALLREDUCE, BACKWARD, FORWARD, TRANSFER, UPDATE, WorkerProgram,
+from tessel.compiler.step_timeline import (ALLREDUCE, BACKWARD, FORWARD, TRANSFER, UPDATE, WAIT, WorkerProgram,
                                            reordered_stage, replica_phases, simulate, stage_phases)
 from tessel.passes.machine import Link
 from tessel.runtime.instructions import AllReduce, Assign, KernelCall, Recv, Send
@@ -77,9 +77,19 @@ def test_sends_arrive_after_the_link_and_receivers_wait():
     timeline = simulate(list(_two_stages()), lambda call: 1e-3, LINK, allreduce_s=LINK.seconds)
     # a 0-1 ms; arrives at 3; b 3-4; its gradient arrives at 6; ga 6-7.
     assert timeline.step_s == pytest.approx(7e-3)
-    waits = [(bar.worker, bar.start_s, bar.finish_s) for bar in timeline.bars if bar.phase == TRANSFER and not bar.comm]
+    waits = [(bar.worker, bar.start_s, bar.finish_s) for bar in timeline.bars if bar.phase == WAIT]
     assert waits == [(1, 0.0, pytest.approx(3e-3)), (0, pytest.approx(1e-3), pytest.approx(6e-3))]
     assert timeline.busy_s == [pytest.approx(2e-3), pytest.approx(1e-3)]
+
+
+def test_back_to_back_sends_share_the_bandwidth_not_the_latency():
+    values = _values("a", "b")
+    sends = [Send("s1", "Send", tensor="a", peer=1, tag=1), Send("s2", "Send", tensor="b", peer=1, tag=2)]
+    receives = [Recv("r1", "Recv", output="a", peer=0, tag=1), Recv("r2", "Recv", output="b", peer=0, tag=2)]
+    sender, receiver = (WorkerProgram(program, [TRANSFER, TRANSFER], values) for program in (sends, receives))
+    timeline = simulate([sender, receiver], lambda call: 0.0, LINK, allreduce_s=LINK.seconds)
+    # The first leaves at 0 and arrives at 2 ms; the second leaves after the first's 1 ms of bytes: arrives at 3.
+    assert timeline.step_s == pytest.approx(3e-3)
 
 
 def test_programs_that_would_deadlock_are_refused():
