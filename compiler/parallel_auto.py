@@ -30,6 +30,7 @@ from tessel.passes.data_parallel import choose_allreduce
 from tessel.passes.machine import Link
 from tessel.passes.pipeline_schedule import GPIPE, ONE_F_ONE_B, bubble_fraction
 from tessel.passes.ps_cost import exchange_plans
+from tessel.runtime.calibrate import measure_link
 from tessel.runtime.instructions import KernelCall, program_from_json
 
 from .api import prepare_machine
@@ -55,6 +56,7 @@ class Alternative:
     schedule: str | None
     predicted_s: float | None
     kernels: str = ""          # where the kernel times came from: "measured", "estimated", "k of n measured"
+    host_s: float = 0.0        # the measured round trip of a request to the workers, in the prediction
     detail: str = ""
     runnable: bool = True
     note: str = ""
@@ -79,7 +81,7 @@ def compile_auto(compile_training, model, training: Mapping, options: Mapping, m
         return data
     trainers = {"data": data}
     try:
-        chosen, alternatives, timelines, link = _choose_and_compile(compile_training, model, training, options,
+        chosen, alternatives, timelines, link, where = _choose_and_compile(compile_training, model, training, options,
                                                                     micro_batches, allreduce, sync_batchnorm, trainers)
     except BaseException:
         for trainer in trainers.values():
@@ -90,7 +92,7 @@ def compile_auto(compile_training, model, training: Mapping, options: Mapping, m
             trainer.close()
     trainer = trainers[chosen.name]
     reports = Path(trainer.step_artifact.directory) / "reports"
-    write_report(reports, alternatives, chosen, link, devices)
+    write_report(reports, alternatives, chosen, link, where, devices)
     write_step_gantt(reports / GANTT, timelines[chosen.name], f"{chosen.name} on {devices} workers: one step, "
                      f"predicted ({chosen.kernels} kernel times, α-β link)")
     _log.info("parallel auto: %s (predicted %.3f ms a step)", chosen.name, 1e3 * chosen.predicted_s)
@@ -100,14 +102,15 @@ def compile_auto(compile_training, model, training: Mapping, options: Mapping, m
 def _choose_and_compile(compile_training, model, training: Mapping, options: Mapping, micro_batches: int,
                         allreduce: str, sync_batchnorm: bool, trainers: dict):
     """Predict every alternative and compile the chosen one if it is not yet (`trainers` holds the data-parallel
-    Trainer and gets every one compiled here, by name); (chosen, alternatives, timelines by name, link)."""
+    Trainer and gets every one compiled here, by name); (chosen, alternatives, timelines by name, link, where the
+    link's α and β come from)."""
     devices = options["devices"]
     data = trainers["data"]
-    link = prepare_machine(CompileOptions.create(None, **options)).link
+    link, where = _measured(prepare_machine(CompileOptions.create(None, **options)).link)
     times = _step_kernel_times(data.step_artifact, devices)
-    alternative, timeline = predict_data(data.step_artifact, times, link, devices, allreduce)
+    alternative, timeline = predict_data(data.step_artifact, times, link, devices, allreduce, data.round_trip_s())
     alternatives, timelines = [alternative], {"data": timeline}
-    alternatives.append(predict_ps(data.step_artifact, times, link, devices, data.names.parameters))
+    alternatives.append(predict_ps(data.step_artifact, times, link, devices, data.names.parameters, alternative.host_s))
     micro = micro_batches if micro_batches > 1 else auto_micro_batches(_whole_batch(data), devices)
     pipe, note = None, "sync_batchnorm: pipeline stages normalise per micro-batch"
     if not sync_batchnorm:
@@ -118,18 +121,31 @@ def _choose_and_compile(compile_training, model, training: Mapping, options: Map
         except CompileError as exc:
             note = str(exc)
     pipe_times = _step_kernel_times(pipe.step_artifact, devices) if pipe is not None else {}
+    pipe_host_s = pipe.round_trip_s() if pipe is not None else 0.0
     for schedule in (GPIPE, ONE_F_ONE_B):
         if pipe is None:
             alternative = Alternative(alternative_name(schedule), "pipeline", schedule, None, runnable=False, note=note)
         else:
             alternative, timelines[alternative_name(schedule)] = predict_pipeline(
-                pipe.step_artifact, pipe_times, link, schedule)
+                pipe.step_artifact, pipe_times, link, schedule, pipe_host_s)
         alternatives.append(alternative)
     chosen = choose(alternatives)
     if chosen.name not in trainers:  # 1F1B: compiled only now (its kernels are GPipe's, already built)
         trainers[chosen.name] = compile_training(model, parallel="pipeline", schedule=chosen.schedule,
                                                  micro_batches=micro, **training, **options)
-    return chosen, alternatives, timelines, link
+    return chosen, alternatives, timelines, link, where
+
+
+def _measured(link: Link) -> tuple[Link, str]:
+    """(link, where it comes from): `link` when `tessel calibrate` (or the machine file) measured it; else the link
+    measured now, as `tessel calibrate` does but not stored (the default's latency can be several times off, and
+    messages are what the alternatives differ in)."""
+    if link.measured:
+        return link, "measured by `tessel calibrate` or the machine file"
+    fit, _ = measure_link()
+    _log.info("parallel auto: link measured now (not stored; `tessel calibrate` stores it): %s", fit.describe())
+    return Link(fit.alpha, fit.beta, measured=True), \
+        "measured now for this compile, not stored (`tessel calibrate` stores it)"
 
 
 def alternative_name(schedule: str) -> str:
@@ -147,10 +163,10 @@ def choose(alternatives: Sequence[Alternative]) -> Alternative:
 
 
 # ---- predictions -------------------------------------------------------------------------------------------
-def predict_data(artifact, times: Mapping[str, KernelTime], link: Link, workers: int,
-                 allreduce: str) -> tuple[Alternative, Timeline]:
-    """The data-parallel step and its timeline: the batch's slices piped to the workers in turn, then every
-    replica's program with its all-reduces overlapping backward."""
+def predict_data(artifact, times: Mapping[str, KernelTime], link: Link, workers: int, allreduce: str,
+                 host_s: float) -> tuple[Alternative, Timeline]:
+    """The data-parallel step and its timeline: the request's round trip (`host_s`) and the batch's slices piped to
+    the workers in turn, then every replica's program with its all-reduces overlapping backward."""
     plan = artifact.plan
     programs = [program_from_json(w["instructions"]) for w in plan["workers"]]
     loss = plan["workers"][0]["outputs"][0]
@@ -163,17 +179,17 @@ def predict_data(artifact, times: Mapping[str, KernelTime], link: Link, workers:
         return choice.costs[choice.algorithm]
 
     replicas = [WorkerProgram(p, replica_phases(p, loss), w["values"]) for p, w in zip(programs, plan["workers"])]
-    delivered = scatter_linear(link, workers, workers * slice_bytes)
+    delivered = host_s + scatter_linear(link, workers, workers * slice_bytes)
     timeline = simulate(replicas, _kernel_seconds(times), link, allreduce_s, delivered)
     buckets = sum(1 for bar in timeline.bars if bar.worker == 0 and bar.phase == ALLREDUCE)
     detail = f"{buckets} all-reduce(s) a step ({', '.join(sorted(algorithms))})"
-    return Alternative("data", "data", None, timeline.step_s, _source(times), detail), timeline
+    return Alternative("data", "data", None, timeline.step_s, _source(times), host_s, detail), timeline
 
 
-def predict_pipeline(artifact, times: Mapping[str, KernelTime], link: Link,
-                     schedule: str) -> tuple[Alternative, Timeline | None]:
+def predict_pipeline(artifact, times: Mapping[str, KernelTime], link: Link, schedule: str,
+                     host_s: float) -> tuple[Alternative, Timeline | None]:
     """A pipeline step under `schedule` and its timeline (None when it cannot run), from a compile under any
-    schedule (its stage blocks replayed in `schedule`'s order)."""
+    schedule (its stage blocks replayed in `schedule`'s order), after the request's round trip `host_s`."""
     plan = artifact.plan
     pipe = plan["pipeline"]
     stages, micro = pipe["stages"], pipe["micro_batches"]
@@ -182,24 +198,25 @@ def predict_pipeline(artifact, times: Mapping[str, KernelTime], link: Link,
         instructions, phases = reordered_stage(program_from_json(worker["instructions"]), runs, schedule, stages,
                                                micro, s)
         workers.append(WorkerProgram(instructions, phases, worker["values"]))
-    delivered = link.seconds(_input_bytes(plan["workers"][0], plan["workers"][0]["inputs"]))
+    delivered = host_s + link.seconds(_input_bytes(plan["workers"][0], plan["workers"][0]["inputs"]))
     try:
         timeline = simulate(workers, _kernel_seconds(times), link, link.seconds, delivered)
     except ValueError as exc:
-        return Alternative(alternative_name(schedule), "pipeline", schedule, None, _source(times), runnable=False,
-                           note=str(exc)), None
+        return Alternative(alternative_name(schedule), "pipeline", schedule, None, _source(times), host_s,
+                           runnable=False, note=str(exc)), None
     bubble = {"stages": stages, "micro_batches": micro, "predicted": bubble_fraction(stages, micro),
               "simulated": _bubble(timeline.busy_s, timeline.step_s), "busy_s": timeline.busy_s}
     detail = (f"{stages} stages, {micro} micro-batches; bubble (K-1)/(M+K-1) {100 * bubble['predicted']:.1f}%, "
               f"in the played-out step {100 * bubble['simulated']:.1f}%")
-    return Alternative(alternative_name(schedule), "pipeline", schedule, timeline.step_s, _source(times), detail,
-                       bubble=bubble), timeline
+    return Alternative(alternative_name(schedule), "pipeline", schedule, timeline.step_s, _source(times), host_s,
+                       detail, bubble=bubble), timeline
 
 
-def predict_ps(artifact, times: Mapping[str, KernelTime], link: Link, workers: int,
-               parameters: Sequence[str]) -> Alternative:
-    """The parameter-server step: one replica's kernels, then the gradients of `parameters` pushed to and their
-    weights pulled from the servers (the best server count, passes/ps_cost.py)."""
+def predict_ps(artifact, times: Mapping[str, KernelTime], link: Link, workers: int, parameters: Sequence[str],
+               host_s: float) -> Alternative:
+    """The parameter-server step: the request's round trip (`host_s`, the data-parallel workers'), one replica's
+    kernels, then the gradients of `parameters` pushed to and their weights pulled from the servers (the best
+    server count, passes/ps_cost.py)."""
     plan = artifact.plan
     worker = plan["workers"][0]
     kernels_s = sum(_kernel_seconds(times)(i) for i in program_from_json(worker["instructions"])
@@ -209,7 +226,7 @@ def predict_ps(artifact, times: Mapping[str, KernelTime], link: Link, workers: i
     if not plans:
         return Alternative("parameter server", "ps", None, None, runnable=False, note="no parameters to serve")
     best = plans[0]
-    return Alternative("parameter server", "ps", None, kernels_s + best.seconds, _source(times),
+    return Alternative("parameter server", "ps", None, host_s + kernels_s + best.seconds, _source(times), host_s,
                        f"{best.servers} server(s), sync, no compression", runnable=False,
                        note="runs through `tessel train --parallel ps` (server processes of its own)")
 
@@ -257,12 +274,12 @@ def _whole_batch(trainer) -> int:
 
 
 # ---- report ------------------------------------------------------------------------------------------------
-def write_report(reports: Path, alternatives: Sequence[Alternative], chosen: Alternative, link: Link,
+def write_report(reports: Path, alternatives: Sequence[Alternative], chosen: Alternative, link: Link, where: str,
                  workers: int, measured: Mapping | None = None) -> None:
-    """reports/parallel_auto.json and .md: the link, every alternative's prediction, the choice, and (after
-    training) the measured step."""
+    """reports/parallel_auto.json and .md: the link (`where` its α and β come from), every alternative's
+    prediction, the choice, and (after training) the measured step."""
     doc = {"workers": workers, "chosen": chosen.name,
-           "link": {"alpha_s": link.alpha, "beta_s_per_byte": link.beta, "measured": link.measured},
+           "link": {"alpha_s": link.alpha, "beta_s_per_byte": link.beta, "source": where},
            "alternatives": [asdict(a) for a in alternatives], "measured": dict(measured or {})}
     (reports / f"{REPORT}.json").write_text(json.dumps(doc, indent=1))
     (reports / f"{REPORT}.md").write_text(report_markdown(doc))
@@ -271,15 +288,17 @@ def write_report(reports: Path, alternatives: Sequence[Alternative], chosen: Alt
 def report_markdown(doc: Mapping) -> str:
     """The markdown of a parallel_auto.json document."""
     link = doc["link"]
-    where = "measured by `tessel calibrate`" if link["measured"] else "default: `tessel calibrate` has not run"
     lines = [f"# Parallel training: auto on {doc['workers']} workers", "",
-             f"Link α {1e6 * link['alpha_s']:.1f} µs, β {1e9 * link['beta_s_per_byte']:.3f} ns/byte ({where}).", "",
-             "| alternative | predicted step | kernel times | detail |", "|---|---|---|---|"]
+             f"Link α {1e6 * link['alpha_s']:.1f} µs, β {1e9 * link['beta_s_per_byte']:.3f} ns/byte "
+             f"({link['source']}).", "",
+             "| alternative | predicted step | kernel times | host round trip (measured) | detail |",
+             "|---|---|---|---|---|"]
     for a in doc["alternatives"]:
         mark = " **(chosen)**" if a["name"] == doc["chosen"] else ""
         predicted = "-" if a["predicted_s"] is None else f"{1e3 * a['predicted_s']:.3f} ms"
         detail = "; ".join(part for part in (a["detail"], a["note"]) if part)
-        lines.append(f"| {a['name']}{mark} | {predicted} | {a['kernels'] or '-'} | {detail} |")
+        host = f"{1e3 * a['host_s']:.3f} ms" if a["host_s"] else "-"
+        lines.append(f"| {a['name']}{mark} | {predicted} | {a['kernels'] or '-'} | {host} | {detail} |")
     lines += ["", f"Chosen: **{doc['chosen']}** (the least predicted step of those that can run here). "
               f"Step chart: {GANTT}.png (predicted)."]
     measured = doc.get("measured") or {}

@@ -5,7 +5,9 @@ all-reduces whose results it reads are done; an all-reduce starts when issued an
 takes the α-β time of its algorithm (passes/data_parallel.py), so it overlaps the kernels after it; a Send
 leaves when issued and its worker's link is free, holds the link for β·bytes (its latency α does not keep the
 next message back: sends are asynchronous) and arrives α + β·bytes after leaving; a Recv waits for its Send's
-arrival. The step ends when every worker's last instruction, all-reduce and Send is done.
+arrival. Each end of a message also takes α/2 of its worker's time (the software's share of the latency, LogP's
+overhead o: between local processes α is mostly that), the sender's after issuing, the receiver's before the
+message counts as arrived. The step ends when every worker's last instruction, all-reduce and Send is done.
 
 Every bar carries the phase of the step it belongs to (forward, backward, all-reduce, send/recv, update), from
 the data flow of a data-parallel replica's program (`replica_phases`) or from the stage blocks a pipeline's
@@ -69,6 +71,7 @@ def simulate(workers: Sequence[WorkerProgram], kernel_s: Callable[[KernelCall], 
              allreduce_s: Callable[[int], float], start_s: float = 0.0) -> Timeline:
     """Play the workers' programs out from `start_s` (the batch delivered); ValueError when they would deadlock."""
     count = len(workers)
+    overhead = link.alpha / 2  # a message's software cost on each end (LogP's o): α is mostly that on one machine
     position, clock = [0] * count, [start_s] * count
     link_free, busy = [start_s] * count, [0.0] * count
     ready: list[dict[str, float]] = [{} for _ in workers]
@@ -83,7 +86,7 @@ def simulate(workers: Sequence[WorkerProgram], kernel_s: Callable[[KernelCall], 
                     key = (instruction.peer, w, instruction.tag)
                     if key not in arrivals:
                         break
-                    arrived = max(clock[w], arrivals[key])
+                    arrived = max(clock[w] + overhead, arrivals[key])
                     if arrived > clock[w]:
                         bars.append(Bar(w, WAIT, clock[w], arrived, instruction.node))
                     clock[w] = arrived
@@ -93,6 +96,8 @@ def simulate(workers: Sequence[WorkerProgram], kernel_s: Callable[[KernelCall], 
                     link_free[w] = leaves + link.beta * nbytes
                     arrivals[(w, instruction.peer, instruction.tag)] = leaves + link.seconds(nbytes)
                     bars.append(Bar(w, TRANSFER, leaves, leaves + link.seconds(nbytes), instruction.node, comm=True))
+                    bars.append(Bar(w, TRANSFER, clock[w], clock[w] + overhead, instruction.node))
+                    clock[w] += overhead
                 elif isinstance(instruction, AllReduce):
                     begins = max(clock[w], link_free[w])
                     link_free[w] = begins + allreduce_s(program.nbytes(instruction.tensor))

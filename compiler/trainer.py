@@ -75,6 +75,11 @@ class Trainer:
         """How many data-parallel workers run each step."""
         return getattr(self._step, "workers", 1)
 
+    def round_trip_s(self, repeats: int = 20) -> float:
+        """Median seconds of an empty request to the step's local workers and back: the host's fixed cost per step
+        (0 on one worker, which runs in this process)."""
+        return self._step.round_trip_s(repeats) if hasattr(self._step, "round_trip_s") else 0.0
+
     def close(self) -> None:
         """Stop the data-parallel workers (a Trainer on one worker has none); the Trainer cannot step after."""
         if hasattr(self._step, "close"):

@@ -102,6 +102,12 @@ def save_link(fit: LinkFit, samples: Sequence[tuple[int, float]]) -> Path:
 
 def calibrate(repeat: int = 20) -> tuple[LinkFit, Path]:
     """Run the ping-pong on two local workers; store and return the fit and its cache path."""
+    fit, samples = measure_link(repeat)
+    return fit, save_link(fit, samples)
+
+
+def measure_link(repeat: int = 20) -> tuple[LinkFit, list[tuple[int, float]]]:
+    """Run the ping-pong on two local workers; the fit and its samples (bytes, seconds one way), not stored."""
     import subprocess
 
     from tessel.runtime.errors import ExecutionError
@@ -125,8 +131,7 @@ def calibrate(repeat: int = 20) -> tuple[LinkFit, Path]:
             if p.returncode != 0:
                 raise ExecutionError(f"calibration worker failed: {(err.strip().splitlines() or ['no message'])[-1]}")
         samples = [tuple(s) for s in json.loads(result.read_text())]
-    fit = fit_link(samples)
-    return fit, save_link(fit, samples)
+    return fit_link(samples), samples
 
 
 def _ping_pong(result: str, repeat: int) -> None:

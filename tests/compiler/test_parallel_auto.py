@@ -75,10 +75,10 @@ def _two_stages():
 
 def test_sends_arrive_after_the_link_and_receivers_wait():
     timeline = simulate(list(_two_stages()), lambda call: 1e-3, LINK, allreduce_s=LINK.seconds)
-    # a 0-1 ms; arrives at 3; b 3-4; its gradient arrives at 6; ga 6-7.
+    # a 0-1 ms, its send's overhead (α/2) 1-1.5; a arrives at 3; b 3-4; its gradient arrives at 6; ga 6-7.
     assert timeline.step_s == pytest.approx(7e-3)
     waits = [(bar.worker, bar.start_s, bar.finish_s) for bar in timeline.bars if bar.phase == WAIT]
-    assert waits == [(1, 0.0, pytest.approx(3e-3)), (0, pytest.approx(1e-3), pytest.approx(6e-3))]
+    assert waits == [(1, 0.0, pytest.approx(3e-3)), (0, pytest.approx(1.5e-3), pytest.approx(6e-3))]
     assert timeline.busy_s == [pytest.approx(2e-3), pytest.approx(1e-3)]
 
 
@@ -127,10 +127,10 @@ def test_micro_batches_default_to_up_to_four_per_stage_dividing_the_batch():
 
 
 def _alternatives() -> list[Alternative]:
-    return [Alternative("data", "data", None, 4e-3, "measured", "1 all-reduce(s) a step (gloo)"),
-            Alternative("parameter server", "ps", None, 1e-3, "measured", "1 server(s)", runnable=False,
+    return [Alternative("data", "data", None, 4e-3, "measured", detail="1 all-reduce(s) a step (gloo)"),
+            Alternative("parameter server", "ps", None, 1e-3, "measured", detail="1 server(s)", runnable=False,
                         note="runs through `tessel train --parallel ps`"),
-            Alternative("pipeline gpipe", "pipeline", "gpipe", 3e-3, "2 of 3 measured", "2 stages",
+            Alternative("pipeline gpipe", "pipeline", "gpipe", 3e-3, "2 of 3 measured", 0.5e-3, "2 stages",
                         bubble={"predicted": 0.2, "simulated": 0.25, "busy_s": [1.5e-3, 2.5e-3]}),
             Alternative("pipeline 1f1b", "pipeline", "1f1b", None, note="cannot cut", runnable=False)]
 
@@ -143,11 +143,12 @@ def test_the_least_predicted_runnable_alternative_is_chosen():
 
 def test_the_report_lists_every_prediction_then_the_measured_step(tmp_path):
     alternatives = _alternatives()
-    write_report(tmp_path, alternatives, choose(alternatives), LINK, 2)
+    write_report(tmp_path, alternatives, choose(alternatives), LINK, "given", 2)
     text = (tmp_path / "parallel_auto.md").read_text()
-    assert "| pipeline gpipe **(chosen)** | 3.000 ms | 2 of 3 measured | 2 stages |" in text
-    assert "| parameter server | 1.000 ms | measured | 1 server(s); runs through" in text
-    assert "| pipeline 1f1b | - | - | cannot cut |" in text
+    assert "| pipeline gpipe **(chosen)** | 3.000 ms | 2 of 3 measured | 0.500 ms | 2 stages |" in text
+    assert "| parameter server | 1.000 ms | measured | - | 1 server(s); runs through" in text
+    assert "| pipeline 1f1b | - | - | - | cannot cut |" in text
+    assert "Link α 1000.0 µs, β 1000.000 ns/byte (given)." in text
     # Warm-up steps are left out; the median of the rest is the step.
     measured = record_measured(tmp_path, [1.0, 1.0, 4e-3, 5e-3, 6e-3])
     assert measured["step_s"] == pytest.approx(5e-3) and measured["steps"] == 3
