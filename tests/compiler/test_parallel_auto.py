@@ -4,12 +4,13 @@ the measured step; the whole run on two workers is slow-marked."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from tessel.compiler.parallel_auto import (Alternative, auto_micro_batches, choose, record_measured, report_markdown,
-                                           write_report)
+from tessel.compiler.parallel_auto import (Alternative, auto_micro_batches, choose, record_measured, record_run,
+                                           report_markdown, write_report)
 from tessel.compiler.pipeline_programs import stage_phases as block_runs
 from tessel.compiler.plots.step_gantt import write_step_gantt
 from tessel.compiler.options import CompileError
@@ -158,6 +159,24 @@ def test_the_report_lists_every_prediction_then_the_measured_step(tmp_path):
     assert doc["measured"] == measured and report_markdown(doc) == (tmp_path / "parallel_auto.md").read_text()
     assert "error -40.0%" in report_markdown(doc)
     assert "pipeline bubble: measured 60.0%" in report_markdown(doc)
+
+
+def test_a_run_directory_gets_the_report_and_run_json_the_choice(tmp_path):
+    artifact, run = tmp_path / "artifact", tmp_path / "run"
+    (artifact / "reports").mkdir(parents=True)
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"parallel": "auto"}))
+    alternatives = _alternatives()
+    write_report(artifact / "reports", alternatives, choose(alternatives), LINK, "given", 2)
+    trainer = SimpleNamespace(step_artifact=SimpleNamespace(directory=artifact))
+    measured = record_run(run, trainer, [1.0, 1.0, 2e-3])
+    assert measured["step_s"] == 2e-3
+    settings = json.loads((run / "run.json").read_text())
+    assert settings["parallel"] == "auto" and settings["parallel_auto"]["chosen"] == "pipeline gpipe"
+    assert settings["parallel_auto"]["predicted_s"]["data"] == 4e-3
+    assert "## Measured" in (run / "reports" / "parallel_auto.md").read_text()
+    # A one-device run (no report) and a run without steps write nothing.
+    assert record_run(run, SimpleNamespace(step_artifact=SimpleNamespace(directory=tmp_path / "none")), []) is None
 
 
 def test_the_step_chart_is_written_with_its_title(tmp_path):
