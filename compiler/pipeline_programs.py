@@ -71,19 +71,19 @@ def micro_name(name: str, micro_batch: int) -> str:
 
 def pipeline_programs(program: Program, graph: Graph, spec: PipelineSpec) -> tuple[list[Program], list[list]]:
     """One program per stage from the one-device step `program` (running `graph`, whose nodes give the costs), and
-    each stage's phases (`stage_phases`)."""
+    each stage's block runs (`block_runs`)."""
     roles = _roles(program, spec)
     stages, home = _stages(program, graph, roles, spec)
     blocks = [_blocks(program, roles, stages, spec, s) for s in range(spec.stages)]
     sequences = _with_transfers(program, blocks, home, spec)
     _check_no_deadlock(sequences)
     return ([_stage_program(program, sequence, home, spec, s) for s, sequence in enumerate(sequences)],
-            [stage_phases(stage_blocks, sequence) for stage_blocks, sequence in zip(blocks, sequences)])
+            [block_runs(stage_blocks, sequence) for stage_blocks, sequence in zip(blocks, sequences)])
 
 
-def stage_phases(blocks, sequence: list[Instruction]) -> list[list]:
+def block_runs(blocks, sequence: list[Instruction]) -> list[list]:
     """A stage's program in runs of one phase, [phase, micro-batch or None, instruction count] in order (what
-    plan.json's pipeline "phases" holds per stage, for the step's predicted and measured timelines): "once",
+    plan.json's pipeline "phases" holds per stage, for the step's timeline, compiler/step_timeline.py): "once",
     "F", "B" or "update". A Send belongs to the block of the instruction before it, a Recv to the next one's."""
     phase_of = {id(instruction): (phase, m) for phase, m, block in blocks for instruction in block}
     labels: list = [phase_of.get(id(instruction)) for instruction in sequence]

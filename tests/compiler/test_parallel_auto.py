@@ -11,7 +11,7 @@ import pytest
 
 from tessel.compiler.parallel_auto import (Alternative, auto_micro_batches, choose, record_measured, record_run,
                                            report_markdown, write_report)
-from tessel.compiler.pipeline_programs import stage_phases as block_runs
+from tessel.compiler.pipeline_programs import block_runs
 from tessel.compiler.plots.step_gantt import write_step_gantt
 from tessel.compiler.options import CompileError
 from tessel.compiler.step_timeline import (ALLREDUCE, BACKWARD, FORWARD, TRANSFER, UPDATE, WAIT, WorkerProgram,
