@@ -209,3 +209,86 @@ def test_tessel_train_parallel_auto_on_two_workers(tmp_path):
     assert auto["measured"]["step_s"] > 0
     text = (run / "reports" / "parallel_auto.md").read_text()
     assert "## Measured" in text and (run / "reports" / "step_gantt.png").is_file()
+
+
+def _deadlocks(*args):
+    raise ValueError("the step's programs would deadlock")
+
+
+class _FakeTrainer:
+    """What compile_auto reads of a compiled Trainer; `closed` once closed."""
+
+    def __init__(self, directory, **how):
+        self.how, self.closed = how, False
+        self.step_artifact = SimpleNamespace(directory=directory)
+        self.names = SimpleNamespace(parameters=["w"])
+
+    def round_trip_s(self):
+        return 1e-4
+
+    def close(self):
+        self.closed = True
+
+
+def _fake_auto(monkeypatch, tmp_path, predicted: dict, fail_pipeline: bool = False, compiled: list | None = None,
+               fail_prediction: bool = False):
+    """compile_auto with its compiles and predictions replaced: `predicted` seconds by alternative name (with
+    `fail_pipeline` the pipeline does not compile; with `fail_prediction` the pipeline's prediction fails); the fake
+    trainers compiled (into `compiled`), in order."""
+    from tessel.compiler import parallel_auto
+
+    compiled = [] if compiled is None else compiled
+
+    def compile_training(model, **how):
+        if fail_pipeline and how.get("parallel") == "pipeline":
+            raise CompileError("cannot cut")
+        directory = tmp_path / f"artifact{len(compiled)}"
+        (directory / "reports").mkdir(parents=True)
+        compiled.append(_FakeTrainer(directory, **how))
+        return compiled[-1]
+
+    def alternative(name, parallel, schedule=None, runnable=True):
+        return Alternative(name, parallel, schedule, predicted[name], "measured", runnable=runnable,
+                           bubble={"predicted": 0.2, "simulated": 0.3, "busy_s": [1e-3]} if schedule else {})
+
+    first, second = _two_stages()
+    timeline = simulate([first, second], lambda call: 1e-3, LINK, allreduce_s=LINK.seconds)
+    monkeypatch.setattr(parallel_auto, "_measured", lambda link: (LINK, "given"))
+    monkeypatch.setattr(parallel_auto, "_step_kernel_times", lambda artifact, workers: {})
+    monkeypatch.setattr(parallel_auto, "_whole_batch", lambda trainer: 16)
+    monkeypatch.setattr(parallel_auto, "predict_data", lambda *a: (alternative("data", "data"), timeline))
+    monkeypatch.setattr(parallel_auto, "predict_ps", lambda *a: alternative("parameter server", "ps", runnable=False))
+    monkeypatch.setattr(parallel_auto, "predict_pipeline", _deadlocks if fail_prediction else (
+        lambda artifact, times, link, schedule, host: (alternative(f"pipeline {schedule}", "pipeline", schedule),
+                                                      timeline)))
+    trainer = parallel_auto.compile_auto(compile_training, "model.onnx", {"loss": "mse"}, {"devices": 2}, 1, "auto",
+                                         False)
+    return trainer, compiled
+
+
+def test_auto_compiles_1f1b_only_when_chosen_and_closes_the_others(monkeypatch, tmp_path):
+    predicted = {"data": 3e-3, "parameter server": 1e-3, "pipeline gpipe": 2e-3, "pipeline 1f1b": 1.5e-3}
+    trainer, compiled = _fake_auto(monkeypatch, tmp_path, predicted)
+    assert [t.how.get("parallel", "data") for t in compiled] == ["data", "pipeline", "pipeline"]
+    assert compiled[1].how["schedule"] == "gpipe" and compiled[1].how["micro_batches"] == 8
+    assert compiled[2].how["schedule"] == "1f1b" and compiled[2].how["micro_batches"] == 8
+    assert trainer is compiled[2] and not trainer.closed and compiled[0].closed and compiled[1].closed
+    reports = tmp_path / "artifact2" / "reports"
+    assert "| pipeline 1f1b **(chosen)** | 1.500 ms |" in (reports / "parallel_auto.md").read_text()
+    assert (reports / "step_gantt.png").is_file()
+
+
+def test_auto_trains_data_parallel_when_the_pipeline_cannot_be_cut(monkeypatch, tmp_path):
+    predicted = {"data": 3e-3, "parameter server": 1e-3}
+    trainer, compiled = _fake_auto(monkeypatch, tmp_path, predicted, fail_pipeline=True)
+    assert trainer is compiled[0] and len(compiled) == 1 and not trainer.closed
+    text = (tmp_path / "artifact0" / "reports" / "parallel_auto.md").read_text()
+    assert "| data **(chosen)** |" in text and "| pipeline gpipe | - | - | - | cannot cut |" in text
+
+
+def test_a_failing_prediction_closes_every_compiled_trainer(monkeypatch, tmp_path):
+    compiled = []
+    with pytest.raises(ValueError, match="deadlock"):
+        _fake_auto(monkeypatch, tmp_path, {"data": 1e-3, "parameter server": 1e-3}, compiled=compiled,
+                   fail_prediction=True)
+    assert len(compiled) == 2 and all(t.closed for t in compiled)
