@@ -26,6 +26,7 @@ import onnxruntime as ort  # noqa: E402
 from onnx.backend.test.case.node import collect_testcases  # noqa: E402
 
 from tessel import ir  # noqa: E402
+from tessel.ir.shape_operands import shape_deciding_inputs  # noqa: E402
 
 OUTCOMES = ("pass", "unsupported", "import", "verify", "export", "runtime", "mismatch", "ort-cannot-run-original")
 
@@ -61,6 +62,15 @@ def _op_of(case) -> str:
     return max(named, key=len) if named else "(multi-op: " + "+".join(ops) + ")"
 
 
+def import_case(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> tuple[ir.Graph, dict[str, np.ndarray]]:
+    """The test's model imported with its inputs' shapes bound, and the feeds its graph still takes: the inputs
+    that decide shapes (Reshape's shape, Reduce axes, ...) are given as values when compiling, as a user would."""
+    values = {name: feeds[name] for name in shape_deciding_inputs(model) if name in feeds}
+    shapes = {name: array.shape for name, array in feeds.items() if name not in values}
+    graph = ir.from_onnx(model, shapes, input_values=values)
+    return graph, {name: array for name, array in feeds.items() if name not in values}
+
+
 def run_case(case) -> tuple[str, str]:
     """(outcome, detail) of one node test; outcome is one of OUTCOMES."""
     model = case.model
@@ -70,9 +80,8 @@ def run_case(case) -> tuple[str, str]:
     if any(not isinstance(a, np.ndarray) for a in feeds_list) or any(not isinstance(a, np.ndarray) for a in expected_list):
         return "unsupported", "inputs or outputs are sequences or optionals"
     feeds = dict(zip(inputs, feeds_list))
-    shapes = {name: array.shape for name, array in feeds.items()}
     try:
-        graph = ir.from_onnx(model, shapes)
+        graph, run_feeds = import_case(model, feeds)
     except ir.UnsupportedModelError as exc:
         return "unsupported", str(exc)
     except ir.VerificationError as exc:
@@ -87,7 +96,7 @@ def run_case(case) -> tuple[str, str]:
         return "export", f"{type(exc).__name__}: {exc}"
     rtol, atol = getattr(case, "rtol", 1e-3), getattr(case, "atol", 1e-7)
     try:
-        got = _session(data).run(None, feeds)
+        got = _session(data).run(None, run_feeds)
     except Exception as exc:  # noqa: BLE001
         original_ok, reason = _original_runs(model, feeds, expected_list, rtol, atol)
         return ("runtime" if original_ok else "ort-cannot-run-original"), reason or f"{type(exc).__name__}: {exc}"

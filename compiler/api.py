@@ -73,7 +73,7 @@ def compile(  # noqa: A001 - the contract names it compile
     machine = prepare_machine(options)
     started = time.perf_counter()
     model, input_shapes = load_model(model_or_path, options)
-    graph = ir.from_onnx(model, input_shapes)
+    graph = ir.from_onnx(model, input_shapes, input_values=options.input_values)
     source = ModelSource(model_name(model_or_path, model), model, model_or_path, input_defaults(model),
                          time.perf_counter() - started)
     return compile_graph(graph, options, machine, source, progress=progress, profile_progress=profile_progress)

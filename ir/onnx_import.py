@@ -27,6 +27,7 @@ from .evaluate import evaluate
 from .graph import Graph, Value
 from .onnx_normalize import RENAMED, ImportProblem, RawNode, normalize
 from .schema import CANONICAL_OPSET, TESSEL_DOMAIN, InferenceFailure, get_schema, same_form_as_canonical, unsupported_reason
+from .shape_operands import shape_operand_positions
 from .types import TensorType, dtype_from_onnx, dtype_to_onnx, numpy_dtype, onnx_type_name
 from .verify import verify
 
@@ -37,6 +38,7 @@ FOLD_LIMIT = 1 << 16
 EMPTY_FOLD_LIMIT = 1 << 24
 
 InputShapes = Mapping[str, Sequence[int]]
+InputValues = Mapping[str, Any]
 
 
 def load_model(model_or_path: "onnx.ModelProto | bytes | str | os.PathLike") -> onnx.ModelProto:
@@ -312,10 +314,14 @@ def input_defaults(model: onnx.ModelProto) -> dict[str, np.ndarray]:
 
 
 def from_onnx(model_or_path: "onnx.ModelProto | bytes | str | os.PathLike", input_shapes: InputShapes | None = None,
-              *, training: bool = False) -> Graph:
+              *, training: bool = False, input_values: InputValues | None = None) -> Graph:
     """Import an ONNX model as a verified Tessel graph in which every tensor has a static shape.
 
-    `input_shapes` binds symbolic input dimensions, e.g. {"x": (1, 3, 640, 640)}.
+    `input_shapes` binds symbolic input dimensions (dim_param, or a dim_value of -1), e.g. {"x": (1, 3, 640, 640)};
+    a declared size of 0 takes the bound size too (exporters write 0 for "unknown").
+    `input_values` gives the values of inputs known when compiling, e.g. {"shape": np.array([1, -1])}: each
+    becomes a constant (cast to the input's declared element type), so the nodes it feeds fold, and it is no
+    longer an input of the graph. Inputs that decide shapes (Reshape's shape, Reduce axes, ...) need one.
     `training` imports for passes/training_mode.py: float initializers stay constants under their own
     names (listed in `graph.initializers`) that no node is folded with, so gradients can reach them, and
     BatchNormalization in training mode is accepted.
@@ -325,7 +331,7 @@ def from_onnx(model_or_path: "onnx.ModelProto | bytes | str | os.PathLike", inpu
     model = load_model(model_or_path)
     importer = _Importer(CANONICAL_OPSET, training)
     try:
-        graph = importer.import_model(model, dict(input_shapes or {}))
+        graph = importer.import_model(model, dict(input_shapes or {}), dict(input_values or {}))
     except TesselError:
         raise
     except RecursionError as exc:
@@ -363,7 +369,8 @@ class _Importer:
         self.kept: set[int] = set()
 
     # ---- graphs -----------------------------------------------------------
-    def import_model(self, model: onnx.ModelProto, input_shapes: dict[str, Sequence[int]]) -> Graph:
+    def import_model(self, model: onnx.ModelProto, input_shapes: dict[str, Sequence[int]],
+                     input_values: dict[str, Any]) -> Graph:
         check_versions(model)
         unsupported = find_unsupported(model)
         if unsupported:
@@ -378,14 +385,17 @@ class _Importer:
         defaults = input_defaults(model)
         frozen = {t.name for t in proto.initializer} - set(defaults)
         real_inputs = [vi for vi in proto.input if vi.name not in frozen]
-        unknown = sorted(set(input_shapes) - {vi.name for vi in real_inputs})
-        if unknown:
-            names = ", ".join(repr(vi.name) for vi in real_inputs) or "none"
-            raise ShapeBindingError(f"input shape given for {', '.join(map(repr, unknown))}, but the model's inputs are {names}")
+        for given, what in ((input_shapes, "input shape"), (input_values, "input value")):
+            unknown = sorted(set(given) - {vi.name for vi in real_inputs})
+            if unknown:
+                names = ", ".join(repr(vi.name) for vi in real_inputs) or "none"
+                raise ShapeBindingError(f"{what} given for {', '.join(map(repr, unknown))}, but the model's inputs are {names}")
         scope: dict[str, Value] = {}
         for vi in real_inputs:
             self.where = f"input '{vi.name}'"
-            if vi.name in defaults:
+            if vi.name in input_values:
+                scope[vi.name] = graph.add_constant(vi.name, _input_value(vi, input_values[vi.name], input_shapes.get(vi.name)))
+            elif vi.name in defaults:
                 scope[vi.name] = graph.add_input(vi.name, _default_input_type(vi, defaults[vi.name], input_shapes.get(vi.name)))
             else:
                 scope[vi.name] = graph.add_input(vi.name, _input_type(vi, input_shapes.get(vi.name)))
@@ -518,7 +528,7 @@ class _Importer:
         except InferenceFailure as exc:
             raise ModelImportError(
                 f"{self.where}: cannot infer a static output type ({exc}); inputs are "
-                + ", ".join(str(t) if t is not None else "-" for t in types)
+                + ", ".join(str(t) if t is not None else "-" for t in types) + _run_time_shape_operands(raw)
             ) from exc
         out_types = [t if name else None for t, name in zip(out_types, raw.outputs)]
         self._check_sizes(out_types)
@@ -675,23 +685,44 @@ def _free_names(node: onnx.NodeProto) -> set[str]:
     return free
 
 
-def _input_type(vi: onnx.ValueInfoProto, bound: Sequence[int] | None) -> TensorType:
-    name = vi.name
+def declared_shape(tensor: onnx.TypeProto.Tensor) -> list[int | str | None]:
+    """An ONNX tensor type's dimensions: a size, a symbol (dim_param), or None where unknown.
+
+    A negative dim_value is unknown too: Paddle2ONNX and others write -1 for a dynamic axis.
+    """
+    return [(d.dim_value if d.dim_value >= 0 else None) if d.HasField("dim_value") else (d.dim_param or None)
+            for d in tensor.shape.dim]
+
+
+def _fits(declared: int | str | None, size: int) -> bool:
+    """Whether an axis declared `declared` takes `size`: a symbol, an unknown and a 0 ("unknown" to some
+    exporters) take any size."""
+    return not isinstance(declared, int) or declared in (0, size)
+
+
+def _tensor_input(vi: onnx.ValueInfoProto) -> tuple[str, onnx.TypeProto.Tensor]:
+    """A graph input's Tessel element type and ONNX tensor type; ModelImportError when it is not a tensor Tessel takes."""
     if not vi.type.HasField("tensor_type"):
-        raise ModelImportError(f"input '{name}' is not a tensor (sequence, map or optional inputs are not supported)")
+        raise ModelImportError(f"input '{vi.name}' is not a tensor (sequence, map or optional inputs are not supported)")
     tensor = vi.type.tensor_type
     try:
-        dtype = dtype_from_onnx(tensor.elem_type)
+        return dtype_from_onnx(tensor.elem_type), tensor
     except KeyError:
-        raise ModelImportError(f"input '{name}' has element type {onnx_type_name(tensor.elem_type)}, which Tessel does not support") from None
-    declared = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim]
+        raise ModelImportError(f"input '{vi.name}' has element type {onnx_type_name(tensor.elem_type)}, "
+                               "which Tessel does not support") from None
+
+
+def _input_type(vi: onnx.ValueInfoProto, bound: Sequence[int] | None) -> TensorType:
+    name = vi.name
+    dtype, tensor = _tensor_input(vi)
+    declared = declared_shape(tensor)
     has_shape = tensor.HasField("shape")
     if bound is not None:
         bound = _check_bound_shape(name, bound)
         if has_shape and len(bound) != len(declared):
             raise ShapeBindingError(f"input '{name}' has rank {len(declared)} in the model, but the given shape {_dims(bound)} has rank {len(bound)}")
         for axis, (want, have) in enumerate(zip(declared, bound)):
-            if isinstance(want, int) and want != have:
+            if not _fits(want, have):
                 raise ShapeBindingError(f"input '{name}' axis {axis} is {want} in the model, but the given shape {_dims(bound)} says {have}")
         return TensorType(dtype, tuple(bound))
     if not has_shape:
@@ -706,11 +737,59 @@ def _input_type(vi: onnx.ValueInfoProto, bound: Sequence[int] | None) -> TensorT
     return TensorType(dtype, tuple(declared))
 
 
+def _input_value(vi: onnx.ValueInfoProto, value: Any, bound: Sequence[int] | None) -> np.ndarray:
+    """The value given for a graph input, as a constant of the input's element type and declared shape.
+
+    A single number given for an input of rank one or more fills its shape of ones (TopK's k is [1]).
+    """
+    name = vi.name
+    dtype, tensor = _tensor_input(vi)
+    target = np.dtype(numpy_dtype(dtype))
+    array = np.asarray(value)
+    if array.dtype.kind not in "biuf":
+        raise ShapeBindingError(f"input value for '{name}' must be numbers, got {array.dtype} {value!r}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # NaN or infinity cast to an integer: refused below
+        converted = array.astype(target)
+    if target.kind in "biu" and not np.array_equal(converted, array):
+        raise ShapeBindingError(f"input value for '{name}' ({_brief(array)}) does not fit the input's element type {dtype}")
+    declared = declared_shape(tensor)
+    if tensor.HasField("shape") and converted.ndim != len(declared) and converted.size == 1:
+        converted = converted.reshape((1,) * len(declared))
+    shape_ok = not tensor.HasField("shape") or (
+        converted.ndim == len(declared) and all(_fits(d, n) for d, n in zip(declared, converted.shape)))
+    if not shape_ok:
+        want = _dims(tuple(d if isinstance(d, int) else "N" for d in declared))
+        raise ShapeBindingError(f"input value for '{name}' has shape {_dims(converted.shape)}; the model declares {want}")
+    if bound is not None and _check_bound_shape(name, bound) != converted.shape:
+        raise ShapeBindingError(f"input '{name}': the given shape {_dims(tuple(bound))} differs from its given value's "
+                                f"shape {_dims(converted.shape)}; give one of the two")
+    return converted
+
+
+def _brief(array: np.ndarray) -> str:
+    text = np.array2string(array.reshape(-1)[:8], separator=",")
+    return text if array.size <= 8 else text[:-1] + ",...]"
+
+
+def _run_time_shape_operands(raw: RawNode) -> str:
+    """A hint naming the graph inputs among a node's shape operands, whose values are known only at run time."""
+    positions = shape_operand_positions(raw.op_type, CANONICAL_OPSET)
+    names = [raw.inputs[k].name for k in positions
+             if k < len(raw.inputs) and raw.inputs[k] is not None and raw.inputs[k].is_graph_input]
+    if not names:
+        return ""
+    flags = " ".join(f"--input-value {n}=..." for n in names)
+    return (f"; {', '.join(map(repr, names))} decide{'s' if len(names) == 1 else ''} its output shape but "
+            f"{'is a graph input' if len(names) == 1 else 'are graph inputs'}: give the value when compiling ({flags}, "
+            "or input_values=)")
+
+
 def _default_input_type(vi: onnx.ValueInfoProto, default: np.ndarray, bound: Sequence[int] | None) -> TensorType:
     """The type of a graph input whose initializer is its default: the default's, which the declared type must admit."""
     value_type = TensorType.of(default)
     tensor = vi.type.tensor_type
-    declared = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+    declared = [d if isinstance(d, int) else None for d in declared_shape(tensor)]
     admits = (vi.type.HasField("tensor_type") and tensor.elem_type == dtype_to_onnx(value_type.dtype)
               and (not tensor.HasField("shape") or (len(declared) == value_type.rank
                                                     and all(d in (None, v) for d, v in zip(declared, value_type.shape)))))
