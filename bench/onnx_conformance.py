@@ -76,7 +76,9 @@ def run_case(case) -> tuple[str, str]:
     model = case.model
     initializer_names = {t.name for t in model.graph.initializer}
     inputs = [vi.name for vi in model.graph.input if vi.name not in initializer_names]
-    feeds_list, expected_list = case.data_sets[0] if case.data_sets else ([], [])
+    # A 0-d input or output is stored as a numpy scalar: a tensor all the same.
+    feeds_list, expected_list = ([np.asarray(a) if isinstance(a, np.generic) else a for a in part]
+                                 for part in (case.data_sets[0] if case.data_sets else ([], [])))
     if any(not isinstance(a, np.ndarray) for a in feeds_list) or any(not isinstance(a, np.ndarray) for a in expected_list):
         return "unsupported", "inputs or outputs are sequences or optionals"
     feeds = dict(zip(inputs, feeds_list))

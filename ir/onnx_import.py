@@ -26,7 +26,9 @@ from .errors import ModelImportError, ModelLoadError, ShapeBindingError, TesselE
 from .evaluate import evaluate
 from .graph import Graph, Value
 from .onnx_normalize import RENAMED, ImportProblem, RawNode, normalize
-from .schema import CANONICAL_OPSET, TESSEL_DOMAIN, InferenceFailure, get_schema, same_form_as_canonical, unsupported_reason
+from .onnx_functions import expand, function_body, has_function, plain_function_body
+from .onnx_proto import type_proto
+from .schema import CANONICAL_OPSET, TESSEL_DOMAIN, InferenceFailure, added_attributes, get_schema, unsupported_reason
 from .shape_operands import shape_operand_positions
 from .types import TensorType, dtype_from_onnx, dtype_to_onnx, numpy_dtype, onnx_type_name
 from .verify import verify
@@ -209,7 +211,7 @@ def find_unsupported(model: onnx.ModelProto) -> list[tuple[str, str, int, str, s
     counts: Counter = Counter()
     first: dict[tuple[str, str], tuple[str, str]] = {}
     for index, node in enumerate(walk_onnx_nodes(model.graph)):
-        reason = _unsupported_reason(node.op_type, node.domain, opset)
+        reason = _unsupported_reason(node, opset)
         if reason is None:
             continue
         key = (node.op_type, node.domain)
@@ -218,8 +220,14 @@ def find_unsupported(model: onnx.ModelProto) -> list[tuple[str, str, int, str, s
     return [(op, domain, counts[(op, domain)], name, reason) for (op, domain), (name, reason) in first.items()]
 
 
-def _unsupported_reason(op_type: str, domain: str, opset: int | None) -> str | None:
-    """None when the op is supported at this opset; else why not."""
+def _unsupported_reason(node: onnx.NodeProto, opset: int | None) -> str | None:
+    """None when the node's op is supported at this opset; else why not.
+
+    A version newer than the canonical opset is supported when it only added attributes that the node leaves
+    at their defaults, or when ONNX defines it as a function (imported as its body, whose ops must be supported;
+    a body that depends on the input types is checked when it is imported).
+    """
+    op_type, domain = node.op_type, node.domain
     if domain not in ("", "ai.onnx"):
         return unsupported_reason(op_type, domain)
     if opset is None:
@@ -228,11 +236,38 @@ def _unsupported_reason(op_type: str, domain: str, opset: int | None) -> str | N
         version = defs.get_schema(op_type, opset, "").since_version
     except defs.SchemaError:
         return f"not an ONNX op at opset {opset}"
-    if version > CANONICAL_OPSET and not same_form_as_canonical(op_type, opset):
-        return f"op version {version} changed its inputs or attributes after opset {CANONICAL_OPSET}"
+    if version > CANONICAL_OPSET and expands_to_function(node, opset):
+        body = plain_function_body(op_type, opset)
+        for inner in body.node if body is not None else ():
+            reason = _unsupported_reason(inner, opset)
+            if reason is not None:
+                return f"its function body uses {inner.op_type}: {reason}"
+        return None
+    if version > CANONICAL_OPSET:
+        added = added_attributes(op_type, opset)
+        if added is None:
+            return f"op version {version} changed its inputs or attributes after opset {CANONICAL_OPSET}"
+        for attr in node.attribute:
+            if attr.name in added and helper.get_attribute_value(attr) != helper.get_attribute_value(added[attr.name]):
+                return (f"attribute '{attr.name}' (added in op version {version}) is set to "
+                        f"{helper.get_attribute_value(attr)!r}; only its default is supported")
     if get_schema(op_type) is None and op_type not in RENAMED:
         return unsupported_reason(op_type, domain)
     return None
+
+
+def expands_to_function(node: onnx.NodeProto, opset: int) -> bool:
+    """Whether the node imports as its ONNX function body: its op's version at `opset` is newer than the
+    canonical opset, defined as a function, and not just the canonical version with new attributes left at
+    their defaults."""
+    if node.domain not in ("", "ai.onnx") or not has_function(node.op_type, opset):
+        return False
+    if defs.get_schema(node.op_type, opset, "").since_version <= CANONICAL_OPSET:
+        return False
+    added = added_attributes(node.op_type, opset)
+    return added is None or any(
+        a.name in added and helper.get_attribute_value(a) != helper.get_attribute_value(added[a.name])
+        for a in node.attribute)
 
 
 def newest_opset() -> int:
@@ -452,6 +487,12 @@ class _Importer:
             return
         inputs = [scope[n] if n else None for n in proto.input]
         version = defs.get_schema(proto.op_type, self.opset, "").since_version
+        if expands_to_function(proto, self.opset):
+            self._import_function(proto, name, graph, scope, read_names)
+            return
+        if version > CANONICAL_OPSET:
+            for added in added_attributes(proto.op_type, self.opset) or ():
+                attrs.pop(added, None)  # at its default (find_unsupported checked): the canonical form
         raw = RawNode(name, proto.op_type, attrs, inputs, list(proto.output), {"used_names": read_names, "training": self.training})
         try:
             raw = normalize(raw, version, _Context(self, graph))
@@ -464,6 +505,28 @@ class _Importer:
         for out_name, value in zip(raw.outputs, values):
             if out_name:
                 scope[out_name] = value
+
+    def _import_function(self, proto: onnx.NodeProto, name: str, graph: Graph, scope, read_names) -> None:
+        """Import a node as the nodes of its ONNX function body (ir/onnx_functions.py)."""
+        where = self.where
+        types = [type_proto(scope[n].type) if n else onnx.TypeProto() for n in proto.input]
+        try:
+            body = function_body(proto, self.opset, types)
+        except (ValueError, RuntimeError, onnx.defs.SchemaError) as exc:
+            raise ModelImportError(f"{where}: cannot build its ONNX function body: {exc}") from exc
+        unsupported = [(n.op_type, n.domain, 1, f"{name}/{n.name or n.op_type}", reason) for n in body.node
+                       if (reason := _unsupported_reason(n, self.opset)) is not None]
+        if unsupported:
+            raise UnsupportedModelError(unsupported)
+        try:
+            nodes = expand(proto, body, self.opset, name)
+        except ValueError as exc:
+            raise ModelImportError(f"{where}: {exc}") from exc
+        read = set(read_names) | {n for node in nodes for n in node.input}
+        for node in nodes:
+            self.where = f"{where}, function body node '{node.name}' ({node.op_type})"
+            self._import_node(node, node.name, graph, scope, read)
+        self.where = where
 
     def _import_if(self, raw: RawNode, graph: Graph, scope) -> list[Value | None]:
         if not {"then_branch", "else_branch"} <= set(raw.attrs) or len(raw.inputs) != 1:
@@ -746,7 +809,7 @@ def _input_value(vi: onnx.ValueInfoProto, value: Any, bound: Sequence[int] | Non
     dtype, tensor = _tensor_input(vi)
     target = np.dtype(numpy_dtype(dtype))
     array = np.asarray(value)
-    if array.dtype.kind not in "biuf":
+    if array.dtype.kind not in "biuf" and array.dtype != target:
         raise ShapeBindingError(f"input value for '{name}' must be numbers, got {array.dtype} {value!r}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # NaN or infinity cast to an integer: refused below

@@ -34,6 +34,8 @@ _SHAPE_OPERANDS: dict[str, frozenset[str]] = {
     "Col2Im": frozenset({"image_shape", "block_shape"}),
     "AffineGrid": frozenset({"size"}),
     "Compress": frozenset({"condition"}),
+    "CumSum": frozenset({"axis"}),
+    "CumProd": frozenset({"axis"}),
     "MaxUnpool": frozenset({"output_shape"}),
     "DFT": frozenset({"dft_length", "axis"}),
     "STFT": frozenset({"frame_step", "frame_length"}),
@@ -60,7 +62,8 @@ def shape_deciding_inputs(model: onnx.ModelProto) -> dict[str, list[str]]:
     """The graph inputs whose values decide a shape, each with the operands it reaches ("Reshape 'r' shape").
 
     An input decides a shape when a shape operand is computed from its values, through any chain of
-    nodes (but not through Shape or Size, which read only shapes). Subgraphs are not searched.
+    nodes (but not through Shape or Size, which read only shapes) and the subgraphs of If nodes that compute
+    it; shape operands inside subgraphs are not searched.
     """
     graph = model.graph
     opset = next((e.version for e in model.opset_import if e.domain in ("", "ai.onnx")), 0)
@@ -93,3 +96,14 @@ def _sources(name: str, producers: dict[str, onnx.NodeProto], inputs: set[str]) 
         node = producers.get(current)
         if node is not None and node.op_type not in _SHAPE_ONLY:
             stack.extend(n for n in node.input if n)
+            stack.extend(_read_in_subgraphs(node))
+
+
+def _read_in_subgraphs(node: onnx.NodeProto) -> Iterable[str]:
+    """Every name the node's subgraphs read (an If branch reads the enclosing graph's values by name)."""
+    for attr in node.attribute:
+        for graph in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+            for inner in graph.node:
+                yield from (n for n in inner.input if n)
+                yield from _read_in_subgraphs(inner)
+            yield from (vi.name for vi in graph.output)
