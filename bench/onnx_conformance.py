@@ -62,13 +62,12 @@ def _op_of(case) -> str:
     return max(named, key=len) if named else "(multi-op: " + "+".join(ops) + ")"
 
 
-def import_case(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> tuple[ir.Graph, dict[str, np.ndarray]]:
-    """The test's model imported with its inputs' shapes bound, and the feeds its graph still takes: the inputs
-    that decide shapes (Reshape's shape, Reduce axes, ...) are given as values when compiling, as a user would."""
+def bound_inputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]):
+    """How a test's inputs are given to Tessel, as a user would: (input shapes, input values known when compiling,
+    the feeds left for the run). The inputs that decide shapes (Reshape's shape, Reduce axes, ...) are values."""
     values = {name: feeds[name] for name in shape_deciding_inputs(model) if name in feeds}
-    shapes = {name: array.shape for name, array in feeds.items() if name not in values}
-    graph = ir.from_onnx(model, shapes, input_values=values)
-    return graph, {name: array for name, array in feeds.items() if name not in values}
+    run_feeds = {name: array for name, array in feeds.items() if name not in values}
+    return {name: array.shape for name, array in run_feeds.items()}, values, run_feeds
 
 
 def run_case(case) -> tuple[str, str]:
@@ -83,7 +82,8 @@ def run_case(case) -> tuple[str, str]:
         return "unsupported", "inputs or outputs are sequences or optionals"
     feeds = dict(zip(inputs, feeds_list))
     try:
-        graph, run_feeds = import_case(model, feeds)
+        shapes, values, run_feeds = bound_inputs(model, feeds)
+        graph = ir.from_onnx(model, shapes, input_values=values)
     except ir.UnsupportedModelError as exc:
         return "unsupported", str(exc)
     except ir.VerificationError as exc:
