@@ -23,7 +23,7 @@ from tessel.backends.cache import KernelCache
 from tessel.backends.lowering import LoweringError
 from tessel.backends.target import parse_target
 from tessel.backends.tvm_env import version as tvm_version
-from tessel.ir.onnx_import import input_defaults, with_batch
+from tessel.ir.onnx_import import bind_input_values, input_defaults, with_batch
 from tessel.passes.base import Pass
 from tessel.runtime.calibrate import load_link
 from tessel.runtime.instructions import kernel_call_count
@@ -74,7 +74,10 @@ def compile(  # noqa: A001 - the contract names it compile
     started = time.perf_counter()
     model, input_shapes = load_model(model_or_path, options)
     graph = ir.from_onnx(model, input_shapes, input_values=options.input_values)
-    source = ModelSource(model_name(model_or_path, model), model, model_or_path, input_defaults(model),
+    if options.input_values:  # the model as compiled, with those inputs constants: what `run --check` compares with
+        model = bind_input_values(model, options.input_values)
+    origin = model if options.input_values else model_or_path
+    source = ModelSource(model_name(model_or_path, model), model, origin, input_defaults(model),
                          time.perf_counter() - started)
     return compile_graph(graph, options, machine, source, progress=progress, profile_progress=profile_progress)
 

@@ -154,6 +154,28 @@ def with_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
     return copy
 
 
+def bind_input_values(model: onnx.ModelProto, values: InputValues) -> onnx.ModelProto:
+    """A copy of the model whose inputs named in `values` are initializers holding those values (cast to each
+    input's element type and checked as `from_onnx(input_values=...)` does): the model as compiled with them."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    graph = copy.graph
+    by_name = {vi.name: vi for vi in graph.input}
+    unknown = sorted(set(values) - set(by_name))
+    if unknown:
+        raise ShapeBindingError(f"input value given for {', '.join(map(repr, unknown))}, but the model's inputs are "
+                                f"{', '.join(repr(vi.name) for vi in graph.input) or 'none'}")
+    arrays = {name: _input_value(by_name[name], value, None) for name, value in values.items()}
+    kept = [t for t in graph.initializer if t.name not in arrays]  # a default the value replaces
+    del graph.initializer[:]
+    graph.initializer.extend(kept + [numpy_helper.from_array(array, name) for name, array in arrays.items()])
+    if model.ir_version >= 4:  # before IR 4 every initializer is also listed among the inputs
+        inputs = [vi for vi in graph.input if vi.name not in arrays]
+        del graph.input[:]
+        graph.input.extend(inputs)
+    return copy
+
+
 def _unpin_reshape_batch(graph: onnx.GraphProto) -> None:
     """Exporters often write Reshape(x, [1, ...]) for a batch of one: the leading 1 becomes -1.
 

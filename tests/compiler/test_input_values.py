@@ -101,14 +101,17 @@ def test_compile_values_are_arrays_one_number_or_a_list():
         parse_compile_values(["shape=2,x"])
 
 
-def test_a_model_with_free_dims_compiles_for_the_bound_shape_and_equals_onnxruntime(tmp_path, kernel_cache):
+def test_a_model_with_free_dims_compiles_for_the_bound_shape_and_equals_onnxruntime(tmp_path, kernel_cache, capsys):
     path = _free_dims_model(tmp_path / "free.onnx")
     values = {"axes": np.array([1]), "shape": np.array([2, -1])}
     artifact = compile_model(path, input_shapes={"x": (2, 3, 4, 5)}, input_values=values, cache_dir=kernel_cache,
-                             profile=False)
+                             profile=False, keep_model=True)
     assert sorted(artifact.batch_input_types()) == ["x"]
     x = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32)
     assert_matches_onnxruntime(artifact.run({"x": x}), run_onnxruntime(path, {"x": x, **values}))
+    # the kept model is the model as compiled, the values its initializers: --check needs no --input-value
+    assert main(["run", str(artifact.save(tmp_path / "art")), "--check"]) == 0
+    assert "check: ok" in capsys.readouterr().out
 
 
 def test_cli_compile_takes_input_values_and_refuses_bad_ones_in_one_line(tmp_path, capsys):
