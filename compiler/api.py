@@ -23,7 +23,7 @@ from tessel.backends.cache import KernelCache
 from tessel.backends.lowering import LoweringError
 from tessel.backends.target import parse_target
 from tessel.backends.tvm_env import version as tvm_version
-from tessel.ir.onnx_import import bind_input_values, input_defaults, with_batch
+from tessel.ir.onnx_import import bind_input_values, declared_shape, input_defaults, with_batch
 from tessel.passes.base import Pass
 from tessel.runtime.calibrate import load_link
 from tessel.runtime.instructions import kernel_call_count
@@ -309,10 +309,10 @@ def whole_input_shapes(proto, shapes: Mapping[str, tuple[int, ...]]) -> dict[str
     for value in proto.graph.input:
         if value.name in initializers or value.name in whole:
             continue
-        dims = value.type.tensor_type.shape.dim
-        if not all(d.HasField("dim_value") for d in dims):
+        dims = declared_shape(value.type.tensor_type)
+        if not all(isinstance(d, int) for d in dims):
             raise CompileError(f"training on several devices needs the shape of input '{value.name}' (input_shapes)")
-        whole[value.name] = tuple(d.dim_value for d in dims)
+        whole[value.name] = tuple(dims)
     return whole
 
 
