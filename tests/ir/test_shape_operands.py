@@ -21,3 +21,12 @@ def test_inputs_are_traced_through_nodes_but_not_through_shape():
     m = model(nodes, [("x", F, [6]), ("k", F, [1]), ("z", F, [2, 3])],
               [("v", F, None), ("i", I64, None), ("y", F, None)])
     assert shape_deciding_inputs(m) == {"k": ["TopK '#1' K"]}
+
+
+def test_inputs_read_inside_an_if_branch_that_computes_a_shape_are_found():
+    branch = lambda name: helper.make_graph(  # noqa: E731
+        [helper.make_node("Identity", ["n"], [name])], name, [], [helper.make_tensor_value_info(name, I64, [2])])
+    nodes = [helper.make_node("If", ["c"], ["target"], then_branch=branch("t"), else_branch=branch("e")),
+             helper.make_node("Reshape", ["x", "target"], ["y"])]
+    m = model(nodes, [("x", F, [6]), ("c", 9, []), ("n", I64, [2])], [("y", F, None)])
+    assert shape_deciding_inputs(m) == {"c": ["Reshape '#1' shape"], "n": ["Reshape '#1' shape"]}
