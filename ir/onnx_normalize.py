@@ -185,6 +185,7 @@ def _softmax_family(node, version, ctx):
 
 def _dft(node, version, ctx):
     if version < 20:
+        node.attrs.setdefault("axis", 1)  # DFT-17's default; the input's default became -2
         _attr_to_input(node, ctx, "axis", 2)
     return node
 
