@@ -26,6 +26,7 @@ import onnxruntime as ort  # noqa: E402
 from onnx.backend.test.case.node import collect_testcases  # noqa: E402
 
 from tessel import ir  # noqa: E402
+from tessel.ir.shape_operands import shape_deciding_inputs  # noqa: E402
 
 OUTCOMES = ("pass", "unsupported", "import", "verify", "export", "runtime", "mismatch", "ort-cannot-run-original")
 
@@ -61,18 +62,28 @@ def _op_of(case) -> str:
     return max(named, key=len) if named else "(multi-op: " + "+".join(ops) + ")"
 
 
+def bound_inputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]):
+    """How a test's inputs are given to Tessel, as a user would: (input shapes, input values known when compiling,
+    the feeds left for the run). The inputs that decide shapes (Reshape's shape, Reduce axes, ...) are values."""
+    values = {name: feeds[name] for name in shape_deciding_inputs(model) if name in feeds}
+    run_feeds = {name: array for name, array in feeds.items() if name not in values}
+    return {name: array.shape for name, array in run_feeds.items()}, values, run_feeds
+
+
 def run_case(case) -> tuple[str, str]:
     """(outcome, detail) of one node test; outcome is one of OUTCOMES."""
     model = case.model
     initializer_names = {t.name for t in model.graph.initializer}
     inputs = [vi.name for vi in model.graph.input if vi.name not in initializer_names]
-    feeds_list, expected_list = case.data_sets[0] if case.data_sets else ([], [])
+    # A 0-d input or output is stored as a numpy scalar: a tensor all the same.
+    feeds_list, expected_list = ([np.asarray(a) if isinstance(a, np.generic) else a for a in part]
+                                 for part in (case.data_sets[0] if case.data_sets else ([], [])))
     if any(not isinstance(a, np.ndarray) for a in feeds_list) or any(not isinstance(a, np.ndarray) for a in expected_list):
         return "unsupported", "inputs or outputs are sequences or optionals"
     feeds = dict(zip(inputs, feeds_list))
-    shapes = {name: array.shape for name, array in feeds.items()}
     try:
-        graph = ir.from_onnx(model, shapes)
+        shapes, values, run_feeds = bound_inputs(model, feeds)
+        graph = ir.from_onnx(model, shapes, input_values=values)
     except ir.UnsupportedModelError as exc:
         return "unsupported", str(exc)
     except ir.VerificationError as exc:
@@ -87,7 +98,7 @@ def run_case(case) -> tuple[str, str]:
         return "export", f"{type(exc).__name__}: {exc}"
     rtol, atol = getattr(case, "rtol", 1e-3), getattr(case, "atol", 1e-7)
     try:
-        got = _session(data).run(None, feeds)
+        got = _session(data).run(None, run_feeds)
     except Exception as exc:  # noqa: BLE001
         original_ok, reason = _original_runs(model, feeds, expected_list, rtol, atol)
         return ("runtime" if original_ok else "ort-cannot-run-original"), reason or f"{type(exc).__name__}: {exc}"
