@@ -103,6 +103,28 @@ def test_runs_go_through_shared_memory_slots_that_are_named_nowhere(session, mlp
         np.testing.assert_allclose(outputs["r3"], _expected(f["x"], mlp[1]), rtol=1e-4, atol=1e-4)
 
 
+def _usage(pid) -> tuple[int, int]:
+    """(open files, resident KiB) of process `pid`."""
+    rss = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+               if line.startswith("VmRSS:"))
+    return len(os.listdir(f"/proc/{pid}/fd")), rss
+
+
+def test_a_thousand_runs_leave_no_file_process_or_memory_behind(session):
+    pids = session.worker_pids
+    feeds = _feeds(0)
+    for _ in range(50):
+        session.run(feeds)
+    before = {pid: _usage(pid) for pid in ["self", *pids]}
+    for _ in range(1000):
+        session.run(feeds)
+    after = {pid: _usage(pid) for pid in ["self", *pids]}
+    assert session.worker_pids == pids
+    for pid in before:
+        assert after[pid][0] == before[pid][0], f"open files of {pid}: {before[pid][0]} -> {after[pid][0]}"
+        assert after[pid][1] - before[pid][1] < 4096, f"resident KiB of {pid}: {before[pid][1]} -> {after[pid][1]}"
+
+
 def test_onnxruntime_surface(session, mlp):
     (x,), (y,) = session.get_inputs(), session.get_outputs()
     assert (x.name, x.shape, x.type) == ("x", [16, 256], "tensor(float)")
