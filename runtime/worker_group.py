@@ -5,11 +5,12 @@ session (a Ctrl-C in the terminal reaches the client, which stops them), with
 two pipes: requests in, answers out. A run's tensors do not cross the pipes:
 they go through shared-memory slots (runtime/shared_slots.py, one per request
 in flight: each worker's inputs, rank 0's outputs), and the pipes carry a
-doorbell naming the slot; other requests (state) carry their tensors on the pipe. No thread of its own: answers are read by
-whoever waits (`Request.result`), and by `submit` while the next request waits
-for room in a pipe, so a worker never blocks writing outputs while the client
-writes it a request (large tensors both ways would otherwise deadlock). Each
-answer then costs one wake-up of the waiting thread, not two.
+doorbell naming the slot; other requests (state) carry their tensors on the
+pipe. No thread of its own: answers are read by whoever waits
+(`Request.result`), and by `submit` while the next request waits for room in a
+pipe or for a free slot, so a worker never blocks writing outputs while the
+client writes it a request (large tensors both ways would otherwise deadlock).
+Each answer then costs one wake-up of the waiting thread, not two.
 
 Failures: a worker's own error line, a worker that exits (its answer pipe
 reaches end of file: killed, crashed) or no answer within `timeout` seconds of
