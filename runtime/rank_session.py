@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import weakref
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -25,6 +26,18 @@ import numpy as np
 
 from . import rank_group
 from .errors import ExecutionError, TesselError
+
+
+_attached = False  # whether sessions joined the torchrun group (not `tessel train`, whose followers run steps)
+_open: "weakref.WeakSet[RankSession]" = weakref.WeakSet()  # closed before the followers are told to stop
+_broken = False  # a transfer between the ranks failed: no more commands are sent
+
+
+def attaches_here() -> bool:
+    """Whether a multi-worker session opened in this process attaches to torchrun's ranks: torchrun started it
+    with other ranks, and no training step holds them."""
+    ranks = rank_group.torchrun_rank()
+    return ranks is not None and ranks[1] > 1 and (_attached or not rank_group.attached())
 
 
 class RankSession:
@@ -43,14 +56,21 @@ class RankSession:
         if world != workers:
             raise ExecutionError(f"{directory}: the artifact runs on {workers} workers but torchrun started {world} "
                                  "ranks (--nproc-per-node x --nnodes must equal the artifact's devices)")
-        if not rank_group.attached():
+        if _broken:
+            raise ExecutionError("torchrun's ranks failed in an earlier session; the job must be started again")
+        if len(_open):
+            raise ExecutionError("torchrun's ranks serve one session at a time: close the open one first")
+        global _attached
+        if not _attached:
             rank_group.attach(timeout, rank_group.SESSION_IDLE_S)
+            _attached = True
             atexit.register(_stop_followers)
         self._error: str | None = None
         self._closed = False
         self._guard(rank_group.send_files, Path(directory))
         threads = threads or max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
         self._executor = Executor(directory, threads=threads, worker=0, comm=TorchComm(0, timeout))
+        _open.add(self)
 
     @property
     def pids(self) -> list[int]:
@@ -92,7 +112,8 @@ class RankSession:
         if self._closed:
             return
         self._closed = True
-        if self._error is None:
+        _open.discard(self)
+        if not _broken:
             try:
                 rank_group.send_close()
             except Exception:  # noqa: BLE001 - a follower is gone: torchrun ends the job
@@ -107,13 +128,19 @@ class RankSession:
         try:
             return call(*args)
         except (TesselError, RuntimeError) as exc:
+            global _broken
+            _broken = True
             lines = [line for line in str(exc).splitlines() if line.strip()]
             self._error = lines[0] if lines else type(exc).__name__
             raise ExecutionError(self._error) from None
 
 
 def _stop_followers() -> None:
-    """At rank 0's exit: the followers stop (exit status 0)."""
+    """At rank 0's exit: the sessions still open end, then the followers stop (exit status 0)."""
+    for session in list(_open):
+        session.close()
+    if _broken:
+        return
     try:
         rank_group.send_stop()
     except Exception:  # noqa: BLE001 - a follower is gone already

@@ -103,22 +103,8 @@ class InferenceSession:
         self._inputs = [_info(name, t) for name, t in batch_input_types(self.plan).items()]
         self._outputs = [_info(name, t) for name, t in batch_output_types(self.plan).items()]
         self._input_specs = input_specs(self.plan)
-        if devices > 1 and _in_torchrun_job():
-            from .rank_session import RankSession
-
-            self._group = RankSession(self.directory, devices, threads, timeout)
-            _OPEN_GROUPS.add(self._group)
-            weakref.finalize(self, _close_group, self._group)
-        elif devices > 1:
-            from .worker_group import WorkerGroup
-
-            global _starting
-            _stop_on_signals()
-            _starting += 1  # a stop signal during the start-up interrupts it: the group kills what it started
-            try:
-                self._group = WorkerGroup(self.directory, devices, threads, timeout, *_slot_shapes(self.plan))
-            finally:
-                _starting -= 1
+        if devices > 1:
+            self._group = self._start_group(devices, threads, timeout)
             _OPEN_GROUPS.add(self._group)
             # A session dropped without close() still stops its workers when it is collected.
             weakref.finalize(self, _close_group, self._group)
@@ -128,6 +114,22 @@ class InferenceSession:
             from .executor import Executor
 
             self._executor = Executor(self.directory, threads=threads)
+
+    def _start_group(self, devices: int, threads: int | None, timeout: float):
+        """The workers: torchrun's ranks when this process is rank 0 of a torchrun job, else local processes."""
+        from .rank_session import RankSession, attaches_here
+
+        if attaches_here():
+            return RankSession(self.directory, devices, threads, timeout)
+        from .worker_group import WorkerGroup
+
+        global _starting
+        _stop_on_signals()
+        _starting += 1  # a stop signal during the start-up interrupts it: the group kills what it started
+        try:
+            return WorkerGroup(self.directory, devices, threads, timeout, *_slot_shapes(self.plan))
+        finally:
+            _starting -= 1
 
     # ---- onnxruntime's surface -----------------------------------------------------
     def get_inputs(self) -> list[TensorInfo]:
@@ -223,14 +225,6 @@ class InferenceSession:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _in_torchrun_job() -> bool:
-    """Whether torchrun started this process with other ranks: a session then attaches to them."""
-    from .rank_group import torchrun_rank
-
-    ranks = torchrun_rank()
-    return ranks is not None and ranks[1] > 1
 
 
 def _slot_shapes(plan: dict) -> tuple[list[dict[str, np.ndarray]], dict[str, np.ndarray]]:
