@@ -79,14 +79,14 @@ class RankSession:
 
     def submit(self, feeds: Sequence[Mapping[str, np.ndarray]], op: str = "run") -> Future:
         """Run one request on every rank (`feeds`: each rank's inputs, rank 0 first); its finished future, whose
-        `worker_seconds` is rank 0's time on it."""
+        `worker_seconds` is rank 0's time running it (after the request reached the other ranks)."""
         if op != "run":
             raise ExecutionError(f"'{op}' is not served on torchrun's ranks")
         done: Future = Future()
-        started = time.perf_counter()
         theirs = {f"{rank}:{name}": array for rank, feed in enumerate(feeds) if rank for name, array in feed.items()}
         try:
             self._guard(rank_group.send_request, theirs)
+            started = time.perf_counter()  # the request's broadcast counts as the session's overhead
             outputs = self._guard(rank_group.run_microbatches, self._executor, feeds[0] if feeds else {})
         except ExecutionError as exc:
             done.set_exception(exc)
