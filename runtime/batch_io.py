@@ -85,16 +85,24 @@ def with_defaults(defaults: Mapping[str, np.ndarray], inputs: Mapping[str, np.nd
     return {**{name: value for name, value in defaults.items() if name not in inputs}, **inputs}
 
 
-def check_inputs(defaults: Mapping[str, np.ndarray], plan: dict[str, Any],
-                 inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def input_specs(plan: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Input name → (whole-batch shape, numpy dtype): what `check_inputs` compares, computed once by a caller
+    that checks many runs."""
+    return {name: (t.shape, np.dtype(numpy_dtype(t.dtype))) for name, t in batch_input_types(plan).items()}
+
+
+def check_inputs(defaults: Mapping[str, np.ndarray], plan: dict[str, Any], inputs: Mapping[str, np.ndarray],
+                 specs: Mapping[str, tuple[tuple[int, ...], np.dtype]] | None = None) -> dict[str, np.ndarray]:
     """The inputs with their defaults (`read_defaults`), checked against the whole-batch types (before any worker
-    runs them)."""
+    runs them); `specs`: the plan's `input_specs`, when the caller keeps them."""
     inputs = with_defaults(defaults, inputs)
-    expected = {name: (t.shape, numpy_dtype(t.dtype)) for name, t in batch_input_types(plan).items()}
-    if set(inputs) != set(expected):
+    expected = specs if specs is not None else input_specs(plan)
+    if inputs.keys() != expected.keys():
         raise InputError(f"inputs do not match the model: it takes {', '.join(sorted(expected))}, got {', '.join(sorted(inputs))}")
     for name, (shape, dtype) in expected.items():
-        array = np.asarray(inputs[name])
+        array = inputs[name]
+        if type(array) is not np.ndarray:
+            inputs[name] = array = np.asarray(array)
         if array.shape != shape or array.dtype != dtype:
             raise InputError(f"input '{name}' is {array.dtype}{list(array.shape)}, the model takes {np.dtype(dtype)}{list(shape)}")
-    return {name: np.asarray(a) for name, a in inputs.items()}
+    return inputs

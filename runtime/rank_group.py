@@ -11,6 +11,11 @@ the data, compiles or loads the step, writes the log and the checkpoints) and dr
 - commands travel as gloo broadcasts on a group of their own, whose timeout is long: a follower waits while
   rank 0 validates, writes a checkpoint or compiles; the step's own transfers keep `timeout`.
 
+The same group serves an InferenceSession opened on rank 0 (runtime/rank_session.py): ranks above 0 call
+`follow_sessions()` (or run `python -m tessel.runtime.rank_group`) and take, per session, the artifact's files,
+then one request per run (each rank only its own inputs, runtime/batch_io.py `worker_feeds`; it runs the
+artifact's micro-batches as a session's local workers do), then "close"; "stop" (rank 0 leaving) ends them.
+
 Failures: any error ends the rank with one line ("tessel worker: rank R: ...") and exit status 1; a dead rank
 breaks its peers' next transfer, so every rank exits, and torchrun (with --max-restarts) starts them again.
 Messages are JSON and raw tensor bytes, never pickle. One group per process: torch's process group is one too.
@@ -35,7 +40,9 @@ from .worker import EXIT_FAILED
 # How long a follower waits for rank 0's next command (rank 0 may compile, validate or save meanwhile), and
 # how long the rendezvous may take (rank 0 joins before it compiles).
 COMMAND_TIMEOUT_S = 3600.0
-_RUN, _SET_STATE, _FILES, _STOP = range(4)
+# How long a follower of sessions waits for rank 0's next request: a served model may sit idle for long.
+SESSION_IDLE_S = 7 * 24 * 3600.0
+_RUN, _SET_STATE, _FILES, _STOP, _REQUEST, _CLOSE = range(6)
 _group = None  # (rank, world, timeout_s, command group) once attached
 
 
@@ -51,9 +58,9 @@ def restarted() -> bool:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
 
 
-def attach(timeout_s: float) -> tuple[int, int]:
+def attach(timeout_s: float, command_timeout_s: float = COMMAND_TIMEOUT_S) -> tuple[int, int]:
     """Join the process group of the torchrun ranks (every rank calls this first); (rank, world size).
-    `timeout_s` bounds each transfer of a step."""
+    `timeout_s` bounds each transfer of a step, `command_timeout_s` a follower's wait for the next command."""
     global _group
     import torch.distributed as dist
 
@@ -61,7 +68,7 @@ def attach(timeout_s: float) -> tuple[int, int]:
 
     rank, world = torchrun_rank()
     join_group(rank, world, COMMAND_TIMEOUT_S, EXIT_FAILED)
-    commands = dist.new_group(backend="gloo", timeout=timedelta(seconds=COMMAND_TIMEOUT_S))
+    commands = dist.new_group(backend="gloo", timeout=timedelta(seconds=command_timeout_s))
     _group = (rank, world, timeout_s, commands)
     return rank, world
 
@@ -87,7 +94,7 @@ class RankStep:
         self.workers = world
         self.input_types = batch_input_types(artifact.plan)
         self.state_names = tuple(artifact.plan["state"]["names"])
-        _send(_FILES, _artifact_files(Path(artifact.directory)))
+        send_files(Path(artifact.directory))
         self._executor = Executor(artifact.directory, threads=_threads(), worker=0, comm=TorchComm(rank, timeout_s))
 
     def run(self, feeds: Mapping[str, np.ndarray], copy: bool = False) -> dict[str, np.ndarray]:
@@ -104,12 +111,27 @@ class RankStep:
 
     def set_state(self, values: Mapping[str, np.ndarray]) -> None:
         """The same state on every rank."""
-        _send(_SET_STATE, values)
+        send_state(values)
         self._executor.set_state(values)
 
     def close(self) -> None:
         """Tell the followers to stop."""
-        _send(_STOP, {})
+        send_stop()
+
+
+def follow_sessions(timeout_s: float = 30.0) -> int:
+    """A torchrun rank above 0 serving the InferenceSessions that rank 0 opens (`timeout_s`: what each transfer
+    between the ranks may take, as the session's `timeout`), until rank 0 leaves; its exit status."""
+    rank, _ = attach(timeout_s, SESSION_IDLE_S)
+    if rank == 0:
+        raise ExecutionError("rank 0 opens the InferenceSession; follow_sessions() is for the ranks above 0")
+    return follow()
+
+
+def follower() -> bool:
+    """Whether this process is a torchrun rank above 0 (it should `follow_sessions()`)."""
+    ranks = torchrun_rank()
+    return ranks is not None and ranks[0] > 0
 
 
 def follow() -> int:
@@ -136,18 +158,62 @@ def _follow(rank: int, timeout_s: float) -> None:
         while True:
             op, tensors = _receive()
             if op == _FILES:
+                shutil.rmtree(directory)  # a new session's artifact replaces the last one's
                 for relative, data in tensors.items():
                     (directory / relative).parent.mkdir(parents=True, exist_ok=True)
                     (directory / relative).write_bytes(data.tobytes())
                 executor = Executor(directory, threads=_threads(), worker=rank, comm=TorchComm(rank, timeout_s))
             elif op == _RUN:
                 executor.start(worker_feeds(executor.artifact_plan, tensors)[rank])()
+            elif op == _REQUEST:
+                prefix = f"{rank}:"
+                run_microbatches(executor, {key[len(prefix):]: a for key, a in tensors.items() if key.startswith(prefix)})
             elif op == _SET_STATE:
                 executor.set_state(tensors)
+            elif op == _CLOSE:
+                executor = None
             else:
                 return
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def run_microbatches(executor, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One request on this rank: its whole-batch `feeds` as the artifact's micro-batches, each started before
+    any is waited for (a pipeline's stages overlap); the outputs this rank holds, joined along axis 0."""
+    parts = int(executor.artifact_plan.get("microbatches", 1))
+    if parts == 1:
+        waits = [executor.start(feeds)]
+    else:
+        waits = [executor.start({name: np.ascontiguousarray(np.array_split(a, parts)[k]) for name, a in feeds.items()})
+                 for k in range(parts)]
+    outputs = [wait() for wait in waits]
+    return {name: np.concatenate([o[name] for o in outputs]) if parts > 1 else outputs[0][name] for name in outputs[0]}
+
+
+def send_files(directory: Path) -> None:
+    """Rank 0: the artifact in `directory` to every follower (a session's start; it replaces the last one)."""
+    _send(_FILES, _artifact_files(directory))
+
+
+def send_request(tensors: Mapping[str, np.ndarray]) -> None:
+    """Rank 0: run one session request; `tensors` keyed "RANK:NAME", each follower takes its own."""
+    _send(_REQUEST, tensors)
+
+
+def send_state(values: Mapping[str, np.ndarray]) -> None:
+    """Rank 0: overwrite these state values on every follower."""
+    _send(_SET_STATE, values)
+
+
+def send_close() -> None:
+    """Rank 0: the session ended; the followers wait for the next one."""
+    _send(_CLOSE, {})
+
+
+def send_stop() -> None:
+    """Rank 0: the followers stop."""
+    _send(_STOP, {})
 
 
 def _threads() -> int:
@@ -202,3 +268,8 @@ def _broadcast(array: np.ndarray) -> None:
         lines = [line for line in str(exc).splitlines() if line.strip()]
         what = "lost rank 0's commands" if _group[0] else "cannot reach the other ranks"
         raise PeerError(f"rank {_group[0]}: {what} ({lines[0][:160] if lines else 'gloo'})") from None
+
+
+if __name__ == "__main__":
+    # `torchrun ... -m tessel.runtime.rank_group` on the ranks above 0: serve rank 0's sessions.
+    sys.exit(follow_sessions())

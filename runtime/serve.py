@@ -18,11 +18,15 @@ written into every worker ("set_state") once the requests before have finished. 
 one line, and the worker exits: a gloo group that failed cannot be reused.
 
 The control pipes are the file descriptors in TESSEL_CONTROL_FDS ("IN,OUT");
-messages are runtime/wire.py's (JSON and raw tensor bytes, never pickle).
+messages are runtime/wire.py's (JSON and raw tensor bytes, never pickle). A run
+request naming a "slot" has its inputs in that shared-memory slot (TESSEL_SLOTS,
+runtime/shared_slots.py), and rank 0 answers it with its outputs in the
+same-numbered output slot.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import select
 import sys
@@ -96,16 +100,15 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
     comm = TorchComm(rank, args.timeout)
     executor = Executor(args.artifact, threads=threads, worker=rank, comm=comm)
     microbatches = int(plan.get("microbatches", 1))
+    slots = _attach_slots()
     write_message(reply, {"ready": True, "rank": rank, "pid": os.getpid()})
     in_flight: deque = deque()
 
     def finish_oldest() -> None:
-        waits, started = in_flight.popleft()
+        waits, started, slot = in_flight.popleft()
         parts = [wait() for wait in waits]
         if rank == 0:
-            outputs = {name: np.concatenate([p[name] for p in parts]) if len(parts) > 1 else parts[0][name]
-                       for name in parts[0]}
-            write_message(reply, {"worker_s": time.perf_counter() - started}, outputs)
+            _answer(reply, parts, slot, slots.get("outputs"), started)
 
     while True:
         # A new request is taken whenever one waits and the window has room; otherwise the oldest is finished.
@@ -120,10 +123,49 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
                 _state_request(executor, comm, plan, header["op"], inputs, reply)
                 continue
             started = time.perf_counter()
+            slot = header.get("slot")
+            if slot is not None:
+                inputs = slots["inputs"].views(slot) if "inputs" in slots else {}
             slices = _split(inputs, microbatches)
-            in_flight.append(([executor.start(feeds) for feeds in slices], started))
+            in_flight.append(([executor.start(feeds) for feeds in slices], started, slot))
             continue
         finish_oldest()
+
+
+def _attach_slots() -> dict:
+    """This worker's shared-memory slots ("inputs", and on rank 0 "outputs"), as the session described them."""
+    from tessel.runtime.shared_slots import SLOTS_ENV, SharedSlots
+
+    described = json.loads(os.environ.get(SLOTS_ENV, "{}"))
+    return {key: SharedSlots.attach(json.dumps(layout)) for key, layout in described.items()}
+
+
+def _answer(reply: int, parts: list[dict[str, np.ndarray]], slot: int | None, output_slots, started: float) -> None:
+    """Rank 0's answer to a run: the micro-batches' outputs joined, into output slot `slot` when the request came
+    through the slots and the outputs fit them (the header then names the slot), else on the pipe."""
+    from tessel.runtime.wire import write_message
+
+    views = output_slots.views(slot) if slot is not None and output_slots is not None else None
+    if views is not None and views.keys() == parts[0].keys() and all(
+            view.dtype == parts[0][name].dtype and view.shape == _joined_shape([p[name] for p in parts])
+            for name, view in views.items()):
+        for name, view in views.items():
+            if len(parts) > 1:
+                np.concatenate([p[name] for p in parts], out=view)
+            else:
+                view[...] = parts[0][name]
+        write_message(reply, {"worker_s": time.perf_counter() - started, "slot": slot})
+        return
+    outputs = {name: np.concatenate([p[name] for p in parts]) if len(parts) > 1 else parts[0][name]
+               for name in parts[0]}
+    write_message(reply, {"worker_s": time.perf_counter() - started}, outputs)
+
+
+def _joined_shape(parts: list[np.ndarray]) -> tuple[int, ...]:
+    """The shape of `parts` joined along axis 0 (one part: its own shape)."""
+    if len(parts) == 1:
+        return parts[0].shape
+    return (sum(p.shape[0] for p in parts),) + parts[0].shape[1:]
 
 
 def _state_request(executor, comm, plan: dict, op: str, tensors: dict[str, np.ndarray], reply: int) -> None:

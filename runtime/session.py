@@ -7,7 +7,9 @@ sent to the workers.
 
 Control channel, and why: the session is a client of its workers over two
 pipes per worker (requests in, answers out), carrying runtime/wire.py's
-messages (a JSON header and raw tensor bytes, never pickle). The workers still
+messages (a JSON header and raw tensor bytes, never pickle); a run's tensors
+go through shared-memory slots instead (runtime/shared_slots.py), the pipes
+carry only a doorbell naming the slot. The workers still
 exchange activations with each other over gloo, as the one-shot launch does.
 The alternative, the client joining the gloo group as an extra rank, would
 change every program's rank numbers and tie the client to torch's process
@@ -29,9 +31,11 @@ session open the signal acts as by default) all stop the workers; SIGINT
 client cannot stop anyone: its workers notice that their pipes closed or that
 their parent is gone, and exit.
 
-torchrun: a session starts its own local workers; it does not join a group that
-torchrun started (`torchrun ... -m tessel.runtime.worker DIR` runs an artifact
-once per launch, as before).
+torchrun: in a process that torchrun started with other ranks, a multi-worker
+session attaches to them instead of starting local workers (runtime/rank_session.py):
+rank 0 opens the session and runs its own program, the ranks above 0 serve it
+(`tessel.runtime.rank_group.follow_sessions()`). `torchrun ... -m
+tessel.runtime.worker DIR` still runs an artifact once per launch.
 """
 from __future__ import annotations
 
@@ -47,11 +51,11 @@ from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
-from tessel.ir.types import TensorType
+from tessel.ir.types import TensorType, numpy_dtype
 
 from .artifact_files import read_plan, verify_files, worker_count
-from .batch_io import (batch_input_types, batch_output_types, check_inputs, read_defaults, with_defaults,
-                       worker_feeds)
+from .batch_io import (batch_input_types, batch_output_types, check_inputs, input_specs, read_defaults,
+                       with_defaults, worker_feeds)
 from .errors import ArtifactError, InputError
 
 # onnxruntime's names of tensor element types, by Tessel's dtype names.
@@ -98,16 +102,9 @@ class InferenceSession:
         self._defaults = loaded.input_defaults() if loaded is not None else read_defaults(self.directory, self.plan)
         self._inputs = [_info(name, t) for name, t in batch_input_types(self.plan).items()]
         self._outputs = [_info(name, t) for name, t in batch_output_types(self.plan).items()]
+        self._input_specs = input_specs(self.plan)
         if devices > 1:
-            from .worker_group import WorkerGroup
-
-            global _starting
-            _stop_on_signals()
-            _starting += 1  # a stop signal during the start-up interrupts it: the group kills what it started
-            try:
-                self._group = WorkerGroup(self.directory, devices, threads, timeout)
-            finally:
-                _starting -= 1
+            self._group = self._start_group(devices, threads, timeout)
             _OPEN_GROUPS.add(self._group)
             # A session dropped without close() still stops its workers when it is collected.
             weakref.finalize(self, _close_group, self._group)
@@ -117,6 +114,22 @@ class InferenceSession:
             from .executor import Executor
 
             self._executor = Executor(self.directory, threads=threads)
+
+    def _start_group(self, devices: int, threads: int | None, timeout: float):
+        """The workers: torchrun's ranks when this process is rank 0 of a torchrun job, else local processes."""
+        from .rank_session import RankSession, attaches_here
+
+        if attaches_here():
+            return RankSession(self.directory, devices, threads, timeout)
+        from .worker_group import WorkerGroup
+
+        global _starting
+        _stop_on_signals()
+        _starting += 1  # a stop signal during the start-up interrupts it: the group kills what it started
+        try:
+            return WorkerGroup(self.directory, devices, threads, timeout, *_slot_shapes(self.plan))
+        finally:
+            _starting -= 1
 
     # ---- onnxruntime's surface -----------------------------------------------------
     def get_inputs(self) -> list[TensorInfo]:
@@ -148,7 +161,8 @@ class InferenceSession:
         if self._closed:
             raise ArtifactError(f"{self.directory}: the session is closed")
         if self._group is not None:
-            return self._group.submit(worker_feeds(self.plan, check_inputs(self._defaults, self.plan, feeds)))
+            checked = check_inputs(self._defaults, self.plan, feeds, self._input_specs)
+            return self._group.submit(worker_feeds(self.plan, checked))
         done: Future = Future()
         done.set_result(self._run_here(with_defaults(self._defaults, feeds)))
         return done
@@ -211,6 +225,15 @@ class InferenceSession:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _slot_shapes(plan: dict) -> tuple[list[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """What each worker takes of a run and rank 0's outputs, as unwritten arrays of their dtypes and shapes (they
+    size the workers' shared-memory slots)."""
+    def empty(types: Mapping[str, TensorType]) -> dict[str, np.ndarray]:
+        return {name: np.empty(t.shape, numpy_dtype(t.dtype)) for name, t in types.items()}
+
+    return worker_feeds(plan, empty(batch_input_types(plan))), empty(batch_output_types(plan))
 
 
 def _info(name: str, t: TensorType) -> TensorInfo:

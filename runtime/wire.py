@@ -33,7 +33,7 @@ class ChannelClosed(ExecutionError):
 
 
 def encode(header: Mapping[str, Any], tensors: Mapping[str, np.ndarray] | None = None) -> list[memoryview]:
-    """The message's pieces (write them in order): lengths, header, then each tensor's bytes."""
+    """The message's pieces (write them in order): lengths and header, then each tensor's bytes."""
     # np.ascontiguousarray makes a scalar one-dimensional: the shape is put back.
     arrays = {name: np.ascontiguousarray(a).reshape(np.shape(a)) for name, a in (tensors or {}).items()}
     for name, array in arrays.items():
@@ -42,7 +42,8 @@ def encode(header: Mapping[str, Any], tensors: Mapping[str, np.ndarray] | None =
     described = {**header, "tensors": [[name, a.dtype.str, list(a.shape)] for name, a in arrays.items()]}
     text = json.dumps(described).encode()
     payload = sum(a.nbytes for a in arrays.values())
-    return [memoryview(_LENGTHS.pack(len(text), payload)), memoryview(text),
+    # Lengths and header in one write: in two, the reader could wake for the lengths and again for the header.
+    return [memoryview(_LENGTHS.pack(len(text), payload) + text),
             *(memoryview(a).cast("B") for a in arrays.values() if a.nbytes)]
 
 

@@ -2,11 +2,15 @@
 
 One process per worker (`python -m tessel.runtime.serve`), each in its own
 session (a Ctrl-C in the terminal reaches the client, which stops them), with
-two pipes: requests in, answers out. No thread of its own: answers are read by
-whoever waits (`Request.result`), and by `submit` while the next request waits
-for room in a pipe, so a worker never blocks writing outputs while the client
-writes it a request (large tensors both ways would otherwise deadlock). Each
-answer then costs one wake-up of the waiting thread, not two.
+two pipes: requests in, answers out. A run's tensors do not cross the pipes:
+they go through shared-memory slots (runtime/shared_slots.py, one per request
+in flight: each worker's inputs, rank 0's outputs), and the pipes carry a
+doorbell naming the slot; other requests (state) carry their tensors on the
+pipe. No thread of its own: answers are read by whoever waits
+(`Request.result`), and by `submit` while the next request waits for room in a
+pipe or for a free slot, so a worker never blocks writing outputs while the
+client writes it a request (large tensors both ways would otherwise deadlock).
+Each answer then costs one wake-up of the waiting thread, not two.
 
 Failures: a worker's own error line, a worker that exits (its answer pipe
 reaches end of file: killed, crashed) or no answer within `timeout` seconds of
@@ -42,6 +46,7 @@ from tessel import IMPORT_ROOT
 from .errors import ExecutionError
 from .launch import free_port
 from .serve import CONTROL_ENV
+from .shared_slots import SLOTS_ENV, SharedSlots
 from .wire import ChannelClosed, read_message, write_message
 from .worker import LAUNCHER_ENV
 
@@ -85,7 +90,10 @@ class Request(Future):
 class WorkerGroup:
     """`workers` local processes serving the artifact in `directory`, until `close`."""
 
-    def __init__(self, directory: str | Path, workers: int, threads: int | None, timeout: float):
+    def __init__(self, directory: str | Path, workers: int, threads: int | None, timeout: float,
+                 inputs: Sequence[Mapping[str, np.ndarray]] = (), outputs: Mapping[str, np.ndarray] | None = None):
+        """`inputs`: what each worker takes of a run (rank 0 first), `outputs`: rank 0's answer; only their dtypes
+        and shapes count: they size the shared-memory slots (without them, tensors go over the pipes)."""
         self.timeout = timeout
         self.window = WINDOW_PER_WORKER * workers
         self._pending: deque[Request] = deque()
@@ -100,7 +108,11 @@ class WorkerGroup:
         self._logs: list = []
         self._requests: list[int] = []
         self._answers: list[int] = []
+        self._input_slots: list[SharedSlots | None] = []
+        self._output_slots: SharedSlots | None = None
+        self._next_slot = 0
         try:
+            self._make_slots(list(inputs), outputs or {}, workers)
             self._start(Path(directory).resolve(), workers, threads or max(1, (os.cpu_count() or 1) // workers))
         except BaseException:
             self._kill()
@@ -112,6 +124,25 @@ class WorkerGroup:
         """Process ids of the workers, rank 0 first."""
         return [p.pid for p in self.processes]
 
+    def _make_slots(self, inputs: list[Mapping[str, np.ndarray]], outputs: Mapping[str, np.ndarray],
+                    workers: int) -> None:
+        """One slot per request in flight for each worker's inputs (none for a worker that takes none) and for
+        rank 0's outputs."""
+        for rank in range(workers):
+            feed = inputs[rank] if rank < len(inputs) else {}
+            self._input_slots.append(SharedSlots.create(feed, self.window) if feed else None)
+        if outputs:
+            self._output_slots = SharedSlots.create(outputs, self.window)
+
+    def _slot_env(self, rank: int) -> tuple[dict[str, str], tuple[int, ...]]:
+        """SLOTS_ENV for `rank` and the descriptors it inherits."""
+        mine = {"inputs": self._input_slots[rank], "outputs": self._output_slots if rank == 0 else None}
+        mine = {key: slots for key, slots in mine.items() if slots is not None}
+        if not mine:
+            return {}, ()
+        text = "{" + ", ".join(f'"{key}": {slots.to_json()}' for key, slots in mine.items()) + "}"
+        return {SLOTS_ENV: text}, tuple(slots.fd for slots in mine.values())
+
     def _start(self, directory: Path, workers: int, threads: int) -> None:
         port = free_port()
         command = [sys.executable, "-m", "tessel.runtime.serve", str(directory), "--timeout", str(self.timeout),
@@ -122,13 +153,15 @@ class WorkerGroup:
             env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(workers), "LOCAL_WORLD_SIZE": str(workers),
                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TESSEL_THREADS": str(threads),
                    LAUNCHER_ENV: str(os.getpid()), CONTROL_ENV: f"{request_read},{answer_write}"}
+            slot_env, slot_fds = self._slot_env(rank)
+            env.update(slot_env)
             # An unlinked file: the worker's stderr, read back for a failure's line, and gone with the last descriptor.
             log = tempfile.TemporaryFile()
             self._logs.append(log)
             try:
                 self.processes.append(subprocess.Popen(
                     command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=IMPORT_ROOT,
-                    pass_fds=(request_read, answer_write), start_new_session=True))
+                    pass_fds=(request_read, answer_write, *slot_fds), start_new_session=True))
             finally:
                 os.close(request_read)
                 os.close(answer_write)
@@ -166,6 +199,7 @@ class WorkerGroup:
             if self._closing:
                 raise ExecutionError("the session is closed")
             self._check_alive()
+            slot = self._take_slot(feeds) if op == "run" else None
             if not self._pending:
                 self._progress = time.monotonic()
             self._pending.append(request)
@@ -175,6 +209,9 @@ class WorkerGroup:
                 # rank 0 anyway. A "state" request goes to every worker: pipeline stages send rank 0 the values
                 # they hold (runtime/serve.py).
                 for rank, fd in enumerate(self._requests):
+                    if slot is not None:
+                        write_message(fd, {"op": op, "slot": slot}, None, deadline, self._wait_writable)
+                        continue
                     write_message(fd, {"op": op}, feeds[rank] if rank < len(feeds) and feeds[rank] else None,
                                   deadline, self._wait_writable)
             except ChannelClosed:
@@ -183,6 +220,26 @@ class WorkerGroup:
                 self._break("interrupted while sending a request")
                 raise
         return request
+
+    def _take_slot(self, feeds: Sequence[Mapping[str, np.ndarray]]) -> int | None:
+        """Write a run's `feeds` into the next free slot and return its number; None when they do not fit the
+        slots (they then go over the pipes). A slot is free once the request that used it was answered: with
+        fewer requests pending than slots, the one `count` requests back was."""
+        def fits(rank: int, slots: SharedSlots | None) -> bool:
+            feed = feeds[rank] if rank < len(feeds) else {}
+            return slots.fits(feed) if slots is not None else not feed
+
+        if not all(fits(rank, slots) for rank, slots in enumerate(self._input_slots)):
+            return None
+        while len(self._pending) >= self.window:
+            self.wait_for(self._pending[0], None)
+            if self._error is not None:
+                raise ExecutionError(self._error)
+        slot, self._next_slot = self._next_slot, (self._next_slot + 1) % self.window
+        for rank, slots in enumerate(self._input_slots):
+            if slots is not None:
+                slots.write(slot, feeds[rank])
+        return slot
 
     def _check_alive(self) -> None:
         """Raise the group's failure; a worker that exited since the last request counts as one, even when no
@@ -262,6 +319,8 @@ class WorkerGroup:
         header, outputs = message
         if "error" in header:
             return (_PEER if header.get("peer") else _OWN), header["error"]
+        if "slot" in header:
+            outputs = self._output_slots.read(header["slot"]) if self._output_slots is not None else {}
         request = self._pending.popleft()
         self._progress = time.monotonic()
         request.worker_seconds = header.get("worker_s")
@@ -363,6 +422,10 @@ class WorkerGroup:
         self._requests, self._answers = [], []
         for log in self._logs:
             log.close()
+        for slots in [*self._input_slots, self._output_slots]:
+            if slots is not None:
+                slots.close()
+        self._input_slots, self._output_slots = [], None
 
 
 def _widen(fd: int) -> None:

@@ -18,6 +18,8 @@ from tessel.compiler.cli import main as cli_main
 from tessel.runtime.errors import ExecutionError, InputError
 from tessel.runtime.session import InferenceSession
 
+from .test_shared_slots import _memfds
+
 ROOT = Path(__file__).resolve().parents[2]
 # Worker start-up (importing torch) on a busy machine.
 STARTUP_S = 300
@@ -90,6 +92,39 @@ def test_the_workers_start_once_and_serve_every_run(session, mlp):
         assert session.worker_pids == pids and not any(_gone(pid) for pid in pids)
 
 
+def test_runs_go_through_shared_memory_slots_that_are_named_nowhere(session, mlp):
+    rank0, rank1 = session.worker_pids
+    # The client and rank 0 map the input and output slots; the second stage takes no input and answers nothing.
+    assert len(_memfds()) >= 2 and len(_memfds(str(rank0))) >= 2 and _memfds(str(rank1)) == []
+    assert not [name for name in os.listdir("/dev/shm") if "tessel" in name]
+    # More requests than slots: each slot is reused only after its request was answered.
+    feeds = [_feeds(seed) for seed in range(3 * session._group.window)]
+    for f, outputs in zip(feeds, session.run_many(iter(feeds))):
+        np.testing.assert_allclose(outputs["r3"], _expected(f["x"], mlp[1]), rtol=1e-4, atol=1e-4)
+
+
+def _usage(pid) -> tuple[int, int]:
+    """(open files, resident KiB) of process `pid`."""
+    rss = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+               if line.startswith("VmRSS:"))
+    return len(os.listdir(f"/proc/{pid}/fd")), rss
+
+
+def test_a_thousand_runs_leave_no_file_process_or_memory_behind(session):
+    pids = session.worker_pids
+    feeds = _feeds(0)
+    for _ in range(50):
+        session.run(feeds)
+    before = {pid: _usage(pid) for pid in ["self", *pids]}
+    for _ in range(1000):
+        session.run(feeds)
+    after = {pid: _usage(pid) for pid in ["self", *pids]}
+    assert session.worker_pids == pids
+    for pid in before:
+        assert after[pid][0] == before[pid][0], f"open files of {pid}: {before[pid][0]} -> {after[pid][0]}"
+        assert after[pid][1] - before[pid][1] < 4096, f"resident KiB of {pid}: {before[pid][1]} -> {after[pid][1]}"
+
+
 def test_onnxruntime_surface(session, mlp):
     (x,), (y,) = session.get_inputs(), session.get_outputs()
     assert (x.name, x.shape, x.type) == ("x", [16, 256], "tensor(float)")
@@ -117,6 +152,7 @@ def test_pipelined_requests_come_back_in_order(session, mlp):
 
 
 def test_a_killed_worker_fails_the_next_run_with_one_line_and_close_returns(mlp):
+    mapped = len(_memfds())
     with InferenceSession(mlp[0], timeout=TIMEOUT_S) as opened:
         opened.run(_feeds(0))
         pids = opened.worker_pids
@@ -131,6 +167,7 @@ def test_a_killed_worker_fails_the_next_run_with_one_line_and_close_returns(mlp)
         started = time.monotonic()
     assert time.monotonic() - started < 5  # leaving the with-block closed the session
     assert all(_gone(pid) for pid in pids)
+    assert len(_memfds()) == mapped  # its shared-memory slots are released
 
 
 EXIT_WITHOUT_CLOSE = """
@@ -161,6 +198,7 @@ def test_no_worker_outlives_its_client(mlp):
         # Closed by atexit or the SIGTERM handler at once; after SIGKILL the workers see their pipes close.
         for ending, pids in workers.items():
             assert _wait_gone(pids), f"workers {pids} still run after the client's {ending}"
+        assert not [name for name in os.listdir("/dev/shm") if "tessel" in name]  # the slots have no name
     finally:
         for client in clients.values():
             client.kill()
