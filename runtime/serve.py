@@ -87,6 +87,7 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
     from tessel.runtime.comm import TorchComm, join_group
     from tessel.runtime.errors import ArtifactError
     from tessel.runtime.executor import Executor
+    from tessel.runtime.step_profile import collect, profiled
     from tessel.runtime.wire import read_message, write_message
 
     plan = read_plan(Path(args.artifact))
@@ -94,7 +95,7 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
         raise ArtifactError(f"{args.artifact}: the artifact runs on {worker_count(plan)} worker(s) but {world} were started")
     join_group(rank, world, args.timeout, EXIT_FAILED)
     comm = TorchComm(rank, args.timeout)
-    executor = Executor(args.artifact, threads=threads, worker=rank, comm=comm)
+    executor, recorder = profiled(comm, lambda c: Executor(args.artifact, threads=threads, worker=rank, comm=c))
     microbatches = int(plan.get("microbatches", 1))
     write_message(reply, {"ready": True, "rank": rank, "pid": os.getpid()})
     in_flight: deque = deque()
@@ -102,10 +103,12 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
     def finish_oldest() -> None:
         waits, started = in_flight.popleft()
         parts = [wait() for wait in waits]
+        profile = collect(comm, recorder, world) if recorder else None
         if rank == 0:
             outputs = {name: np.concatenate([p[name] for p in parts]) if len(parts) > 1 else parts[0][name]
                        for name in parts[0]}
-            write_message(reply, {"worker_s": time.perf_counter() - started}, outputs)
+            write_message(reply, {"worker_s": time.perf_counter() - started, **({"profile": profile} if profile else {})},
+                          outputs)
 
     while True:
         # A new request is taken whenever one waits and the window has room; otherwise the oldest is finished.
