@@ -40,18 +40,21 @@ def measured_timeline(plan: Mapping, profile: Mapping[str, Sequence[Sequence[int
     if not starts:
         return Timeline([], 0.0, [0.0] * len(plan["workers"]))
     origin = min(starts)
-    seconds = lambda ns: (ns - origin) / 1e9  # noqa: E731 - local shorthand
+
+    def seconds(ns: int) -> float:
+        return (ns - origin) / 1e9
+
     bars, busy = [], []
     for rank in range(len(plan["workers"])):
         rows = spans.get(rank, [])
         runs = [row for row in rows if row[0] == RUN]
         waits = [row for row in rows if row[0] == WAIT_SPAN]
         started_at = {row[1]: row[3] for row in runs}
-        for kind, first, last, start, end in runs:
+        for _, first, last, start, end in runs:
             counted = Counter(phases[rank][first:last + 1])
             phase = counted.most_common(1)[0][0] if counted else ALLREDUCE
             bars.append(Bar(rank, phase, seconds(start), seconds(end), _label(programs[rank], first, last)))
-        for kind, index, _, start, end in waits:
+        for _, index, _, start, end in waits:
             bars.append(Bar(rank, WAIT, seconds(start), seconds(end), _label(programs[rank], index, index)))
             if 0 <= index < len(programs[rank]) and isinstance(programs[rank][index], AllReduce):
                 bars.append(Bar(rank, ALLREDUCE, seconds(started_at.get(index, start)), seconds(end),
