@@ -1,18 +1,23 @@
 """Parallel auto: every alternative's predicted training step against its measured one, on N local workers.
 
     flock /tmp/tessel_heavy.lock nice -n 5 python bench/train_auto.py [MODEL ...] [--workers 2] [--steps 20]
-                                                                      [--batch B]
+                                                                      [--batch B] [--profile DIR]
 
 For each model (bench/training_models.py; the MLP at its batch and the transformer block at 256 unless --batch
 says otherwise) `compile_training(parallel="auto", devices=N)` predicts every alternative (compiler/parallel_auto.py)
 and trains the chosen one; each other runnable alternative is then compiled as such and trained too. Each step
 time is the median of --steps steps after warm-up (SGD with momentum, the same batches). The table gives every
 alternative's prediction, its measured step and the error, the chosen one marked; then the chosen one's report.
+With --profile DIR the workers profile their steps (TESSEL_STEP_PROFILE=1, runtime/step_profile.py): the chosen
+one's report gets the measured step chart of its last step, and DIR its reports (the chart beside the predicted
+one); the step times then include the profile's own small cost.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
 import tempfile
 import time
@@ -39,11 +44,12 @@ def _step_seconds(trainer, batches, steps: int) -> list[float]:
     return seconds
 
 
-def bench_model(name: str, batch: int, workers: int, steps: int, scratch: Path) -> list[dict]:
+def bench_model(name: str, batch: int, workers: int, steps: int, scratch: Path, keep: Path | None = None) -> list[dict]:
     """Every alternative's row: predicted and measured seconds, and whether auto chose it."""
     import numpy as np
 
     import tessel
+    from tessel.compiler.measured_step import measured_timeline
     from tessel.compiler.parallel_auto import REPORT, record_measured
 
     spec = _batch_spec(name, batch, DEFAULT_IMAGE_SIZE)
@@ -60,7 +66,11 @@ def bench_model(name: str, batch: int, workers: int, steps: int, scratch: Path) 
     print(f"{name}: auto compiled in {time.perf_counter() - started:.0f} s", flush=True)
     reports = Path(auto.step_artifact.directory) / "reports"
     try:
-        record_measured(reports, _step_seconds(auto, batches, steps))
+        seconds = _step_seconds(auto, batches, steps)
+        profile = auto.step_profile
+        record_measured(reports, seconds, timeline=measured_timeline(auto.step_artifact.plan, profile) if profile else None)
+        if keep is not None:
+            shutil.copytree(reports, keep / name, dirs_exist_ok=True)
     finally:
         auto.close()
     doc = json.loads((reports / f"{REPORT}.json").read_text())
@@ -104,11 +114,17 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int)
+    parser.add_argument("--profile", type=Path, metavar="DIR", help="profile the steps; the reports go to DIR/MODEL")
     args = parser.parse_args(argv)
+    if args.profile:
+        from tessel.runtime.step_profile import PROFILE_ENV
+
+        os.environ[PROFILE_ENV] = "1"  # the workers inherit it
     rows = []
     with tempfile.TemporaryDirectory(prefix="tessel-auto-bench-") as scratch:
         for name in args.models:
-            rows += bench_model(name, args.batch or BATCHES.get(name, 32), args.workers, args.steps, Path(scratch))
+            rows += bench_model(name, args.batch or BATCHES.get(name, 32), args.workers, args.steps, Path(scratch),
+                                args.profile)
     print(_table(rows, args.workers))
     return 0
 

@@ -34,6 +34,7 @@ from tessel.runtime.calibrate import measure_link
 from tessel.runtime.instructions import KernelCall, program_from_json
 
 from .api import prepare_machine
+from .measured_step import measured_timeline
 from .options import CompileError, CompileOptions
 from .plots.step_gantt import write_step_gantt
 from .step_kernels import KernelTime, kernel_times
@@ -43,6 +44,7 @@ _log = logging.getLogger("tessel.compile")
 
 REPORT = "parallel_auto"
 GANTT = "step_gantt"
+GANTT_MEASURED = "step_gantt_measured"
 # Steps left out of the measured step time: the first ones fault pages in and warm the caches.
 WARMUP_STEPS = 2
 
@@ -307,19 +309,26 @@ def report_markdown(doc: Mapping) -> str:
                   f"- step: {1e3 * measured['step_s']:.3f} ms (median of {measured['steps']} steps after "
                   f"{measured['warmup']} warm-up); predicted {1e3 * measured['predicted_s']:.3f} ms, "
                   f"error {100 * measured['error']:+.1f}%"]
+        if "chart" in measured:
+            lines.append(f"- step chart: {measured['chart']} (measured: the workers' step profile of the last step)")
         if "bubble" in measured:
             b = measured["bubble"]
+            source = ("its profiled run spans less their waits / the profiled step" if b.get("busy") == "profiled"
+                      else "from its measured kernel times / the measured step")
             lines.append(f"- pipeline bubble: measured {100 * b['measured']:.1f}% (1 − each stage's busy time "
-                         f"from its measured kernel times / the measured step, averaged over stages), predicted "
+                         f"{source}, averaged over stages), predicted "
                          f"(K−1)/(M+K−1) {100 * b['predicted']:.1f}%, in the played-out step "
                          f"{100 * b['simulated']:.1f}%")
     return "\n".join(lines) + "\n"
 
 
-def record_measured(reports: Path, step_seconds: Sequence[float], warmup: int = WARMUP_STEPS) -> dict:
+def record_measured(reports: Path, step_seconds: Sequence[float], warmup: int = WARMUP_STEPS,
+                    timeline: Timeline | None = None) -> dict:
     """Add the measured step (the median of `step_seconds` after `warmup` steps, all of them when there are not
     more), the prediction's error and a pipeline's measured bubble to reports/parallel_auto.json and .md; the
-    measured entry."""
+    measured entry. With `timeline` (a step the workers profiled, compiler/measured_step.py) the measured step
+    chart is drawn (reports/step_gantt_measured.png/.svg) and the bubble comes from the stages' profiled busy
+    time; without, from their predicted busy time over the measured step."""
     path = Path(reports) / f"{REPORT}.json"
     doc = json.loads(path.read_text())
     timed = list(step_seconds[warmup:]) if len(step_seconds) > warmup else list(step_seconds)
@@ -327,9 +336,15 @@ def record_measured(reports: Path, step_seconds: Sequence[float], warmup: int = 
     chosen = next(a for a in doc["alternatives"] if a["name"] == doc["chosen"])
     measured = {"step_s": step, "steps": len(timed), "warmup": len(step_seconds) - len(timed),
                 "predicted_s": chosen["predicted_s"], "error": (chosen["predicted_s"] - step) / step}
+    if timeline is not None:
+        write_step_gantt(Path(reports) / GANTT_MEASURED, timeline, f"{chosen['name']}: one step, measured "
+                         "(the workers' step profile)")
+        measured["chart"] = f"{GANTT_MEASURED}.png"
     if chosen["parallel"] == "pipeline":
         bubble = chosen["bubble"]
-        measured["bubble"] = {"measured": _bubble(bubble["busy_s"], step), "predicted": bubble["predicted"],
+        busy = ("profiled", _bubble(timeline.busy_s, timeline.step_s)) if timeline is not None else \
+            ("predicted", _bubble(bubble["busy_s"], step))
+        measured["bubble"] = {"measured": busy[1], "busy": busy[0], "predicted": bubble["predicted"],
                               "simulated": bubble["simulated"]}
     doc["measured"] = measured
     path.write_text(json.dumps(doc, indent=1))
@@ -350,7 +365,9 @@ def record_run(run_dir: Path, trainer, step_seconds: Sequence[float]) -> dict | 
     for name in (f"{REPORT}.json", f"{REPORT}.md", f"{GANTT}.png", f"{GANTT}.svg"):
         if (source / name).is_file() and (source / name).resolve() != (reports / name).resolve():
             shutil.copyfile(source / name, reports / name)
-    measured = record_measured(reports, step_seconds)
+    profile = trainer.step_profile
+    timeline = measured_timeline(trainer.step_artifact.plan, profile) if profile else None
+    measured = record_measured(reports, step_seconds, timeline=timeline)
     doc = json.loads((reports / f"{REPORT}.json").read_text())
     run_file = Path(run_dir) / "run.json"
     settings = json.loads(run_file.read_text())

@@ -26,7 +26,7 @@ from tessel.runtime.instructions import AllReduce, Assign, Instruction, KernelCa
 from tessel.runtime.profile_db import ESTIMATE_BYTES_PER_S
 
 FORWARD, BACKWARD, ALLREDUCE, TRANSFER, UPDATE = "forward", "backward", "all-reduce", "send/recv", "update"
-WAIT = "waiting for a recv"
+WAIT = "waiting (recv, all-reduce)"
 PHASES = (FORWARD, BACKWARD, ALLREDUCE, TRANSFER, UPDATE, WAIT)
 # The pipeline block kinds plan.json records (compiler/pipeline_programs.py block_runs) as step phases; the
 # once block (parameters prepared for the micro-batches) counts as forward.

@@ -75,6 +75,12 @@ class Trainer:
         """How many data-parallel workers run each step."""
         return getattr(self._step, "workers", 1)
 
+    @property
+    def step_profile(self) -> dict | None:
+        """The last step's spans per worker when the workers profile their steps (TESSEL_STEP_PROFILE=1 when they
+        started; runtime/step_profile.py), else None (and always on one worker)."""
+        return getattr(self._step, "last_profile", None)
+
     def round_trip_s(self, repeats: int = 20) -> float:
         """Median seconds of an empty request to the step's local workers and back: the host's fixed cost per step
         (0 on one worker, which runs in this process)."""

@@ -27,14 +27,23 @@ class WorkerStep:
         self.workers = self._session.workers
         self.input_types = batch_input_types(artifact.plan)
         self.state_names = tuple(artifact.plan["state"]["names"])
+        # The last step's spans per rank when the workers profile (runtime/step_profile.py), else None.
+        self.last_profile: dict | None = None
 
     def run(self, feeds: Mapping[str, np.ndarray], copy: bool = False) -> dict[str, np.ndarray]:
         """One step on the workers; rank 0's outputs. The optimizer's one-element scalars take the scalar shape
         the plan gives them (the session checks shapes exactly)."""
         types = self.input_types
-        return self._session.run({name: np.ascontiguousarray(a).reshape(types[name].shape)
-                                  if name in types and types[name].rank == 0 and np.size(a) == 1 else a
-                                  for name, a in feeds.items()})
+        return self._request({name: np.ascontiguousarray(a).reshape(types[name].shape)
+                              if name in types and types[name].rank == 0 and np.size(a) == 1 else a
+                              for name, a in feeds.items()})
+
+    def _request(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The workers' outputs of one request; its profile kept in `last_profile`."""
+        request = self._session.run_async(feeds)
+        outputs = request.result()
+        self.last_profile = request.profile
+        return outputs
 
     def state(self) -> dict[str, np.ndarray]:
         """The state, through rank 0 (a pipeline's stages send it theirs)."""
@@ -89,6 +98,6 @@ class PipelineRunner(WorkerStep):
                 t = self._types.get(name)
                 scalar = t is not None and t.rank == 0 and np.size(array) == 1
                 split[name] = np.ascontiguousarray(array).reshape(t.shape) if scalar else array
-        outputs = self._session.run(split)
+        outputs = self._request(split)
         shares = [np.float64(outputs[micro_name(self._loss, m)]) for m in range(self._micro_batches)]
         return {self._loss: np.float32(sum(shares))}

@@ -81,6 +81,7 @@ class Executor:
         self.run_instructions = [i for i in self.instructions if not i.runs_at_load]
         # Asynchronous all-reduces started and not yet waited for: result name -> its wait.
         self._reducing: dict[str, Callable[[], None]] = {}
+        self._unread_results = self._unread_reductions()
         self._ops = self._bind(self.run_instructions)
         # The instructions each step runs: one each, until the native host joins them into segments.
         self._covered: list[list[Instruction]] = [[i] for i in self.run_instructions]
@@ -235,7 +236,8 @@ class Executor:
         comm, memory, reduction, name = self._comm, self._memory, instruction.reduction, instruction.tensor
         source = self._buffer(instruction.tensor)
         result = instruction.output or instruction.tensor
-        target = self._buffer(result)
+        # A result nothing reads gets a buffer of its own: no later value shares its bytes, so the run's end waits.
+        target = self._memory.empty(source.shape, source.dtype) if result in self._unread_results else self._buffer(result)
         reducing = self._reducing
 
         def start_all_reduce() -> None:
@@ -245,11 +247,22 @@ class Executor:
 
         return start_all_reduce
 
+    def _unread_reductions(self) -> frozenset[str]:
+        """The results of all-reduces into another value that nothing reads (a peer's copy of the loss)."""
+        read_later = set(self.plan["outputs"])
+        unread = set()
+        for instruction in reversed(self.run_instructions):
+            if isinstance(instruction, AllReduce) and instruction.output and instruction.output not in read_later:
+                unread.add(instruction.output)
+            read_later |= reads_within(instruction)
+        return frozenset(unread)
+
     def _waiting_for_reductions(self, steps: list[Op], covered: list[list[Instruction]]) -> list[Op]:
         """The steps (each running the instructions `covered` lists), each one that first reads the result of an
-        earlier step's all-reduce waiting for that reduction before it runs. A result nothing reads (a peer's
-        copy of the loss) is waited for at once: its buffer is free for other values right after."""
-        read_later = set(self.plan["outputs"])
+        earlier step's all-reduce waiting for that reduction before it runs. A result nothing reads is waited for
+        at the run's end when it has a buffer of its own (`_unread_reductions`), else at once: its buffer is free
+        for other values right after."""
+        read_later = set(self.plan["outputs"]) | self._unread_results
         unread: list[list[str]] = []
         for instructions in reversed(covered):
             results = [i.output or i.tensor for i in instructions if isinstance(i, AllReduce)]
@@ -469,6 +482,11 @@ class Executor:
         if isinstance(exc, IndexError):
             return self._index_error(site.instruction, site.arg_names, exc)
         return exc
+
+    def record_steps(self, recorder) -> None:
+        """Time each step of every run from now on: `recorder` (runtime/step_profile.py) wraps them."""
+        self._steps = recorder.timed_steps(self._steps, self._covered, self.run_instructions)
+        self._whole_native = None
 
     def kernel_times(self, inputs: Mapping[str, np.ndarray], runs: int = 20) -> list[float]:
         """Seconds each of `runs` runs spends inside kernels (a timed copy of the native program times each

@@ -91,6 +91,7 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
     from tessel.runtime.comm import TorchComm, join_group
     from tessel.runtime.errors import ArtifactError
     from tessel.runtime.executor import Executor
+    from tessel.runtime.step_profile import collect, profiled
     from tessel.runtime.wire import read_message, write_message
 
     plan = read_plan(Path(args.artifact))
@@ -98,7 +99,7 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
         raise ArtifactError(f"{args.artifact}: the artifact runs on {worker_count(plan)} worker(s) but {world} were started")
     join_group(rank, world, args.timeout, EXIT_FAILED)
     comm = TorchComm(rank, args.timeout)
-    executor = Executor(args.artifact, threads=threads, worker=rank, comm=comm)
+    executor, recorder = profiled(comm, lambda c: Executor(args.artifact, threads=threads, worker=rank, comm=c))
     microbatches = int(plan.get("microbatches", 1))
     slots = _attach_slots()
     write_message(reply, {"ready": True, "rank": rank, "pid": os.getpid()})
@@ -107,8 +108,9 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
     def finish_oldest() -> None:
         waits, started, slot = in_flight.popleft()
         parts = [wait() for wait in waits]
+        profile = collect(comm, recorder, world) if recorder else None
         if rank == 0:
-            _answer(reply, parts, slot, slots.get("outputs"), started)
+            _answer(reply, parts, slot, slots.get("outputs"), started, profile)
 
     while True:
         # A new request is taken whenever one waits and the window has room; otherwise the oldest is finished.
@@ -140,11 +142,14 @@ def _attach_slots() -> dict:
     return {key: SharedSlots.attach(json.dumps(layout)) for key, layout in described.items()}
 
 
-def _answer(reply: int, parts: list[dict[str, np.ndarray]], slot: int | None, output_slots, started: float) -> None:
+def _answer(reply: int, parts: list[dict[str, np.ndarray]], slot: int | None, output_slots, started: float,
+            profile: dict | None) -> None:
     """Rank 0's answer to a run: the micro-batches' outputs joined, into output slot `slot` when the request came
-    through the slots and the outputs fit them (the header then names the slot), else on the pipe."""
+    through the slots and the outputs fit them (the header then names the slot), else on the pipe; the step
+    profile, when recorded, rides in the header."""
     from tessel.runtime.wire import write_message
 
+    header = {"worker_s": time.perf_counter() - started, **({"profile": profile} if profile else {})}
     views = output_slots.views(slot) if slot is not None and output_slots is not None else None
     if views is not None and views.keys() == parts[0].keys() and all(
             view.dtype == parts[0][name].dtype and view.shape == _joined_shape([p[name] for p in parts])
@@ -154,11 +159,11 @@ def _answer(reply: int, parts: list[dict[str, np.ndarray]], slot: int | None, ou
                 np.concatenate([p[name] for p in parts], out=view)
             else:
                 view[...] = parts[0][name]
-        write_message(reply, {"worker_s": time.perf_counter() - started, "slot": slot})
+        write_message(reply, {**header, "slot": slot})
         return
     outputs = {name: np.concatenate([p[name] for p in parts]) if len(parts) > 1 else parts[0][name]
                for name in parts[0]}
-    write_message(reply, {"worker_s": time.perf_counter() - started}, outputs)
+    write_message(reply, header, outputs)
 
 
 def _joined_shape(parts: list[np.ndarray]) -> tuple[int, ...]:

@@ -71,6 +71,7 @@ class Request(Future):
     and those of earlier requests) until its own came; `worker_seconds` is how long rank 0 spent on it."""
 
     worker_seconds: float | None = None
+    profile: dict | None = None  # with TESSEL_STEP_PROFILE=1: each rank's spans (runtime/step_profile.py)
 
     def __init__(self, group: "WorkerGroup"):
         super().__init__()
@@ -324,6 +325,7 @@ class WorkerGroup:
         request = self._pending.popleft()
         self._progress = time.monotonic()
         request.worker_seconds = header.get("worker_s")
+        request.profile = header.get("profile")
         request.set_result(outputs)
         return None
 

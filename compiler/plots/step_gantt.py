@@ -1,16 +1,18 @@
-"""One training step per worker (compiler/step_timeline.py): a lane per worker, its kernels coloured by phase
-(forward, backward, update) and above them its communication (all-reduce, Send); a Recv's wait sits, grey, in
-the kernels' row."""
+"""One training step per worker, predicted (compiler/step_timeline.py) or measured (compiler/measured_step.py): a
+lane per worker, its kernels coloured by phase (forward, backward, update) and above them its communication
+(all-reduce, Send); a wait (a Recv's; in a measured step, an all-reduce's too) sits, grey, in the kernels' row,
+over the step it holds up."""
 from __future__ import annotations
 
 from pathlib import Path
 
+from ..step_timeline import WAIT
 from .style import PALETTE, pyplot, save
 
 LANE_HEIGHT = 0.8  # inches per worker lane
 COMPUTE, COMM = 0.55, 0.25  # shares of a lane's height
 PHASE_COLORS = {"forward": PALETTE[0], "backward": PALETTE[1], "update": PALETTE[2], "all-reduce": PALETTE[3],
-                "send/recv": "#222222", "waiting for a recv": "#d9d9d9"}
+                "send/recv": "#222222", WAIT: "#d9d9d9"}
 
 
 def write_step_gantt(path: Path, timeline, title: str) -> list[Path]:

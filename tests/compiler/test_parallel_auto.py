@@ -168,7 +168,7 @@ def test_a_run_directory_gets_the_report_and_run_json_the_choice(tmp_path):
     (run / "run.json").write_text(json.dumps({"parallel": "auto"}))
     alternatives = _alternatives()
     write_report(artifact / "reports", alternatives, choose(alternatives), LINK, "given", 2)
-    trainer = SimpleNamespace(step_artifact=SimpleNamespace(directory=artifact))
+    trainer = SimpleNamespace(step_artifact=SimpleNamespace(directory=artifact), step_profile=None)
     measured = record_run(run, trainer, [1.0, 1.0, 2e-3])
     assert measured["step_s"] == 2e-3
     settings = json.loads((run / "run.json").read_text())
