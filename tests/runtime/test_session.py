@@ -121,7 +121,8 @@ def test_a_thousand_runs_leave_no_file_process_or_memory_behind(session):
     after = {pid: _usage(pid) for pid in ["self", *pids]}
     assert session.worker_pids == pids
     for pid in before:
-        assert after[pid][0] == before[pid][0], f"open files of {pid}: {before[pid][0]} -> {after[pid][0]}"
+        # "self" is the test process: files an earlier test left for the garbage collector may close meanwhile.
+        assert after[pid][0] <= before[pid][0], f"open files of {pid}: {before[pid][0]} -> {after[pid][0]}"
         assert after[pid][1] - before[pid][1] < 4096, f"resident KiB of {pid}: {before[pid][1]} -> {after[pid][1]}"
 
 
