@@ -34,7 +34,7 @@ class Server:
         self.update = Executor(directory / f"server{shard}", threads=1)
         self.optimizer = optimizer_from_json(job.optimizer)
         self.size = sum(job.sizes(shard))
-        self.codec = make_codec(job.compression, job.sizes(shard), job.topk_ratio)
+        self.codec = make_codec(job.compression, job.segments(shard), job.topk_ratio)
         self.clocks = [0] * job.workers
         self.updates = 0
         self.waiting: list[tuple[int, int]] = []  # pulls not answered yet: (worker, clock)
@@ -43,7 +43,7 @@ class Server:
         self.weights = self._weights()
         # Compressed pulls send each worker the change since the weights it holds, which the server tracks.
         self.views = [self.weights.copy() for _ in range(job.workers)] if job.pull_codec != "none" else None
-        self.pull_codec = make_codec(job.pull_codec, job.sizes(shard), job.topk_ratio)
+        self.pull_codec = make_codec(job.pull_codec, job.segments(shard), job.topk_ratio)
 
     def serve(self) -> None:
         """Answer messages until every worker is done; then write the shard's state to server<shard>.npz."""

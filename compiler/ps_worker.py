@@ -49,8 +49,8 @@ class Worker:
         start = self.step.state(job.parameters)
         self.weights = [flatten(start, names) for names in job.shards]
         self.sizes = [sum(job.sizes(s)) for s in range(job.servers)]
-        self.decoders = [make_codec(job.pull_codec, job.sizes(s), job.topk_ratio) for s in range(job.servers)]
-        self.pushers = [ErrorFeedback(make_codec(job.compression, job.sizes(s), job.topk_ratio), size)
+        self.decoders = [make_codec(job.pull_codec, job.segments(s), job.topk_ratio) for s in range(job.servers)]
+        self.pushers = [ErrorFeedback(make_codec(job.compression, job.segments(s), job.topk_ratio), size)
                         for s, size in enumerate(self.sizes)]
         self.bytes_pushed = self.bytes_pulled = 0
 

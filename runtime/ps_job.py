@@ -88,6 +88,12 @@ class PSJob:
         """'worker K' or 'server K' for a rank, as failures name it."""
         return f"worker {rank}" if rank < self.workers else f"server {rank - self.workers}"
 
+    def segments(self, shard: int) -> list[int]:
+        """A shard's 1-bit segments: one per output channel of each of its parameters (column_segments)."""
+        from .ps_compression import column_segments
+
+        return column_segments([self.shapes[name] for name in self.shards[shard]])
+
     def sizes(self, shard: int) -> list[int]:
         """The element count of each parameter of a shard, in shard order."""
         return [int(np.prod(self.shapes[name], dtype=np.int64)) for name in self.shards[shard]]
