@@ -8,6 +8,7 @@ The server answers messages in arrival order (runtime/ps_job.py). Consistency mo
 - ssp (stale synchronous parallel, staleness s): pushes applied as they arrive; a pull at clock c waits until
   the slowest worker has pushed c - s gradients, so no worker runs more than s steps ahead of the slowest.
 The optimizer's step count (its learning-rate schedule, AdamW's bias corrections) is the server's update count.
+At a checkpoint clock every mode waits for all workers' pulls, writes the shard, then answers (ps_checkpoint.py).
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import numpy as np
 from tessel.runtime.ps_compression import make_codec
 from tessel.runtime.ps_job import (DONE, HEADER_BYTES, HEADER_TAG, PAYLOAD_TAG, PULL, PUSH, WEIGHTS, PSJob, flatten,
                                    header, throttle, unflatten)
+
+from .ps_checkpoint import partial_dir, read_shard, write_shard
 
 
 class Server:
@@ -35,15 +38,29 @@ class Server:
         self.optimizer = optimizer_from_json(job.optimizer)
         self.size = sum(job.sizes(shard))
         self.codec = make_codec(job.compression, job.segments(shard), job.topk_ratio)
-        self.clocks = [0] * job.workers
+        self.clocks = [job.start] * job.workers
         self.updates = 0
         self.waiting: list[tuple[int, int]] = []  # pulls not answered yet: (worker, clock)
+        self.saved = job.start                     # the newest checkpoint clock written
         self.pending = np.zeros(self.size, np.float32)  # sync: the sum of this clock's gradients so far
         self.pushed = 0                                  # sync: how many of them
         self.weights = self._weights()
         # Compressed pulls send each worker the change since the weights it holds, which the server tracks.
         self.views = [self.weights.copy() for _ in range(job.workers)] if job.pull_codec != "none" else None
         self.pull_codec = make_codec(job.pull_codec, job.segments(shard), job.topk_ratio)
+        if job.start:
+            self._resume()
+
+    def _resume(self) -> None:
+        """The shard's state at the checkpoint the job starts from."""
+        from .train_checkpoints import step_checkpoint_dir
+
+        state, views, self.updates = read_shard(step_checkpoint_dir(Path(self.job.run_dir), self.job.start),
+                                                self.shard, self.job.workers)
+        self.update.set_state(state)
+        self.weights = self._weights()
+        if self.views is not None:
+            self.views = views
 
     def serve(self) -> None:
         """Answer messages until every worker is done; then write the shard's state to server<shard>.npz."""
@@ -93,6 +110,8 @@ class Server:
 
     def _ready(self, clock: int) -> bool:
         """Whether a pull at `clock` may see the current weights."""
+        if self.job.checkpoints_at(clock):  # every worker has written its part of the checkpoint
+            return sum(waiting == clock for _, waiting in self.waiting) == self.job.workers
         if self.job.mode == "sync":
             return self.updates >= clock
         if self.job.mode == "ssp":
@@ -109,6 +128,9 @@ class Server:
             if not self._ready(clock):
                 still.append((worker, clock))
                 continue
+            if self.job.checkpoints_at(clock) and self.saved < clock:
+                write_shard(partial_dir(self.job.run_dir, clock), self.shard, self.state(), self.views, self.updates)
+                self.saved = clock
             if self.views is None:
                 payload = self.weights.view(np.uint8)
             else:

@@ -4,10 +4,12 @@ each shard's gradient to its server (runtime/ps_job.py has the messages).
 Worker w takes rows [w*b, (w+1)*b) of every global batch (b = batch / workers), the batches in the order
 `tessel train` draws them (compiler/train_data.Dataset.batches: shuffled per epoch by (seed, epoch)). With
 compression the pushed gradient goes through the codec with error feedback, and the weights arrive as changes
-to the ones the worker holds.
+to the ones the worker holds. At a checkpoint clock the worker writes its part before it pulls
+(compiler/ps_checkpoint.py); a job with `start` resumes from its parts and skips the batches done.
 """
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 from typing import Iterator
@@ -17,6 +19,8 @@ import numpy as np
 from tessel.runtime.ps_compression import ErrorFeedback, make_codec
 from tessel.runtime.ps_job import (DATA_FILE, DONE, HEADER_BYTES, HEADER_TAG, PAYLOAD_TAG, PULL, PUSH, PSJob, flatten,
                                    header, throttle, unflatten)
+
+from .ps_checkpoint import finish, partial_dir, read_worker, write_worker
 
 
 def worker_batches(job: PSJob, arrays: dict[str, np.ndarray], worker: int) -> Iterator[dict[str, np.ndarray]]:
@@ -53,26 +57,56 @@ class Worker:
         self.pushers = [ErrorFeedback(make_codec(job.compression, job.segments(s), job.topk_ratio), size)
                         for s, size in enumerate(self.sizes)]
         self.bytes_pushed = self.bytes_pulled = 0
+        self.losses: list[float] = []
+        self.seconds_before = 0.0  # the training seconds of the run(s) before the checkpoint resumed from
+        if job.start:
+            self._resume()
+
+    def _resume(self) -> None:
+        """The worker's state at the checkpoint the job starts from."""
+        from .train_checkpoints import step_checkpoint_dir
+
+        directory = step_checkpoint_dir(Path(self.job.run_dir), self.job.start)
+        self.weights, residuals, statistics, report = read_worker(directory, self.rank, self.job.servers)
+        for pusher, residual in zip(self.pushers, residuals):
+            pusher.residual = residual
+        self.step.set_state(statistics)
+        self.losses = report["losses"]
+        self.bytes_pushed, self.bytes_pulled = report["bytes_pushed"], report["bytes_pulled"]
+        self.seconds_before = report["seconds"]
 
     def train(self) -> dict:
         """Run the job's steps; the losses, the bytes this worker sent and received, and the seconds it took."""
         import torch.distributed as dist
 
-        losses = []
         dist.barrier()
         started = time.perf_counter()
-        for clock, batch in enumerate(worker_batches(self.job, self.arrays, self.rank)):
+        batches = itertools.islice(worker_batches(self.job, self.arrays, self.rank), self.job.start, None)
+        for clock, batch in enumerate(batches, self.job.start):
+            if self.job.checkpoints_at(clock):
+                self._write_checkpoint(clock, time.perf_counter() - started)
             self._pull(clock)
+            if self.job.checkpoints_at(clock) and self.rank == 0:
+                finish(self.job.run_dir, clock)  # every server answered: every part is written
             feeds = {name: batch[name] for name in self.job.data_inputs}
             if self.job.label_input is not None:
                 feeds[self.job.label_input] = batch["labels"]
             outputs = self.step.run(feeds)
-            losses.append(float(outputs[self.job.loss_output]))
+            self.losses.append(float(outputs[self.job.loss_output]))
             self._push(clock, outputs)
         for shard in range(self.job.servers):
             dist.send(header(DONE), dst=self.job.server_rank(shard), tag=HEADER_TAG)
-        return {"losses": losses, "seconds": time.perf_counter() - started, "bytes_pushed": self.bytes_pushed,
-                "bytes_pulled": self.bytes_pulled}
+        return self._report(time.perf_counter() - started)
+
+    def _report(self, seconds: float) -> dict:
+        """The losses so far, the training seconds and the bytes this worker sent and received."""
+        return {"losses": list(self.losses), "seconds": self.seconds_before + seconds,
+                "bytes_pushed": self.bytes_pushed, "bytes_pulled": self.bytes_pulled}
+
+    def _write_checkpoint(self, clock: int, seconds: float) -> None:
+        """The worker's part of the checkpoint after `clock` steps."""
+        write_worker(partial_dir(self.job.run_dir, clock), self.rank, self.weights,
+                     [pusher.residual for pusher in self.pushers], self.statistics(), self._report(seconds))
 
     def _pull(self, clock: int) -> None:
         """The weights for step `clock` from every server, into the step's state."""

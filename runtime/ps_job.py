@@ -54,6 +54,9 @@ class PSJob:
     compress_pulls: bool = True    # with compression: the weights' changes go through the codec too
     link_gbit_s: float = 0.0       # emulated link bandwidth (0: none); see `throttle`
     link_latency_s: float = 0.0    # emulated link latency per message
+    run_dir: str = ""              # where checkpoints go (RUN_DIR/checkpoints/step_S); "" for none
+    checkpoint_every: int = 0      # a checkpoint after every this many steps (0: none)
+    start: int = 0                 # the steps done before: the job resumes from checkpoint step_<start>
 
     @property
     def pull_codec(self) -> str:
@@ -79,6 +82,11 @@ class PSJob:
     def world(self) -> int:
         """Workers and servers together."""
         return self.workers + self.servers
+
+    def checkpoints_at(self, clock: int) -> bool:
+        """Whether the ranks write a checkpoint when every worker has done `clock` steps (compiler/ps_checkpoint.py)."""
+        return bool(self.run_dir and self.checkpoint_every) and self.start < clock < self.steps \
+            and clock % self.checkpoint_every == 0
 
     def server_rank(self, shard: int) -> int:
         """The rank of the server holding shard `shard`."""

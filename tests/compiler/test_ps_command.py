@@ -26,7 +26,8 @@ def test_the_flags_select_a_consistency_model(argv, want):
 @pytest.mark.parametrize("argv, message", [
     (("--ps-mode", "ssp"), "--ps-mode ssp needs --staleness S"),
     (("--ps-mode", "async", "--staleness", "1"), "--staleness goes with --ps-mode ssp, not async"),
-    (("--resume", "run"), "does not resume from checkpoints yet"),
+    (("--resume", "run", "--servers", "2"), "--resume continues with the parameter-server settings in "
+                                            "RUN_DIR/ps/job.json; leave out --servers"),
     (("--compression", "topk", "--topk-ratio", "2"), "--topk-ratio 2.0: give a value in"),
 ])
 def test_bad_pairings_are_refused_in_one_line(argv, message):
