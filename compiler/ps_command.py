@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from tessel.runtime.ps_compression import CODECS
-from tessel.runtime.ps_job import HEADER_BYTES, MODES
+from tessel.runtime.ps_job import HEADER_BYTES, LAYOUTS, MODES
 
 from .train_data import LABELS, Dataset, as_step_labels
 from .train_settings import MODEL_FILE, RunSettings, TrainSettingsError, build_optimizer, loss_spec
@@ -34,9 +34,12 @@ def add_ps_arguments(train) -> None:
     train.add_argument("--staleness", type=int, metavar="S", help="ssp: most steps a worker may run ahead")
     train.add_argument("--compression", choices=CODECS, help="gradient compression with error feedback (default none)")
     train.add_argument("--topk-ratio", type=float, help="top-k: share of elements sent (0.01)")
+    train.add_argument("--ps-layout", choices=LAYOUTS,
+                       help="standalone (servers in processes of their own, default) or colocated (server s runs in "
+                            "worker s's process, MXNet's dist_sync local layout; needs --servers <= --devices)")
 
 
-_PS_FLAGS = ("servers", "ps_mode", "staleness", "compression", "topk_ratio")
+_PS_FLAGS = ("servers", "ps_mode", "staleness", "compression", "topk_ratio", "ps_layout")
 
 
 def ps_mode(args: argparse.Namespace) -> tuple[str, int]:
@@ -53,6 +56,9 @@ def ps_mode(args: argparse.Namespace) -> tuple[str, int]:
         raise TrainSettingsError("--ps-mode ssp needs --staleness S (S >= 0)")
     if mode != "ssp" and args.staleness is not None:
         raise TrainSettingsError(f"--staleness goes with --ps-mode ssp, not {mode}")
+    if args.ps_layout == "colocated" and (args.servers or 1) > (args.devices or 1):
+        raise TrainSettingsError(f"--ps-layout colocated runs each server in a worker's process: --servers "
+                                 f"{args.servers} needs --devices {args.servers} or more")
     if args.topk_ratio is not None and not 0 < args.topk_ratio <= 1:
         raise TrainSettingsError(f"--topk-ratio {args.topk_ratio}: give a value in (0, 1]")
     return mode, args.staleness or 0
@@ -80,7 +86,8 @@ def run_ps(settings: RunSettings, run_dir: Path, data: Dataset, val: Dataset | N
                           run_dir / PS_DIR, workers=settings.devices, servers=args.servers or 1,
                           batch=settings.batch, steps=steps, mode=mode, staleness=staleness, seed=settings.seed,
                           compression=args.compression or "none",
-                          topk_ratio=0.01 if args.topk_ratio is None else args.topk_ratio)
+                          topk_ratio=0.01 if args.topk_ratio is None else args.topk_ratio,
+                          layout=args.ps_layout or "standalone")
     job.run_dir = str(run_dir)
     job.checkpoint_every = args.checkpoint_every or steps_per_epoch
     job.write(run_dir / PS_DIR)

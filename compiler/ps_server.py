@@ -1,6 +1,7 @@
 """A parameter server: one shard's parameters and optimizer slots, updated by its compiled update program.
 
-The server answers messages in arrival order (runtime/ps_job.py). Consistency models:
+The server answers messages in arrival order (runtime/ps_job.py), read from an inbox and answered through a
+wire (runtime/ps_wire.py), in a process of its own or as a thread of a worker's (colocated). Consistency models:
 - sync (BSP): the gradients of one clock from every worker are averaged, then applied as one update; a pull
   at clock c waits until c updates are applied, so every worker computes step c on the same weights (the
   result of data-parallel all-reduce training).
@@ -17,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from tessel.runtime.ps_compression import make_codec
-from tessel.runtime.ps_job import (DONE, HEADER_BYTES, HEADER_TAG, PAYLOAD_TAG, PULL, PUSH, WEIGHTS, PSJob, flatten,
-                                   header, throttle, unflatten)
+from tessel.runtime.ps_job import DONE, PULL, PUSH, WEIGHTS, PSJob, flatten, unflatten
+from tessel.runtime.ps_wire import Wire
 
 from .ps_checkpoint import partial_dir, read_shard, write_shard
 
@@ -26,12 +27,12 @@ from .ps_checkpoint import partial_dir, read_shard, write_shard
 class Server:
     """Shard `shard` of a job: its update program and the workers' clocks."""
 
-    def __init__(self, job: PSJob, directory: Path, shard: int):
+    def __init__(self, job: PSJob, directory: Path, shard: int, wire: Wire):
         from .optim import optimizer_from_json
 
         from tessel.runtime.executor import Executor
 
-        self.job, self.shard = job, shard
+        self.job, self.shard, self.wire = job, shard, wire
         self.names = job.shards[shard]
         self.grad_names = [name + "__grad" for name in self.names]
         self.update = Executor(directory / f"server{shard}", threads=1)
@@ -62,20 +63,13 @@ class Server:
         if self.views is not None:
             self.views = views
 
-    def serve(self) -> None:
-        """Answer messages until every worker is done; then write the shard's state to server<shard>.npz."""
-        import torch
-        import torch.distributed as dist
-
+    def serve(self, inbox) -> None:
+        """Answer the messages of `inbox` (runtime/ps_wire.RemoteInbox or LocalInbox) until every worker is done."""
         done = 0
-        message = torch.zeros(4, dtype=torch.int64)
         while done < self.job.workers:
-            worker = dist.recv(message, tag=HEADER_TAG)
-            kind, clock, nbytes = (int(v) for v in message[:3])
+            worker, kind, clock, payload = inbox.get()
             if kind == PUSH:
-                payload = torch.empty(nbytes, dtype=torch.uint8)
-                dist.recv(payload, src=worker, tag=PAYLOAD_TAG)
-                self._push(worker, clock, self.codec.decode(payload.numpy(), self.size))
+                self._push(worker, clock, self.codec.decode(payload, self.size))
             elif kind == PULL:
                 self.waiting.append((worker, clock))
             elif kind == DONE:
@@ -120,9 +114,6 @@ class Server:
 
     def _answer_pulls(self) -> None:
         """Send the weights to every waiting worker whose pull is now allowed."""
-        import torch
-        import torch.distributed as dist
-
         still = []
         for worker, clock in self.waiting:
             if not self._ready(clock):
@@ -136,9 +127,7 @@ class Server:
             else:
                 payload, decoded = self.pull_codec.encode(self.weights - self.views[worker])
                 self.views[worker] += decoded
-            throttle(self.job, HEADER_BYTES + payload.size)
-            dist.send(header(WEIGHTS, self.updates, payload.size), dst=worker, tag=HEADER_TAG)
-            dist.send(torch.from_numpy(np.ascontiguousarray(payload)), dst=worker, tag=PAYLOAD_TAG)
+            self.wire.to_worker(self.shard, worker, WEIGHTS, self.updates, payload)
         self.waiting = still
 
     def _weights(self) -> np.ndarray:

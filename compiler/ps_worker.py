@@ -17,8 +17,8 @@ from typing import Iterator
 import numpy as np
 
 from tessel.runtime.ps_compression import ErrorFeedback, make_codec
-from tessel.runtime.ps_job import (DATA_FILE, DONE, HEADER_BYTES, HEADER_TAG, PAYLOAD_TAG, PULL, PUSH, PSJob, flatten,
-                                   header, throttle, unflatten)
+from tessel.runtime.ps_job import DATA_FILE, DONE, HEADER_BYTES, PULL, PUSH, PSJob, flatten, unflatten
+from tessel.runtime.ps_wire import Wire
 
 from .ps_checkpoint import finish, partial_dir, read_worker, write_worker
 
@@ -43,10 +43,10 @@ def worker_batches(job: PSJob, arrays: dict[str, np.ndarray], worker: int) -> It
 class Worker:
     """Rank `rank` < W of a job."""
 
-    def __init__(self, job: PSJob, directory: Path, rank: int):
+    def __init__(self, job: PSJob, directory: Path, rank: int, wire: Wire):
         from tessel.runtime.executor import Executor
 
-        self.job, self.rank = job, rank
+        self.job, self.rank, self.wire = job, rank, wire
         self.step = Executor(directory / "worker", threads=1)
         with np.load(directory / DATA_FILE, allow_pickle=False) as data:
             self.arrays = {name: data[name] for name in data.files}
@@ -95,7 +95,7 @@ class Worker:
             self.losses.append(float(outputs[self.job.loss_output]))
             self._push(clock, outputs)
         for shard in range(self.job.servers):
-            dist.send(header(DONE), dst=self.job.server_rank(shard), tag=HEADER_TAG)
+            self.wire.to_server(shard, DONE)
         return self._report(time.perf_counter() - started)
 
     def _report(self, seconds: float) -> dict:
@@ -110,39 +110,27 @@ class Worker:
 
     def _pull(self, clock: int) -> None:
         """The weights for step `clock` from every server, into the step's state."""
-        import torch
-        import torch.distributed as dist
-
-        reply = torch.zeros(4, dtype=torch.int64)
         for shard in range(self.job.servers):
-            server = self.job.server_rank(shard)
-            throttle(self.job, HEADER_BYTES)
-            dist.send(header(PULL, clock), dst=server, tag=HEADER_TAG)
-            dist.recv(reply, src=server, tag=HEADER_TAG)
-            payload = torch.empty(int(reply[2]), dtype=torch.uint8)
-            dist.recv(payload, src=server, tag=PAYLOAD_TAG)
-            received = self.decoders[shard].decode(payload.numpy(), self.sizes[shard])
+            self.wire.to_server(shard, PULL, clock)
+            _, payload = self.wire.from_server(shard)
+            received = self.decoders[shard].decode(payload, self.sizes[shard])
             if self.job.pull_codec == "none":
                 self.weights[shard] = received.copy()
             else:
                 self.weights[shard] += received
-            self.bytes_pulled += 2 * HEADER_BYTES + payload.numel()
+            if not self.wire.is_local(shard):  # bytes on the wire: a colocated server's cross no link
+                self.bytes_pulled += 2 * HEADER_BYTES + payload.size
         for shard, names in enumerate(self.job.shards):
             self.step.set_state(unflatten(self.weights[shard], names, self.job.shapes))
 
     def _push(self, clock: int, outputs: dict[str, np.ndarray]) -> None:
         """Each shard's gradient to its server."""
-        import torch
-        import torch.distributed as dist
-
         grads = {name: outputs[self.job.gradients[name]] for name in self.job.parameters}
         for shard, names in enumerate(self.job.shards):
             message = self.pushers[shard].encode(flatten(grads, names))
-            server = self.job.server_rank(shard)
-            throttle(self.job, HEADER_BYTES + message.size)
-            dist.send(header(PUSH, clock, message.size), dst=server, tag=HEADER_TAG)
-            dist.send(torch.from_numpy(np.ascontiguousarray(message)), dst=server, tag=PAYLOAD_TAG)
-            self.bytes_pushed += HEADER_BYTES + message.size
+            self.wire.to_server(shard, PUSH, clock, message)
+            if not self.wire.is_local(shard):
+                self.bytes_pushed += HEADER_BYTES + message.size
 
     def statistics(self) -> dict[str, np.ndarray]:
         """The worker's state other than the parameters: its BatchNormalization running statistics."""

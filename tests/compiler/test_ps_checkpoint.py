@@ -1,10 +1,9 @@
 """Parameter-server checkpoints (compiler/ps_checkpoint.py): a job resumed from its newest checkpoint ends as the
-uninterrupted job does, and `tessel train --parallel ps --resume` continues a killed run in every mode."""
+uninterrupted job does, and a killed job, named in one line, resumes from its checkpoint in every mode."""
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
+import multiprocessing
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -14,10 +13,9 @@ import pytest
 
 import tessel
 from bench.training_models import SPECS, export
-from tessel.compiler.ps_launch import run_job
+from tessel.compiler.ps_launch import PSFailure, run_job
 from tessel.compiler.ps_training import prepare_job
 from tessel.compiler.train_checkpoints import mid_epoch_steps
-from tests.compiler.train_fixtures import trained_weights, write_classifier, write_data
 
 STEPS, BATCH = 8, 16
 
@@ -57,35 +55,33 @@ def test_a_job_resumed_from_its_newest_checkpoint_ends_as_the_uninterrupted_job(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, victim", [(["--ps-mode", "sync", "--compression", "1bit"], "worker 1"),
-                                          (["--ps-mode", "async"], "server 0"), (["--staleness", "2"], "worker 0")])
-def test_a_killed_run_is_named_in_one_line_and_resumes_in_every_mode(tmp_path, mode, victim):
-    model, data = write_classifier(tmp_path / "m.onnx"), write_data(tmp_path / "d.npz", samples=64)
-    run = tmp_path / "run"
-    command = [sys.executable, "-m", "tessel.compiler.cli", "train", str(model), "--data", str(data), "--loss",
-               "cross_entropy", "--lr", "0.1", "--batch", "8", "--epochs", "400", "--devices", "2", "--parallel",
-               "ps", "--servers", "1", "--checkpoint-every", "4", *mode, "-o", str(run)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+@pytest.mark.parametrize("settings, victim", [({"mode": "sync", "compression": "1bit"}, "worker 1"),
+                                              ({"mode": "async"}, "server 0"),
+                                              ({"mode": "ssp", "staleness": 2}, "worker 0")])
+def test_a_killed_job_is_named_in_one_line_and_resumes_in_every_mode(compiled, tmp_path, settings, victim):
+    directory, base = compiled
+    job = replace(base, run_dir=str(tmp_path), checkpoint_every=4, steps=10 ** 6, **settings)
+    job.write(directory)
+    failure: list[BaseException] = []
+    runner = threading.Thread(target=lambda: _run_catching(directory, failure))
+    runner.start()
     deadline = time.monotonic() + 300
-    while not mid_epoch_steps(run):
-        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+    while not mid_epoch_steps(tmp_path):
+        assert runner.is_alive() and time.monotonic() < deadline
         time.sleep(0.05)
-    _kill(process.pid, victim)
-    _, err = process.communicate(timeout=120)
-    lines = [line for line in err.splitlines() if line.strip() and not line.startswith((" ", "Traceback"))]
-    assert process.returncode != 0 and f"{victim} (rank" in lines[-1], err
-    resumed = subprocess.run([sys.executable, "-m", "tessel.compiler.cli", "train", "--resume", str(run), "--epochs",
-                              "401"], capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "3208 steps" in resumed.stdout and trained_weights(run)["W"].shape == (3, 4)
+    next(p for p in multiprocessing.active_children() if p.name == f"tessel-ps {victim}").kill()
+    runner.join(timeout=120)
+    assert len(failure) == 1 and isinstance(failure[0], PSFailure)
+    message = str(failure[0])
+    assert "\n" not in message and f"{victim} (rank" in message and "killed by SIGKILL" in message, message
+    done = mid_epoch_steps(tmp_path)[-1]
+    replace(job, start=done, steps=done + 6).write(directory)
+    resumed = run_job(directory)
+    assert all(len(report["losses"]) == done + 6 for report in resumed.reports)
 
 
-def _kill(pid: int, victim: str) -> None:
-    """SIGKILL the rank process called `tessel-ps <victim>` among `pid`'s descendants."""
-    import psutil
-
-    for child in psutil.Process(pid).children(recursive=True):
-        if child.name() == f"tessel-ps {victim}"[:15] or f"tessel-ps {victim}" in " ".join(child.cmdline()):
-            child.kill()
-            return
-    raise AssertionError(f"no rank called {victim}")
+def _run_catching(directory: Path, failure: list) -> None:
+    try:
+        run_job(directory, timeout_s=600)
+    except PSFailure as exc:
+        failure.append(exc)

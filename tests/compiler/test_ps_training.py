@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -59,9 +60,15 @@ def mlp_job(tmp_path_factory, kernel_cache):
     return path, data, optimizer, root / "job", job
 
 
-def test_synchronous_ps_trains_like_one_device_on_the_whole_batch(mlp_job, kernel_cache):
+@pytest.fixture(scope="module")
+def standalone(mlp_job):
+    """The sync job's result with standalone servers."""
+    return run_job(mlp_job[3])
+
+
+def test_synchronous_ps_trains_like_one_device_on_the_whole_batch(mlp_job, standalone, kernel_cache):
     path, data, optimizer, directory, job = mlp_job
-    result = run_job(directory)
+    result = standalone
     single = tessel.compile_training(str(path), loss="mse", optimizer=optimizer, input_shapes={"x": (BATCH, 32)},
                                      cache_dir=kernel_cache)
     batches = Dataset(data, 48)
@@ -75,6 +82,20 @@ def test_synchronous_ps_trains_like_one_device_on_the_whole_batch(mlp_job, kerne
         np.testing.assert_allclose(result.parameters[name], single_state[name], atol=1e-6, err_msg=name)
         np.testing.assert_allclose(result.slots[name + ".momentum"], single_state[name + ".momentum"], atol=1e-6)
     assert all(report["bytes_pushed"] > 4 * STEPS * sum(map(np.prod, job.shapes.values())) for report in result.reports)
+
+
+def test_colocated_servers_train_as_standalone_ones(mlp_job, standalone):
+    directory, job = mlp_job[3], mlp_job[4]
+    replace(job, layout="colocated").write(directory)
+    try:
+        colocated = run_job(directory)
+    finally:
+        job.write(directory)
+    for name, value in standalone.parameters.items():
+        np.testing.assert_allclose(colocated.parameters[name], value, atol=1e-5, err_msg=name)
+    np.testing.assert_allclose(colocated.reports[0]["losses"], standalone.reports[0]["losses"], rtol=1e-5)
+    # Worker 0's messages to the server in its own process cross no link.
+    assert colocated.reports[0]["bytes_pushed"] == 0 < colocated.reports[1]["bytes_pushed"]
 
 
 def test_a_killed_server_stops_every_rank_and_is_named_in_one_line(mlp_job, tmp_path):
