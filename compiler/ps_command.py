@@ -32,14 +32,15 @@ def add_ps_arguments(train) -> None:
     train.add_argument("--servers", type=int, metavar="S", help="parameter servers (default 1)")
     train.add_argument("--ps-mode", choices=MODES, help="sync (BSP, default), async (Downpour) or ssp")
     train.add_argument("--staleness", type=int, metavar="S", help="ssp: most steps a worker may run ahead")
-    train.add_argument("--compression", choices=CODECS, help="gradient compression with error feedback (default none)")
+    train.add_argument("--compression", choices=CODECS,
+                       help="gradient compression with error feedback, for --parallel data and ps (default none)")
     train.add_argument("--topk-ratio", type=float, help="top-k: share of elements sent (0.01)")
     train.add_argument("--ps-layout", choices=LAYOUTS,
                        help="standalone (servers in processes of their own, default) or colocated (server s runs in "
                             "worker s's process, MXNet's dist_sync local layout; needs --servers <= --devices)")
 
 
-_PS_FLAGS = ("servers", "ps_mode", "staleness", "compression", "topk_ratio", "ps_layout")
+_PS_FLAGS = ("servers", "ps_mode", "staleness", "ps_layout")
 
 
 def ps_mode(args: argparse.Namespace) -> tuple[str, int]:
@@ -59,8 +60,6 @@ def ps_mode(args: argparse.Namespace) -> tuple[str, int]:
     if args.ps_layout == "colocated" and (args.servers or 1) > (args.devices or 1):
         raise TrainSettingsError(f"--ps-layout colocated runs each server in a worker's process: --servers "
                                  f"{args.servers} needs --devices {args.servers} or more")
-    if args.topk_ratio is not None and not 0 < args.topk_ratio <= 1:
-        raise TrainSettingsError(f"--topk-ratio {args.topk_ratio}: give a value in (0, 1]")
     return mode, args.staleness or 0
 
 
@@ -85,8 +84,7 @@ def run_ps(settings: RunSettings, run_dir: Path, data: Dataset, val: Dataset | N
         job = prepare_job(settings.model, loss_spec(settings), build_optimizer(settings, steps_per_epoch), arrays,
                           run_dir / PS_DIR, workers=settings.devices, servers=args.servers or 1,
                           batch=settings.batch, steps=steps, mode=mode, staleness=staleness, seed=settings.seed,
-                          compression=args.compression or "none",
-                          topk_ratio=0.01 if args.topk_ratio is None else args.topk_ratio,
+                          compression=settings.compression, topk_ratio=settings.topk_ratio,
                           layout=args.ps_layout or "standalone")
     job.run_dir = str(run_dir)
     job.checkpoint_every = args.checkpoint_every or steps_per_epoch

@@ -42,12 +42,27 @@ class Float32:
 def column_segments(shapes: Sequence[Sequence[int]]) -> list[int]:
     """The 1-bit segments of tensors of `shapes`, flattened one after the other: one per output channel (a row
     along the leading axis) of a tensor of 2 or more dimensions, one per vector or scalar."""
+    sizes = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
+    return row_segments(sizes, [int(shape[0]) if len(shape) >= 2 else 1 for shape in shapes])
+
+
+def row_segments(sizes: Sequence[int], rows: Sequence[int]) -> list[int]:
+    """`column_segments` of tensors given by their element counts and leading dimensions (1 for a vector)."""
     segments = []
-    for shape in shapes:
-        size = int(np.prod(shape, dtype=np.int64))
-        rows = int(shape[0]) if len(shape) >= 2 and size else 1
-        segments += [size // rows] * rows
+    for size, count in zip(sizes, rows):
+        count = count if size else 1
+        segments += [size // count] * count
     return segments
+
+
+def message_bytes(name: str, segments: Sequence[int], topk_ratio: float = 0.01) -> int:
+    """The bytes of one message of codec `name` for a vector made of `segments`."""
+    size = int(sum(segments))
+    if name == "1bit":
+        return 4 * len(segments) + (size + 7) // 8
+    if name == "topk":
+        return 8 * max(1, math.ceil(topk_ratio * size))
+    return 4 * size
 
 
 def _to_bfloat16(values: np.ndarray) -> np.ndarray:

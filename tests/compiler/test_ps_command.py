@@ -29,7 +29,6 @@ def test_the_flags_select_a_consistency_model(argv, want):
     (("--ps-mode", "async", "--staleness", "1"), "--staleness goes with --ps-mode ssp, not async"),
     (("--resume", "run", "--servers", "2"), "--resume continues with the parameter-server settings in "
                                             "RUN_DIR/ps/job.json; leave out --servers"),
-    (("--compression", "topk", "--topk-ratio", "2"), "--topk-ratio 2.0: give a value in"),
     (("--ps-layout", "colocated", "--servers", "3", "--devices", "2"), "--servers 3 needs --devices 3 or more"),
 ])
 def test_bad_pairings_are_refused_in_one_line(argv, message):

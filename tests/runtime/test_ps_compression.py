@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tessel.runtime.ps_compression import ErrorFeedback, Float32, OneBit, TopK, column_segments, make_codec
+from tessel.runtime.ps_compression import (CODECS, ErrorFeedback, Float32, OneBit, TopK, column_segments, make_codec,
+                                          message_bytes, row_segments)
 
 
 def _vector(size: int = 1000, seed: int = 0) -> np.ndarray:
@@ -74,3 +75,12 @@ def test_error_feedback_delays_what_a_message_loses_but_drops_nothing(name):
 def test_an_unknown_codec_is_refused():
     with pytest.raises(ValueError, match="unknown compression 'zip'"):
         make_codec("zip", [4])
+
+
+def test_message_bytes_are_what_the_codecs_send():
+    segments = column_segments([(3, 40), (7,)])
+    vector = _vector(sum(segments))
+    for name in CODECS:
+        message, _ = make_codec(name, segments, topk_ratio=0.1).encode(vector)
+        assert message_bytes(name, segments, topk_ratio=0.1) == message.nbytes
+    assert row_segments([120, 7], [3, 1]) == segments
