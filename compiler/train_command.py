@@ -155,9 +155,9 @@ def run_train(args: argparse.Namespace) -> int:
     write_training_curves(run_dir / CURVES, read_log(run_dir), f"{Path(settings.model).name}: training",
                           settings.loss)
     done = "trained" if finished else f"stopped after step {trainer.steps_done} (--max-steps)"
-    summary = compression_summary(trainer.step_artifact.directory)
-    if summary:
-        print(summary)
+    if settings.compression != "none":
+        print(compression_summary(trainer.step_artifact.directory) or "gradients compressed "
+              f"({settings.compression})")
     print(f"{done}: {trainer.steps_done} steps, {run_dir / MODEL_FILE}, {run_dir / CURVES}.png")
     return 0
 
