@@ -1,5 +1,6 @@
-"""Parameter-server checkpoints (compiler/ps_checkpoint.py): a job resumed from its newest checkpoint ends as the
-uninterrupted job does, and a killed job, named in one line, resumes from its checkpoint in every mode."""
+"""Parameter-server checkpoints (compiler/ps_checkpoint.py), the slow checks: a 1-bit job resumed from its newest
+checkpoint (error-feedback residuals and the workers' views restored) ends as the uninterrupted job does, an SSP
+job resumes, and a killed job, named in one line, resumes from its checkpoint in every mode."""
 from __future__ import annotations
 
 import multiprocessing
@@ -33,10 +34,11 @@ def compiled(tmp_path_factory, kernel_cache):
     return root / "job", job
 
 
+@pytest.mark.slow  # two jobs each, plus a compile: over a minute on the shared 2-core machine (the fast check of
+# resuming is in test_ps_training.py)
 @pytest.mark.parametrize("settings", [{"mode": "sync", "compression": "1bit"},
-                                      pytest.param({"mode": "ssp", "staleness": 1, "compression": "none"},
-                                                   marks=pytest.mark.slow)])
-def test_a_job_resumed_from_its_newest_checkpoint_ends_as_the_uninterrupted_job(compiled, tmp_path, settings):
+                                      {"mode": "ssp", "staleness": 1, "compression": "none"}])
+def test_a_compressed_or_ssp_job_resumes_from_its_newest_checkpoint(compiled, tmp_path, settings):
     directory, base = compiled
     job = replace(base, run_dir=str(tmp_path), checkpoint_every=3, **settings)
     job.write(directory)
