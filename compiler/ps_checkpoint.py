@@ -7,7 +7,8 @@ its losses and bytes so far), then pulls. A server answers the pulls of clock S 
 theirs (so in every mode all workers have pushed exactly S gradients and written their part), and before it
 answers it writes its shard (shard<s>.npz: parameters and optimizer slots; shard<s>_views.npz: with compressed
 pulls, the weights each worker holds; shard<s>.json: its update count). Once every server has answered worker 0,
-every part is written: worker 0 renames step_S.partial to step_S and removes the older step checkpoints. Async and SSP jobs thus meet at each checkpoint, as BSP does every step.
+every part is written: worker 0 renames step_S.partial to step_S and removes the older step checkpoints. Async
+and SSP jobs thus meet at each checkpoint, as BSP does every step.
 """
 from __future__ import annotations
 

@@ -194,8 +194,9 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
     passes/data_parallel.py), reported in the step artifact's reports/data_parallel.md; `sync_batchnorm` then
     normalises BatchNormalization with the whole batch's statistics (as torch.nn.SyncBatchNorm) instead of each
     worker's slice's; `compression` "1bit" or "topk" (`topk_ratio`) exchanges the gradients encoded, with error
-    feedback, instead of all-reducing float32 (bytes per step in the same report). `parallel` = "pipeline" trains on `devices` pipeline stages instead, each step's batch in
-    `micro_batches` micro-batches under `schedule` "gpipe" or "1f1b" (compiler/pipeline_training.py).
+    feedback, instead of all-reducing float32 (bytes per step in the same report). `parallel` = "pipeline"
+    trains on `devices` pipeline stages instead, each step's batch in `micro_batches` micro-batches under
+    `schedule` "gpipe" or "1f1b" (compiler/pipeline_training.py).
     """
     if compression != "none" and parallel != "data":
         raise CompileError(f"gradient compression goes with data-parallel training, not {parallel}")

@@ -167,7 +167,8 @@ class TorchComm:
         try:
             work = self._dist.all_gather(gathered, message, async_op=True)
         except RuntimeError as exc:
-            raise PeerError(f"rank {self.rank}: compressed all-reduce of tensor '{name}' failed ({_reason(exc)})") from None
+            raise PeerError(f"rank {self.rank}: compressed all-reduce of tensor '{name}' failed "
+                            f"({_reason(exc)})") from None
 
         def wait() -> None:
             try:
