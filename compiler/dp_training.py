@@ -29,9 +29,12 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from tessel.ir.graph import Graph
+from tessel.ir.schema import TESSEL_DOMAIN
 from tessel.ir.types import TensorType
 from tessel.passes.data_parallel import AllReduceChoice, allreduce_choices
 from tessel.passes.machine import Link
+from tessel.runtime.ps_compression import message_bytes, row_segments
+
 from .api import divided_batch_shapes
 from .options import CompileError
 from .program import Program
@@ -46,18 +49,51 @@ def allreduce_plan(graph: Graph, link: Link, workers: int, requested: str) -> li
         raise CompileError(str(exc)) from None
 
 
-def write_allreduce_report(directory: str | Path, choices: Sequence[AllReduceChoice], link: Link) -> None:
+def write_allreduce_report(directory: str | Path, choices: Sequence[AllReduceChoice], link: Link,
+                           compressed: dict | None = None) -> None:
     """reports/data_parallel.json and .md in the step artifact `directory`: the link, each all-reduce (bucket)
-    in the order backward issues them, every algorithm's predicted time and the one that runs."""
+    in the order backward issues them, every algorithm's predicted time and the one that runs; with
+    compressed gradients, their bytes per step (`compressed_bytes`)."""
     reports = Path(directory) / "reports"
     where = f"link alpha {1e6 * link.alpha:.1f} us, beta {1e9 * link.beta:.3f} ns/byte" + \
         ("" if link.measured else " (default: `tessel calibrate` has not run)")
     (reports / "data_parallel.json").write_text(json.dumps(
         {"link": {"alpha_s": link.alpha, "beta_s_per_byte": link.beta, "measured": link.measured},
-         "allreduces": [asdict(choice) for choice in choices]}, indent=1))
+         "allreduces": [asdict(choice) for choice in choices], "compression": compressed}, indent=1))
     lines = ["# Data-parallel all-reduce", "", f"{len(choices)} all-reduce(s) per step, {where}:", ""]
     lines += [f"- {choice.describe()}" for choice in choices]
+    if compressed:
+        lines += ["", f"Gradients compressed ({compressed['codec']}, error feedback per worker), exchanged by "
+                  f"all-gather: {compressed['bytes_per_step']} B sent per worker per step against "
+                  f"{compressed['float32_ring_bytes_per_step']:.0f} B for a float32 ring all-reduce "
+                  f"({compressed['ratio']:.1f}x fewer)."]
     (reports / "data_parallel.md").write_text("\n".join(lines) + "\n")
+
+
+def compression_summary(directory: str | Path) -> str | None:
+    """One line on the step artifact `directory`'s compressed gradient exchange (its report), None without."""
+    path = Path(directory) / "reports" / "data_parallel.json"
+    compressed = json.loads(path.read_text()).get("compression") if path.is_file() else None
+    if not compressed:
+        return None
+    return (f"gradients compressed ({compressed['codec']}): {compressed['bytes_per_step']} B sent per worker per "
+            f"step, {compressed['ratio']:.1f}x fewer than a float32 ring all-reduce")
+
+
+def compressed_bytes(graph: Graph, workers: int) -> dict | None:
+    """The bytes per step of the compressed gradient exchange of a replica's step `graph` on `workers`
+    (all-gather: each worker sends its message to every other) beside a float32 ring all-reduce of the same
+    gradients (2 (W-1)/W times their bytes); None when its gradients are not compressed."""
+    nodes = [node for node in graph.nodes if node.domain == TESSEL_DOMAIN and node.op_type == "AllReduce"
+             and node.attrs.get("compression", "none") != "none"]
+    if not nodes:
+        return None
+    sent = sum((workers - 1) * message_bytes(node.attrs["compression"],
+                                             row_segments(node.attrs["part_sizes"], node.attrs["part_rows"]),
+                                             node.attrs["topk_ratio"]) for node in nodes)
+    ring = sum(2 * (workers - 1) / workers * node.inputs[0].type.nbytes for node in nodes)
+    return {"codec": nodes[0].attrs["compression"], "bytes_per_step": sent, "float32_ring_bytes_per_step": ring,
+            "ratio": ring / sent}
 
 
 def replica_input_shapes(input_shapes: Mapping[str, Sequence[int]], replicas: int) -> dict[str, tuple[int, ...]]:

@@ -109,8 +109,10 @@ class ProgramBuilder:
         if node.domain == TESSEL_DOMAIN and node.op_type == "Recv":
             return Recv(**where, output=self.write(node.outputs[0]), peer=node.attrs["peer"], tag=node.attrs["tag"])
         if node.domain == TESSEL_DOMAIN and node.op_type == "AllReduce":
+            compressed = {key: tuple(node.attrs[key]) if key.startswith("part_") else node.attrs[key]
+                          for key in ("compression", "topk_ratio", "part_sizes", "part_rows") if key in node.attrs}
             return AllReduce(**where, tensor=self.read(node.inputs[0]), reduction=node.attrs["reduction"],
-                             output=self.write(node.outputs[0]))
+                             output=self.write(node.outputs[0]), **compressed)
         if node.domain == TESSEL_DOMAIN and node.op_type == "Unreachable":
             for out in node.outputs:
                 self.write(out)

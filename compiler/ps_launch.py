@@ -12,6 +12,7 @@ import json
 import multiprocessing
 import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from tessel.ir.errors import TesselError
 
 from tessel.runtime.launch import free_port
 from tessel.runtime.ps_job import PSJob
+from tessel.runtime.ps_wire import LocalInbox, RemoteInbox, Wire
 
 PEER_LOST = 3
 # Seconds a rank waits for a peer (gloo's timeout); the launcher stops everything as soon as one rank dies.
@@ -97,14 +99,11 @@ def _how(code: int) -> str:
 
 
 def rank_main(directory: str, rank: int, world: int, port: int) -> None:
-    """A rank's process: join the group, serve or train, write the results; a peer's loss exits with PEER_LOST,
-    any other error prints its traceback and exits with 1."""
+    """A rank's process: join the group, serve or train (or both, colocated), write the results; a peer's loss
+    exits with PEER_LOST, any other error prints its traceback and exits with 1."""
     import os
 
     import torch.distributed as dist
-
-    from .ps_server import Server
-    from .ps_worker import Worker
 
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     path = Path(directory)
@@ -112,24 +111,68 @@ def rank_main(directory: str, rank: int, world: int, port: int) -> None:
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=PEER_TIMEOUT_S))
         if rank < job.workers:
-            worker = Worker(job, path, rank)
-            report = worker.train()
-            (path / f"worker{rank}.json").write_text(json.dumps(report))
-            if rank == 0:
-                np.savez(path / "statistics.npz", **worker.statistics())
+            _work(job, path, rank)
         else:
-            server = Server(job, path, rank - job.workers)
-            dist.barrier()
-            server.serve()
-            np.savez(path / f"shard{rank - job.workers}.npz", **server.state())
-    except RuntimeError as exc:  # gloo: a peer closed its connection or did not answer
-        if "Connection closed" in str(exc) or "Timed out" in str(exc) or "connection" in str(exc).lower():
-            sys.exit(PEER_LOST)
-        traceback.print_exc()
-        sys.exit(1)
-    except Exception:  # noqa: BLE001 - the launcher names this rank; its traceback says why
-        traceback.print_exc()
-        sys.exit(1)
+            _serve(job, path, rank)
+    except Exception as exc:  # noqa: BLE001 - the launcher names this rank; its traceback says why
+        _exit(exc)
+
+
+def _work(job: PSJob, path: Path, rank: int) -> None:
+    """Worker `rank`'s steps (and, colocated, its server's shard in threads of the same process)."""
+    from .ps_server import Server
+    from .ps_worker import Worker
+
+    inbox = LocalInbox() if job.hosts_server(rank) else None
+    wire = Wire(job, rank, {rank: inbox} if inbox else None)
+    worker = Worker(job, path, rank, wire)
+    if inbox:
+        server = Server(job, path, rank, wire)
+        inbox.start_receiving(job.workers - 1)
+        serving = threading.Thread(target=_guarded, args=(server.serve, inbox), name="tessel-ps server", daemon=True)
+        serving.start()
+    report = worker.train()
+    (path / f"worker{rank}.json").write_text(json.dumps(report))
+    if rank == 0:
+        np.savez(path / "statistics.npz", **worker.statistics())
+    if inbox:
+        serving.join()
+        np.savez(path / f"shard{rank}.npz", **server.state())
+
+
+def _serve(job: PSJob, path: Path, rank: int) -> None:
+    """A standalone server's shard."""
+    import torch.distributed as dist
+
+    from .ps_server import Server
+
+    shard = rank - job.workers
+    server = Server(job, path, shard, Wire(job, rank))
+    dist.barrier()
+    server.serve(RemoteInbox())
+    np.savez(path / f"shard{shard}.npz", **server.state())
+
+
+def _guarded(function, *args) -> None:
+    """Run `function` in a thread; an error ends the whole process as `_exit` says (the launcher then stops the
+    others), since a server thread that died would leave its workers waiting."""
+    try:
+        function(*args)
+    except Exception as exc:  # noqa: BLE001 - see _exit
+        _exit(exc)
+
+
+def _exit(exc: Exception) -> None:
+    """End the process: PEER_LOST when gloo lost a peer (closed connection, timeout), else the traceback and 1."""
+    import os
+
+    text = str(exc)
+    if isinstance(exc, RuntimeError) and ("Connection closed" in text or "Timed out" in text
+                                          or "connection" in text.lower()):
+        os._exit(PEER_LOST)
+    traceback.print_exc()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def _collect(job: PSJob, directory: Path) -> PSResult:

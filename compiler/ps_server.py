@@ -1,6 +1,7 @@
 """A parameter server: one shard's parameters and optimizer slots, updated by its compiled update program.
 
-The server answers messages in arrival order (runtime/ps_job.py). Consistency models:
+The server answers messages in arrival order (runtime/ps_job.py), read from an inbox and answered through a
+wire (runtime/ps_wire.py), in a process of its own or as a thread of a worker's (colocated). Consistency models:
 - sync (BSP): the gradients of one clock from every worker are averaged, then applied as one update; a pull
   at clock c waits until c updates are applied, so every worker computes step c on the same weights (the
   result of data-parallel all-reduce training).
@@ -8,6 +9,7 @@ The server answers messages in arrival order (runtime/ps_job.py). Consistency mo
 - ssp (stale synchronous parallel, staleness s): pushes applied as they arrive; a pull at clock c waits until
   the slowest worker has pushed c - s gradients, so no worker runs more than s steps ahead of the slowest.
 The optimizer's step count (its learning-rate schedule, AdamW's bias corrections) is the server's update count.
+At a checkpoint clock every mode waits for all workers' pulls, writes the shard, then answers (ps_checkpoint.py).
 """
 from __future__ import annotations
 
@@ -16,49 +18,58 @@ from pathlib import Path
 import numpy as np
 
 from tessel.runtime.ps_compression import make_codec
-from tessel.runtime.ps_job import (DONE, HEADER_BYTES, HEADER_TAG, PAYLOAD_TAG, PULL, PUSH, WEIGHTS, PSJob, flatten,
-                                   header, throttle, unflatten)
+from tessel.runtime.ps_job import DONE, PULL, PUSH, WEIGHTS, PSJob, flatten, unflatten
+from tessel.runtime.ps_wire import Wire
+
+from .ps_checkpoint import partial_dir, read_shard, write_shard
 
 
 class Server:
     """Shard `shard` of a job: its update program and the workers' clocks."""
 
-    def __init__(self, job: PSJob, directory: Path, shard: int):
+    def __init__(self, job: PSJob, directory: Path, shard: int, wire: Wire):
         from .optim import optimizer_from_json
 
         from tessel.runtime.executor import Executor
 
-        self.job, self.shard = job, shard
+        self.job, self.shard, self.wire = job, shard, wire
         self.names = job.shards[shard]
         self.grad_names = [name + "__grad" for name in self.names]
         self.update = Executor(directory / f"server{shard}", threads=1)
         self.optimizer = optimizer_from_json(job.optimizer)
         self.size = sum(job.sizes(shard))
-        self.codec = make_codec(job.compression, job.sizes(shard), job.topk_ratio)
-        self.clocks = [0] * job.workers
+        self.codec = make_codec(job.compression, job.segments(shard), job.topk_ratio)
+        self.clocks = [job.start] * job.workers
         self.updates = 0
         self.waiting: list[tuple[int, int]] = []  # pulls not answered yet: (worker, clock)
+        self.saved = job.start                     # the newest checkpoint clock written
         self.pending = np.zeros(self.size, np.float32)  # sync: the sum of this clock's gradients so far
         self.pushed = 0                                  # sync: how many of them
         self.weights = self._weights()
         # Compressed pulls send each worker the change since the weights it holds, which the server tracks.
         self.views = [self.weights.copy() for _ in range(job.workers)] if job.pull_codec != "none" else None
-        self.pull_codec = make_codec(job.pull_codec, job.sizes(shard), job.topk_ratio)
+        self.pull_codec = make_codec(job.pull_codec, job.segments(shard), job.topk_ratio)
+        if job.start:
+            self._resume()
 
-    def serve(self) -> None:
-        """Answer messages until every worker is done; then write the shard's state to server<shard>.npz."""
-        import torch
-        import torch.distributed as dist
+    def _resume(self) -> None:
+        """The shard's state at the checkpoint the job starts from."""
+        from .train_checkpoints import step_checkpoint_dir
 
+        state, views, self.updates = read_shard(step_checkpoint_dir(Path(self.job.run_dir), self.job.start),
+                                                self.shard, self.job.workers)
+        self.update.set_state(state)
+        self.weights = self._weights()
+        if self.views is not None:
+            self.views = views
+
+    def serve(self, inbox) -> None:
+        """Answer the messages of `inbox` (runtime/ps_wire.RemoteInbox or LocalInbox) until every worker is done."""
         done = 0
-        message = torch.zeros(4, dtype=torch.int64)
         while done < self.job.workers:
-            worker = dist.recv(message, tag=HEADER_TAG)
-            kind, clock, nbytes = (int(v) for v in message[:3])
+            worker, kind, clock, payload = inbox.get()
             if kind == PUSH:
-                payload = torch.empty(nbytes, dtype=torch.uint8)
-                dist.recv(payload, src=worker, tag=PAYLOAD_TAG)
-                self._push(worker, clock, self.codec.decode(payload.numpy(), self.size))
+                self._push(worker, clock, self.codec.decode(payload, self.size))
             elif kind == PULL:
                 self.waiting.append((worker, clock))
             elif kind == DONE:
@@ -93,6 +104,8 @@ class Server:
 
     def _ready(self, clock: int) -> bool:
         """Whether a pull at `clock` may see the current weights."""
+        if self.job.checkpoints_at(clock):  # every worker has written its part of the checkpoint
+            return sum(waiting == clock for _, waiting in self.waiting) == self.job.workers
         if self.job.mode == "sync":
             return self.updates >= clock
         if self.job.mode == "ssp":
@@ -101,22 +114,20 @@ class Server:
 
     def _answer_pulls(self) -> None:
         """Send the weights to every waiting worker whose pull is now allowed."""
-        import torch
-        import torch.distributed as dist
-
         still = []
         for worker, clock in self.waiting:
             if not self._ready(clock):
                 still.append((worker, clock))
                 continue
+            if self.job.checkpoints_at(clock) and self.saved < clock:
+                write_shard(partial_dir(self.job.run_dir, clock), self.shard, self.state(), self.views, self.updates)
+                self.saved = clock
             if self.views is None:
                 payload = self.weights.view(np.uint8)
             else:
                 payload, decoded = self.pull_codec.encode(self.weights - self.views[worker])
                 self.views[worker] += decoded
-            throttle(self.job, HEADER_BYTES + payload.size)
-            dist.send(header(WEIGHTS, self.updates, payload.size), dst=worker, tag=HEADER_TAG)
-            dist.send(torch.from_numpy(np.ascontiguousarray(payload)), dst=worker, tag=PAYLOAD_TAG)
+            self.wire.to_worker(self.shard, worker, WEIGHTS, self.updates, payload)
         self.waiting = still
 
     def _weights(self) -> np.ndarray:

@@ -156,20 +156,22 @@ def compile_ps(model, input_shapes: Mapping[str, Sequence[int]], loss: str, opti
 
 def prepare_job(model, loss: str, optimizer: Optimizer, data: Mapping[str, np.ndarray], directory: str | Path, *,
                 workers: int, servers: int, batch: int, steps: int, mode: str = "sync", staleness: int = 0,
-                seed: int = 0, compression: str = "none", topk_ratio: float = 0.01, **options):
+                seed: int = 0, compression: str = "none", topk_ratio: float = 0.01, layout: str = "standalone",
+                **options):
     """Compile a parameter-server job into `directory` and write its description and data: `data` holds the
     model's inputs by name and, for a loss with labels, "labels", all along axis 0; each step takes a global
     batch of `batch` rows shuffled as `tessel train` does. The job (runtime/ps_job.PSJob) to run with
     compiler/ps_launch.run_job."""
     from tessel.runtime.ps_job import DATA_FILE, PSJob
 
+    PSJob.check_layout(layout, workers, servers)
     directory = Path(directory)
     inputs = {name: (batch, *array.shape[1:]) for name, array in data.items() if name != "labels"}
     compiled = compile_ps(model, inputs, loss, optimizer, workers, servers, directory, **options)
     initial = load_model(model)
     shapes = {init.name: list(init.dims) for init in initial.graph.initializer if init.name in compiled["parameters"]}
     job = PSJob(workers=workers, servers=servers, mode=mode, staleness=staleness, steps=steps, batch=batch, seed=seed,
-                compression=compression, topk_ratio=topk_ratio, optimizer=optimizer.to_json(),
+                compression=compression, topk_ratio=topk_ratio, layout=layout, optimizer=optimizer.to_json(),
                 shapes=shapes, **compiled)
     np.savez(directory / DATA_FILE, **{name: np.asarray(array) for name, array in data.items()})
     job.write(directory)

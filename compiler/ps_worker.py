@@ -4,10 +4,12 @@ each shard's gradient to its server (runtime/ps_job.py has the messages).
 Worker w takes rows [w*b, (w+1)*b) of every global batch (b = batch / workers), the batches in the order
 `tessel train` draws them (compiler/train_data.Dataset.batches: shuffled per epoch by (seed, epoch)). With
 compression the pushed gradient goes through the codec with error feedback, and the weights arrive as changes
-to the ones the worker holds.
+to the ones the worker holds. At a checkpoint clock the worker writes its part before it pulls
+(compiler/ps_checkpoint.py); a job with `start` resumes from its parts and skips the batches done.
 """
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 from typing import Iterator
@@ -15,8 +17,10 @@ from typing import Iterator
 import numpy as np
 
 from tessel.runtime.ps_compression import ErrorFeedback, make_codec
-from tessel.runtime.ps_job import (DATA_FILE, DONE, HEADER_BYTES, HEADER_TAG, PAYLOAD_TAG, PULL, PUSH, PSJob, flatten,
-                                   header, throttle, unflatten)
+from tessel.runtime.ps_job import DATA_FILE, DONE, HEADER_BYTES, PULL, PUSH, PSJob, flatten, unflatten
+from tessel.runtime.ps_wire import Wire
+
+from .ps_checkpoint import finish, partial_dir, read_worker, write_worker
 
 
 def worker_batches(job: PSJob, arrays: dict[str, np.ndarray], worker: int) -> Iterator[dict[str, np.ndarray]]:
@@ -39,76 +43,94 @@ def worker_batches(job: PSJob, arrays: dict[str, np.ndarray], worker: int) -> It
 class Worker:
     """Rank `rank` < W of a job."""
 
-    def __init__(self, job: PSJob, directory: Path, rank: int):
+    def __init__(self, job: PSJob, directory: Path, rank: int, wire: Wire):
         from tessel.runtime.executor import Executor
 
-        self.job, self.rank = job, rank
+        self.job, self.rank, self.wire = job, rank, wire
         self.step = Executor(directory / "worker", threads=1)
         with np.load(directory / DATA_FILE, allow_pickle=False) as data:
             self.arrays = {name: data[name] for name in data.files}
         start = self.step.state(job.parameters)
         self.weights = [flatten(start, names) for names in job.shards]
         self.sizes = [sum(job.sizes(s)) for s in range(job.servers)]
-        self.decoders = [make_codec(job.pull_codec, job.sizes(s), job.topk_ratio) for s in range(job.servers)]
-        self.pushers = [ErrorFeedback(make_codec(job.compression, job.sizes(s), job.topk_ratio), size)
+        self.decoders = [make_codec(job.pull_codec, job.segments(s), job.topk_ratio) for s in range(job.servers)]
+        self.pushers = [ErrorFeedback(make_codec(job.compression, job.segments(s), job.topk_ratio), size)
                         for s, size in enumerate(self.sizes)]
         self.bytes_pushed = self.bytes_pulled = 0
+        self.losses: list[float] = []
+        self.seconds_before = 0.0  # the training seconds of the run(s) before the checkpoint resumed from
+        if job.start:
+            self._resume()
+
+    def _resume(self) -> None:
+        """The worker's state at the checkpoint the job starts from."""
+        from .train_checkpoints import step_checkpoint_dir
+
+        directory = step_checkpoint_dir(Path(self.job.run_dir), self.job.start)
+        self.weights, residuals, statistics, report = read_worker(directory, self.rank, self.job.servers)
+        for pusher, residual in zip(self.pushers, residuals):
+            pusher.residual = residual
+        self.step.set_state(statistics)
+        self.losses = report["losses"]
+        self.bytes_pushed, self.bytes_pulled = report["bytes_pushed"], report["bytes_pulled"]
+        self.seconds_before = report["seconds"]
 
     def train(self) -> dict:
         """Run the job's steps; the losses, the bytes this worker sent and received, and the seconds it took."""
         import torch.distributed as dist
 
-        losses = []
         dist.barrier()
         started = time.perf_counter()
-        for clock, batch in enumerate(worker_batches(self.job, self.arrays, self.rank)):
+        batches = itertools.islice(worker_batches(self.job, self.arrays, self.rank), self.job.start, None)
+        for clock, batch in enumerate(batches, self.job.start):
+            if self.job.checkpoints_at(clock):
+                self._write_checkpoint(clock, time.perf_counter() - started)
             self._pull(clock)
+            if self.job.checkpoints_at(clock) and self.rank == 0:
+                finish(self.job.run_dir, clock)  # every server answered: every part is written
             feeds = {name: batch[name] for name in self.job.data_inputs}
             if self.job.label_input is not None:
                 feeds[self.job.label_input] = batch["labels"]
             outputs = self.step.run(feeds)
-            losses.append(float(outputs[self.job.loss_output]))
+            self.losses.append(float(outputs[self.job.loss_output]))
             self._push(clock, outputs)
         for shard in range(self.job.servers):
-            dist.send(header(DONE), dst=self.job.server_rank(shard), tag=HEADER_TAG)
-        return {"losses": losses, "seconds": time.perf_counter() - started, "bytes_pushed": self.bytes_pushed,
-                "bytes_pulled": self.bytes_pulled}
+            self.wire.to_server(shard, DONE)
+        return self._report(time.perf_counter() - started)
+
+    def _report(self, seconds: float) -> dict:
+        """The losses so far, the training seconds and the bytes this worker sent and received."""
+        return {"losses": list(self.losses), "seconds": self.seconds_before + seconds,
+                "bytes_pushed": self.bytes_pushed, "bytes_pulled": self.bytes_pulled}
+
+    def _write_checkpoint(self, clock: int, seconds: float) -> None:
+        """The worker's part of the checkpoint after `clock` steps."""
+        write_worker(partial_dir(self.job.run_dir, clock), self.rank, self.weights,
+                     [pusher.residual for pusher in self.pushers], self.statistics(), self._report(seconds))
 
     def _pull(self, clock: int) -> None:
         """The weights for step `clock` from every server, into the step's state."""
-        import torch
-        import torch.distributed as dist
-
-        reply = torch.zeros(4, dtype=torch.int64)
         for shard in range(self.job.servers):
-            server = self.job.server_rank(shard)
-            throttle(self.job, HEADER_BYTES)
-            dist.send(header(PULL, clock), dst=server, tag=HEADER_TAG)
-            dist.recv(reply, src=server, tag=HEADER_TAG)
-            payload = torch.empty(int(reply[2]), dtype=torch.uint8)
-            dist.recv(payload, src=server, tag=PAYLOAD_TAG)
-            received = self.decoders[shard].decode(payload.numpy(), self.sizes[shard])
+            self.wire.to_server(shard, PULL, clock)
+            _, payload = self.wire.from_server(shard)
+            received = self.decoders[shard].decode(payload, self.sizes[shard])
             if self.job.pull_codec == "none":
                 self.weights[shard] = received.copy()
             else:
                 self.weights[shard] += received
-            self.bytes_pulled += 2 * HEADER_BYTES + payload.numel()
+            if not self.wire.is_local(shard):  # bytes on the wire: a colocated server's cross no link
+                self.bytes_pulled += 2 * HEADER_BYTES + payload.size
         for shard, names in enumerate(self.job.shards):
             self.step.set_state(unflatten(self.weights[shard], names, self.job.shapes))
 
     def _push(self, clock: int, outputs: dict[str, np.ndarray]) -> None:
         """Each shard's gradient to its server."""
-        import torch
-        import torch.distributed as dist
-
         grads = {name: outputs[self.job.gradients[name]] for name in self.job.parameters}
         for shard, names in enumerate(self.job.shards):
             message = self.pushers[shard].encode(flatten(grads, names))
-            server = self.job.server_rank(shard)
-            throttle(self.job, HEADER_BYTES + message.size)
-            dist.send(header(PUSH, clock, message.size), dst=server, tag=HEADER_TAG)
-            dist.send(torch.from_numpy(np.ascontiguousarray(message)), dst=server, tag=PAYLOAD_TAG)
-            self.bytes_pushed += HEADER_BYTES + message.size
+            self.wire.to_server(shard, PUSH, clock, message)
+            if not self.wire.is_local(shard):
+                self.bytes_pushed += HEADER_BYTES + message.size
 
     def statistics(self) -> dict[str, np.ndarray]:
         """The worker's state other than the parameters: its BatchNormalization running statistics."""

@@ -24,6 +24,7 @@ from tessel.passes.pipeline_schedule import SCHEDULES as PIPELINE_SCHEDULES
 
 from .arg_types import count_from
 from .ps_command import add_ps_arguments, ps_mode, run_ps
+from .dp_training import compression_summary
 from .train_checkpoints import (completed_epochs, drop_after, drop_superseded, latest_checkpoint, prune,
                                 save_checkpoint, save_step_checkpoint)
 from .train_launch import LAUNCHERS, join_ranks, restarted_as_resume
@@ -106,7 +107,7 @@ _DEFAULTS = {"val": None, "loss": None, "label_smoothing": 0.0, "optimizer": "sg
              "nesterov": False, "weight_decay": None, "schedule": "constant", "warmup": 0, "base_batch": None,
              "batch": 64, "epochs": 10, "seed": 0, "trainable": None, "frozen": None,
              "devices": 1, "parallel": "data", "micro_batches": 1, "pipeline_schedule": "gpipe",
-             "sync_batchnorm": False}
+             "sync_batchnorm": False, "compression": "none", "topk_ratio": 0.01}
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -162,6 +163,9 @@ def run_train(args: argparse.Namespace) -> int:
     write_training_curves(run_dir / CURVES, read_log(run_dir), f"{Path(settings.model).name}: training",
                           settings.loss)
     done = "trained" if finished else f"stopped after step {trainer.steps_done} (--max-steps)"
+    if settings.compression != "none":
+        print(compression_summary(trainer.step_artifact.directory) or "gradients compressed "
+              f"({settings.compression})")
     print(f"{done}: {trainer.steps_done} steps, {run_dir / MODEL_FILE}, {run_dir / CURVES}.png")
     return 0
 
@@ -248,7 +252,7 @@ def _trainer(settings: RunSettings, run_dir: Path, data: Dataset, inputs, steps_
             input_shapes=input_shapes(inputs, data, settings.batch), trainable=settings.trainable,
             frozen=settings.frozen, seed=settings.seed, devices=settings.devices, parallel=settings.parallel,
             micro_batches=settings.micro_batches, schedule=settings.pipeline_schedule,
-            sync_batchnorm=settings.sync_batchnorm)
+            sync_batchnorm=settings.sync_batchnorm, compression=settings.compression, topk_ratio=settings.topk_ratio)
     keep_until(run_dir, trainer.steps_done)
     return trainer, latest[0] if latest else None
 

@@ -50,6 +50,8 @@ class RunSettings:
     micro_batches: int = 1
     pipeline_schedule: str = "gpipe"
     sync_batchnorm: bool = False
+    compression: str = "none"      # gradient compression (data parallel and parameter servers)
+    topk_ratio: float = 0.01
 
     def check(self, output_names: list[str]) -> "RunSettings":
         """Refuse settings that cannot train (one line each), the loss checked against the model's outputs;
@@ -86,6 +88,10 @@ class RunSettings:
         elif self.batch % self.devices:
             raise TrainSettingsError(f"--batch {self.batch} is not a multiple of --devices {self.devices}: each "
                                      "worker trains on an equal share")
+        if self.compression != "none" and (self.parallel == "pipeline" or self.devices < 2):
+            raise TrainSettingsError("--compression goes with --parallel data or ps on --devices 2 or more")
+        if not 0 < self.topk_ratio <= 1:
+            raise TrainSettingsError(f"--topk-ratio {self.topk_ratio}: give a value in (0, 1]")
         parse_schedule(self.schedule)
         return self
 

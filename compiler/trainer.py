@@ -24,7 +24,7 @@ from tessel.backends.target import parse_target
 from tessel.ir import from_onnx
 from tessel.ir.onnx_import import with_batch
 from tessel.passes.base import Pass
-from tessel.passes.data_parallel import bucket_bytes_for
+from tessel.passes.data_parallel import GradientCompression, bucket_bytes_for
 from tessel.passes.loss import LossSpec
 from tessel.passes.memory_plan import CUDA_ALIGNMENT, DEFAULT_ALIGNMENT
 from tessel.passes.training_mode import prepare_eval
@@ -37,7 +37,8 @@ from .checkpoint import Checkpoint, StepNames, read_checkpoint, write_checkpoint
 from .optim import Optimizer
 from .pipeline_training import prepare_pipeline_training
 from .worker_step import PipelineRunner, WorkerStep
-from .dp_training import allreduce_plan, replica_input_shapes, replica_programs, write_allreduce_report
+from .dp_training import (allreduce_plan, compressed_bytes, replica_input_shapes, replica_programs,
+                          write_allreduce_report)
 from .options import CompileError, CompileOptions
 from .recompute import place_recompute, recompute_pass
 from .state_program import PersistentState
@@ -192,7 +193,7 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
                      frozen: str | None = None, seed: int = 0, label_smoothing: float = 0.0,
                      bucket_bytes: int | None = None, allreduce: str = "auto", parallel: str = "data",
                      micro_batches: int = 1, schedule: str = "gpipe", sync_batchnorm: bool = False,
-                     **options) -> Trainer:
+                     compression: str = "none", topk_ratio: float = 0.01, **options) -> Trainer:
     """Compile an ONNX model (path, bytes or ModelProto) into a Trainer: one compiled graph per step.
 
     `loss`: "cross_entropy" (with `label_smoothing`), "mse", "l1", "bce_with_logits", "output:K" (the
@@ -203,10 +204,14 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
     link's α-β model), each by the `allreduce` algorithm ("auto": the cheapest the runtime executes;
     passes/data_parallel.py), reported in the step artifact's reports/data_parallel.md; `sync_batchnorm` then
     normalises BatchNormalization with the whole batch's statistics (as torch.nn.SyncBatchNorm) instead of each
-    worker's slice's. `parallel` = "pipeline" trains on `devices` pipeline stages instead, each step's batch in
-    `micro_batches` micro-batches under `schedule` "gpipe" or "1f1b" (compiler/pipeline_training.py); "auto"
+    worker's slice's; `compression` "1bit" or "topk" (`topk_ratio`) exchanges the gradients encoded, with error
+    feedback, instead of all-reducing float32 (bytes per step in the same report). `parallel` = "pipeline"
+    trains on `devices` pipeline stages instead, each step's batch in `micro_batches` micro-batches under
+    `schedule` "gpipe" or "1f1b" (compiler/pipeline_training.py); "auto"
     trains the way with the best predicted step time (compiler/parallel_auto.py).
     """
+    if compression != "none" and parallel != "data":
+        raise CompileError(f"gradient compression goes with data-parallel training, not {parallel}")
     if parallel == "auto":
         from .parallel_auto import compile_auto
 
@@ -225,6 +230,8 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
         raise CompileError(f"unknown parallel training '{parallel}'; choose data, pipeline or auto")
     options = CompileOptions.create(None, input_shapes=dict(input_shapes or {}), **options)
     replicas = data_parallel_workers(options)
+    if compression != "none" and replicas == 1:
+        raise CompileError("gradient compression needs data-parallel training on 2 or more devices")
     if sync_batchnorm and replicas == 1:
         _log.warning("sync_batchnorm ignored: one device already normalises with the whole batch's statistics")
     if replicas > 1:
@@ -239,7 +246,9 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
         step_graph = build_step_graph(replica_model, replica_shapes, loss, optimizer,
                                       trainable=trainable, frozen=frozen, label_smoothing=label_smoothing,
                                       replicas=replicas, bucket_bytes=bucket_bytes or bucket_bytes_for(machine.link),
-                                      sync_batchnorm=sync_batchnorm)
+                                      sync_batchnorm=sync_batchnorm,
+                                      compression=None if compression == "none" else
+                                      GradientCompression(compression, topk_ratio))
         step_graph = replace(step_graph, eval_graph=prepare_eval(from_onnx(proto, shapes, training=True),
                                                                  list(step_graph.state)))
     else:
@@ -249,8 +258,9 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
     if replicas == 1:
         return compile_step(step_graph, source, loss, optimizer, seed, options, machine, replicas)
     choices = allreduce_plan(step_graph.graph, machine.link, replicas, allreduce)
+    compressed = compressed_bytes(step_graph.graph, replicas)  # before the compile rewrites the graph
     trainer = compile_step(step_graph, source, loss, optimizer, seed, options, machine, replicas)
-    write_allreduce_report(trainer.step_artifact.directory, choices, machine.link)
+    write_allreduce_report(trainer.step_artifact.directory, choices, machine.link, compressed)
     return trainer
 
 

@@ -22,7 +22,7 @@ from tessel.ir.graph import Graph, Value
 from tessel.passes.autodiff import differentiate
 from tessel.passes.loss import LossSpec, add_loss
 from tessel.passes.optimizer_update import add_updates
-from tessel.passes.data_parallel import DEFAULT_BUCKET_BYTES, averaged_gradients, replica_mean
+from tessel.passes.data_parallel import DEFAULT_BUCKET_BYTES, GradientCompression, averaged_gradients, replica_mean
 from tessel.passes.training_mode import TrainingModel, prepare_eval, prepare_training
 
 if TYPE_CHECKING:
@@ -53,7 +53,8 @@ class StepGraph:
 def build_step_graph(model, input_shapes: Mapping[str, Sequence[int]] | None, loss: str | LossSpec,
                      optimizer: "Optimizer", trainable: str | None = None, frozen: str | None = None,
                      label_smoothing: float = 0.0, replicas: int = 1,
-                     bucket_bytes: int = DEFAULT_BUCKET_BYTES, sync_batchnorm: bool = False) -> StepGraph:
+                     bucket_bytes: int = DEFAULT_BUCKET_BYTES, sync_batchnorm: bool = False,
+                     compression: GradientCompression | None = None) -> StepGraph:
     """The training step of an ONNX model (path, bytes or ModelProto) for `loss` and `optimizer`.
 
     `loss` is a loss kind ("cross_entropy", "mse", "l1", "bce_with_logits"), "output:K" or the name of the
@@ -61,18 +62,20 @@ def build_step_graph(model, input_shapes: Mapping[str, Sequence[int]] | None, lo
     `replicas` > 1: one data-parallel replica's step (`input_shapes` are its slice of the batch): every
     gradient and the loss are averaged over the replicas (AllReduce nodes, gradients in buckets of about
     `bucket_bytes`: passes/data_parallel.py) before the update; `sync_batchnorm`: BatchNormalization
-    normalises with the statistics of all the replicas' slices (passes/training_mode.py), not its own slice's.
+    normalises with the statistics of all the replicas' slices (passes/training_mode.py), not its own slice's;
+    `compression`: the gradients are exchanged encoded, with error feedback (passes/data_parallel.py).
     """
     spec = loss if isinstance(loss, LossSpec) else LossSpec.parse(loss, label_smoothing)
     proto = load_model(model)
     training = prepare_training(from_onnx(proto, input_shapes, training=True), trainable, frozen,
                                 sync_replicas=replicas if sync_batchnorm else 1)
     eval_graph = prepare_eval(from_onnx(proto, input_shapes, training=True), list(training.state))
-    return assemble_step(training, eval_graph, spec, optimizer, replicas, bucket_bytes)
+    return assemble_step(training, eval_graph, spec, optimizer, replicas, bucket_bytes, compression)
 
 
 def assemble_step(training: TrainingModel, eval_graph: Graph, spec: LossSpec, optimizer: "Optimizer",
-                  replicas: int = 1, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> StepGraph:
+                  replicas: int = 1, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                  compression: GradientCompression | None = None) -> StepGraph:
     """Add the loss, backward pass and updates to the training graph of `training` (edited in place); with
     `replicas` > 1 the gradients and the loss are averaged over the data-parallel replicas first."""
     graph = training.graph
@@ -83,7 +86,7 @@ def assemble_step(training: TrainingModel, eval_graph: Graph, spec: LossSpec, op
     grads = differentiate(graph, added.loss, parameters)
     loss = added.loss
     if replicas > 1:
-        grads = averaged_gradients(graph, grads, bucket_bytes)
+        grads = averaged_gradients(graph, grads, bucket_bytes, compression)
         loss = replica_mean(graph, loss)
     updates = add_updates(graph, optimizer.rule, {p.name: (p, grads[p.name]) for p in parameters})
     kept = [_value(graph, name) for name in training.state_updates.values()]

@@ -228,9 +228,13 @@ _TESSEL_SCHEMAS = {
          "type": AttrSpec("type", "string", True)}, None, _infer_recv,
     ),
     # AllReduce: the element-wise `reduction` of its input over every data-parallel worker (a training step's
-    # gradients and loss, compiler/dp_training.py); runs as the runtime's AllReduce instruction.
+    # gradients and loss, compiler/dp_training.py); runs as the runtime's AllReduce instruction. A gradients'
+    # mean may be `compression`-encoded (passes/data_parallel.GradientCompression).
     "AllReduce": OpSchema(
-        "AllReduce", TESSEL_DOMAIN, 1, 1, 1, 1, 1, {"reduction": AttrSpec("reduction", "string", True)}, None,
+        "AllReduce", TESSEL_DOMAIN, 1, 1, 1, 1, 1,
+        {"reduction": AttrSpec("reduction", "string", True), "compression": AttrSpec("compression", "string", False),
+         "topk_ratio": AttrSpec("topk_ratio", "float", False), "part_sizes": AttrSpec("part_sizes", "ints", False),
+         "part_rows": AttrSpec("part_rows", "ints", False)}, None,
         _infer_all_reduce,
     ),
     # Fused is one kernel made of several ops (passes/fuse.py): `body` reads only its own inputs.

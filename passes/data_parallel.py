@@ -80,19 +80,36 @@ def allreduce_choices(graph: Graph, link: Link, workers: int, requested: str = "
             for node in graph.nodes if node.domain == TESSEL_DOMAIN and node.op_type == "AllReduce"]
 
 
-def replica_mean(graph: Graph, value: Value) -> Value:
+@dataclass(frozen=True)
+class GradientCompression:
+    """How the gradients' all-reduce compresses them (runtime/ps_compression.py codecs, with error feedback)."""
+
+    codec: str                 # "1bit" or "topk"
+    topk_ratio: float = 0.01   # top-k: the share of elements sent
+
+
+def replica_mean(graph: Graph, value: Value, parts: Sequence[Value] = (),
+                 compression: GradientCompression | None = None) -> Value:
     """`value` averaged over the data-parallel replicas: an AllReduce node placed right after the node that
-    computes it, so that its reduction starts while the rest of the backward pass still runs."""
-    node = add_op(graph, "AllReduce", [value], {"reduction": "mean"}, name=graph.unique_name(f"allreduce/{value.name}"),
+    computes it, so that its reduction starts while the rest of the backward pass still runs. With a
+    `compression`, the node records it and the shapes of the `parts` flattened into `value`."""
+    attrs = {"reduction": "mean"}
+    if compression is not None:
+        attrs.update(compression=compression.codec, topk_ratio=compression.topk_ratio,
+                     part_sizes=[part.type.numel for part in parts],
+                     part_rows=[part.type.shape[0] if len(part.type.shape) >= 2 else 1 for part in parts])
+    node = add_op(graph, "AllReduce", [value], attrs, name=graph.unique_name(f"allreduce/{value.name}"),
                   before=_after(graph, value), domain=TESSEL_DOMAIN)
     return node.outputs[0]
 
 
-def averaged_gradients(graph: Graph, grads: Mapping[str, Value], bucket_bytes: int) -> dict[str, Value]:
+def averaged_gradients(graph: Graph, grads: Mapping[str, Value], bucket_bytes: int,
+                       compression: GradientCompression | None = None) -> dict[str, Value]:
     """Each gradient averaged over the replicas, in buckets: in the order backward computes them, consecutive
     gradients up to `bucket_bytes` together are flattened into one buffer, all-reduced as soon as the bucket's
     last gradient exists, and split back at the end of backward (just before the optimizer update reads
-    them). A bucket of one gradient is all-reduced as it is."""
+    them). A bucket of one gradient is all-reduced as it is. With a `compression` the workers exchange
+    encoded buckets instead (runtime/comm.py)."""
     position = {id(node): k for k, node in enumerate(graph.nodes)}
     ordered = sorted(grads.items(), key=lambda item: position.get(id(item[1].producer), -1))
     buckets: list[list[tuple[str, Value]]] = []
@@ -106,20 +123,21 @@ def averaged_gradients(graph: Graph, grads: Mapping[str, Value], bucket_bytes: i
     averaged: dict[str, Value] = {}
     for bucket in buckets:
         if len(bucket) == 1:
-            averaged[bucket[0][0]] = replica_mean(graph, bucket[0][1])
+            averaged[bucket[0][0]] = replica_mean(graph, bucket[0][1], [bucket[0][1]], compression)
         else:
-            averaged.update(_bucket_mean(graph, bucket))
+            averaged.update(_bucket_mean(graph, bucket, compression))
     return averaged
 
 
-def _bucket_mean(graph: Graph, bucket: list[tuple[str, Value]]) -> dict[str, Value]:
+def _bucket_mean(graph: Graph, bucket: list[tuple[str, Value]],
+                 compression: GradientCompression | None) -> dict[str, Value]:
     """One AllReduce for the gradients of `bucket` (flattened and concatenated after the last of them is
     computed); the averaged gradients split back out of it, appended to the graph's end."""
     following = _after(graph, bucket[-1][1])
     flat = [add_op(graph, "Reshape", [grad, _constant(graph, "bucket_shape", [-1])], name=graph.unique_name("bucket/flat"),
                    before=following).outputs[0] for _, grad in bucket]
     joined = add_op(graph, "Concat", flat, {"axis": 0}, name=graph.unique_name("bucket/concat"), before=following)
-    reduced = replica_mean(graph, joined.outputs[0])
+    reduced = replica_mean(graph, joined.outputs[0], [grad for _, grad in bucket], compression)
     sizes = [grad.type.numel for _, grad in bucket]
     parts = add_op(graph, "Split", [reduced, _constant(graph, "bucket_split", sizes)], {"axis": 0},
                    name=graph.unique_name("bucket/split"), num_outputs=len(bucket)).outputs

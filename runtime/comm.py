@@ -80,6 +80,7 @@ class TorchComm:
         self.rank = rank
         self.timeout_s = timeout_s
         self._pending: list[tuple[object, str, int]] = []
+        self._senders: dict[str, object] = {}  # compressed all-reduce: each tensor's ErrorFeedback
 
     def _tensor(self, array: np.ndarray):
         return self._dlpack.from_dlpack(array.reshape(-1))
@@ -143,6 +144,40 @@ class TorchComm:
                 raise PeerError(f"rank {self.rank}: all-reduce of tensor '{name}' failed ({_reason(exc)})") from None
             if reduction == "mean":
                 np.divide(array, world, out=array, casting="unsafe")
+
+        return wait
+
+    def start_compressed_mean(self, array: np.ndarray, instruction, name: str) -> Callable[[], None]:
+        """Start averaging `array` over the workers as the AllReduce `instruction` compresses it: every worker
+        encodes its tensor plus what its earlier messages lost (error feedback, kept per tensor), the encoded
+        messages are all-gathered (each the same size), and each worker decodes and averages them all. Returns
+        the wait, which writes the mean into `array`."""
+        import torch
+
+        from .ps_compression import ErrorFeedback, make_codec, row_segments
+
+        sender = self._senders.get(name)
+        if sender is None:
+            codec = make_codec(instruction.compression, row_segments(instruction.part_sizes, instruction.part_rows),
+                               instruction.topk_ratio)
+            sender = self._senders[name] = ErrorFeedback(codec, array.size)
+        message = torch.from_numpy(np.ascontiguousarray(sender.encode(array.reshape(-1).astype(np.float32))))
+        world = self._dist.get_world_size()
+        gathered = [torch.empty_like(message) for _ in range(world)]
+        try:
+            work = self._dist.all_gather(gathered, message, async_op=True)
+        except RuntimeError as exc:
+            raise PeerError(f"rank {self.rank}: compressed all-reduce of tensor '{name}' failed "
+                            f"({_reason(exc)})") from None
+
+        def wait() -> None:
+            try:
+                work.wait()
+            except RuntimeError as exc:
+                raise PeerError(f"rank {self.rank}: compressed all-reduce of tensor '{name}' failed "
+                                f"({_reason(exc)})") from None
+            total = sum(sender.codec.decode(part.numpy(), array.size) for part in gathered)
+            array.reshape(-1)[:] = total / np.float32(world)
 
         return wait
 

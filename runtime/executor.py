@@ -243,7 +243,10 @@ class Executor:
         def start_all_reduce() -> None:
             if target is not source:
                 memory.copy(target, source)
-            reducing[result] = comm.start_all_reduce(target, reduction, name)
+            if instruction.compression != "none":
+                reducing[result] = comm.start_compressed_mean(target, instruction, name)
+            else:
+                reducing[result] = comm.start_all_reduce(target, reduction, name)
 
         return start_all_reduce
 

@@ -284,11 +284,18 @@ class Gather(Instruction):
 @dataclass(frozen=True, kw_only=True)
 class AllReduce(Instruction):
     """Replace `tensor` on every worker by the element-wise `reduction` (sum, mean, max, min) over all workers;
-    with an `output` (a value of the same type), write the result there and leave `tensor` as it is."""
+    with an `output` (a value of the same type), write the result there and leave `tensor` as it is. A mean
+    with a `compression` (runtime/ps_compression.CODECS) exchanges each worker's encoded tensor instead, with
+    error feedback: `part_sizes` and `part_rows` are the element counts and leading dimensions of the tensors
+    flattened into it (1-bit's segments), `topk_ratio` top-k's share of elements sent."""
 
     tensor: str
     reduction: str = "sum"
     output: str | None = None
+    compression: str = "none"
+    topk_ratio: float = 0.01
+    part_sizes: tuple[int, ...] = ()
+    part_rows: tuple[int, ...] = ()
 
     KIND = "all_reduce"
     VALUE_FIELDS = ("tensor", "output")
@@ -411,6 +418,10 @@ def _decode(hint: Any, value: Any, where: str) -> Any:
         if not isinstance(value, int) or isinstance(value, bool):
             raise ProgramFormatError(where, f"must be an integer, not {json_type_name(value)}")
         return value
+    if hint is float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ProgramFormatError(where, f"must be a number, not {json_type_name(value)}")
+        return float(value)
     if hint is str:
         if not isinstance(value, str):
             raise ProgramFormatError(where, f"must be a string, not {json_type_name(value)}")

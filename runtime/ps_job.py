@@ -1,8 +1,9 @@
 """A parameter-server job as its processes see it: the settings (`PSJob`, job.json in the job directory), the
 ranks' roles and the messages they exchange over torch.distributed point-to-point.
 
-Ranks 0 .. W-1 are the workers, W .. W+S-1 the servers. A message is a header, four int64
-(kind, clock, payload bytes, 0) sent with HEADER_TAG, then its payload (uint8) with PAYLOAD_TAG:
+Ranks 0 .. W-1 are the workers, W .. W+S-1 the servers; in the colocated layout (MXNet's dist_sync local) there
+are only the W ranks and server s runs in worker s's process (S <= W). A message is a header, four int64
+(kind, clock, payload bytes, 0), then its payload (uint8); runtime/ps_wire.py carries them:
 - PULL (worker -> server, clock c: the worker has pushed c gradients): the server answers with WEIGHTS
   once the consistency model lets the worker see its weights (compiler/ps_server.py);
 - PUSH (worker -> server): the gradient of the server's shard, encoded by the job's codec;
@@ -19,9 +20,9 @@ from pathlib import Path
 import numpy as np
 
 PULL, PUSH, WEIGHTS, DONE = 1, 2, 3, 4
-HEADER_TAG, PAYLOAD_TAG = 1, 2
 HEADER_BYTES = 32
 MODES = ("sync", "async", "ssp")
+LAYOUTS = ("standalone", "colocated")
 JOB_FILE = "job.json"
 DATA_FILE = "data.npz"
 
@@ -54,6 +55,10 @@ class PSJob:
     compress_pulls: bool = True    # with compression: the weights' changes go through the codec too
     link_gbit_s: float = 0.0       # emulated link bandwidth (0: none); see `throttle`
     link_latency_s: float = 0.0    # emulated link latency per message
+    run_dir: str = ""              # where checkpoints go (RUN_DIR/checkpoints/step_S); "" for none
+    checkpoint_every: int = 0      # a checkpoint after every this many steps (0: none)
+    start: int = 0                 # the steps done before: the job resumes from checkpoint step_<start>
+    layout: str = "standalone"     # LAYOUTS: servers in processes of their own, or in the workers' processes
 
     @property
     def pull_codec(self) -> str:
@@ -65,6 +70,16 @@ class PSJob:
             raise ValueError(f"parameter-server mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if self.mode == "ssp" and self.staleness < 0:
             raise ValueError(f"staleness must be >= 0, got {self.staleness}")
+        self.check_layout(self.layout, self.workers, self.servers)
+
+    @staticmethod
+    def check_layout(layout: str, workers: int, servers: int) -> None:
+        """ValueError unless `layout` is one of LAYOUTS and, colocated, each server has a worker to run in."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"parameter-server layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
+        if layout == "colocated" and servers > workers:
+            raise ValueError(f"colocated servers run in the workers' processes: {servers} servers need as many "
+                             f"workers, not {workers}")
 
     def write(self, directory: Path) -> None:
         """job.json in `directory`."""
@@ -77,16 +92,33 @@ class PSJob:
 
     @property
     def world(self) -> int:
-        """Workers and servers together."""
-        return self.workers + self.servers
+        """The ranks: workers and standalone servers."""
+        return self.workers + (self.servers if self.layout == "standalone" else 0)
+
+    def checkpoints_at(self, clock: int) -> bool:
+        """Whether the ranks write a checkpoint when every worker has done `clock` steps (compiler/ps_checkpoint.py)."""
+        return bool(self.run_dir and self.checkpoint_every) and self.start < clock < self.steps \
+            and clock % self.checkpoint_every == 0
 
     def server_rank(self, shard: int) -> int:
         """The rank of the server holding shard `shard`."""
-        return self.workers + shard
+        return shard if self.layout == "colocated" else self.workers + shard
+
+    def hosts_server(self, rank: int) -> bool:
+        """Whether rank `rank` runs a server: a standalone server's rank, or a worker's hosting one colocated."""
+        return rank >= self.workers or (self.layout == "colocated" and rank < self.servers)
 
     def role(self, rank: int) -> str:
-        """'worker K' or 'server K' for a rank, as failures name it."""
-        return f"worker {rank}" if rank < self.workers else f"server {rank - self.workers}"
+        """'worker K', 'server K' or 'worker K with server K' for a rank, as failures name it."""
+        if rank >= self.workers:
+            return f"server {rank - self.workers}"
+        return f"worker {rank} with server {rank}" if self.hosts_server(rank) else f"worker {rank}"
+
+    def segments(self, shard: int) -> list[int]:
+        """A shard's 1-bit segments: one per output channel of each of its parameters (column_segments)."""
+        from .ps_compression import column_segments
+
+        return column_segments([self.shapes[name] for name in self.shards[shard]])
 
     def sizes(self, shard: int) -> list[int]:
         """The element count of each parameter of a shard, in shard order."""

@@ -12,6 +12,7 @@ from tessel.compiler.train_settings import TrainSettingsError
 def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--resume")
+    parser.add_argument("--devices", type=int)
     add_ps_arguments(parser)
     return parser.parse_args(list(argv))
 
@@ -26,8 +27,9 @@ def test_the_flags_select_a_consistency_model(argv, want):
 @pytest.mark.parametrize("argv, message", [
     (("--ps-mode", "ssp"), "--ps-mode ssp needs --staleness S"),
     (("--ps-mode", "async", "--staleness", "1"), "--staleness goes with --ps-mode ssp, not async"),
-    (("--resume", "run"), "does not resume from checkpoints yet"),
-    (("--compression", "topk", "--topk-ratio", "2"), "--topk-ratio 2.0: give a value in"),
+    (("--resume", "run", "--servers", "2"), "--resume continues with the parameter-server settings in "
+                                            "RUN_DIR/ps/job.json; leave out --servers"),
+    (("--ps-layout", "colocated", "--servers", "3", "--devices", "2"), "--servers 3 needs --devices 3 or more"),
 ])
 def test_bad_pairings_are_refused_in_one_line(argv, message):
     with pytest.raises(TrainSettingsError, match=message):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import tessel
 from bench.training_models import SPECS, export
 from tessel.compiler.options import CompileError
 from tessel.compiler.ps_training import build_server_graph, prepare_job, shard_parameters
+from tessel.compiler.train_checkpoints import mid_epoch_steps
 from tessel.compiler.train_data import Dataset
 from tessel.runtime.ps_job import PSJob
 from tessel.compiler.ps_launch import PSFailure, run_job
@@ -59,9 +61,20 @@ def mlp_job(tmp_path_factory, kernel_cache):
     return path, data, optimizer, root / "job", job
 
 
-def test_synchronous_ps_trains_like_one_device_on_the_whole_batch(mlp_job, kernel_cache):
+@pytest.fixture(scope="module")
+def standalone(mlp_job, tmp_path_factory):
+    """The sync job's result with standalone servers, writing a checkpoint every 3 steps (the newest kept: 6)."""
+    directory, job = mlp_job[3], mlp_job[4]
+    replace(job, run_dir=str(tmp_path_factory.mktemp("ps_run")), checkpoint_every=3).write(directory)
+    try:
+        return run_job(directory), Path(PSJob.read(directory).run_dir)
+    finally:
+        job.write(directory)
+
+
+def test_synchronous_ps_trains_like_one_device_on_the_whole_batch(mlp_job, standalone, kernel_cache):
     path, data, optimizer, directory, job = mlp_job
-    result = run_job(directory)
+    result = standalone[0]
     single = tessel.compile_training(str(path), loss="mse", optimizer=optimizer, input_shapes={"x": (BATCH, 32)},
                                      cache_dir=kernel_cache)
     batches = Dataset(data, 48)
@@ -75,6 +88,35 @@ def test_synchronous_ps_trains_like_one_device_on_the_whole_batch(mlp_job, kerne
         np.testing.assert_allclose(result.parameters[name], single_state[name], atol=1e-6, err_msg=name)
         np.testing.assert_allclose(result.slots[name + ".momentum"], single_state[name + ".momentum"], atol=1e-6)
     assert all(report["bytes_pushed"] > 4 * STEPS * sum(map(np.prod, job.shapes.values())) for report in result.reports)
+
+
+def test_a_job_resumed_from_its_newest_checkpoint_ends_as_the_uninterrupted_job(mlp_job, standalone):
+    directory, job = mlp_job[3], mlp_job[4]
+    whole, run_dir = standalone
+    assert mid_epoch_steps(run_dir) == [6]
+    replace(job, run_dir=str(run_dir), checkpoint_every=3, start=6).write(directory)
+    try:
+        resumed = run_job(directory)
+    finally:
+        job.write(directory)
+    # Two workers: the averaged gradients do not depend on the order the pushes arrive in.
+    for name, value in {**whole.parameters, **whole.slots}.items():
+        np.testing.assert_array_equal({**resumed.parameters, **resumed.slots}[name], value, err_msg=name)
+    assert [r["losses"] for r in resumed.reports] == [r["losses"] for r in whole.reports]
+
+
+def test_colocated_servers_train_as_standalone_ones(mlp_job, standalone):
+    directory, job = mlp_job[3], mlp_job[4]
+    replace(job, layout="colocated").write(directory)
+    try:
+        colocated = run_job(directory)
+    finally:
+        job.write(directory)
+    for name, value in standalone[0].parameters.items():
+        np.testing.assert_allclose(colocated.parameters[name], value, atol=1e-5, err_msg=name)
+    np.testing.assert_allclose(colocated.reports[0]["losses"], standalone[0].reports[0]["losses"], rtol=1e-5)
+    # Worker 0's messages to the server in its own process cross no link.
+    assert colocated.reports[0]["bytes_pushed"] == 0 < colocated.reports[1]["bytes_pushed"]
 
 
 def test_a_killed_server_stops_every_rank_and_is_named_in_one_line(mlp_job, tmp_path):

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tessel.runtime.ps_compression import ErrorFeedback, Float32, OneBit, TopK, make_codec
+from tessel.runtime.ps_compression import (CODECS, ErrorFeedback, Float32, OneBit, TopK, column_segments, make_codec,
+                                          message_bytes, row_segments)
 
 
 def _vector(size: int = 1000, seed: int = 0) -> np.ndarray:
@@ -22,19 +23,28 @@ def test_one_bit_sends_signs_and_each_segments_two_means():
     vector = _vector(1000)
     codec = OneBit([600, 400])
     message, decoded = codec.encode(vector)
-    assert message.nbytes == 2 * 8 + 1000 // 8
+    assert message.nbytes == 2 * 4 + 1000 // 8
     np.testing.assert_array_equal(codec.decode(message, vector.size), decoded)
     first = vector[:600]
-    assert decoded[0] == pytest.approx(first[first >= 0].mean() if vector[0] >= 0 else first[first < 0].mean())
+    # The means travel as bfloat16: 8 significant bits.
+    mean = first[first >= 0].mean() if vector[0] >= 0 else first[first < 0].mean()
+    assert decoded[0] == pytest.approx(mean, rel=2 ** -8)
     assert np.all(np.sign(decoded) == np.where(vector >= 0, 1, -1))
     # Means keep each segment's sum of positive and of negative parts.
-    assert decoded[:600].sum() == pytest.approx(first.sum(), rel=1e-4)
+    assert decoded[:600].sum() == pytest.approx(first.sum(), abs=2 ** -8 * float(np.abs(first).sum()))
+
+
+def test_one_bit_segments_are_output_channels():
+    assert column_segments([(4, 3, 2, 2), (5,), (), (2, 6)]) == [12] * 4 + [5, 1, 6, 6]
 
 
 def test_one_bit_is_over_25_times_smaller_than_float32_for_the_digits_cnns_shards():
-    for sizes in ([144, 16, 16, 32, 32, 9216, 32, 10], [4608, 5120]):  # examples/digits on 2 servers
-        vector = _vector(sum(sizes))
-        message, _ = OneBit(sizes).encode(vector)
+    shards = ([(16, 1, 3, 3), (16,), (16,), (32,), (32,), (32, 32, 3, 3), (32,), (10,)],
+              [(32, 16, 3, 3), (10, 512)])  # examples/digits on 2 servers
+    for shapes in shards:
+        segments = column_segments(shapes)
+        vector = _vector(sum(segments))
+        message, _ = OneBit(segments).encode(vector)
         assert 4 * vector.size / message.nbytes >= 25
 
 
@@ -65,3 +75,12 @@ def test_error_feedback_delays_what_a_message_loses_but_drops_nothing(name):
 def test_an_unknown_codec_is_refused():
     with pytest.raises(ValueError, match="unknown compression 'zip'"):
         make_codec("zip", [4])
+
+
+def test_message_bytes_are_what_the_codecs_send():
+    segments = column_segments([(3, 40), (7,)])
+    vector = _vector(sum(segments))
+    for name in CODECS:
+        message, _ = make_codec(name, segments, topk_ratio=0.1).encode(vector)
+        assert message_bytes(name, segments, topk_ratio=0.1) == message.nbytes
+    assert row_segments([120, 7], [3, 1]) == segments

@@ -1,0 +1,89 @@
+"""Parameter-server checkpoints (compiler/ps_checkpoint.py), the slow checks: a 1-bit job resumed from its newest
+checkpoint (error-feedback residuals and the workers' views restored) ends as the uninterrupted job does, an SSP
+job resumes, and a killed job, named in one line, resumes from its checkpoint in every mode."""
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tessel
+from bench.training_models import SPECS, export
+from tessel.compiler.ps_launch import PSFailure, run_job
+from tessel.compiler.ps_training import prepare_job
+from tessel.compiler.train_checkpoints import mid_epoch_steps
+
+STEPS, BATCH = 8, 16
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory, kernel_cache):
+    spec = SPECS["mlp"]
+    root = tmp_path_factory.mktemp("psckpt")
+    path = export(spec.model(0), spec.input_shape, root / "mlp.onnx")
+    rng = np.random.default_rng(0)
+    data = {"x": rng.standard_normal((48, 32)).astype(np.float32),
+            "labels": rng.standard_normal((48, 4)).astype(np.float32)}
+    job = prepare_job(str(path), "mse", tessel.optim.SGD(lr=0.05, momentum=0.9), data, root / "job", workers=2,
+                      servers=1, batch=BATCH, steps=STEPS, cache_dir=kernel_cache)
+    return root / "job", job
+
+
+@pytest.mark.slow  # two jobs each, plus a compile: over a minute on the shared 2-core machine (the fast check of
+# resuming is in test_ps_training.py)
+@pytest.mark.parametrize("settings", [{"mode": "sync", "compression": "1bit"},
+                                      {"mode": "ssp", "staleness": 1, "compression": "none"}])
+def test_a_compressed_or_ssp_job_resumes_from_its_newest_checkpoint(compiled, tmp_path, settings):
+    directory, base = compiled
+    job = replace(base, run_dir=str(tmp_path), checkpoint_every=3, **settings)
+    job.write(directory)
+    whole = run_job(directory)
+    assert mid_epoch_steps(tmp_path) == [6]  # only the newest is kept
+    replace(job, start=6).write(directory)
+    resumed = run_job(directory)
+    for before, after in zip(whole.reports, resumed.reports):
+        assert len(after["losses"]) == STEPS
+        np.testing.assert_array_equal(after["losses"][:6], before["losses"][:6])
+    if job.mode == "sync":  # two workers: the averaged gradients do not depend on the order pushes arrive in
+        for name, value in whole.parameters.items():
+            np.testing.assert_array_equal(resumed.parameters[name], value, err_msg=name)
+        for name, value in whole.slots.items():
+            np.testing.assert_array_equal(resumed.slots[name], value, err_msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("settings, victim", [({"mode": "sync", "compression": "1bit"}, "worker 1"),
+                                              ({"mode": "async"}, "server 0"),
+                                              ({"mode": "ssp", "staleness": 2}, "worker 0")])
+def test_a_killed_job_is_named_in_one_line_and_resumes_in_every_mode(compiled, tmp_path, settings, victim):
+    directory, base = compiled
+    job = replace(base, run_dir=str(tmp_path), checkpoint_every=4, steps=10 ** 6, **settings)
+    job.write(directory)
+    failure: list[BaseException] = []
+    runner = threading.Thread(target=lambda: _run_catching(directory, failure))
+    runner.start()
+    deadline = time.monotonic() + 300
+    while not mid_epoch_steps(tmp_path):
+        assert runner.is_alive() and time.monotonic() < deadline
+        time.sleep(0.05)
+    next(p for p in multiprocessing.active_children() if p.name == f"tessel-ps {victim}").kill()
+    runner.join(timeout=120)
+    assert len(failure) == 1 and isinstance(failure[0], PSFailure)
+    message = str(failure[0])
+    assert "\n" not in message and f"{victim} (rank" in message and "killed by SIGKILL" in message, message
+    done = mid_epoch_steps(tmp_path)[-1]
+    replace(job, start=done, steps=done + 6).write(directory)
+    resumed = run_job(directory)
+    assert all(len(report["losses"]) == done + 6 for report in resumed.reports)
+
+
+def _run_catching(directory: Path, failure: list) -> None:
+    try:
+        run_job(directory, timeout_s=600)
+    except PSFailure as exc:
+        failure.append(exc)
