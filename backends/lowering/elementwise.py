@@ -111,7 +111,49 @@ UNARY = {
     "Gelu": _unary(lambda x, c: _gelu(x, c.attr("approximate", "none"))),
     "IsNaN": _unary(lambda x, c: topi.isnan(x)),
     "Mish": _unary(lambda x, c: topi.multiply(x, _tanh(topi.log(topi.add(_exp(x), _const(1.0, x.dtype)))))),
+    "Tan": _unary(lambda x, c: topi.tan(x)),
+    "Asin": _unary(lambda x, c: topi.asin(x)),
+    "Acos": _unary(lambda x, c: topi.acos(x)),
+    "Atan": _unary(lambda x, c: topi.atan(x)),
+    "Sinh": _unary(lambda x, c: topi.sinh(x)),
+    "Cosh": _unary(lambda x, c: topi.cosh(x)),
+    "Asinh": _unary(lambda x, c: topi.asinh(x)),
+    "Acosh": _unary(lambda x, c: topi.acosh(x)),
+    "Atanh": _unary(lambda x, c: topi.atanh(x)),
+    "BitwiseNot": _unary(lambda x, c: topi.bitwise_not(x)),
+    "IsInf": _unary(lambda x, c: _is_inf(x, c.attr("detect_positive", 1), c.attr("detect_negative", 1))),
+    "ThresholdedRelu": _unary(lambda x, c: _map(
+        x, lambda v: tir.Select(v > _const(c.attr("alpha", 1.0), x.dtype), v, _const(0, x.dtype)), "thresholded_relu")),
+    "Shrink": _unary(lambda x, c: _shrink(x, c.attr("lambd", 0.5), c.attr("bias", 0.0))),
+    "Celu": _unary(lambda x, c: _celu(x, c.attr("alpha", 1.0))),
 }
+
+
+def _is_inf(x, positive: int, negative: int):
+    """IsInf, detecting +inf and/or -inf as the attributes say (integers are never infinite)."""
+    def compute(v):
+        if not _is_float(x.dtype):
+            return tir.const(False, "bool")
+        plus = v == _const(float("inf"), x.dtype)
+        minus = v == _const(float("-inf"), x.dtype)
+        if positive and negative:
+            return tir.Or(plus, minus)
+        return plus if positive else (minus if negative else tir.const(False, "bool"))
+
+    return _map(x, compute, "is_inf")
+
+
+def _shrink(x, lambd: float, bias: float):
+    """x + bias below -lambd, x - bias above lambd, 0 between."""
+    low, high = _const(-lambd, x.dtype), _const(lambd, x.dtype)
+    shift = _const(bias, x.dtype)
+    return _map(x, lambda v: tir.Select(v < low, v + shift, tir.Select(v > high, v - shift, _const(0, x.dtype))), "shrink")
+
+
+def _celu(x, alpha: float):
+    """max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
+    a, one, zero = _const(alpha, x.dtype), _const(1.0, x.dtype), _const(0.0, x.dtype)
+    return _map(x, lambda v: tir.Select(v > zero, v, a * (tir.exp(v / a) - one)), "celu")
 
 
 def _hard_sigmoid(x, alpha: float, beta: float):
@@ -201,6 +243,9 @@ BINARY = {
     "And": _binary(topi.logical_and),
     "Or": _binary(topi.logical_or),
     "Xor": _binary(topi.logical_xor),
+    "BitwiseAnd": _binary(topi.bitwise_and),
+    "BitwiseOr": _binary(topi.bitwise_or),
+    "BitwiseXor": _binary(topi.bitwise_xor),
     "BitShift": lambda ctx: [topi.left_shift(ctx.input(0), ctx.input(1)) if ctx.attr("direction") == "LEFT"
                              else topi.right_shift(ctx.input(0), ctx.input(1))],
     "PRelu": lambda ctx: [topi.where(topi.less(ctx.input(0), _const(0, ctx.input(0).dtype)),
