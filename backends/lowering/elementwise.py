@@ -175,14 +175,26 @@ def _div(ctx: LowerContext):
     a, b = ctx.input(0), ctx.input(1)
     if _is_float(a.dtype):
         return [topi.divide(a, b)]
-    return [topi.trunc_divide(a, b)]
+    return [_broadcast(a, b, tir.truncdiv, ctx.out_shape(), "trunc_div")]
+
+
+def _broadcast(a, b, fn, shape, name: str):
+    """fn(a, b) elementwise with numpy broadcasting to `shape`, for TIR functions TOPI has no op for."""
+    return te.compute(shape, lambda *i: fn(a[_bcast_index(a, i)], b[_bcast_index(b, i)]), name=name)
+
+
+def _bcast_index(x, index):
+    """The element of `x` that numpy broadcasting pairs with output position `index`."""
+    rank = len(x.shape)
+    tail = index[len(index) - rank:] if rank else ()
+    return tuple(0 if int(d) == 1 else i for d, i in zip(x.shape, tail))
 
 
 def _mod(ctx: LowerContext):
     a, b = ctx.input(0), ctx.input(1)
     if _is_float(a.dtype):
         return [_fmod(a, b)]
-    return [topi.trunc_mod(a, b) if ctx.attr("fmod", 0) else topi.floor_mod(a, b)]
+    return [_broadcast(a, b, tir.truncmod, ctx.out_shape(), "trunc_mod") if ctx.attr("fmod", 0) else topi.floor_mod(a, b)]
 
 
 def _fmod(a, b):
@@ -254,7 +266,12 @@ BINARY = {
 
 
 def _variadic(fn):
-    return lambda ctx: [reduce(fn, [x for x in ctx.inputs if x is not None])]
+    """An n-ary op folded from a binary one; with one operand it is a copy."""
+    def rule(ctx: LowerContext):
+        xs = [x for x in ctx.inputs if x is not None]
+        return [reduce(fn, xs) if len(xs) > 1 else topi.identity(xs[0])]
+
+    return rule
 
 
 def _mean(ctx: LowerContext):

@@ -108,12 +108,17 @@ def _log_sum_exp(x, axes, keep):
 
 def _arg(kind):
     def rule(ctx: LowerContext):
-        if ctx.attr("select_last_index", 0):
-            raise ctx.fail("select_last_index=1 is not supported")
         x = ctx.input(0)
+        rank = len(x.shape)
         axis = ctx.attr("axis", 0)
+        axis = axis + rank if axis < 0 else axis
+        keep = bool(ctx.attr("keepdims", 1))
         fn = topi.argmax if kind == "max" else topi.argmin
-        return [topi.cast(fn(x, axis=axis, keepdims=bool(ctx.attr("keepdims", 1))), "int64")]
+        if not ctx.attr("select_last_index", 0):
+            return [topi.cast(fn(x, axis=axis, keepdims=keep), "int64")]
+        # TOPI picks the first extreme: on the reversed axis that is the last one, counted from the end.
+        first_from_end = topi.cast(fn(topi.flip(x, axis), axis=axis, keepdims=keep), "int64")
+        return [topi.subtract(tir.const(int(x.shape[axis]) - 1, "int64"), first_from_end)]
 
     return rule
 
