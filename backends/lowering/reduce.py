@@ -139,7 +139,37 @@ def _softmax(log: bool):
     return rule
 
 
+def _hardmax(ctx: LowerContext):
+    """1 at the first maximum along `axis`, 0 elsewhere."""
+    x = ctx.input(0)
+    rank = len(x.shape)
+    axis = ctx.attr("axis", -1)
+    axis = axis + rank if axis < 0 else axis
+    first = topi.argmax(x, axis=axis, keepdims=True)
+    one, zero = tir.const(1, x.dtype), tir.const(0, x.dtype)
+    return [te.compute(x.shape, lambda *i: tir.Select(
+        i[axis] == first[i[:axis] + (0,) + i[axis + 1:]], one, zero), name="hardmax")]
+
+
+def _lp_normalization(ctx: LowerContext):
+    """x / ||x||_p along `axis` (p = 1 or 2); a zero norm gives 0, as ONNX's reference does."""
+    x = ctx.input(0)
+    rank = len(x.shape)
+    axis = ctx.attr("axis", -1)
+    axis = axis + rank if axis < 0 else axis
+    p = ctx.attr("p", 2)
+    if p not in (1, 2):
+        raise ctx.fail(f"p={p} (only 1 and 2 are ONNX's)")
+    norm = topi.sum(topi.abs(x), axis, True) if p == 1 else topi.sqrt(topi.sum(topi.multiply(x, x), axis, True))
+    zero = tir.const(0, x.dtype)
+    return [te.compute(x.shape, lambda *i: tir.Select(
+        norm[i[:axis] + (0,) + i[axis + 1:]] == zero, zero, x[i] / norm[i[:axis] + (0,) + i[axis + 1:]]),
+        name="lp_normalization")]
+
+
 RULES.update({
+    "Hardmax": _hardmax,
+    "LpNormalization": _lp_normalization,
     "ArgMax": _arg("max"),
     "ArgMin": _arg("min"),
     "Softmax": _softmax(False),
