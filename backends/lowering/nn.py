@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..tvm_env import tvm
 from .context import LowerContext
+from .pool import average_pool
 from .reduce import NAN_MAX, lowest, nan_reduce
 
 _tvm = tvm()
@@ -113,16 +114,16 @@ def _pool(kind: str):
         before, after = _window_pads(ctx, _dims(x)[2:], list(ctx.out_shape()[2:]), kernel, strides, dilations)
         ceil = bool(ctx.attr("ceil_mode", 0))
         include = bool(ctx.attr("count_include_pad", 0))
-        if spatial not in (1, 2):
-            raise ctx.fail(f"{spatial}-D pooling is not supported (1-D and 2-D are)")
+        out_shape = list(ctx.out_shape())
         if kind == "max":
-            out = _nan_max_pool(x, kernel, strides, dilations, before, list(ctx.out_shape()))
+            out = _nan_max_pool(x, kernel, strides, dilations, before, out_shape)
         elif spatial == 1:
             out = topi.nn.pool1d(x, kernel, strides, dilations, before + after, kind, ceil, "NCW", include)
-        else:
+        elif spatial == 2:
             out = topi.nn.pool2d(x, kernel, strides, dilations, before + after, kind, ceil, "NCHW", include)
-        if tuple(int(d) for d in out.shape) != tuple(ctx.out_shape()):
-            raise ctx.fail(f"pooling gives shape {_dims(out)}, ONNX says {list(ctx.out_shape())}")
+        if kind != "max" and (spatial > 2 or _dims(out) != out_shape):
+            # TOPI pools 1-D and 2-D only, and drops a ceil-mode last window that starts in the padding.
+            out = average_pool(x, kernel, strides, dilations, before, after, out_shape, include)
         return [out] + [None] * (len(ctx.output_types) - 1)
 
     return rule
