@@ -41,6 +41,11 @@ _EXCLUDED = {
     **{op: "quantized ops are not supported" for op in (
         "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear", "QuantizeLinear", "DequantizeLinear",
         "QLinearConv", "QLinearMatMul")},
+    **{op: "random ops are not supported" for op in (
+        "Bernoulli", "Multinomial", "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike")},
+    **{op: "no kernel for this op yet" for op in (
+        "DFT", "STFT", "DeformConv", "Det", "MaxUnpool", "RoiAlign", "MaxRoiPool", "TfIdfVectorizer", "Col2Im")},
+    **{op: "optional values are not supported" for op in ("Optional", "OptionalGetElement", "OptionalHasElement")},
 }
 TESSEL_DOMAIN = "tessel"
 # The op type of a Tessel-domain node that runs several ops as one kernel (passes/fuse.py makes them).
