@@ -303,6 +303,16 @@ def _trilu(ctx: LowerContext):
     return [te.compute(ctx.out_shape(), compute, name="trilu")]
 
 
+def _grid_sample(ctx: LowerContext):
+    """ONNX's grid is (N, *out, rank) with x first; TOPI's is (N, rank, *out)."""
+    x, grid = ctx.input(0), ctx.input(1)
+    rank = len(grid.shape) - 2
+    mode = {"linear": "bilinear", "cubic": "bicubic"}.get(ctx.attr("mode", "linear"), ctx.attr("mode", "linear"))
+    channels_first = topi.transpose(grid, [0, rank + 1] + list(range(1, rank + 1)))
+    return [topi.image.grid_sample(x, channels_first, mode, "NCHW" if rank == 2 else "NCDHW",
+                                   ctx.attr("padding_mode", "zeros"), bool(ctx.attr("align_corners", 0)))]
+
+
 def _view(ctx: LowerContext):
     """Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout: the same elements in the output's shape.
 
@@ -328,6 +338,7 @@ RULES = {
     "Resize": _resize,
     "DepthToSpace": _depth_to_space,
     "Trilu": _trilu,
+    "GridSample": _grid_sample,
 }
 
 # Inputs each op needs as compile-time data.
