@@ -313,6 +313,21 @@ def _grid_sample(ctx: LowerContext):
                                    ctx.attr("padding_mode", "zeros"), bool(ctx.attr("align_corners", 0)))]
 
 
+def _eye_like(ctx: LowerContext):
+    """Ones on the k-th diagonal of the output's 2-D shape."""
+    k, dtype = ctx.attr("k", 0), ctx.out_dtype()
+    one, zero = tir.const(1, dtype), tir.const(0, dtype)
+    return [te.compute(ctx.out_shape(), lambda i, j: tir.Select(j - i == k, one, zero), name="eye_like")]
+
+
+def _reverse_sequence(ctx: LowerContext):
+    return [topi.reverse_sequence(ctx.input(0), ctx.input(1), ctx.attr("time_axis", 0), ctx.attr("batch_axis", 1))]
+
+
+def _einsum(ctx: LowerContext):
+    return [topi.einsum(ctx.attr("equation").replace(" ", ""), *[x for x in ctx.inputs if x is not None])]
+
+
 def _view(ctx: LowerContext):
     """Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout: the same elements in the output's shape.
 
@@ -339,6 +354,9 @@ RULES = {
     "DepthToSpace": _depth_to_space,
     "Trilu": _trilu,
     "GridSample": _grid_sample,
+    "EyeLike": _eye_like,
+    "ReverseSequence": _reverse_sequence,
+    "Einsum": _einsum,
 }
 
 # Inputs each op needs as compile-time data.
