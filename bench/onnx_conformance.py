@@ -79,7 +79,9 @@ def _feeds_and_expected(case):
     initializer_names = {t.name for t in case.model.graph.initializer}
     inputs = [vi.name for vi in case.model.graph.input if vi.name not in initializer_names]
     feeds_list, expected_list = case.data_sets[0] if case.data_sets else ([], [])
-    return inputs, feeds_list, expected_list
+    # A 0-d result some cases hold as a NumPy scalar (np.float32(...)) is a tensor like any other.
+    as_arrays = lambda values: [np.asarray(v) if isinstance(v, np.generic) else v for v in values]  # noqa: E731
+    return inputs, as_arrays(feeds_list), as_arrays(expected_list)
 
 
 def run_case(case, stage: str = "run") -> tuple[str, str]:

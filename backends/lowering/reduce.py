@@ -123,18 +123,22 @@ def _arg(kind):
     return rule
 
 
+def log_softmax(x, axis: int):
+    """log(softmax(x)) along `axis`, from the shifted values (no log of an underflowed exp)."""
+    shifted = topi.subtract(x, topi.max(x, axis, True))
+    return topi.subtract(shifted, topi.log(topi.sum(_exp(shifted), axis, True)))
+
+
 def _softmax(log: bool):
     def rule(ctx: LowerContext):
         x = ctx.input(0)
         rank = len(x.shape)
         axis = ctx.attr("axis", -1)
         axis = axis + rank if axis < 0 else axis
-        peak = topi.max(x, axis, True)
-        shifted = topi.subtract(x, peak)
-        total = topi.sum(_exp(shifted), axis, True)
         if log:
-            return [topi.subtract(shifted, topi.log(total))]
-        return [topi.divide(_exp(shifted), total)]
+            return [log_softmax(x, axis)]
+        shifted = topi.subtract(x, topi.max(x, axis, True))
+        return [topi.divide(_exp(shifted), topi.sum(_exp(shifted), axis, True))]
 
     return rule
 
