@@ -21,6 +21,7 @@ worker that dies or overruns is replaced and the test is counted apart).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import os
@@ -44,6 +45,14 @@ STAGES = ("import", "export", "compile", "run")
 FAILURES = ("unsupported", "import", "verify", "export", "export-ort-run", "export-ort-compare",
             "compile", "run", "compare", "timeout", "crash")
 OUTCOMES = ("pass",) + FAILURES + ("ort-cannot-run-original",)
+
+
+@functools.cache
+def all_cases() -> tuple:
+    """Every ONNX backend node test, collected once per process (collecting takes seconds)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the cases' own generators overflow casts on purpose
+        return tuple(collect_testcases())
 
 
 def _session(model_bytes: bytes):
@@ -216,6 +225,7 @@ class _Pool:
                         slot["index"] = None
                         continue
                     except EOFError:
+                        slot["process"].join(timeout=5)
                         outcome, detail = "crash", f"worker died (exit {slot['process'].exitcode})"
                 elif time.monotonic() - slot["since"] >= self._timeout:
                     outcome, detail = "timeout", f"over {self._timeout:.0f} s"
@@ -244,9 +254,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.timeout <= 0:
         parser.error("--jobs and --timeout must be positive")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cases = [c for c in collect_testcases() if args.filter in c.name]
+    cases = [c for c in all_cases() if args.filter in c.name]
     per_op: dict[str, Counter] = defaultdict(Counter)
     totals: Counter = Counter()
     records = {}
