@@ -84,6 +84,16 @@ def _op_of(case) -> str:
     return max(named, key=len) if named else "(multi-op: " + "+".join(ops) + ")"
 
 
+def bound_inputs(model, feeds: dict[str, np.ndarray]):
+    """How a test's inputs are given to Tessel, as a user would: (input shapes, input values known when compiling,
+    the feeds left for the run). The inputs that decide shapes (Reshape's shape, Reduce axes, ...) are values."""
+    from tessel.ir.shape_operands import shape_deciding_inputs
+
+    values = {name: feeds[name] for name in shape_deciding_inputs(model) if name in feeds}
+    run_feeds = {name: array for name, array in feeds.items() if name not in values}
+    return {name: array.shape for name, array in run_feeds.items()}, values, run_feeds
+
+
 def _feeds_and_expected(case):
     initializer_names = {t.name for t in case.model.graph.initializer}
     inputs = [vi.name for vi in case.model.graph.input if vi.name not in initializer_names]
@@ -101,9 +111,9 @@ def run_case(case, stage: str = "run") -> tuple[str, str]:
     if any(not isinstance(a, np.ndarray) for a in feeds_list) or any(not isinstance(a, np.ndarray) for a in expected_list):
         return "unsupported", "inputs or outputs are sequences or optionals"
     feeds = dict(zip(inputs, feeds_list))
-    shapes = {name: array.shape for name, array in feeds.items()}
     try:
-        graph = ir.from_onnx(case.model, shapes)
+        shapes, values, run_feeds = bound_inputs(case.model, feeds)
+        graph = ir.from_onnx(case.model, shapes, input_values=values)
     except ir.UnsupportedModelError as exc:
         return "unsupported", str(exc)
     except ir.VerificationError as exc:
@@ -113,15 +123,15 @@ def run_case(case, stage: str = "run") -> tuple[str, str]:
     if stage == "import":
         return "pass", ""
     rtol, atol = case.rtol, case.atol
-    outcome, detail = _export_stage(graph, case.model, feeds, expected_list, rtol, atol)
+    outcome, detail = _export_stage(graph, case.model, feeds, run_feeds, expected_list, rtol, atol)
     if outcome != "pass" and (outcome != "ort-cannot-run-original" or stage == "export"):
         return outcome, detail
     if stage == "export":
         return "pass", ""
-    return _compile_stages(case.model, feeds, expected_list, rtol, atol, stage)
+    return _compile_stages(case.model, values, run_feeds, expected_list, rtol, atol, stage)
 
 
-def _export_stage(graph, model, feeds, expected, rtol, atol) -> tuple[str, str]:
+def _export_stage(graph, model, feeds, run_feeds, expected, rtol, atol) -> tuple[str, str]:
     import onnx
 
     from tessel import ir
@@ -133,7 +143,7 @@ def _export_stage(graph, model, feeds, expected, rtol, atol) -> tuple[str, str]:
     except Exception as exc:  # noqa: BLE001 - report, do not stop the sweep
         return "export", f"{type(exc).__name__}: {exc}"
     try:
-        got = _session(data).run(None, feeds)
+        got = _session(data).run(None, run_feeds)
     except Exception as exc:  # noqa: BLE001
         original_ok, reason = _original_runs(model, feeds, expected, rtol, atol)
         return ("export-ort-run" if original_ok else "ort-cannot-run-original"), reason or f"{type(exc).__name__}: {exc}"
@@ -153,11 +163,12 @@ def _original_runs(model, feeds, expected, rtol, atol) -> tuple[bool, str]:
     return True, ""
 
 
-def _compile_stages(model, feeds, expected, rtol, atol, stage: str) -> tuple[str, str]:
+def _compile_stages(model, values, feeds, expected, rtol, atol, stage: str) -> tuple[str, str]:
     from tessel.compiler.api import compile
 
     try:
-        artifact = compile(model, input_shapes={k: v.shape for k, v in feeds.items()}, profile=False, jobs=1)
+        artifact = compile(model, input_shapes={k: v.shape for k, v in feeds.items()}, input_values=values,
+                           profile=False, jobs=1)
     except Exception as exc:  # noqa: BLE001 - report, do not stop the sweep
         return "compile", f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
     if stage == "compile":

@@ -23,7 +23,7 @@ from tessel.backends.cache import KernelCache
 from tessel.backends.lowering import LoweringError
 from tessel.backends.target import parse_target
 from tessel.backends.tvm_env import version as tvm_version
-from tessel.ir.onnx_import import input_defaults, with_batch
+from tessel.ir.onnx_import import bind_input_values, declared_shape, input_defaults, with_batch
 from tessel.passes.base import Pass
 from tessel.runtime.calibrate import load_link
 from tessel.runtime.instructions import kernel_call_count
@@ -73,8 +73,11 @@ def compile(  # noqa: A001 - the contract names it compile
     machine = prepare_machine(options)
     started = time.perf_counter()
     model, input_shapes = load_model(model_or_path, options)
-    graph = ir.from_onnx(model, input_shapes)
-    source = ModelSource(model_name(model_or_path, model), model, model_or_path, input_defaults(model),
+    graph = ir.from_onnx(model, input_shapes, input_values=options.input_values)
+    if options.input_values:  # the model as compiled, with those inputs constants: what `run --check` compares with
+        model = bind_input_values(model, options.input_values)
+    origin = model if options.input_values else model_or_path
+    source = ModelSource(model_name(model_or_path, model), model, origin, input_defaults(model),
                          time.perf_counter() - started)
     return compile_graph(graph, options, machine, source, progress=progress, profile_progress=profile_progress)
 
@@ -306,10 +309,10 @@ def whole_input_shapes(proto, shapes: Mapping[str, tuple[int, ...]]) -> dict[str
     for value in proto.graph.input:
         if value.name in initializers or value.name in whole:
             continue
-        dims = value.type.tensor_type.shape.dim
-        if not all(d.HasField("dim_value") for d in dims):
+        dims = declared_shape(value.type.tensor_type)
+        if not all(isinstance(d, int) for d in dims):
             raise CompileError(f"training on several devices needs the shape of input '{value.name}' (input_shapes)")
-        whole[value.name] = tuple(d.dim_value for d in dims)
+        whole[value.name] = tuple(dims)
     return whole
 
 

@@ -59,14 +59,23 @@ def _input_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _compile_values(items: Sequence[str]) -> dict[str, np.ndarray]:
+    from .input_values import parse_compile_values
+
+    return parse_compile_values(items)
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from .model_summary import format_summary, summarize
 
-    report = summarize(args.model, _input_shapes(args.input_shape))
+    report = summarize(args.model, _input_shapes(args.input_shape), _compile_values(args.input_value))
     print(json.dumps(report, indent=2) if args.json else format_summary(report))
     if report["unsupported"]:
         error = UnsupportedModelError([(u["op"], u["domain"], u["count"], u["first_node"], u["reason"]) for u in report["unsupported"]])
         print(f"tessel: error: {args.model}: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if report["import_error"]:
+        print(f"tessel: error: {args.model}: {report['import_error']}", file=sys.stderr)
         return EXIT_USAGE
     return 0
 
@@ -96,7 +105,8 @@ def _compile_options(args: argparse.Namespace):
     from .options import CompileOptions
 
     return CompileOptions(
-        target=args.target, input_shapes=_input_shapes(args.input_shape), batch=args.batch, devices=args.devices,
+        target=args.target, input_shapes=_input_shapes(args.input_shape), input_values=_compile_values(args.input_value),
+        batch=args.batch, devices=args.devices,
         placement=args.placement, microbatches=args.microbatches, pins=args.pin, machine=args.machine,
         profile=not args.no_profile, reprofile=args.reprofile, device_memory=args.device_memory,
         skip_passes=args.skip_pass, verify=args.verify, dump_after=args.dump_after, algo_select=args.algo_select,
@@ -227,6 +237,10 @@ def _output_options() -> argparse.ArgumentParser:
     return common
 
 
+_COMPILE_VALUE_HELP = ("the value of input NAME, known when compiling: it becomes a constant (e.g. a Reshape's "
+                       "shape: shape=1,-1; one number or a comma list; repeatable)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `tessel` command."""
     from .options import CompileOptions
@@ -243,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("model", help="path of an .onnx model")
     inspect.add_argument("--input-shape", action="append", default=[], metavar="NAME=DIMS",
                          help="bind an input's shape, e.g. x=1x3x224x224 (repeatable)")
+    inspect.add_argument("--input-value", action="append", default=[], metavar="NAME=VALUE", help=_COMPILE_VALUE_HELP)
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     inspect.set_defaults(run=_cmd_inspect)
 
@@ -253,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
                              help="llvm (host CPU, default) or cuda:sm_XX")
     compile_cmd.add_argument("--input-shape", action="append", default=[], metavar="NAME=DIMS",
                              help="bind an input's shape, e.g. x=1x3x224x224 (repeatable)")
+    compile_cmd.add_argument("--input-value", action="append", default=[], metavar="NAME=VALUE", help=_COMPILE_VALUE_HELP)
     compile_cmd.add_argument("--jobs", type=count_from(1), default=None, help="kernels compiled at once (default: one per core)")
     compile_cmd.add_argument("--force", action="store_true", help="replace an existing artifact directory")
     compile_cmd.add_argument("--json", action="store_true",

@@ -1,5 +1,9 @@
-"""`--input-value NAME=VALUE`: one value for a whole input (a sample rate, a flag, a length), broadcast to the
-input's shape and dtype. Random inputs are fine for data; control inputs need a value the model expects."""
+"""`--input-value NAME=VALUE`.
+
+On `tessel run` and `tessel bench`: one value for a whole input (a sample rate, a flag, a length), broadcast to
+the input's shape and dtype. Random inputs are fine for data; control inputs need a value the model expects.
+On `tessel compile` and `tessel inspect`: the input's value known when compiling (NAME=1,2,3 a 1-D array,
+NAME=5 one number); the input becomes a constant (Reshape's shape, Reduce axes, TopK's k, ...)."""
 from __future__ import annotations
 
 import logging
@@ -25,6 +29,22 @@ def parse_input_values(items: Sequence[str]) -> dict[str, Number]:
         if name in values:
             raise InputError(f"--input-value gives '{name}' twice")
         values[name] = _number(text, item)
+    return values
+
+
+def parse_compile_values(items: Sequence[str]) -> dict[str, np.ndarray]:
+    """Read NAME=VALUE items (VALUE a number, true/false, or numbers separated by commas) into {name: array}: 0-d
+    for one number, 1-D for a list; the importer casts each to its input's element type. InputError, one line, on
+    a malformed or repeated item."""
+    values: dict[str, np.ndarray] = {}
+    for item in items:
+        name, sep, text = item.rpartition("=")
+        if not sep or not name or not text:
+            raise InputError(f"bad --input-value '{item}': expected NAME=VALUE or NAME=V1,V2,..., e.g. shape=1,-1")
+        if name in values:
+            raise InputError(f"--input-value gives '{name}' twice")
+        numbers = [_number(part.strip(), item) for part in text.split(",")]
+        values[name] = np.asarray(numbers) if "," in text else np.asarray(numbers[0])
     return values
 
 

@@ -10,7 +10,9 @@ import onnx
 
 from tessel import ir
 from tessel.ir.analysis import constant_stats, max_live_bytes, op_histogram, total_bytes_moved, total_flops
-from tessel.ir.onnx_import import all_initializers, default_opset, find_unsupported, walk_onnx_nodes
+from tessel.ir.errors import ModelImportError
+from tessel.ir.onnx_import import all_initializers, declared_shape, default_opset, find_unsupported, walk_onnx_nodes
+from tessel.ir.shape_operands import shape_deciding_inputs
 from tessel.ir.types import dtype_from_onnx, onnx_type_name
 
 
@@ -39,12 +41,17 @@ def _declared(vi: onnx.ValueInfoProto) -> dict[str, Any]:
         dtype = dtype_from_onnx(tensor.elem_type)
     except KeyError:
         dtype = onnx_type_name(tensor.elem_type)
-    shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor.shape.dim]
+    shape = ["?" if d is None else d for d in declared_shape(tensor)]
     return {"name": vi.name, "dtype": dtype, "shape": shape}
 
 
-def summarize(path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, Any]:
+def summarize(path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]] | None = None,
+              input_values: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The inspect report as a dict with stable keys.
+
+    `shape_inputs` names the inputs whose values decide shapes, with the operands they reach: they need a
+    value when compiling (`input_values`). While one lacks it and the import fails, `import_error` says why
+    and the import-dependent fields are None.
 
     Parameters are the model's initializers; tensors held by Constant nodes are
     counted apart (some exporters store weights that way). When the model imports, inputs and
@@ -62,6 +69,8 @@ def summarize(path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]]
         "outputs": [_declared(vi) for vi in model.graph.output],
         "parameters": _tensor_stats(all_initializers(model.graph)),
         "constant_nodes": _tensor_stats(_constant_node_tensors(model.graph)),
+        "shape_inputs": shape_deciding_inputs(model),
+        "import_error": None,
         "onnx_nodes": sum(1 for _ in walk_onnx_nodes(model.graph)),
         "unsupported": [
             {"op": op, "domain": domain or "ai.onnx", "count": n, "first_node": first, "reason": reason}
@@ -75,9 +84,15 @@ def summarize(path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]]
         "activation_memory_lower_bound": None,
     }
     if report["unsupported"]:
-        report["ops"] = dict(sorted(Counter(n.op_type if not n.domain else f"{n.domain}::{n.op_type}" for n in walk_onnx_nodes(model.graph)).items()))
+        report["ops"] = _onnx_ops(model)
         return report
-    graph = ir.from_onnx(model, input_shapes)
+    try:
+        graph = ir.from_onnx(model, input_shapes, input_values=input_values)
+    except ModelImportError as exc:
+        if not set(report["shape_inputs"]) - set(input_values or {}):
+            raise
+        report.update(import_error=str(exc), ops=_onnx_ops(model))
+        return report
     constants = constant_stats(graph)
     live = max_live_bytes(graph)
     report.update(
@@ -91,6 +106,12 @@ def summarize(path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]]
         activation_memory_lower_bound={"bytes": live.peak_bytes, "peak_node": live.peak_node},
     )
     return report
+
+
+def _onnx_ops(model: onnx.ModelProto) -> dict[str, int]:
+    """How many nodes of each op the ONNX model holds, subgraphs included."""
+    return dict(sorted(Counter(n.op_type if not n.domain else f"{n.domain}::{n.op_type}"
+                               for n in walk_onnx_nodes(model.graph)).items()))
 
 
 def _bytes(n: int) -> str:
@@ -110,6 +131,9 @@ def format_summary(report: Mapping[str, Any]) -> str:
     lines = [f"model: {report['model']} (opset {report['opset']}, {report['onnx_nodes']} ONNX nodes)", "inputs:"]
     lines += [tensor(t) for t in report["inputs"]]
     lines += ["outputs:"] + [tensor(t) for t in report["outputs"]]
+    if report["shape_inputs"]:
+        lines.append("inputs that decide shapes (give their values when compiling: --input-value NAME=V1,V2,...):")
+        lines += [f"  {name}: {', '.join(uses)}" for name, uses in report["shape_inputs"].items()]
     lines.append(f"parameters: {params['elements']:,} elements in {params['tensors']} initializers ({_bytes(params['bytes'])})")
     held = report["constant_nodes"]
     if held["tensors"]:
@@ -121,6 +145,8 @@ def format_summary(report: Mapping[str, Any]) -> str:
         lines.append(f"FLOPs: {report['flops']:,} ({report['flops'] / 1e9:.3f} GFLOP)")
         lines.append(f"bytes moved: {_bytes(report['bytes_moved'])} (each node reads its inputs and writes its outputs once)")
         lines.append(f"activation memory lower bound: {_bytes(live['bytes'])} (max live bytes in topological order, peak at '{live['peak_node']}')")
+    if report["import_error"]:
+        lines.append(f"not imported: {report['import_error']}")
     lines.append("ops:")
     width = max((len(op) for op in report["ops"]), default=0)
     lines += [f"  {op:<{width}}  {count}" for op, count in sorted(report["ops"].items(), key=lambda kv: (-kv[1], kv[0]))]

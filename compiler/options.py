@@ -33,6 +33,7 @@ class CompileOptions:
     """Everything a compile can be told, checked (`CompileError` on the first bad one).
 
     target: "llvm" (this CPU) or "cuda:sm_XX". input_shapes: NAME → dims for symbolic inputs.
+    input_values: NAME → array for inputs known when compiling (they become constants, no longer inputs).
     batch: re-declares axis 0 of every input. devices > 1 places the model on that many workers
     (placement: auto, single, pipeline, list, data, hybrid; pins: 'REGEX=DEVICE'); microbatches K
     runs the batch as K micro-batches through them; machine: a JSON machine file (devices, memory,
@@ -48,6 +49,7 @@ class CompileOptions:
 
     target: str = "llvm"
     input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    input_values: Mapping[str, Any] = field(default_factory=dict)
     batch: int | None = None
     devices: int = 1
     placement: str = "auto"
@@ -81,6 +83,7 @@ class CompileOptions:
 
         normalize("input_shapes", MappingProxyType({str(k): tuple(int(d) for d in v)
                                                     for k, v in dict(self.input_shapes or {}).items()}))
+        normalize("input_values", MappingProxyType({str(k): v for k, v in dict(self.input_values or {}).items()}))
         for name in ("pins", "skip_passes", "dump_after"):
             value = getattr(self, name)
             normalize(name, (value,) if isinstance(value, str) else tuple(value))

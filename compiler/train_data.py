@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 
 from tessel.ir.errors import TesselError
+from tessel.ir.onnx_import import declared_shape
 
 LABELS = "labels"
 
@@ -70,7 +71,7 @@ def model_inputs(model_path: str | Path) -> list[ModelInput]:
         if value.name in initializers:
             continue
         tensor = value.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+        dims = [d if isinstance(d, int) else None for d in declared_shape(tensor)]
         inputs.append(ModelInput(value.name, onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type), tuple(dims[1:])))
     return inputs
 
@@ -78,8 +79,8 @@ def model_inputs(model_path: str | Path) -> list[ModelInput]:
 def model_outputs(model_path: str | Path) -> dict[str, tuple[int | None, ...]]:
     """The ONNX model's outputs in order: name -> declared shape (None: a symbolic or unknown dimension)."""
     graph = onnx.load(str(model_path), load_external_data=False).graph
-    return {value.name: tuple(d.dim_value if d.HasField("dim_value") else None
-                              for d in value.type.tensor_type.shape.dim) for value in graph.output}
+    return {value.name: tuple(d if isinstance(d, int) else None for d in declared_shape(value.type.tensor_type))
+            for value in graph.output}
 
 
 def load_dataset(path: str | Path, inputs: Sequence[ModelInput], needs_labels: bool, flag: str) -> Dataset:

@@ -26,7 +26,10 @@ from .errors import ModelImportError, ModelLoadError, ShapeBindingError, TesselE
 from .evaluate import evaluate
 from .graph import Graph, Value
 from .onnx_normalize import RENAMED, ImportProblem, RawNode, normalize
-from .schema import CANONICAL_OPSET, TESSEL_DOMAIN, InferenceFailure, get_schema, same_form_as_canonical, unsupported_reason
+from .onnx_functions import expand, function_body, has_function, plain_function_body
+from .onnx_proto import type_proto
+from .schema import CANONICAL_OPSET, TESSEL_DOMAIN, InferenceFailure, added_attributes, get_schema, unsupported_reason
+from .shape_operands import shape_operand_positions
 from .types import TensorType, dtype_from_onnx, dtype_to_onnx, numpy_dtype, onnx_type_name
 from .verify import verify
 
@@ -37,6 +40,7 @@ FOLD_LIMIT = 1 << 16
 EMPTY_FOLD_LIMIT = 1 << 24
 
 InputShapes = Mapping[str, Sequence[int]]
+InputValues = Mapping[str, Any]
 
 
 def load_model(model_or_path: "onnx.ModelProto | bytes | str | os.PathLike") -> onnx.ModelProto:
@@ -150,6 +154,28 @@ def with_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
     return copy
 
 
+def bind_input_values(model: onnx.ModelProto, values: InputValues) -> onnx.ModelProto:
+    """A copy of the model whose inputs named in `values` are initializers holding those values (cast to each
+    input's element type and checked as `from_onnx(input_values=...)` does): the model as compiled with them."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    graph = copy.graph
+    by_name = {vi.name: vi for vi in graph.input}
+    unknown = sorted(set(values) - set(by_name))
+    if unknown:
+        raise ShapeBindingError(f"input value given for {', '.join(map(repr, unknown))}, but the model's inputs are "
+                                f"{', '.join(repr(vi.name) for vi in graph.input) or 'none'}")
+    arrays = {name: _input_value(by_name[name], value, None) for name, value in values.items()}
+    kept = [t for t in graph.initializer if t.name not in arrays]  # a default the value replaces
+    del graph.initializer[:]
+    graph.initializer.extend(kept + [numpy_helper.from_array(array, name) for name, array in arrays.items()])
+    if model.ir_version >= 4:  # before IR 4 every initializer is also listed among the inputs
+        inputs = [vi for vi in graph.input if vi.name not in arrays]
+        del graph.input[:]
+        graph.input.extend(inputs)
+    return copy
+
+
 def _unpin_reshape_batch(graph: onnx.GraphProto) -> None:
     """Exporters often write Reshape(x, [1, ...]) for a batch of one: the leading 1 becomes -1.
 
@@ -207,7 +233,7 @@ def find_unsupported(model: onnx.ModelProto) -> list[tuple[str, str, int, str, s
     counts: Counter = Counter()
     first: dict[tuple[str, str], tuple[str, str]] = {}
     for index, node in enumerate(walk_onnx_nodes(model.graph)):
-        reason = _unsupported_reason(node.op_type, node.domain, opset)
+        reason = _unsupported_reason(node, opset)
         if reason is None:
             continue
         key = (node.op_type, node.domain)
@@ -216,8 +242,14 @@ def find_unsupported(model: onnx.ModelProto) -> list[tuple[str, str, int, str, s
     return [(op, domain, counts[(op, domain)], name, reason) for (op, domain), (name, reason) in first.items()]
 
 
-def _unsupported_reason(op_type: str, domain: str, opset: int | None) -> str | None:
-    """None when the op is supported at this opset; else why not."""
+def _unsupported_reason(node: onnx.NodeProto, opset: int | None) -> str | None:
+    """None when the node's op is supported at this opset; else why not.
+
+    A version newer than the canonical opset is supported when it only added attributes that the node leaves
+    at their defaults, or when ONNX defines it as a function (imported as its body, whose ops must be supported;
+    a body that depends on the input types is checked when it is imported).
+    """
+    op_type, domain = node.op_type, node.domain
     if domain not in ("", "ai.onnx"):
         return unsupported_reason(op_type, domain)
     if opset is None:
@@ -226,11 +258,38 @@ def _unsupported_reason(op_type: str, domain: str, opset: int | None) -> str | N
         version = defs.get_schema(op_type, opset, "").since_version
     except defs.SchemaError:
         return f"not an ONNX op at opset {opset}"
-    if version > CANONICAL_OPSET and not same_form_as_canonical(op_type, opset):
-        return f"op version {version} changed its inputs or attributes after opset {CANONICAL_OPSET}"
+    if version > CANONICAL_OPSET and expands_to_function(node, opset):
+        body = plain_function_body(op_type, opset)
+        for inner in body.node if body is not None else ():
+            reason = _unsupported_reason(inner, opset)
+            if reason is not None:
+                return f"its function body uses {inner.op_type}: {reason}"
+        return None
+    if version > CANONICAL_OPSET:
+        added = added_attributes(op_type, opset)
+        if added is None:
+            return f"op version {version} changed its inputs or attributes after opset {CANONICAL_OPSET}"
+        for attr in node.attribute:
+            if attr.name in added and helper.get_attribute_value(attr) != helper.get_attribute_value(added[attr.name]):
+                return (f"attribute '{attr.name}' (added in op version {version}) is set to "
+                        f"{helper.get_attribute_value(attr)!r}; only its default is supported")
     if get_schema(op_type) is None and op_type not in RENAMED:
         return unsupported_reason(op_type, domain)
     return None
+
+
+def expands_to_function(node: onnx.NodeProto, opset: int) -> bool:
+    """Whether the node imports as its ONNX function body: its op's version at `opset` is newer than the
+    canonical opset, defined as a function, and not just the canonical version with new attributes left at
+    their defaults."""
+    if node.domain not in ("", "ai.onnx") or not has_function(node.op_type, opset):
+        return False
+    if defs.get_schema(node.op_type, opset, "").since_version <= CANONICAL_OPSET:
+        return False
+    added = added_attributes(node.op_type, opset)
+    return added is None or any(
+        a.name in added and helper.get_attribute_value(a) != helper.get_attribute_value(added[a.name])
+        for a in node.attribute)
 
 
 def newest_opset() -> int:
@@ -312,10 +371,14 @@ def input_defaults(model: onnx.ModelProto) -> dict[str, np.ndarray]:
 
 
 def from_onnx(model_or_path: "onnx.ModelProto | bytes | str | os.PathLike", input_shapes: InputShapes | None = None,
-              *, training: bool = False) -> Graph:
+              *, training: bool = False, input_values: InputValues | None = None) -> Graph:
     """Import an ONNX model as a verified Tessel graph in which every tensor has a static shape.
 
-    `input_shapes` binds symbolic input dimensions, e.g. {"x": (1, 3, 640, 640)}.
+    `input_shapes` binds symbolic input dimensions (dim_param, or a dim_value of -1), e.g. {"x": (1, 3, 640, 640)};
+    a declared size of 0 takes the bound size too (exporters write 0 for "unknown").
+    `input_values` gives the values of inputs known when compiling, e.g. {"shape": np.array([1, -1])}: each
+    becomes a constant (cast to the input's declared element type), so the nodes it feeds fold, and it is no
+    longer an input of the graph. Inputs that decide shapes (Reshape's shape, Reduce axes, ...) need one.
     `training` imports for passes/training_mode.py: float initializers stay constants under their own
     names (listed in `graph.initializers`) that no node is folded with, so gradients can reach them, and
     BatchNormalization in training mode is accepted.
@@ -325,7 +388,7 @@ def from_onnx(model_or_path: "onnx.ModelProto | bytes | str | os.PathLike", inpu
     model = load_model(model_or_path)
     importer = _Importer(CANONICAL_OPSET, training)
     try:
-        graph = importer.import_model(model, dict(input_shapes or {}))
+        graph = importer.import_model(model, dict(input_shapes or {}), dict(input_values or {}))
     except TesselError:
         raise
     except RecursionError as exc:
@@ -363,7 +426,8 @@ class _Importer:
         self.kept: set[int] = set()
 
     # ---- graphs -----------------------------------------------------------
-    def import_model(self, model: onnx.ModelProto, input_shapes: dict[str, Sequence[int]]) -> Graph:
+    def import_model(self, model: onnx.ModelProto, input_shapes: dict[str, Sequence[int]],
+                     input_values: dict[str, Any]) -> Graph:
         check_versions(model)
         unsupported = find_unsupported(model)
         if unsupported:
@@ -378,14 +442,17 @@ class _Importer:
         defaults = input_defaults(model)
         frozen = {t.name for t in proto.initializer} - set(defaults)
         real_inputs = [vi for vi in proto.input if vi.name not in frozen]
-        unknown = sorted(set(input_shapes) - {vi.name for vi in real_inputs})
-        if unknown:
-            names = ", ".join(repr(vi.name) for vi in real_inputs) or "none"
-            raise ShapeBindingError(f"input shape given for {', '.join(map(repr, unknown))}, but the model's inputs are {names}")
+        for given, what in ((input_shapes, "input shape"), (input_values, "input value")):
+            unknown = sorted(set(given) - {vi.name for vi in real_inputs})
+            if unknown:
+                names = ", ".join(repr(vi.name) for vi in real_inputs) or "none"
+                raise ShapeBindingError(f"{what} given for {', '.join(map(repr, unknown))}, but the model's inputs are {names}")
         scope: dict[str, Value] = {}
         for vi in real_inputs:
             self.where = f"input '{vi.name}'"
-            if vi.name in defaults:
+            if vi.name in input_values:
+                scope[vi.name] = graph.add_constant(vi.name, _input_value(vi, input_values[vi.name], input_shapes.get(vi.name)))
+            elif vi.name in defaults:
                 scope[vi.name] = graph.add_input(vi.name, _default_input_type(vi, defaults[vi.name], input_shapes.get(vi.name)))
             else:
                 scope[vi.name] = graph.add_input(vi.name, _input_type(vi, input_shapes.get(vi.name)))
@@ -442,6 +509,12 @@ class _Importer:
             return
         inputs = [scope[n] if n else None for n in proto.input]
         version = defs.get_schema(proto.op_type, self.opset, "").since_version
+        if expands_to_function(proto, self.opset):
+            self._import_function(proto, name, graph, scope, read_names)
+            return
+        if version > CANONICAL_OPSET:
+            for added in added_attributes(proto.op_type, self.opset) or ():
+                attrs.pop(added, None)  # at its default (find_unsupported checked): the canonical form
         raw = RawNode(name, proto.op_type, attrs, inputs, list(proto.output), {"used_names": read_names, "training": self.training})
         try:
             raw = normalize(raw, version, _Context(self, graph))
@@ -454,6 +527,28 @@ class _Importer:
         for out_name, value in zip(raw.outputs, values):
             if out_name:
                 scope[out_name] = value
+
+    def _import_function(self, proto: onnx.NodeProto, name: str, graph: Graph, scope, read_names) -> None:
+        """Import a node as the nodes of its ONNX function body (ir/onnx_functions.py)."""
+        where = self.where
+        types = [type_proto(scope[n].type) if n else onnx.TypeProto() for n in proto.input]
+        try:
+            body = function_body(proto, self.opset, types)
+        except (ValueError, RuntimeError, onnx.defs.SchemaError) as exc:
+            raise ModelImportError(f"{where}: cannot build its ONNX function body: {exc}") from exc
+        unsupported = [(n.op_type, n.domain, 1, f"{name}/{n.name or n.op_type}", reason) for n in body.node
+                       if (reason := _unsupported_reason(n, self.opset)) is not None]
+        if unsupported:
+            raise UnsupportedModelError(unsupported)
+        try:
+            nodes = expand(proto, body, self.opset, name)
+        except ValueError as exc:
+            raise ModelImportError(f"{where}: {exc}") from exc
+        read = set(read_names) | {n for node in nodes for n in node.input}
+        for node in nodes:
+            self.where = f"{where}, function body node '{node.name}' ({node.op_type})"
+            self._import_node(node, node.name, graph, scope, read)
+        self.where = where
 
     def _import_if(self, raw: RawNode, graph: Graph, scope) -> list[Value | None]:
         if not {"then_branch", "else_branch"} <= set(raw.attrs) or len(raw.inputs) != 1:
@@ -518,7 +613,7 @@ class _Importer:
         except InferenceFailure as exc:
             raise ModelImportError(
                 f"{self.where}: cannot infer a static output type ({exc}); inputs are "
-                + ", ".join(str(t) if t is not None else "-" for t in types)
+                + ", ".join(str(t) if t is not None else "-" for t in types) + _run_time_shape_operands(raw)
             ) from exc
         out_types = [t if name else None for t, name in zip(out_types, raw.outputs)]
         self._check_sizes(out_types)
@@ -675,23 +770,44 @@ def _free_names(node: onnx.NodeProto) -> set[str]:
     return free
 
 
-def _input_type(vi: onnx.ValueInfoProto, bound: Sequence[int] | None) -> TensorType:
-    name = vi.name
+def declared_shape(tensor: onnx.TypeProto.Tensor) -> list[int | str | None]:
+    """An ONNX tensor type's dimensions: a size, a symbol (dim_param), or None where unknown.
+
+    A negative dim_value is unknown too: Paddle2ONNX and others write -1 for a dynamic axis.
+    """
+    return [(d.dim_value if d.dim_value >= 0 else None) if d.HasField("dim_value") else (d.dim_param or None)
+            for d in tensor.shape.dim]
+
+
+def _fits(declared: int | str | None, size: int) -> bool:
+    """Whether an axis declared `declared` takes `size`: a symbol, an unknown and a 0 ("unknown" to some
+    exporters) take any size."""
+    return not isinstance(declared, int) or declared in (0, size)
+
+
+def _tensor_input(vi: onnx.ValueInfoProto) -> tuple[str, onnx.TypeProto.Tensor]:
+    """A graph input's Tessel element type and ONNX tensor type; ModelImportError when it is not a tensor Tessel takes."""
     if not vi.type.HasField("tensor_type"):
-        raise ModelImportError(f"input '{name}' is not a tensor (sequence, map or optional inputs are not supported)")
+        raise ModelImportError(f"input '{vi.name}' is not a tensor (sequence, map or optional inputs are not supported)")
     tensor = vi.type.tensor_type
     try:
-        dtype = dtype_from_onnx(tensor.elem_type)
+        return dtype_from_onnx(tensor.elem_type), tensor
     except KeyError:
-        raise ModelImportError(f"input '{name}' has element type {onnx_type_name(tensor.elem_type)}, which Tessel does not support") from None
-    declared = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim]
+        raise ModelImportError(f"input '{vi.name}' has element type {onnx_type_name(tensor.elem_type)}, "
+                               "which Tessel does not support") from None
+
+
+def _input_type(vi: onnx.ValueInfoProto, bound: Sequence[int] | None) -> TensorType:
+    name = vi.name
+    dtype, tensor = _tensor_input(vi)
+    declared = declared_shape(tensor)
     has_shape = tensor.HasField("shape")
     if bound is not None:
         bound = _check_bound_shape(name, bound)
         if has_shape and len(bound) != len(declared):
             raise ShapeBindingError(f"input '{name}' has rank {len(declared)} in the model, but the given shape {_dims(bound)} has rank {len(bound)}")
         for axis, (want, have) in enumerate(zip(declared, bound)):
-            if isinstance(want, int) and want != have:
+            if not _fits(want, have):
                 raise ShapeBindingError(f"input '{name}' axis {axis} is {want} in the model, but the given shape {_dims(bound)} says {have}")
         return TensorType(dtype, tuple(bound))
     if not has_shape:
@@ -706,11 +822,59 @@ def _input_type(vi: onnx.ValueInfoProto, bound: Sequence[int] | None) -> TensorT
     return TensorType(dtype, tuple(declared))
 
 
+def _input_value(vi: onnx.ValueInfoProto, value: Any, bound: Sequence[int] | None) -> np.ndarray:
+    """The value given for a graph input, as a constant of the input's element type and declared shape.
+
+    A single number given for an input of rank one or more fills its shape of ones (TopK's k is [1]).
+    """
+    name = vi.name
+    dtype, tensor = _tensor_input(vi)
+    target = np.dtype(numpy_dtype(dtype))
+    array = np.asarray(value)
+    if array.dtype.kind not in "biuf" and array.dtype != target:
+        raise ShapeBindingError(f"input value for '{name}' must be numbers, got {array.dtype} {value!r}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # NaN or infinity cast to an integer: refused below
+        converted = array.astype(target)
+    if target.kind in "biu" and not np.array_equal(converted, array):
+        raise ShapeBindingError(f"input value for '{name}' ({_brief(array)}) does not fit the input's element type {dtype}")
+    declared = declared_shape(tensor)
+    if tensor.HasField("shape") and converted.ndim != len(declared) and converted.size == 1:
+        converted = converted.reshape((1,) * len(declared))
+    shape_ok = not tensor.HasField("shape") or (
+        converted.ndim == len(declared) and all(_fits(d, n) for d, n in zip(declared, converted.shape)))
+    if not shape_ok:
+        want = _dims(tuple(d if isinstance(d, int) else "N" for d in declared))
+        raise ShapeBindingError(f"input value for '{name}' has shape {_dims(converted.shape)}; the model declares {want}")
+    if bound is not None and _check_bound_shape(name, bound) != converted.shape:
+        raise ShapeBindingError(f"input '{name}': the given shape {_dims(tuple(bound))} differs from its given value's "
+                                f"shape {_dims(converted.shape)}; give one of the two")
+    return converted
+
+
+def _brief(array: np.ndarray) -> str:
+    text = np.array2string(array.reshape(-1)[:8], separator=",")
+    return text if array.size <= 8 else text[:-1] + ",...]"
+
+
+def _run_time_shape_operands(raw: RawNode) -> str:
+    """A hint naming the graph inputs among a node's shape operands, whose values are known only at run time."""
+    positions = shape_operand_positions(raw.op_type, CANONICAL_OPSET)
+    names = [raw.inputs[k].name for k in positions
+             if k < len(raw.inputs) and raw.inputs[k] is not None and raw.inputs[k].is_graph_input]
+    if not names:
+        return ""
+    flags = " ".join(f"--input-value {n}=..." for n in names)
+    return (f"; {', '.join(map(repr, names))} decide{'s' if len(names) == 1 else ''} its output shape but "
+            f"{'is a graph input' if len(names) == 1 else 'are graph inputs'}: give the value when compiling ({flags}, "
+            "or input_values=)")
+
+
 def _default_input_type(vi: onnx.ValueInfoProto, default: np.ndarray, bound: Sequence[int] | None) -> TensorType:
     """The type of a graph input whose initializer is its default: the default's, which the declared type must admit."""
     value_type = TensorType.of(default)
     tensor = vi.type.tensor_type
-    declared = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+    declared = [d if isinstance(d, int) else None for d in declared_shape(tensor)]
     admits = (vi.type.HasField("tensor_type") and tensor.elem_type == dtype_to_onnx(value_type.dtype)
               and (not tensor.HasField("shape") or (len(declared) == value_type.rank
                                                     and all(d in (None, v) for d, v in zip(declared, value_type.shape)))))

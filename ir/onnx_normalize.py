@@ -3,9 +3,10 @@
 ONNX moved many attributes to inputs over the years (Split, Squeeze,
 Unsqueeze, Reduce*, Clip, Pad, Slice, TopK, Dropout, ...), renamed ops
 (Upsample → Resize, Scatter → ScatterElements) and changed the meaning of
-the axis of Softmax-family ops. Each rewrite here takes a node as written at
-its own version and returns the equivalent node in canonical form, so every
-later stage sees one definition per op.
+the axis of Softmax-family ops (opset 13) and of Mod's fmod=0 on floats
+(opset 28). Each rewrite here takes a node as written at its own version
+and returns the equivalent node in canonical form, so every later stage
+sees one definition per op.
 """
 from __future__ import annotations
 
@@ -182,6 +183,54 @@ def _softmax_family(node, version, ctx):
     return node
 
 
+def _dft(node, version, ctx):
+    if version < 20:
+        _attr_to_input(node, ctx, "axis", 2)
+    return node
+
+
+def _compress(node, version, ctx):
+    condition = node.inputs[1]
+    if not condition.is_constant:
+        return node  # the output's size is unknown until run time: import fails, naming the condition
+    # A known condition picks known indices: a Gather, which needs no kernel of its own.
+    data = node.inputs[0]
+    if "axis" not in node.attrs:
+        data = ctx.emit("Reshape", [data, ctx.constant(np.array([-1], np.int64), f"{node.name}_flat")], {},
+                        f"{node.name}_flatten")
+    picked = np.flatnonzero(condition.const.reshape(-1)[:data.type.shape[node.attrs.get("axis", 0)]])
+    node.op_type = "Gather"
+    node.inputs = [data, ctx.constant(picked.astype(np.int64), f"{node.name}_indices")]
+    node.attrs = {"axis": node.attrs.get("axis", 0)}
+    return node
+
+
+def _range(node, version, ctx):
+    # ONNX wants scalars; onnxruntime (and exporters relying on it) also take one-element vectors.
+    node.inputs = [ctx.emit("Reshape", [v, ctx.constant(np.zeros(0, np.int64), f"{node.name}_scalar")], {},
+                            f"{node.name}_{k}_scalar") if v is not None and v.type.shape == (1,) else v
+                   for k, v in enumerate(node.inputs)]
+    return node
+
+
+def _mod(node, version, ctx):
+    if version < 28 or node.attrs.get("fmod", 0) or not node.inputs[0].type.dtype.startswith(("float", "bfloat")):
+        return node
+    # Mod-28 defines fmod=0 on floats as Python's (numpy's) mod, whose sign is the divisor's: C's fmod,
+    # moved by one divisor where the two signs differ.
+    a, b = node.inputs
+    remainder = ctx.emit("Mod", [a, b], {"fmod": 1}, f"{node.name}_fmod")
+    zero = ctx.constant(np.zeros((), numpy_dtype(a.type.dtype)), f"{node.name}_zero")
+    signs_differ = ctx.emit("Xor", [ctx.emit("Less", [remainder, zero], {}, f"{node.name}_r_negative"),
+                                    ctx.emit("Less", [b, zero], {}, f"{node.name}_b_negative")], {}, f"{node.name}_signs")
+    nonzero = ctx.emit("Not", [ctx.emit("Equal", [remainder, zero], {}, f"{node.name}_r_zero")], {}, f"{node.name}_r_nonzero")
+    moved = ctx.emit("Add", [remainder, b], {}, f"{node.name}_moved")
+    node.op_type = "Where"
+    node.attrs = {}
+    node.inputs = [ctx.emit("And", [signs_differ, nonzero], {}, f"{node.name}_move"), moved, remainder]
+    return node
+
+
 _REDUCE_AXES_INPUT_SINCE = {"ReduceSum": 13}
 _REDUCE_OPS = ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean",
                "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare")
@@ -199,6 +248,10 @@ REWRITES: dict[str, Callable[[RawNode, int, NormalizeContext], RawNode]] = {
     "Upsample": _upsample,
     "Resize": _resize,
     "Scatter": _scatter,
+    "Mod": _mod,
+    "Range": _range,
+    "DFT": _dft,
+    "Compress": _compress,
     "Softmax": _softmax_family,
     "LogSoftmax": _softmax_family,
     "Hardmax": _softmax_family,

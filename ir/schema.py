@@ -331,21 +331,23 @@ def _signature(schema: defs.OpSchema) -> tuple:
     return params(schema.inputs), params(schema.outputs), attrs
 
 
-# Newer op versions that keep their form but changed meaning (found by bench/onnx_conformance.py).
-_MEANING_CHANGED = {("Mod", 28)}  # Mod-28 defines fmod=0 on floats, an error before
+def added_attributes(op_type: str, opset: int) -> dict[str, onnx.AttributeProto] | None:
+    """The attributes the op's version at `opset` added to its canonical version, with their defaults, when that is
+    all it changed (same inputs and outputs, same meaning); None when it changed more.
 
-
-def same_form_as_canonical(op_type: str, opset: int) -> bool:
-    """True when the op's version at `opset` means what its canonical version means, with the same
-    inputs, outputs and attributes.
-
-    Newer versions of many ops only admit more element types; those import as
-    the canonical version (element types Tessel lacks are refused where they appear).
+    Such a version imports as the canonical one where its node leaves the new attributes at their defaults
+    (Cast-24's round_mode, SpaceToDepth-28's mode). A version that kept its form but gave a new meaning to
+    some inputs is rewritten by ir/onnx_normalize.py (Mod-28's fmod=0 on floats).
     """
     canonical = get_schema(op_type)
     if canonical is None:
-        return False
+        return None
     newer = defs.get_schema(op_type, opset, "")
-    if (op_type, newer.since_version) in _MEANING_CHANGED:
-        return False
-    return _signature(newer) == _signature(canonical.onnx_schema)
+    new_inputs, new_outputs, new_attrs = _signature(newer)
+    old_inputs, old_outputs, old_attrs = _signature(canonical.onnx_schema)
+    added = set(new_attrs) - set(old_attrs)
+    if (new_inputs, new_outputs) != (old_inputs, old_outputs) or not set(old_attrs) <= set(new_attrs):
+        return None
+    if any(required or not newer.attributes[name].default_value.type for name, _, required in added):
+        return None
+    return {name: newer.attributes[name].default_value for name, _, _ in added}

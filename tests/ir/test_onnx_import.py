@@ -128,3 +128,80 @@ def test_missing_and_corrupt_files_raise_load_errors(tmp_path):
     truncated.write_bytes(good[: len(good) // 2])
     with pytest.raises(ir.TesselError):
         ir.from_onnx(truncated)
+
+
+def _free_dims_model():
+    """x[-1,3,-1,-1] → Relu → ReduceSum over `axes` (an input) → Reshape to `shape` (an input)."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("ReduceSum", ["r", "axes"], ["s"], keepdims=0),
+             helper.make_node("Reshape", ["s", "shape"], ["y"])]
+    return model(nodes, [("x", F, [-1, 3, -1, -1]), ("axes", I64, [1]), ("shape", I64, [2])], [("y", F, [-1, -1])])
+
+
+def test_minus_one_dims_are_free_and_take_the_bound_sizes():
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [("x", F, [-1, 3, -1, 0])], [("y", F, [-1, 3, -1, 0])])
+    graph = ir.from_onnx(m, {"x": (2, 3, 7, 5)})  # a declared 0 ("unknown" to some exporters) takes the bound size too
+    assert graph.inputs[0].type.shape == (2, 3, 7, 5) and graph.outputs[0].type.shape == (2, 3, 7, 5)
+    with pytest.raises(ir.ShapeBindingError, match="axis 0 is unknown; give its size: --input-shape x=Nx3xNx0"):
+        ir.from_onnx(m)
+    with pytest.raises(ir.ShapeBindingError, match="axis 1 is 3 in the model, but the given shape 2x4x7x5 says 4"):
+        ir.from_onnx(m, {"x": (2, 4, 7, 5)})
+
+
+def test_input_values_become_constants_and_leave_the_inputs():
+    graph = ir.from_onnx(_free_dims_model(), {"x": (2, 3, 4, 5)}, input_values={"axes": [1], "shape": np.array([2, -1])})
+    assert [v.name for v in graph.inputs] == ["x"]
+    assert graph.outputs[0].type.shape == (2, 20)
+
+
+def test_a_shape_operand_fed_at_run_time_names_the_input_to_give():
+    with pytest.raises(ir.ModelImportError) as exc:
+        ir.from_onnx(_free_dims_model(), {"x": (2, 3, 4, 5)})
+    assert "'axes' decides its output shape but is a graph input: give the value when compiling (--input-value axes=" in str(exc.value)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"axes": 1.5}, r"input value for 'axes' \(\[1.5\]\) does not fit the input's element type int64"),
+    ({"axes": [1, 2]}, "input value for 'axes' has shape 2; the model declares 1"),
+    ({"axes": ["a"]}, "input value for 'axes' must be numbers"),
+    ({"nosuch": 1}, "input value given for 'nosuch', but the model's inputs are 'x', 'axes', 'shape'"),
+])
+def test_input_values_that_do_not_fit_the_input_are_refused(values, message):
+    with pytest.raises(ir.ShapeBindingError, match=message):
+        ir.from_onnx(_free_dims_model(), {"x": (2, 3, 4, 5)}, input_values={"shape": [2, -1], **values})
+
+
+def _sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+# (name, opset, nodes, initializers, numpy reference of y from x): op versions after opset 21.
+NEW_FORMS = [
+    ("swish_function", 24, [helper.make_node("Swish", ["x"], ["y"], alpha=2.0)], [], lambda x: x * _sigmoid(2 * x)),
+    ("rms_norm_function", 23, [helper.make_node("RMSNormalization", ["x", "s"], ["y"], epsilon=1e-5)],
+     [("s", np.full(5, 2, np.float32))], lambda x: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * 2),
+    ("mod_python_sign", 28, [helper.make_node("Mod", ["x", "d"], ["y"], fmod=0)],
+     [("d", np.array([-1.5, 0.7, 2, -3, 1], np.float32))], lambda x: np.mod(x, np.array([-1.5, 0.7, 2, -3, 1], np.float32))),
+    ("cast_default_round_mode", 24, [helper.make_node("Cast", ["x"], ["y"], to=F, round_mode="up")], [], lambda x: x),
+]
+
+
+@pytest.mark.parametrize("name,opset,nodes,inits,reference", NEW_FORMS, ids=[c[0] for c in NEW_FORMS])
+def test_new_op_versions_import_as_canonical_ops(name, opset, nodes, inits, reference):
+    graph = ir.from_onnx(model(nodes, [X], [("y", F, None)], inits, opset=opset))
+    assert all(node.op_type not in ("Swish", "RMSNormalization") for node in graph.nodes)
+    x = np.random.default_rng(0).standard_normal([2, 3, 4, 5]).astype(np.float32) * 3
+    got, = run_onnxruntime(ir.to_onnx(graph), {"x": x})
+    np.testing.assert_allclose(got, reference(x), rtol=1e-4, atol=1e-5)
+
+
+def test_an_added_attribute_set_away_from_its_default_is_an_unsupported_op():
+    m = model([helper.make_node("Cast", ["x"], ["y"], to=F, round_mode="nearest")], [X], [("y", F, None)], opset=24)
+    with pytest.raises(ir.UnsupportedModelError, match="Cast .*attribute 'round_mode' \\(added in op version 24\\) "
+                                                       "is set to b?'nearest'; only its default is supported"):
+        ir.from_onnx(m)
+
+
+def test_compress_with_a_known_condition_becomes_a_gather():
+    m = model([helper.make_node("Compress", ["x", "c"], ["y"], axis=1)], [X, ("c", 9, [3])], [("y", F, None)])
+    graph = ir.from_onnx(m, input_values={"c": np.array([True, False, True])})
+    assert [n.op_type for n in graph.nodes] == ["Gather"] and graph.outputs[0].type.shape == (2, 2, 4, 5)
