@@ -48,18 +48,23 @@ def _sigmoid(x):
     return topi.divide(one, topi.add(one, _exp(topi.negative(x))))
 
 
+def _isnan(x):
+    """isnan elementwise; v != v for bfloat16, which TVM's isnan lacks."""
+    return topi.not_equal(x, x) if str(x.dtype) == "bfloat16" else topi.isnan(x)
+
+
 def _nan_max(a, b):
     """max(a, b) that is NaN when either is (broadcasting): a when a > b or a is NaN, else b."""
     if not _is_float(a.dtype):
         return topi.maximum(a, b)
-    return topi.where(topi.logical_or(topi.greater(a, b), topi.isnan(a)), a, b)
+    return topi.where(topi.logical_or(topi.greater(a, b), _isnan(a)), a, b)
 
 
 def _nan_min(a, b):
     """min(a, b) that is NaN when either is (broadcasting)."""
     if not _is_float(a.dtype):
         return topi.minimum(a, b)
-    return topi.where(topi.logical_or(topi.less(a, b), topi.isnan(a)), a, b)
+    return topi.where(topi.logical_or(topi.less(a, b), _isnan(a)), a, b)
 
 
 def _at_least(x, bound):

@@ -29,6 +29,11 @@ def _nan_keeping(prefer):
     return lambda acc, value: tir.Select(tir.any(prefer(acc, value), tir.isnan(acc)), acc, value)
 
 
+def _self_unequal_keeping(prefer):
+    """`_nan_keeping` for bfloat16, whose NaN TVM's isnan does not take: NaN is the value unequal to itself."""
+    return lambda acc, value: tir.Select(tir.any(prefer(acc, value), acc != acc), acc, value)
+
+
 def lowest(dtype):
     """The value below every other of `dtype`: -inf for floats (the type's finite minimum would win over -inf)."""
     return tir.const(float("-inf"), dtype) if str(dtype).startswith("float") else tir.min_value(dtype)
@@ -41,10 +46,18 @@ def highest(dtype):
 
 NAN_MAX = te.comm_reducer(_nan_keeping(lambda a, b: a > b), lowest, name="nan_max")
 NAN_MIN = te.comm_reducer(_nan_keeping(lambda a, b: a < b), highest, name="nan_min")
+_BF16 = {
+    NAN_MAX: te.comm_reducer(_self_unequal_keeping(lambda a, b: a > b), lowest, name="nan_max_bf16"),
+    NAN_MIN: te.comm_reducer(_self_unequal_keeping(lambda a, b: a < b), highest, name="nan_min_bf16"),
+}
 
 
 def nan_reduce(reducer, x, axes: list[int] | None, keep: bool):
     """`reducer` (NAN_MAX or NAN_MIN) over `axes` (None: all), the reduced axes kept as size-1 dimensions or dropped."""
+    if str(x.dtype) == "bool":  # TVM compares no bools: reduce them as 0/1 bytes
+        return topi.cast(nan_reduce(reducer, topi.cast(x, "int8"), axes, keep), "bool")
+    if str(x.dtype) == "bfloat16":
+        reducer = _BF16[reducer]
     rank = len(x.shape)
     axes = list(range(rank)) if axes is None else axes
     reduce_axes = {a: te.reduce_axis((0, x.shape[a]), name=f"r{a}") for a in axes}
