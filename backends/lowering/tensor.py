@@ -290,6 +290,42 @@ def _depth_to_space(ctx: LowerContext):
     return [te.compute(ctx.out_shape(), compute, name="depth_to_space")]
 
 
+def _space_to_depth(ctx: LowerContext):
+    """The inverse of DepthToSpace: each b×b block of pixels becomes b*b channels (DCR order, or CRD for mode)."""
+    x = ctx.input(0)
+    b = ctx.attr("blocksize")
+    c = int(x.shape[1])
+    crd = ctx.attr("mode", "DCR") == "CRD"
+
+    def compute(ni, ci, hi, wi):
+        if crd:
+            src_c, block = ci // (b * b), ci % (b * b)
+        else:
+            src_c, block = ci % c, ci // c
+        return x[ni, src_c, hi * b + block // b, wi * b + block % b]
+
+    return [te.compute(ctx.out_shape(), compute, name="space_to_depth")]
+
+
+def _center_crop_pad(ctx: LowerContext):
+    """Each listed axis cropped or zero-padded to its new size around the centre (the extra element of an
+    odd difference goes to the end, as ONNX's reference puts it)."""
+    x = ctx.input(0)
+    in_shape, out_shape = [int(d) for d in x.shape], list(ctx.out_shape())
+    offsets = [(i - o) // 2 if i >= o else -((o - i) // 2) for i, o in zip(in_shape, out_shape)]
+
+    def compute(*index):
+        src = [p + off for p, off in zip(index, offsets)]
+        padded = [n < o for n, o in zip(in_shape, out_shape)]
+        inside = [tir.all(s >= 0, s < n) for s, n, pad in zip(src, in_shape, padded) if pad]
+        clamped = tuple(tir.max(tir.min(s, n - 1), 0) if pad else s for s, n, pad in zip(src, in_shape, padded))
+        if not inside:
+            return x[clamped]
+        return tir.Select(tir.all(*inside) if len(inside) > 1 else inside[0], x[clamped], tir.const(0, x.dtype))
+
+    return [te.compute(out_shape, compute, name="center_crop_pad")]
+
+
 def _trilu(ctx: LowerContext):
     x = ctx.input(0)
     k = int(ctx.data(1).reshape(-1)[0]) if ctx.data(1) is not None else 0
@@ -354,6 +390,8 @@ RULES = {
     "DepthToSpace": _depth_to_space,
     "Trilu": _trilu,
     "GridSample": _grid_sample,
+    "SpaceToDepth": _space_to_depth,
+    "CenterCropPad": _center_crop_pad,
     "EyeLike": _eye_like,
     "ReverseSequence": _reverse_sequence,
     "Einsum": _einsum,
@@ -374,4 +412,5 @@ STATIC_INPUTS = {
     "Expand": {1},
     "ConstantOfShape": {0},
     "OneHot": {1},
+    "CenterCropPad": {1, 2},
 }
