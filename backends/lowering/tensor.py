@@ -349,6 +349,32 @@ def _grid_sample(ctx: LowerContext):
                                    ctx.attr("padding_mode", "zeros"), bool(ctx.attr("align_corners", 0)))]
 
 
+def _affine_grid(ctx: LowerContext):
+    """grid[n, *pos, :] = theta[n] · (x, y[, z], 1), the base coordinates spanning [-1, 1] over the output size
+    (pixel centres unless align_corners)."""
+    theta = ctx.input(0)
+    out_shape = list(ctx.out_shape())
+    spatial = out_shape[1:-1]  # (H, W) or (D, H, W)
+    align = bool(ctx.attr("align_corners", 0))
+    dtype = theta.dtype
+
+    def base(i, size: int):
+        i = tir.Cast(dtype, i)
+        if align:
+            return i * tir.const(2.0 / (size - 1), dtype) - tir.const(1.0, dtype) if size > 1 else tir.const(0.0, dtype)
+        return (i * tir.const(2.0, dtype) + tir.const(1.0, dtype)) / tir.const(size, dtype) - tir.const(1.0, dtype)
+
+    def compute(n, *rest):
+        pos, row = rest[:-1], rest[-1]
+        coords = [base(p, size) for p, size in zip(reversed(pos), reversed(spatial))]  # x first
+        total = theta[n, row, len(coords)]
+        for column, value in enumerate(coords):
+            total = total + theta[n, row, column] * value
+        return total
+
+    return [te.compute(out_shape, compute, name="affine_grid")]
+
+
 def _eye_like(ctx: LowerContext):
     """Ones on the k-th diagonal of the output's 2-D shape."""
     k, dtype = ctx.attr("k", 0), ctx.out_dtype()
@@ -393,6 +419,7 @@ RULES = {
     "SpaceToDepth": _space_to_depth,
     "CenterCropPad": _center_crop_pad,
     "EyeLike": _eye_like,
+    "AffineGrid": _affine_grid,
     "ReverseSequence": _reverse_sequence,
     "Einsum": _einsum,
 }
@@ -413,4 +440,5 @@ STATIC_INPUTS = {
     "ConstantOfShape": {0},
     "OneHot": {1},
     "CenterCropPad": {1, 2},
+    "AffineGrid": {1},
 }
