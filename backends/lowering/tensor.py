@@ -200,16 +200,21 @@ def _source_coordinate(mode: str, x, scale: float, length_in: int, length_out: i
     xf = tir.Cast(f32, x)
     if mode == "half_pixel":
         return (xf + 0.5) / scale - 0.5
+    if mode == "half_pixel_symmetric":
+        offset = length_in / 2 * (1 - length_out / (scale * length_in))
+        return offset + (xf + 0.5) / scale - 0.5
     if mode == "pytorch_half_pixel":
         return (xf + 0.5) / scale - 0.5 if length_out > 1 else tir.const(0.0, f32)
+    # ONNX's reference divides by the unrounded output length (scale × input length) where it differs.
     if mode == "align_corners":
-        return xf * ((length_in - 1) / (length_out - 1)) if length_out > 1 else tir.const(0.0, f32)
+        span = scale * length_in
+        return xf * ((length_in - 1) / (span - 1)) if length_out > 1 else tir.const(0.0, f32)
     if mode == "asymmetric":
         return xf / scale
     if mode == "tf_crop_and_resize":
         start, end = roi
         if length_out > 1:
-            return start * (length_in - 1) + xf * ((end - start) * (length_in - 1) / (length_out - 1))
+            return start * (length_in - 1) + xf * ((end - start) * (length_in - 1) / (scale * length_in - 1))
         return tir.const(0.5 * (start + end) * (length_in - 1), f32)
     raise ValueError(mode)
 
@@ -224,20 +229,65 @@ def _nearest(value, mode: str):
     return tir.ceil(value - 0.5)  # round_prefer_floor
 
 
+def _all_axes(values, axes, rank: int, fill):
+    """Resize's scales (fill 1) or roi (fill: the whole axis) given for `axes` only, spread over every axis."""
+    if values is None or not axes or values.size == 0:
+        return values
+    count = len(axes)
+    axes = [a + rank if a < 0 else a for a in axes]
+    if fill is not None:
+        full = np.full(rank, fill, dtype=np.float64)
+        full[axes] = values.reshape(-1)[:count]
+        return full
+    full = np.concatenate([np.zeros(rank), np.ones(rank)])
+    full[axes] = values.reshape(-1)[:count]
+    full[[a + rank for a in axes]] = values.reshape(-1)[count:]
+    return full
+
+
+def _taps(mode: str, c, length: int, ctx: LowerContext):
+    """(index, weight) pairs that interpolate coordinate `c` along an axis of `length`: linear's two
+    neighbours (the coordinate clamped to the axis), or cubic's four (indices clamped to the edge; with
+    exclude_outside, taps outside the axis weigh 0 and the rest are renormalized)."""
+    f32 = lambda v: tir.const(v, "float32")  # noqa: E731
+    if mode == "linear":
+        c = tir.max(tir.min(c, f32(length - 1)), f32(0.0))
+        low = tir.Cast("int32", tir.floor(c))
+        frac = c - tir.Cast("float32", low)
+        return [(low, f32(1.0) - frac), (tir.min(low + 1, length - 1), frac)]
+    a = f32(ctx.attr("cubic_coeff_a", -0.75))
+    floor = tir.floor(c)
+    t = c - floor
+    base = tir.Cast("int32", floor)
+
+    def far(d):  # 1 < |d| < 2
+        return ((a * d - f32(5.0) * a) * d + f32(8.0) * a) * d - f32(4.0) * a
+
+    def near(d):  # |d| <= 1
+        return ((a + f32(2.0)) * d - (a + f32(3.0))) * d * d + f32(1.0)
+
+    weights = [far(t + f32(1.0)), near(t), near(f32(1.0) - t), far(f32(2.0) - t)]
+    positions = [base - 1, base, base + 1, base + 2]
+    if ctx.attr("exclude_outside", 0):
+        weights = [tir.Select(tir.all(p >= 0, p < length), w, f32(0.0)) for p, w in zip(positions, weights)]
+        total = weights[0] + weights[1] + weights[2] + weights[3]
+        weights = [w / total for w in weights]
+    return [(tir.max(tir.min(p, length - 1), 0), w) for p, w in zip(positions, weights)]
+
+
 def _resize(ctx: LowerContext):
     x = ctx.input(0)
     in_shape, out_shape = [int(d) for d in x.shape], list(ctx.out_shape())
     rank = len(in_shape)
     mode = ctx.attr("mode", "nearest")
     transform = ctx.attr("coordinate_transformation_mode", "half_pixel")
-    if ctx.attr("antialias", 0) or mode == "cubic" or transform == "half_pixel_symmetric":
+    if ctx.attr("antialias", 0):
         raise ctx.fail(f"mode {mode} with {transform}{' and antialias' if ctx.attr('antialias', 0) else ''} is not supported")
-    scales = ctx.data(2)
+    scales, roi = _all_axes(ctx.data(2), ctx.attr("axes"), rank, 1.0), _all_axes(ctx.data(1), ctx.attr("axes"), rank, None)
     if scales is not None and scales.size == rank:
         factors = [float(v) for v in scales]
     else:
         factors = [o / i for o, i in zip(out_shape, in_shape)]
-    roi = ctx.data(1)
     spans = [(float(roi[a]), float(roi[a + rank])) if roi is not None and roi.size == 2 * rank else (0.0, 1.0) for a in range(rank)]
     resized = [a for a in range(rank) if in_shape[a] != out_shape[a] or factors[a] != 1.0]
     nearest_mode = ctx.attr("nearest_mode", "round_prefer_floor")
@@ -254,15 +304,11 @@ def _resize(ctx: LowerContext):
         else:
             corners = [(list(index), tir.const(1.0, "float32"))]
             for a, c in coords.items():
-                c = tir.max(tir.min(c, tir.const(in_shape[a] - 1, "float32")), tir.const(0.0, "float32"))
-                low = tir.Cast("int32", tir.floor(c))
-                high = tir.min(low + 1, in_shape[a] - 1)
-                frac = c - tir.Cast("float32", low)
                 expanded = []
                 for src, weight in corners:
-                    for index, w in ((low, 1.0 - frac), (high, frac)):
+                    for tap, w in _taps(mode, c, in_shape[a], ctx):
                         moved = list(src)
-                        moved[a] = index
+                        moved[a] = tap
                         expanded.append((moved, weight * w))
                 corners = expanded
             value = sum((tir.Cast("float32", x[tuple(src)]) * w for src, w in corners[1:]),
