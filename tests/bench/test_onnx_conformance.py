@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, compose, helper
+from onnx import TensorProto, compose, helper, numpy_helper
 from onnx.backend.test.runner import Runner
 
 import bench.onnx_conformance as conformance
-from bench.onnx_conformance import _feeds_and_expected, all_cases, main, run_case
+from bench.onnx_conformance import _feeds_and_expected, all_cases, bound_inputs, main, run_case
 from tessel.backends.lowering import RULES, grad, optimizer
 from tessel.compiler.api import compile
 from tests.conftest import run_onnxruntime
@@ -36,6 +36,8 @@ NODE_TESTS = [
     "test_sin_example", "test_sinh_example", "test_sce_none", "test_softplus_example", "test_softsign_example",
     "test_tan_example", "test_thresholdedrelu_example", "test_triu", "test_xor2d", "test_identity",
     "test_argmax_keepdims_example_select_last_index", "test_div_int8", "test_averagepool_3d_default",
+    "test_cumsum_1d_reverse_exclusive", "test_top_k_smallest", "test_spacetodepth_example", "test_center_crop_pad_crop_and_pad",
+    "test_affine_grid_2d", "test_resize_upsample_scales_cubic", "test_reduce_max_bool_inputs",
 ]
 # Ops whose node tests feed a shape-like operand at run time or use an op version Tessel refuses: one small
 # model built here runs them all (GRAPH_OPS).
@@ -55,11 +57,12 @@ def _merged(names: list[str]):
         case = CASES[name]
         model = compose.add_prefix(case.model, f"t{index}_")
         graph_inputs, arrays, expected = _feeds_and_expected(case)
+        _, values, run_feeds = bound_inputs(case.model, dict(zip(graph_inputs, arrays)))
         nodes += model.graph.node
-        initializers += model.graph.initializer
-        inputs += [vi for vi in model.graph.input if vi.name not in {t.name for t in model.graph.initializer}]
+        initializers += list(model.graph.initializer) + [numpy_helper.from_array(v, f"t{index}_{k}") for k, v in values.items()]
+        inputs += [vi for vi in model.graph.input if vi.name in {f"t{index}_{k}" for k in run_feeds}]
         outputs += model.graph.output
-        feeds.update({f"t{index}_{k}": v for k, v in zip(graph_inputs, arrays)})
+        feeds.update({f"t{index}_{k}": v for k, v in run_feeds.items()})
         checks.append((name, [f"t{index}_{o.name}" for o in case.model.graph.output], expected, case.rtol, case.atol))
     graph = helper.make_graph(nodes, "node_tests", inputs, outputs, initializers)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", _opset(CASES[names[0]]))]), feeds, checks
