@@ -444,8 +444,20 @@ def _view(ctx: LowerContext):
     return [topi.reshape(ctx.input(0), ctx.out_shape())]
 
 
+def _dropout(ctx: LowerContext):
+    """Dropout at inference (or with ratio 0) passes its input through; its mask, when asked for, is all true."""
+    training, ratio = ctx.data(2), ctx.data(1)
+    if training is not None and bool(training.reshape(-1)[0]) and (ratio is None or float(ratio.reshape(-1)[0]) > 0):
+        raise ctx.fail("training-mode Dropout drops at random, which Tessel's kernels do not")
+    outputs = _view(ctx)
+    if len(ctx.output_types) > 1 and ctx.output_types[1] is not None:
+        outputs.append(te.compute(ctx.out_shape(1), lambda *i: tir.const(True, "bool"), name="dropout_mask"))
+    return outputs
+
+
 RULES = {
-    **{op: _view for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")},
+    **{op: _view for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")},
+    "Dropout": _dropout,
     "Transpose": _transpose,
     "Concat": _concat,
     "Split": _split,
