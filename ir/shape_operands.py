@@ -38,7 +38,7 @@ _SHAPE_OPERANDS: dict[str, frozenset[str]] = {
     "CumProd": frozenset({"axis"}),
     "Trilu": frozenset({"k"}),
     "Dropout": frozenset({"ratio", "training_mode"}),
-    **{op: frozenset({"sequence_lens"}) for op in ("LSTM", "GRU")},
+    **{op: frozenset({"sequence_lens"}) for op in ("LSTM", "GRU", "RNN")},
     "MaxUnpool": frozenset({"output_shape"}),
     "DFT": frozenset({"dft_length", "axis"}),
     "STFT": frozenset({"frame_step", "frame_length"}),

@@ -38,6 +38,7 @@ NODE_TESTS = [
     "test_argmax_keepdims_example_select_last_index", "test_div_int8", "test_averagepool_3d_default",
     "test_cumsum_1d_reverse_exclusive", "test_top_k_smallest", "test_spacetodepth_example", "test_center_crop_pad_crop_and_pad",
     "test_affine_grid_2d", "test_resize_upsample_scales_cubic", "test_reduce_max_bool_inputs",
+    "test_simple_rnn_bidirectional", "test_dropout_default_mask",
 ]
 # Ops whose node tests feed a shape-like operand at run time or use an op version Tessel refuses: one small
 # model built here runs them all (GRAPH_OPS).
