@@ -115,6 +115,12 @@ def _dropout(node, version, ctx):
     node.attrs.pop("is_test", None)
     if version < 12 and "ratio" in node.attrs:
         node.inputs.append(ctx.constant(np.array(node.attrs.pop("ratio"), np.float32), f"{node.name}_ratio"))
+    training = node.inputs[2] if len(node.inputs) > 2 else None
+    ratio = node.inputs[1] if len(node.inputs) > 1 else None
+    if (not node.extra.get("training") and training is not None and training.const is not None
+            and bool(training.const.reshape(-1)[0])
+            and (ratio is None or ratio.const is None or float(ratio.const.reshape(-1)[0]) > 0)):
+        raise ImportProblem("Dropout in training mode drops at random, which is not supported (export the model for inference)")
     return node
 
 
