@@ -161,6 +161,20 @@ def _upsample(node, version, ctx):
 def _resize(node, version, ctx):
     if version < 11:
         return _resize_from_scales(node, node.inputs[1])
+    if node.attrs.get("antialias", 0):
+        raise ImportProblem("Resize with antialias=1 is not supported")
+    return node
+
+
+def _lstm(node, version, ctx):
+    if len(node.inputs) > 7 and node.inputs[7] is not None:
+        raise ImportProblem("LSTM peephole weights (input P) are not supported")
+    return node
+
+
+def _conv_transpose(node, version, ctx):
+    if node.inputs and node.inputs[0] is not None and len(node.inputs[0].type.shape) > 4:
+        raise ImportProblem("ConvTranspose over more than 2 spatial axes is not supported (1-D and 2-D are)")
     return node
 
 
@@ -253,6 +267,8 @@ REWRITES: dict[str, Callable[[RawNode, int, NormalizeContext], RawNode]] = {
     "BatchNormalization": _batch_norm,
     "Upsample": _upsample,
     "Resize": _resize,
+    "LSTM": _lstm,
+    "ConvTranspose": _conv_transpose,
     "Scatter": _scatter,
     "Mod": _mod,
     "Range": _range,
