@@ -10,14 +10,14 @@ _tvm = tvm()
 te, topi, tir = _tvm.te, _tvm.topi, _tvm.tirx
 
 _ACTIVATIONS = {
-    "tanh": lambda v, a, b: tir.tanh(v),
-    "relu": lambda v, a, b: tir.max(v, tir.const(0, v.dtype)),
-    "sigmoid": lambda v, a, b: tir.const(1, v.dtype) / (tir.const(1, v.dtype) + tir.exp(-v)),
+    "tanh": lambda v: tir.tanh(v),
+    "relu": lambda v: tir.max(v, tir.const(0, v.dtype)),
+    "sigmoid": lambda v: tir.const(1, v.dtype) / (tir.const(1, v.dtype) + tir.exp(-v)),
 }
 
 
 def _rnn(ctx: LowerContext):
-    x, w, r, bias, _, initial = (ctx.input(i) for i in range(6))
+    x, w, r, bias, initial = ctx.input(0), ctx.input(1), ctx.input(2), ctx.input(3), ctx.input(5)
     layout = ctx.attr("layout", 0)
     if layout:
         x = topi.transpose(x, [1, 0, 2])
@@ -73,7 +73,7 @@ def _step(x, w, r, bias, lengths, state, activation, d: int, t: int, hidden: int
         value = projected[b, j] + recurrent[b, j]
         if bias is not None:
             value = value + bias[d, j] + bias[d, hidden + j]
-        value = activation(value, None, None)
+        value = activation(value)
         if lengths is None:
             return value
         return tir.Select(t < _length(lengths, b), value, state[b, j])
