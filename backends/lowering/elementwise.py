@@ -203,7 +203,10 @@ def _mod(ctx: LowerContext):
 
 
 def _fmod(a, b):
-    return topi.subtract(a, topi.multiply(b, topi.trunc(topi.divide(a, b))))
+    """C's fmod: a - b·trunc(a / b); a finite a over an infinite b is a itself (the product would be inf·0)."""
+    remainder = topi.subtract(a, topi.multiply(b, topi.trunc(topi.divide(a, b))))
+    keep = topi.logical_and(topi.isinf(b), topi.isfinite(a))
+    return topi.where(keep, topi.broadcast_to(a, remainder.shape), remainder)
 
 
 def _pow(ctx: LowerContext):
