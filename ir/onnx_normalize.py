@@ -115,6 +115,12 @@ def _dropout(node, version, ctx):
     node.attrs.pop("is_test", None)
     if version < 12 and "ratio" in node.attrs:
         node.inputs.append(ctx.constant(np.array(node.attrs.pop("ratio"), np.float32), f"{node.name}_ratio"))
+    training = node.inputs[2] if len(node.inputs) > 2 else None
+    ratio = node.inputs[1] if len(node.inputs) > 1 else None
+    if (not node.extra.get("training") and training is not None and training.const is not None
+            and bool(training.const.reshape(-1)[0])
+            and (ratio is None or ratio.const is None or float(ratio.const.reshape(-1)[0]) > 0)):
+        raise ImportProblem("Dropout in training mode drops at random, which is not supported (export the model for inference)")
     return node
 
 
@@ -155,6 +161,20 @@ def _upsample(node, version, ctx):
 def _resize(node, version, ctx):
     if version < 11:
         return _resize_from_scales(node, node.inputs[1])
+    if node.attrs.get("antialias", 0):
+        raise ImportProblem("Resize with antialias=1 is not supported")
+    return node
+
+
+def _lstm(node, version, ctx):
+    if len(node.inputs) > 7 and node.inputs[7] is not None:
+        raise ImportProblem("LSTM peephole weights (input P) are not supported")
+    return node
+
+
+def _conv_transpose(node, version, ctx):
+    if node.inputs and node.inputs[0] is not None and len(node.inputs[0].type.shape) > 4:
+        raise ImportProblem("ConvTranspose over more than 2 spatial axes is not supported (1-D and 2-D are)")
     return node
 
 
@@ -248,6 +268,8 @@ REWRITES: dict[str, Callable[[RawNode, int, NormalizeContext], RawNode]] = {
     "BatchNormalization": _batch_norm,
     "Upsample": _upsample,
     "Resize": _resize,
+    "LSTM": _lstm,
+    "ConvTranspose": _conv_transpose,
     "Scatter": _scatter,
     "Mod": _mod,
     "Range": _range,

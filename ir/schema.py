@@ -41,6 +41,11 @@ _EXCLUDED = {
     **{op: "quantized ops are not supported" for op in (
         "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear", "QuantizeLinear", "DequantizeLinear",
         "QLinearConv", "QLinearMatMul")},
+    **{op: "random ops are not supported" for op in (
+        "Bernoulli", "Multinomial", "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike")},
+    **{op: "no kernel for this op yet" for op in (
+        "DFT", "STFT", "DeformConv", "Det", "MaxUnpool", "RoiAlign", "MaxRoiPool", "TfIdfVectorizer", "Col2Im")},
+    **{op: "optional values are not supported" for op in ("Optional", "OptionalGetElement", "OptionalHasElement")},
 }
 TESSEL_DOMAIN = "tessel"
 # The op type of a Tessel-domain node that runs several ops as one kernel (passes/fuse.py makes them).
@@ -198,7 +203,27 @@ def _infer_all_reduce(attrs, input_types, input_data, num_outputs):
     return [input_types[0]]
 
 
-_CUSTOM_INFER = {"If": _infer_if}
+def _ceil_pool_infer(op_type: str):
+    """ONNX's inference for a pool, less the ceil-mode last window that would start in the end padding (ONNX's
+    reference and onnxruntime drop it; onnx's shape inference keeps it)."""
+    def infer(attrs, input_types, input_data, num_outputs):
+        types = _onnx_infer(_default_domain_schemas()[op_type], attrs, input_types, input_data, num_outputs)
+        if not attrs.get("ceil_mode") or attrs.get("auto_pad", "NOTSET") != "NOTSET":
+            return types
+        dims = input_types[0].shape[2:]
+        spatial = len(dims)
+        strides = list(attrs.get("strides") or [1] * spatial)
+        pads = list(attrs.get("pads") or [0] * (2 * spatial))
+        shape = list(types[0].shape)
+        for axis, (size, stride, before) in enumerate(zip(dims, strides, pads)):
+            if shape[2 + axis] > 1 and (shape[2 + axis] - 1) * stride >= size + before:
+                shape[2 + axis] -= 1
+        return [None if t is None else TensorType(t.dtype, tuple(shape)) for t in types]
+
+    return infer
+
+
+_CUSTOM_INFER = {"If": _infer_if, "MaxPool": _ceil_pool_infer("MaxPool"), "AveragePool": _ceil_pool_infer("AveragePool")}
 
 def _forward_schema(op_type: str) -> "OpSchema":
     """The default-domain schema a gradient op's inference checks its dy against (ir/grad_ops.py)."""

@@ -68,7 +68,8 @@ def deconv_pads(ctx: LowerContext, in_sizes, kernel, strides) -> list[int]:
     before = []
     for i, o, k, s, d, op in zip(in_sizes, ctx.out_shape()[2:], kernel, strides, dilations, output_padding):
         total = s * (i - 1) + op + (k - 1) * d + 1 - o
-        upper = ctx.attr("auto_pad", "NOTSET") != "SAME_LOWER"
+        # ONNX: SAME_UPPER puts the smaller half first; SAME_LOWER and an output_shape without auto_pad the larger.
+        upper = ctx.attr("auto_pad", "NOTSET") == "SAME_UPPER"
         before.append(total // 2 if upper else total - total // 2)
     return before
 

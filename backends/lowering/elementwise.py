@@ -48,18 +48,23 @@ def _sigmoid(x):
     return topi.divide(one, topi.add(one, _exp(topi.negative(x))))
 
 
+def _isnan(x):
+    """isnan elementwise; v != v for bfloat16, which TVM's isnan lacks."""
+    return topi.not_equal(x, x) if str(x.dtype) == "bfloat16" else topi.isnan(x)
+
+
 def _nan_max(a, b):
     """max(a, b) that is NaN when either is (broadcasting): a when a > b or a is NaN, else b."""
     if not _is_float(a.dtype):
         return topi.maximum(a, b)
-    return topi.where(topi.logical_or(topi.greater(a, b), topi.isnan(a)), a, b)
+    return topi.where(topi.logical_or(topi.greater(a, b), _isnan(a)), a, b)
 
 
 def _nan_min(a, b):
     """min(a, b) that is NaN when either is (broadcasting)."""
     if not _is_float(a.dtype):
         return topi.minimum(a, b)
-    return topi.where(topi.logical_or(topi.less(a, b), topi.isnan(a)), a, b)
+    return topi.where(topi.logical_or(topi.less(a, b), _isnan(a)), a, b)
 
 
 def _at_least(x, bound):
@@ -111,7 +116,49 @@ UNARY = {
     "Gelu": _unary(lambda x, c: _gelu(x, c.attr("approximate", "none"))),
     "IsNaN": _unary(lambda x, c: topi.isnan(x)),
     "Mish": _unary(lambda x, c: topi.multiply(x, _tanh(topi.log(topi.add(_exp(x), _const(1.0, x.dtype)))))),
+    "Tan": _unary(lambda x, c: topi.tan(x)),
+    "Asin": _unary(lambda x, c: topi.asin(x)),
+    "Acos": _unary(lambda x, c: topi.acos(x)),
+    "Atan": _unary(lambda x, c: topi.atan(x)),
+    "Sinh": _unary(lambda x, c: topi.sinh(x)),
+    "Cosh": _unary(lambda x, c: topi.cosh(x)),
+    "Asinh": _unary(lambda x, c: topi.asinh(x)),
+    "Acosh": _unary(lambda x, c: topi.acosh(x)),
+    "Atanh": _unary(lambda x, c: topi.atanh(x)),
+    "BitwiseNot": _unary(lambda x, c: topi.bitwise_not(x)),
+    "IsInf": _unary(lambda x, c: _is_inf(x, c.attr("detect_positive", 1), c.attr("detect_negative", 1))),
+    "ThresholdedRelu": _unary(lambda x, c: _map(
+        x, lambda v: tir.Select(v > _const(c.attr("alpha", 1.0), x.dtype), v, _const(0, x.dtype)), "thresholded_relu")),
+    "Shrink": _unary(lambda x, c: _shrink(x, c.attr("lambd", 0.5), c.attr("bias", 0.0))),
+    "Celu": _unary(lambda x, c: _celu(x, c.attr("alpha", 1.0))),
 }
+
+
+def _is_inf(x, positive: int, negative: int):
+    """IsInf, detecting +inf and/or -inf as the attributes say (integers are never infinite)."""
+    def compute(v):
+        if not _is_float(x.dtype):
+            return tir.const(False, "bool")
+        plus = v == _const(float("inf"), x.dtype)
+        minus = v == _const(float("-inf"), x.dtype)
+        if positive and negative:
+            return tir.Or(plus, minus)
+        return plus if positive else (minus if negative else tir.const(False, "bool"))
+
+    return _map(x, compute, "is_inf")
+
+
+def _shrink(x, lambd: float, bias: float):
+    """x + bias below -lambd, x - bias above lambd, 0 between."""
+    low, high = _const(-lambd, x.dtype), _const(lambd, x.dtype)
+    shift = _const(bias, x.dtype)
+    return _map(x, lambda v: tir.Select(v < low, v + shift, tir.Select(v > high, v - shift, _const(0, x.dtype))), "shrink")
+
+
+def _celu(x, alpha: float):
+    """max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
+    a, one, zero = _const(alpha, x.dtype), _const(1.0, x.dtype), _const(0.0, x.dtype)
+    return _map(x, lambda v: tir.Select(v > zero, v, a * (tir.exp(v / a) - one)), "celu")
 
 
 def _hard_sigmoid(x, alpha: float, beta: float):
@@ -133,18 +180,33 @@ def _div(ctx: LowerContext):
     a, b = ctx.input(0), ctx.input(1)
     if _is_float(a.dtype):
         return [topi.divide(a, b)]
-    return [topi.trunc_divide(a, b)]
+    return [_broadcast(a, b, tir.truncdiv, ctx.out_shape(), "trunc_div")]
+
+
+def _broadcast(a, b, fn, shape, name: str):
+    """fn(a, b) elementwise with numpy broadcasting to `shape`, for TIR functions TOPI has no op for."""
+    return te.compute(shape, lambda *i: fn(a[_bcast_index(a, i)], b[_bcast_index(b, i)]), name=name)
+
+
+def _bcast_index(x, index):
+    """The element of `x` that numpy broadcasting pairs with output position `index`."""
+    rank = len(x.shape)
+    tail = index[len(index) - rank:] if rank else ()
+    return tuple(0 if int(d) == 1 else i for d, i in zip(x.shape, tail))
 
 
 def _mod(ctx: LowerContext):
     a, b = ctx.input(0), ctx.input(1)
     if _is_float(a.dtype):
         return [_fmod(a, b)]
-    return [topi.trunc_mod(a, b) if ctx.attr("fmod", 0) else topi.floor_mod(a, b)]
+    return [_broadcast(a, b, tir.truncmod, ctx.out_shape(), "trunc_mod") if ctx.attr("fmod", 0) else topi.floor_mod(a, b)]
 
 
 def _fmod(a, b):
-    return topi.subtract(a, topi.multiply(b, topi.trunc(topi.divide(a, b))))
+    """C's fmod: a - b·trunc(a / b); a finite a over an infinite b is a itself (the product would be inf·0)."""
+    remainder = topi.subtract(a, topi.multiply(b, topi.trunc(topi.divide(a, b))))
+    keep = topi.logical_and(topi.isinf(b), topi.isfinite(a))
+    return topi.where(keep, topi.broadcast_to(a, remainder.shape), remainder)
 
 
 def _pow(ctx: LowerContext):
@@ -201,6 +263,9 @@ BINARY = {
     "And": _binary(topi.logical_and),
     "Or": _binary(topi.logical_or),
     "Xor": _binary(topi.logical_xor),
+    "BitwiseAnd": _binary(topi.bitwise_and),
+    "BitwiseOr": _binary(topi.bitwise_or),
+    "BitwiseXor": _binary(topi.bitwise_xor),
     "BitShift": lambda ctx: [topi.left_shift(ctx.input(0), ctx.input(1)) if ctx.attr("direction") == "LEFT"
                              else topi.right_shift(ctx.input(0), ctx.input(1))],
     "PRelu": lambda ctx: [topi.where(topi.less(ctx.input(0), _const(0, ctx.input(0).dtype)),
@@ -209,7 +274,12 @@ BINARY = {
 
 
 def _variadic(fn):
-    return lambda ctx: [reduce(fn, [x for x in ctx.inputs if x is not None])]
+    """An n-ary op folded from a binary one; with one operand it is a copy."""
+    def rule(ctx: LowerContext):
+        xs = [x for x in ctx.inputs if x is not None]
+        return [reduce(fn, xs) if len(xs) > 1 else topi.identity(xs[0])]
+
+    return rule
 
 
 def _mean(ctx: LowerContext):

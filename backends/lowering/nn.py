@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..tvm_env import tvm
 from .context import LowerContext
+from .pool import average_pool
 from .reduce import NAN_MAX, lowest, nan_reduce
 
 _tvm = tvm()
@@ -103,8 +104,6 @@ def _conv(ctx: LowerContext):
 
 def _pool(kind: str):
     def rule(ctx: LowerContext):
-        if kind == "max" and len(ctx.output_types) > 1 and ctx.output_types[1] is not None:
-            raise ctx.fail("the Indices output of MaxPool is not supported")
         x = ctx.input(0)
         spatial = len(x.shape) - 2
         kernel = list(ctx.attr("kernel_shape"))
@@ -113,19 +112,43 @@ def _pool(kind: str):
         before, after = _window_pads(ctx, _dims(x)[2:], list(ctx.out_shape()[2:]), kernel, strides, dilations)
         ceil = bool(ctx.attr("ceil_mode", 0))
         include = bool(ctx.attr("count_include_pad", 0))
-        if spatial not in (1, 2):
-            raise ctx.fail(f"{spatial}-D pooling is not supported (1-D and 2-D are)")
+        out_shape = list(ctx.out_shape())
         if kind == "max":
-            out = _nan_max_pool(x, kernel, strides, dilations, before, list(ctx.out_shape()))
+            out = _nan_max_pool(x, kernel, strides, dilations, before, out_shape)
         elif spatial == 1:
             out = topi.nn.pool1d(x, kernel, strides, dilations, before + after, kind, ceil, "NCW", include)
-        else:
+        elif spatial == 2:
             out = topi.nn.pool2d(x, kernel, strides, dilations, before + after, kind, ceil, "NCHW", include)
-        if tuple(int(d) for d in out.shape) != tuple(ctx.out_shape()):
-            raise ctx.fail(f"pooling gives shape {_dims(out)}, ONNX says {list(ctx.out_shape())}")
+        if kind != "max" and (spatial > 2 or _dims(out) != out_shape):
+            # TOPI pools 1-D and 2-D only, and drops a ceil-mode last window that starts in the padding.
+            out = average_pool(x, kernel, strides, dilations, before, after, out_shape, include)
+        if kind == "max" and len(ctx.output_types) > 1 and ctx.output_types[1] is not None:
+            column_major = bool(ctx.attr("storage_order", 0))
+            return [out, _max_pool_indices(x, out, kernel, strides, dilations, before, column_major)]
         return [out] + [None] * (len(ctx.output_types) - 1)
 
     return rule
+
+
+def _max_pool_indices(x, pooled, kernel, strides, dilations, before, column_major: bool):
+    """MaxPool's Indices: the flat index into x of each window's first maximum (padding never wins); the spatial
+    axes flatten row-major, or column-major (first axis fastest) with storage_order=1."""
+    dims = _dims(x)
+    window = [te.reduce_axis((0, k), name=f"i{i}") for i, k in enumerate(kernel)]
+    none = tir.const(2**62, "int64")
+
+    def body(n, c, *pos):
+        at = [p * s + w * d - b for p, s, w, d, b in zip(pos, strides, window, dilations, before)]
+        inside = tir.all(*[tir.all(a >= 0, a < size) for a, size in zip(at, dims[2:])])
+        clamped = [tir.max(tir.min(a, size - 1), 0) for a, size in zip(at, dims[2:])]
+        spatial = list(zip(clamped, dims[2:]))
+        flat = tir.Cast("int64", n) * dims[1] + c
+        for a, size in (spatial[::-1] if column_major else spatial):
+            flat = flat * size + a
+        hit = tir.all(inside, x[(n, c, *clamped)] == pooled[(n, c, *pos)])
+        return te.min(tir.Select(hit, flat, none), axis=window)
+
+    return te.compute(pooled.shape, body, name="max_pool_indices")
 
 
 def _nan_max_pool(x, kernel, strides, dilations, before, out_shape):

@@ -29,6 +29,11 @@ def _nan_keeping(prefer):
     return lambda acc, value: tir.Select(tir.any(prefer(acc, value), tir.isnan(acc)), acc, value)
 
 
+def _self_unequal_keeping(prefer):
+    """`_nan_keeping` for bfloat16, whose NaN TVM's isnan does not take: NaN is the value unequal to itself."""
+    return lambda acc, value: tir.Select(tir.any(prefer(acc, value), acc != acc), acc, value)
+
+
 def lowest(dtype):
     """The value below every other of `dtype`: -inf for floats (the type's finite minimum would win over -inf)."""
     return tir.const(float("-inf"), dtype) if str(dtype).startswith("float") else tir.min_value(dtype)
@@ -41,10 +46,18 @@ def highest(dtype):
 
 NAN_MAX = te.comm_reducer(_nan_keeping(lambda a, b: a > b), lowest, name="nan_max")
 NAN_MIN = te.comm_reducer(_nan_keeping(lambda a, b: a < b), highest, name="nan_min")
+_BF16 = {
+    NAN_MAX: te.comm_reducer(_self_unequal_keeping(lambda a, b: a > b), lowest, name="nan_max_bf16"),
+    NAN_MIN: te.comm_reducer(_self_unequal_keeping(lambda a, b: a < b), highest, name="nan_min_bf16"),
+}
 
 
 def nan_reduce(reducer, x, axes: list[int] | None, keep: bool):
     """`reducer` (NAN_MAX or NAN_MIN) over `axes` (None: all), the reduced axes kept as size-1 dimensions or dropped."""
+    if str(x.dtype) == "bool":  # TVM compares no bools: reduce them as 0/1 bytes
+        return topi.cast(nan_reduce(reducer, topi.cast(x, "int8"), axes, keep), "bool")
+    if str(x.dtype) == "bfloat16":
+        reducer = _BF16[reducer]
     rank = len(x.shape)
     axes = list(range(rank)) if axes is None else axes
     reduce_axes = {a: te.reduce_axis((0, x.shape[a]), name=f"r{a}") for a in axes}
@@ -108,14 +121,25 @@ def _log_sum_exp(x, axes, keep):
 
 def _arg(kind):
     def rule(ctx: LowerContext):
-        if ctx.attr("select_last_index", 0):
-            raise ctx.fail("select_last_index=1 is not supported")
         x = ctx.input(0)
+        rank = len(x.shape)
         axis = ctx.attr("axis", 0)
+        axis = axis + rank if axis < 0 else axis
+        keep = bool(ctx.attr("keepdims", 1))
         fn = topi.argmax if kind == "max" else topi.argmin
-        return [topi.cast(fn(x, axis=axis, keepdims=bool(ctx.attr("keepdims", 1))), "int64")]
+        if not ctx.attr("select_last_index", 0):
+            return [topi.cast(fn(x, axis=axis, keepdims=keep), "int64")]
+        # TOPI picks the first extreme: on the reversed axis that is the last one, counted from the end.
+        first_from_end = topi.cast(fn(topi.flip(x, axis), axis=axis, keepdims=keep), "int64")
+        return [topi.subtract(tir.const(int(x.shape[axis]) - 1, "int64"), first_from_end)]
 
     return rule
+
+
+def log_softmax(x, axis: int):
+    """log(softmax(x)) along `axis`, from the shifted values (no log of an underflowed exp)."""
+    shifted = topi.subtract(x, topi.max(x, axis, True))
+    return topi.subtract(shifted, topi.log(topi.sum(_exp(shifted), axis, True)))
 
 
 def _softmax(log: bool):
@@ -124,17 +148,45 @@ def _softmax(log: bool):
         rank = len(x.shape)
         axis = ctx.attr("axis", -1)
         axis = axis + rank if axis < 0 else axis
-        peak = topi.max(x, axis, True)
-        shifted = topi.subtract(x, peak)
-        total = topi.sum(_exp(shifted), axis, True)
         if log:
-            return [topi.subtract(shifted, topi.log(total))]
-        return [topi.divide(_exp(shifted), total)]
+            return [log_softmax(x, axis)]
+        shifted = topi.subtract(x, topi.max(x, axis, True))
+        return [topi.divide(_exp(shifted), topi.sum(_exp(shifted), axis, True))]
 
     return rule
 
 
+def _hardmax(ctx: LowerContext):
+    """1 at the first maximum along `axis`, 0 elsewhere."""
+    x = ctx.input(0)
+    rank = len(x.shape)
+    axis = ctx.attr("axis", -1)
+    axis = axis + rank if axis < 0 else axis
+    first = topi.argmax(x, axis=axis, keepdims=True)
+    one, zero = tir.const(1, x.dtype), tir.const(0, x.dtype)
+    return [te.compute(x.shape, lambda *i: tir.Select(
+        i[axis] == first[i[:axis] + (0,) + i[axis + 1:]], one, zero), name="hardmax")]
+
+
+def _lp_normalization(ctx: LowerContext):
+    """x / ||x||_p along `axis` (p = 1 or 2); a zero norm gives 0, as ONNX's reference does."""
+    x = ctx.input(0)
+    rank = len(x.shape)
+    axis = ctx.attr("axis", -1)
+    axis = axis + rank if axis < 0 else axis
+    p = ctx.attr("p", 2)
+    if p not in (1, 2):
+        raise ctx.fail(f"p={p} (only 1 and 2 are ONNX's)")
+    norm = topi.sum(topi.abs(x), axis, True) if p == 1 else topi.sqrt(topi.sum(topi.multiply(x, x), axis, True))
+    zero = tir.const(0, x.dtype)
+    return [te.compute(x.shape, lambda *i: tir.Select(
+        norm[i[:axis] + (0,) + i[axis + 1:]] == zero, zero, x[i] / norm[i[:axis] + (0,) + i[axis + 1:]]),
+        name="lp_normalization")]
+
+
 RULES.update({
+    "Hardmax": _hardmax,
+    "LpNormalization": _lp_normalization,
     "ArgMax": _arg("max"),
     "ArgMin": _arg("min"),
     "Softmax": _softmax(False),

@@ -1,11 +1,13 @@
 """The table of lowering rules, by op type."""
 from __future__ import annotations
 
-from . import conv_transpose, elementwise, grad, nn, optimizer, reduce, rnn, scatter, tensor
+from . import conv_transpose, elementwise, grad, loss, nn, optimizer, ordering, pool, reduce, rnn, scatter, simple_rnn, tensor
 
 RULES = {**elementwise.RULES, **tensor.RULES, **reduce.RULES, **nn.RULES, **rnn.RULES, **scatter.RULES,
-         **grad.RULES, **conv_transpose.RULES, **optimizer.RULES}
-_STATIC = {**tensor.STATIC_INPUTS, **reduce.STATIC_INPUTS, **rnn.STATIC_INPUTS}
+         **grad.RULES, **conv_transpose.RULES, **optimizer.RULES, **pool.RULES, **loss.RULES,
+         **ordering.RULES, **simple_rnn.RULES}
+_STATIC = {**tensor.STATIC_INPUTS, **reduce.STATIC_INPUTS, **rnn.STATIC_INPUTS, **ordering.STATIC_INPUTS,
+           **simple_rnn.STATIC_INPUTS}
 
 
 def supports(op_type: str) -> bool:

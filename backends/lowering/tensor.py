@@ -200,16 +200,21 @@ def _source_coordinate(mode: str, x, scale: float, length_in: int, length_out: i
     xf = tir.Cast(f32, x)
     if mode == "half_pixel":
         return (xf + 0.5) / scale - 0.5
+    if mode == "half_pixel_symmetric":
+        offset = length_in / 2 * (1 - length_out / (scale * length_in))
+        return offset + (xf + 0.5) / scale - 0.5
     if mode == "pytorch_half_pixel":
         return (xf + 0.5) / scale - 0.5 if length_out > 1 else tir.const(0.0, f32)
+    # ONNX's reference divides by the unrounded output length (scale × input length) where it differs.
     if mode == "align_corners":
-        return xf * ((length_in - 1) / (length_out - 1)) if length_out > 1 else tir.const(0.0, f32)
+        span = scale * length_in
+        return xf * ((length_in - 1) / (span - 1)) if length_out > 1 else tir.const(0.0, f32)
     if mode == "asymmetric":
         return xf / scale
     if mode == "tf_crop_and_resize":
         start, end = roi
         if length_out > 1:
-            return start * (length_in - 1) + xf * ((end - start) * (length_in - 1) / (length_out - 1))
+            return start * (length_in - 1) + xf * ((end - start) * (length_in - 1) / (scale * length_in - 1))
         return tir.const(0.5 * (start + end) * (length_in - 1), f32)
     raise ValueError(mode)
 
@@ -224,20 +229,65 @@ def _nearest(value, mode: str):
     return tir.ceil(value - 0.5)  # round_prefer_floor
 
 
+def _all_axes(values, axes, rank: int, fill):
+    """Resize's scales (fill 1) or roi (fill: the whole axis) given for `axes` only, spread over every axis."""
+    if values is None or not axes or values.size == 0:
+        return values
+    count = len(axes)
+    axes = [a + rank if a < 0 else a for a in axes]
+    if fill is not None:
+        full = np.full(rank, fill, dtype=np.float64)
+        full[axes] = values.reshape(-1)[:count]
+        return full
+    full = np.concatenate([np.zeros(rank), np.ones(rank)])
+    full[axes] = values.reshape(-1)[:count]
+    full[[a + rank for a in axes]] = values.reshape(-1)[count:]
+    return full
+
+
+def _taps(mode: str, c, length: int, ctx: LowerContext):
+    """(index, weight) pairs that interpolate coordinate `c` along an axis of `length`: linear's two
+    neighbours (the coordinate clamped to the axis), or cubic's four (indices clamped to the edge; with
+    exclude_outside, taps outside the axis weigh 0 and the rest are renormalized)."""
+    f32 = lambda v: tir.const(v, "float32")  # noqa: E731
+    if mode == "linear":
+        c = tir.max(tir.min(c, f32(length - 1)), f32(0.0))
+        low = tir.Cast("int32", tir.floor(c))
+        frac = c - tir.Cast("float32", low)
+        return [(low, f32(1.0) - frac), (tir.min(low + 1, length - 1), frac)]
+    a = f32(ctx.attr("cubic_coeff_a", -0.75))
+    floor = tir.floor(c)
+    t = c - floor
+    base = tir.Cast("int32", floor)
+
+    def far(d):  # 1 < |d| < 2
+        return ((a * d - f32(5.0) * a) * d + f32(8.0) * a) * d - f32(4.0) * a
+
+    def near(d):  # |d| <= 1
+        return ((a + f32(2.0)) * d - (a + f32(3.0))) * d * d + f32(1.0)
+
+    weights = [far(t + f32(1.0)), near(t), near(f32(1.0) - t), far(f32(2.0) - t)]
+    positions = [base - 1, base, base + 1, base + 2]
+    if ctx.attr("exclude_outside", 0):
+        weights = [tir.Select(tir.all(p >= 0, p < length), w, f32(0.0)) for p, w in zip(positions, weights)]
+        total = weights[0] + weights[1] + weights[2] + weights[3]
+        weights = [w / total for w in weights]
+    return [(tir.max(tir.min(p, length - 1), 0), w) for p, w in zip(positions, weights)]
+
+
 def _resize(ctx: LowerContext):
     x = ctx.input(0)
     in_shape, out_shape = [int(d) for d in x.shape], list(ctx.out_shape())
     rank = len(in_shape)
     mode = ctx.attr("mode", "nearest")
     transform = ctx.attr("coordinate_transformation_mode", "half_pixel")
-    if ctx.attr("antialias", 0) or mode == "cubic" or transform == "half_pixel_symmetric":
+    if ctx.attr("antialias", 0):
         raise ctx.fail(f"mode {mode} with {transform}{' and antialias' if ctx.attr('antialias', 0) else ''} is not supported")
-    scales = ctx.data(2)
+    scales, roi = _all_axes(ctx.data(2), ctx.attr("axes"), rank, 1.0), _all_axes(ctx.data(1), ctx.attr("axes"), rank, None)
     if scales is not None and scales.size == rank:
         factors = [float(v) for v in scales]
     else:
         factors = [o / i for o, i in zip(out_shape, in_shape)]
-    roi = ctx.data(1)
     spans = [(float(roi[a]), float(roi[a + rank])) if roi is not None and roi.size == 2 * rank else (0.0, 1.0) for a in range(rank)]
     resized = [a for a in range(rank) if in_shape[a] != out_shape[a] or factors[a] != 1.0]
     nearest_mode = ctx.attr("nearest_mode", "round_prefer_floor")
@@ -254,15 +304,11 @@ def _resize(ctx: LowerContext):
         else:
             corners = [(list(index), tir.const(1.0, "float32"))]
             for a, c in coords.items():
-                c = tir.max(tir.min(c, tir.const(in_shape[a] - 1, "float32")), tir.const(0.0, "float32"))
-                low = tir.Cast("int32", tir.floor(c))
-                high = tir.min(low + 1, in_shape[a] - 1)
-                frac = c - tir.Cast("float32", low)
                 expanded = []
                 for src, weight in corners:
-                    for index, w in ((low, 1.0 - frac), (high, frac)):
+                    for tap, w in _taps(mode, c, in_shape[a], ctx):
                         moved = list(src)
-                        moved[a] = index
+                        moved[a] = tap
                         expanded.append((moved, weight * w))
                 corners = expanded
             value = sum((tir.Cast("float32", x[tuple(src)]) * w for src, w in corners[1:]),
@@ -290,6 +336,42 @@ def _depth_to_space(ctx: LowerContext):
     return [te.compute(ctx.out_shape(), compute, name="depth_to_space")]
 
 
+def _space_to_depth(ctx: LowerContext):
+    """The inverse of DepthToSpace: each b×b block of pixels becomes b*b channels (DCR order, or CRD for mode)."""
+    x = ctx.input(0)
+    b = ctx.attr("blocksize")
+    c = int(x.shape[1])
+    crd = ctx.attr("mode", "DCR") == "CRD"
+
+    def compute(ni, ci, hi, wi):
+        if crd:
+            src_c, block = ci // (b * b), ci % (b * b)
+        else:
+            src_c, block = ci % c, ci // c
+        return x[ni, src_c, hi * b + block // b, wi * b + block % b]
+
+    return [te.compute(ctx.out_shape(), compute, name="space_to_depth")]
+
+
+def _center_crop_pad(ctx: LowerContext):
+    """Each listed axis cropped or zero-padded to its new size around the centre (the extra element of an
+    odd difference goes to the end, as ONNX's reference puts it)."""
+    x = ctx.input(0)
+    in_shape, out_shape = [int(d) for d in x.shape], list(ctx.out_shape())
+    offsets = [(i - o) // 2 if i >= o else -((o - i) // 2) for i, o in zip(in_shape, out_shape)]
+
+    def compute(*index):
+        src = [p + off for p, off in zip(index, offsets)]
+        padded = [n < o for n, o in zip(in_shape, out_shape)]
+        inside = [tir.all(s >= 0, s < n) for s, n, pad in zip(src, in_shape, padded) if pad]
+        clamped = tuple(tir.max(tir.min(s, n - 1), 0) if pad else s for s, n, pad in zip(src, in_shape, padded))
+        if not inside:
+            return x[clamped]
+        return tir.Select(tir.all(*inside) if len(inside) > 1 else inside[0], x[clamped], tir.const(0, x.dtype))
+
+    return [te.compute(out_shape, compute, name="center_crop_pad")]
+
+
 def _trilu(ctx: LowerContext):
     x = ctx.input(0)
     k = int(ctx.data(1).reshape(-1)[0]) if ctx.data(1) is not None else 0
@@ -303,6 +385,57 @@ def _trilu(ctx: LowerContext):
     return [te.compute(ctx.out_shape(), compute, name="trilu")]
 
 
+def _grid_sample(ctx: LowerContext):
+    """ONNX's grid is (N, *out, rank) with x first; TOPI's is (N, rank, *out)."""
+    x, grid = ctx.input(0), ctx.input(1)
+    rank = len(grid.shape) - 2
+    mode = {"linear": "bilinear", "cubic": "bicubic"}.get(ctx.attr("mode", "linear"), ctx.attr("mode", "linear"))
+    channels_first = topi.transpose(grid, [0, rank + 1] + list(range(1, rank + 1)))
+    return [topi.image.grid_sample(x, channels_first, mode, "NCHW" if rank == 2 else "NCDHW",
+                                   ctx.attr("padding_mode", "zeros"), bool(ctx.attr("align_corners", 0)))]
+
+
+def _affine_grid(ctx: LowerContext):
+    """grid[n, *pos, :] = theta[n] · (x, y[, z], 1), the base coordinates spanning [-1, 1] over the output size
+    (pixel centres unless align_corners)."""
+    theta = ctx.input(0)
+    out_shape = list(ctx.out_shape())
+    spatial = out_shape[1:-1]  # (H, W) or (D, H, W)
+    align = bool(ctx.attr("align_corners", 0))
+    dtype = theta.dtype
+
+    def base(i, size: int):
+        i = tir.Cast(dtype, i)
+        if align:
+            return i * tir.const(2.0 / (size - 1), dtype) - tir.const(1.0, dtype) if size > 1 else tir.const(0.0, dtype)
+        return (i * tir.const(2.0, dtype) + tir.const(1.0, dtype)) / tir.const(size, dtype) - tir.const(1.0, dtype)
+
+    def compute(n, *rest):
+        pos, row = rest[:-1], rest[-1]
+        coords = [base(p, size) for p, size in zip(reversed(pos), reversed(spatial))]  # x first
+        total = theta[n, row, len(coords)]
+        for column, value in enumerate(coords):
+            total = total + theta[n, row, column] * value
+        return total
+
+    return [te.compute(out_shape, compute, name="affine_grid")]
+
+
+def _eye_like(ctx: LowerContext):
+    """Ones on the k-th diagonal of the output's 2-D shape."""
+    k, dtype = ctx.attr("k", 0), ctx.out_dtype()
+    one, zero = tir.const(1, dtype), tir.const(0, dtype)
+    return [te.compute(ctx.out_shape(), lambda i, j: tir.Select(j - i == k, one, zero), name="eye_like")]
+
+
+def _reverse_sequence(ctx: LowerContext):
+    return [topi.reverse_sequence(ctx.input(0), ctx.input(1), ctx.attr("time_axis", 0), ctx.attr("batch_axis", 1))]
+
+
+def _einsum(ctx: LowerContext):
+    return [topi.einsum(ctx.attr("equation").replace(" ", ""), *[x for x in ctx.inputs if x is not None])]
+
+
 def _view(ctx: LowerContext):
     """Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout: the same elements in the output's shape.
 
@@ -311,8 +444,20 @@ def _view(ctx: LowerContext):
     return [topi.reshape(ctx.input(0), ctx.out_shape())]
 
 
+def _dropout(ctx: LowerContext):
+    """Dropout at inference (or with ratio 0) passes its input through; its mask, when asked for, is all true."""
+    training, ratio = ctx.data(2), ctx.data(1)
+    if training is not None and bool(training.reshape(-1)[0]) and (ratio is None or float(ratio.reshape(-1)[0]) > 0):
+        raise ctx.fail("training-mode Dropout drops at random, which Tessel's kernels do not")
+    outputs = _view(ctx)
+    if len(ctx.output_types) > 1 and ctx.output_types[1] is not None:
+        outputs.append(te.compute(ctx.out_shape(1), lambda *i: tir.const(True, "bool"), name="dropout_mask"))
+    return outputs
+
+
 RULES = {
-    **{op: _view for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")},
+    **{op: _view for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")},
+    "Dropout": _dropout,
     "Transpose": _transpose,
     "Concat": _concat,
     "Split": _split,
@@ -328,6 +473,13 @@ RULES = {
     "Resize": _resize,
     "DepthToSpace": _depth_to_space,
     "Trilu": _trilu,
+    "GridSample": _grid_sample,
+    "SpaceToDepth": _space_to_depth,
+    "CenterCropPad": _center_crop_pad,
+    "EyeLike": _eye_like,
+    "AffineGrid": _affine_grid,
+    "ReverseSequence": _reverse_sequence,
+    "Einsum": _einsum,
 }
 
 # Inputs each op needs as compile-time data.
@@ -345,4 +497,6 @@ STATIC_INPUTS = {
     "Expand": {1},
     "ConstantOfShape": {0},
     "OneHot": {1},
+    "CenterCropPad": {1, 2},
+    "AffineGrid": {1},
 }
