@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+# A child streaming for --baseline imports Tessel from that checkout instead.
+ROOT = Path(os.environ.get("TESSEL_BENCH_ROOT") or Path(__file__).resolve().parent.parent)
 if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
@@ -146,38 +147,41 @@ def stream_once(directory: str, requests: int) -> dict:
     return {"requests_per_s": requests / wall, "wall_s": wall, "busy": busy}
 
 
-def _stream_in_child(directory: str, requests: int) -> dict:
-    """`stream_once` in a fresh process: each configuration starts from the same state."""
+def _stream_in_child(directory: str, requests: int, root: str | None = None) -> dict:
+    """`stream_once` in a fresh process (each configuration starts from the same state), with Tessel from the
+    checkout `root` when given."""
+    env = {**os.environ, "TESSEL_BENCH_ROOT": root} if root else None
     done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--stream-child", directory,
-                           "--stream", str(requests)], capture_output=True, text=True, check=False)
+                           "--stream", str(requests)], capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0:
         raise SystemExit(f"streaming {directory} failed: {done.stderr.strip().splitlines()[-1:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def predicted(pipeline_dir: str, one_dir: str) -> tuple[float | None, float | None]:
-    """Requests per second the compiler predicts: the pipeline's steady state (reports/placement.json) and one
-    worker running the whole batch (the sum of the model's predicted node times at that batch)."""
-    placement_file = Path(pipeline_dir) / "reports" / "placement.json"
-    pipe = None
-    if placement_file.is_file():
-        pipe = json.loads(placement_file.read_text()).get("predicted_throughput_per_s")
-    compile_file = Path(one_dir) / "reports" / "compile.json"
-    one = None
-    if compile_file.is_file():
-        seconds = json.loads(compile_file.read_text()).get("predicted_s")
-        one = 1.0 / seconds if seconds else None
-    return pipe, one
+def predicted(pipeline_dir: str) -> tuple[float, float] | None:
+    """Requests per second the compiler predicts from the pipeline's measured node times (reports/placement.json):
+    streaming through the pipeline (its steady state: one batch per bottleneck stage's busy time), and one worker
+    running every micro-batch of both stages in turn. None without the report."""
+    report_file = Path(pipeline_dir) / "reports" / "placement.json"
+    if not report_file.is_file():
+        return None
+    report = json.loads(report_file.read_text())
+    one_worker_s = report["microbatches"] * sum(device["compute_s"] for device in report["per_device"])
+    return 1.0 / report["predicted_steady_s"], 1.0 / one_worker_s
 
 
-def pipeline(directory: str, one: str, requests: int, repeats: int) -> None:
+def pipeline(directory: str, one: str, requests: int, repeats: int, baseline: str | None = None) -> None:
     """The pipeline session against one worker on the same batch, each streamed in its own process, alternating
-    which goes first, `repeats` times; medians and per-pair ratios."""
+    which goes first, `repeats` times; medians and per-pair ratios. With `baseline` (another checkout), the
+    pipeline also streams on that checkout's runtime, in the same rounds."""
     runs: dict[str, list[dict]] = {"pipeline": [], "one": []}
+    order = [("pipeline", directory, None), ("one", one, None)]
+    if baseline:
+        runs["baseline"] = []
+        order.append(("baseline", directory, baseline))
     for r in range(repeats):
-        order = [("pipeline", directory), ("one", one)]
-        for name, path in (order if r % 2 == 0 else order[::-1]):
-            runs[name].append(_stream_in_child(path, requests))
+        for name, path, root in (order if r % 2 == 0 else order[::-1]):
+            runs[name].append(_stream_in_child(path, requests, root))
             result = runs[name][-1]
             print(f"  repeat {r + 1} {name:8s}: {result['requests_per_s']:.3f} requests/s, busy "
                   f"{' / '.join(f'{100 * b:.0f}%' for b in result['busy'])}", flush=True)
@@ -188,8 +192,14 @@ def pipeline(directory: str, one: str, requests: int, repeats: int) -> None:
           f"(workers busy {' / '.join(f'{100 * b:.0f}%' for b in busy)}), one worker {rate['one']:.3f} requests/s "
           f"(busy {100 * float(np.median([run['busy'][0] for run in runs['one']])):.0f}%): "
           f"{rate['pipeline'] / rate['one']:.2f}x (per repeat {', '.join(f'{x:.2f}' for x in pairs)})")
-    pipe, single = predicted(directory, one)
-    if pipe and single:
+    if baseline:
+        base = runs["baseline"]
+        print(f"  the pipeline on {baseline}'s runtime: {float(np.median([b['requests_per_s'] for b in base])):.3f} "
+              f"requests/s (workers busy {' / '.join(f'{100 * b:.0f}%' for b in np.median([b['busy'] for b in base], axis=0))}), "
+              f"{float(np.median([b['requests_per_s'] for b in base])) / rate['one']:.2f}x one worker")
+    guess = predicted(directory)
+    if guess:
+        pipe, single = guess
         print(f"  predicted: pipeline {pipe:.3f} requests/s, one worker {single:.3f} requests/s: {pipe / single:.2f}x; "
               f"measured / predicted: pipeline {rate['pipeline'] / pipe:.2f}, one worker {rate['one'] / single:.2f}")
 
@@ -204,6 +214,7 @@ def main() -> None:
     parser.add_argument("--pipeline-one", metavar="DIR", help="the same batch compiled for one device")
     parser.add_argument("--stream", type=int, default=64, metavar="N", help="requests streamed")
     parser.add_argument("--repeats", type=int, default=3, metavar="N", help="streams of each configuration")
+    parser.add_argument("--baseline", metavar="ROOT", help="also stream the pipeline on this checkout's runtime")
     parser.add_argument("--stream-child", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stream_child:
@@ -212,7 +223,7 @@ def main() -> None:
     if args.two:
         two_workers(args.two, args.one, args.calls, args.loop)
     if args.pipeline and args.pipeline_one:
-        pipeline(args.pipeline, args.pipeline_one, args.stream, args.repeats)
+        pipeline(args.pipeline, args.pipeline_one, args.stream, args.repeats, args.baseline)
 
 
 if __name__ == "__main__":
