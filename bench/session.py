@@ -129,22 +129,30 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _queued_seconds(pid: int) -> float:
+    """Seconds the main thread of process `pid` has spent runnable but waiting for a core (/proc/PID/schedstat)."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+
+
 def stream_once(directory: str, requests: int) -> dict:
     """Stream `requests` runs through a session of `directory` (one thread per worker) after a warm-up: requests
-    per second, and each worker's busy fraction (its CPU seconds over the wall seconds of the stream; a
-    one-worker artifact runs in this process, so its busy fraction includes the client's own work)."""
+    per second, each worker's busy fraction (its CPU seconds over the wall seconds of the stream; a one-worker
+    artifact runs in this process, so its busy fraction includes the client's own work) and its queued fraction
+    (its main thread runnable but waiting for a core: the machine's load, not the pipeline's)."""
     feeds = [_feeds(load(directory), seed) for seed in range(4)]
     with InferenceSession(directory, threads=1) as session:
         for item in feeds:
             session.run(item)
         pids = session.worker_pids
         cpu = (lambda: [_cpu_seconds(pid) for pid in pids]) if pids else (lambda: [time.process_time()])
-        cpu_before, t0 = cpu(), time.perf_counter()
+        queued = lambda: [_queued_seconds(pid) for pid in pids or [os.getpid()]]  # noqa: E731
+        cpu_before, queued_before, t0 = cpu(), queued(), time.perf_counter()
         for _ in session.run_many(feeds[k % len(feeds)] for k in range(requests)):
             pass
         wall = time.perf_counter() - t0
         busy = [(after - before) / wall for before, after in zip(cpu_before, cpu())]
-    return {"requests_per_s": requests / wall, "wall_s": wall, "busy": busy}
+        waiting = [(after - before) / wall for before, after in zip(queued_before, queued())]
+    return {"requests_per_s": requests / wall, "wall_s": wall, "busy": busy, "queued": waiting}
 
 
 def _stream_in_child(directory: str, requests: int, root: str | None = None) -> dict:
@@ -184,7 +192,8 @@ def pipeline(directory: str, one: str, requests: int, repeats: int, baseline: st
             runs[name].append(_stream_in_child(path, requests, root))
             result = runs[name][-1]
             print(f"  repeat {r + 1} {name:8s}: {result['requests_per_s']:.3f} requests/s, busy "
-                  f"{' / '.join(f'{100 * b:.0f}%' for b in result['busy'])}", flush=True)
+                  f"{' / '.join(f'{100 * b:.0f}%' for b in result['busy'])}, queued for a core "
+                  f"{' / '.join(f'{100 * b:.0f}%' for b in result['queued'])}", flush=True)
     rate = {name: float(np.median([run["requests_per_s"] for run in found])) for name, found in runs.items()}
     pairs = [p["requests_per_s"] / o["requests_per_s"] for p, o in zip(runs["pipeline"], runs["one"])]
     busy = np.median([run["busy"] for run in runs["pipeline"]], axis=0)
