@@ -10,24 +10,27 @@
    any worker is left.
 4. Streaming (`--pipeline DIR`, e.g. resnet18 --batch 8 --devices 2 --placement pipeline --microbatches 4): `--stream`
    requests through the 2-worker pipeline session (one thread per worker) against the same batch on one worker
-   in this process (`--pipeline-one DIR ...`: resnet18 --batch 8, and --batch 8 --microbatches 4, the
-   pipeline's own kernels; one thread), timed before and after the pipeline, in the same run.
+   (`--pipeline-one DIR`: resnet18 --batch 8; one thread), each streamed in its own process, the two alternating
+   which goes first, `--repeats` times: medians, ratios per repeat, each worker's busy fraction (its CPU seconds
+   over the stream's wall seconds) and the compiler's predictions.
 
-    python bench/session.py --two r18_d2 --one r18_d1 --pipeline r18_b8_pipe \
-        --pipeline-one r18_b8_d1 r18_b8_mb4_d1 [--loop 1000]
+    python bench/session.py --two r18_d2 --one r18_d1 --pipeline r18_b8_pipe --pipeline-one r18_b8_d1 [--loop 1000]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+# A child streaming for --baseline imports Tessel from that checkout instead.
+ROOT = Path(os.environ.get("TESSEL_BENCH_ROOT") or Path(__file__).resolve().parent.parent)
 if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
@@ -120,28 +123,94 @@ def two_workers(directory: str, one: str | None, calls: int, loop: int) -> None:
     print(f"  close() returned after {_ms(time.perf_counter() - t0)}; children left: {_children(os.getpid())}")
 
 
-def _stream(directory: str, feeds: list[dict[str, np.ndarray]], requests: int) -> float:
-    """Requests per second streaming `requests` runs through a session of `directory` (one thread per worker)."""
+def _cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system, every thread) process `pid` has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _queued_seconds(pid: int) -> float:
+    """Seconds the main thread of process `pid` has spent runnable but waiting for a core (/proc/PID/schedstat)."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+
+
+def stream_once(directory: str, requests: int) -> dict:
+    """Stream `requests` runs through a session of `directory` (one thread per worker) after a warm-up: requests
+    per second, each worker's busy fraction (its CPU seconds over the wall seconds of the stream; a one-worker
+    artifact runs in this process, so its busy fraction includes the client's own work) and its queued fraction
+    (its main thread runnable but waiting for a core: the machine's load, not the pipeline's)."""
+    feeds = [_feeds(load(directory), seed) for seed in range(4)]
     with InferenceSession(directory, threads=1) as session:
-        session.run(feeds[0])
-        t0 = time.perf_counter()
+        for item in feeds:
+            session.run(item)
+        pids = session.worker_pids
+        cpu = (lambda: [_cpu_seconds(pid) for pid in pids]) if pids else (lambda: [time.process_time()])
+        queued = lambda: [_queued_seconds(pid) for pid in pids or [os.getpid()]]  # noqa: E731
+        cpu_before, queued_before, t0 = cpu(), queued(), time.perf_counter()
         for _ in session.run_many(feeds[k % len(feeds)] for k in range(requests)):
             pass
-        return requests / (time.perf_counter() - t0)
+        wall = time.perf_counter() - t0
+        busy = [(after - before) / wall for before, after in zip(cpu_before, cpu())]
+        waiting = [(after - before) / wall for before, after in zip(queued_before, queued())]
+    return {"requests_per_s": requests / wall, "wall_s": wall, "busy": busy, "queued": waiting}
 
 
-def pipeline(directory: str, ones: list[str], requests: int) -> None:
-    artifact = load(directory)
-    feeds = [_feeds(artifact, seed) for seed in range(4)]
-    # One worker, the pipeline, one worker again: the load of the machine shows as a difference between the two.
-    singles = [[_stream(one, feeds, requests)] for one in ones]
-    streamed = _stream(directory, feeds, requests)
-    for one, single in zip(ones, singles):
-        single.append(_stream(one, feeds, requests))
-    print(f"streaming {requests} requests of {directory}: 2-stage pipeline session {streamed:.3f} requests/s")
-    for one, single in zip(ones, singles):
-        print(f"  one worker ({one}): {single[0]:.3f} and {single[1]:.3f} requests/s: pipeline / one worker "
-              f"{streamed / max(single):.2f}x to {streamed / min(single):.2f}x")
+def _stream_in_child(directory: str, requests: int, root: str | None = None) -> dict:
+    """`stream_once` in a fresh process (each configuration starts from the same state), with Tessel from the
+    checkout `root` when given."""
+    env = {**os.environ, "TESSEL_BENCH_ROOT": root} if root else None
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--stream-child", directory,
+                           "--stream", str(requests)], capture_output=True, text=True, check=False, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"streaming {directory} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def predicted(pipeline_dir: str) -> tuple[float, float] | None:
+    """Requests per second the compiler predicts from the pipeline's measured node times (reports/placement.json):
+    streaming through the pipeline (its steady state: one batch per bottleneck stage's busy time), and one worker
+    running every micro-batch of both stages in turn. None without the report."""
+    report_file = Path(pipeline_dir) / "reports" / "placement.json"
+    if not report_file.is_file():
+        return None
+    report = json.loads(report_file.read_text())
+    one_worker_s = report["microbatches"] * sum(device["compute_s"] for device in report["per_device"])
+    return 1.0 / report["predicted_steady_s"], 1.0 / one_worker_s
+
+
+def pipeline(directory: str, one: str, requests: int, repeats: int, baseline: str | None = None) -> None:
+    """The pipeline session against one worker on the same batch, each streamed in its own process, alternating
+    which goes first, `repeats` times; medians and per-pair ratios. With `baseline` (another checkout), the
+    pipeline also streams on that checkout's runtime, in the same rounds."""
+    runs: dict[str, list[dict]] = {"pipeline": [], "one": []}
+    order = [("pipeline", directory, None), ("one", one, None)]
+    if baseline:
+        runs["baseline"] = []
+        order.append(("baseline", directory, baseline))
+    for r in range(repeats):
+        for name, path, root in (order if r % 2 == 0 else order[::-1]):
+            runs[name].append(_stream_in_child(path, requests, root))
+            result = runs[name][-1]
+            print(f"  repeat {r + 1} {name:8s}: {result['requests_per_s']:.3f} requests/s, busy "
+                  f"{' / '.join(f'{100 * b:.0f}%' for b in result['busy'])}, queued for a core "
+                  f"{' / '.join(f'{100 * b:.0f}%' for b in result['queued'])}", flush=True)
+    rate = {name: float(np.median([run["requests_per_s"] for run in found])) for name, found in runs.items()}
+    pairs = [p["requests_per_s"] / o["requests_per_s"] for p, o in zip(runs["pipeline"], runs["one"])]
+    busy = np.median([run["busy"] for run in runs["pipeline"]], axis=0)
+    print(f"streaming {requests} requests, {repeats} repeats, medians: pipeline {rate['pipeline']:.3f} requests/s "
+          f"(workers busy {' / '.join(f'{100 * b:.0f}%' for b in busy)}), one worker {rate['one']:.3f} requests/s "
+          f"(busy {100 * float(np.median([run['busy'][0] for run in runs['one']])):.0f}%): "
+          f"{rate['pipeline'] / rate['one']:.2f}x (per repeat {', '.join(f'{x:.2f}' for x in pairs)})")
+    if baseline:
+        base = runs["baseline"]
+        print(f"  the pipeline on {baseline}'s runtime: {float(np.median([b['requests_per_s'] for b in base])):.3f} "
+              f"requests/s (workers busy {' / '.join(f'{100 * b:.0f}%' for b in np.median([b['busy'] for b in base], axis=0))}), "
+              f"{float(np.median([b['requests_per_s'] for b in base])) / rate['one']:.2f}x one worker")
+    guess = predicted(directory)
+    if guess:
+        pipe, single = guess
+        print(f"  predicted: pipeline {pipe:.3f} requests/s, one worker {single:.3f} requests/s: {pipe / single:.2f}x; "
+              f"measured / predicted: pipeline {rate['pipeline'] / pipe:.2f}, one worker {rate['one'] / single:.2f}")
 
 
 def main() -> None:
@@ -151,14 +220,19 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=50, help="later calls timed")
     parser.add_argument("--loop", type=int, default=0, metavar="N", help="calls in the leak check")
     parser.add_argument("--pipeline", metavar="DIR", help="a pipeline artifact (--devices 2 --microbatches K)")
-    parser.add_argument("--pipeline-one", nargs="+", default=[], metavar="DIR",
-                        help="the same batch compiled for one device (several: each is compared)")
+    parser.add_argument("--pipeline-one", metavar="DIR", help="the same batch compiled for one device")
     parser.add_argument("--stream", type=int, default=64, metavar="N", help="requests streamed")
+    parser.add_argument("--repeats", type=int, default=3, metavar="N", help="streams of each configuration")
+    parser.add_argument("--baseline", metavar="ROOT", help="also stream the pipeline on this checkout's runtime")
+    parser.add_argument("--stream-child", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.stream_child:
+        print(json.dumps(stream_once(args.stream_child, args.stream)))
+        return
     if args.two:
         two_workers(args.two, args.one, args.calls, args.loop)
     if args.pipeline and args.pipeline_one:
-        pipeline(args.pipeline, args.pipeline_one, args.stream)
+        pipeline(args.pipeline, args.pipeline_one, args.stream, args.repeats, args.baseline)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The memory step of the driver: program → lifetimes → plan (passes/memory_plan.py) → reports.
 
-Sent tensors live until the end of the run (sends complete asynchronously).
+Sent tensors live until the end of the run (sends complete asynchronously); an
+inference program's, from its start too (their sends are waited for in the next run).
 `If` steps are flattened into the timeline (then-branch steps, else-branch
 steps, then the step that copies the taken branch's results): only one branch
 runs, so this is conservative and always safe.
@@ -14,6 +15,7 @@ from typing import Any, Sequence
 from tessel.ir.types import TensorType
 from tessel.passes.memory_plan import CUDA_ALIGNMENT, DEFAULT_ALIGNMENT, MemoryPlan, StepUse, plan_memory
 
+from tessel.runtime.held_sends import held_send_names
 from tessel.runtime.instructions import Instruction, buffer_uses, sent_values
 
 from .program import Program
@@ -37,7 +39,13 @@ def plan_program_memory(program: Program, target_kind: str) -> MemoryPlan:
     if sent:
         # Sends complete asynchronously: a sent buffer stays untouched until the run's end.
         uses.append(StepUse("wait for sends", "Send", sent))
-    return plan_memory(uses, sizes, inputs=program.inputs, outputs=program.outputs, alignment=alignment)
+    # An inference program's Sends stay in flight into the next run, until it first overwrites their bytes
+    # (runtime/held_sends.py): planned live from the run's start too, those bytes are written only by the
+    # producer, so the stage runs the next micro-batch up to there while the send completes. A training step
+    # keeps its sent buffers' bytes for reuse within the step (its many micro-batches send many values).
+    held = () if program.state else [name for name in held_send_names(program.instructions)
+                                      if name in sizes and name not in program.inputs]
+    return plan_memory(uses, sizes, inputs=[*program.inputs, *held], outputs=program.outputs, alignment=alignment)
 
 
 def weight_bytes(program: Program) -> int:

@@ -2,8 +2,8 @@
 
 Buffers go zero-copy: a numpy array in the arena becomes a torch tensor
 through DLPack, so gloo reads and writes the arena directly. Sends are
-asynchronous (the sender goes on computing) and are waited for at the end of
-each run; a receive blocks until its tensor arrives or the process group's
+asynchronous (the sender goes on computing): `send`s are waited for at the end
+of each run, `start_send`s where the caller says (runtime/held_sends.py); a receive blocks until its tensor arrives or the process group's
 timeout passes, and then fails naming the rank, the tensor and the peer.
 Joining the group is bounded by the same timeout (`join_group`).
 """
@@ -91,6 +91,22 @@ class TorchComm:
             self._pending.append((self._dist.isend(self._tensor(array), dst=peer, tag=tag), name, peer))
         except RuntimeError as exc:
             raise PeerError(f"rank {self.rank}: cannot send tensor '{name}' to rank {peer} ({_reason(exc)})") from None
+
+    def start_send(self, array: np.ndarray, peer: int, tag: int, name: str) -> Callable[[], None]:
+        """Start sending `array` to `peer` and return the wait (which fails naming the tensor and the peer);
+        `array` must stay untouched until then. Unlike `send`, `wait_sends` does not wait for it."""
+        try:
+            work = self._dist.isend(self._tensor(array), dst=peer, tag=tag)
+        except RuntimeError as exc:
+            raise PeerError(f"rank {self.rank}: cannot send tensor '{name}' to rank {peer} ({_reason(exc)})") from None
+
+        def wait() -> None:
+            try:
+                work.wait()
+            except RuntimeError as exc:
+                raise PeerError(f"rank {self.rank}: sending tensor '{name}' to rank {peer} failed ({_reason(exc)})") from None
+
+        return wait
 
     def recv(self, array: np.ndarray, peer: int, tag: int, name: str) -> None:
         """Receive into `array` from `peer`, waiting at most the timeout."""

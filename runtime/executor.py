@@ -12,6 +12,10 @@ the run loop to machine code when the executor loads (runtime/native_host.py):
 one call from Python per run, or per segment between transfers and collectives.
 "python" calls a bound closure per instruction: the fallback, what `profile`
 times, and the host of artifacts whose buffers live on a GPU.
+
+A Send is not waited for at the end of its run: the next run waits for it
+right before it first overwrites the sent bytes (runtime/held_sends.py), so a
+pipeline stage starts micro-batch k + 1 while the next stage still takes k.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from .artifact_files import PLAN_FILE, read_plan, verify_files, worker_state_nam
 from .errors import ArtifactError, ExecutionError, InputError
 from .ffi_abi import kernel_entry, take_raised_error
 from .graph_names import member_name
+from .held_sends import HeldSends, held_send_names, wait_points
 from .instructions import (AllReduce, Assign, Fail, Gather, If, Instruction, KernelCall, Recv, Scatter, Send, View,
                            kernel_keys, program_from_json, reads_within)
 from .memory import HostMemory
@@ -82,7 +87,11 @@ class Executor:
         # Asynchronous all-reduces started and not yet waited for: result name -> its wait.
         self._reducing: dict[str, Callable[[], None]] = {}
         self._unread_results = self._unread_reductions()
+        # Top-level Sends stay in flight past the run's end, until the next run first writes their bytes.
+        self._held = HeldSends()
+        self._held_names = held_send_names(self.run_instructions) if comm is not None else ()
         self._ops = self._bind(self.run_instructions)
+        self._send_waits = wait_points(self.run_instructions, self._held_names, self.plan["inputs"], self._buffer)
         # The instructions each step runs: one each, until the native host joins them into segments.
         self._covered: list[list[Instruction]] = [[i] for i in self.run_instructions]
         self._inputs = [(name, self._buffer(name), self._types[name].shape, np.dtype(numpy_dtype(self._types[name].dtype)))
@@ -94,6 +103,8 @@ class Executor:
         self._whole_native: Callable[[], int] | None = None
         if host == "native" and isinstance(self._memory, HostMemory):
             self._use_native_host()
+        if self._send_waits.before:
+            self._steps = self._waiting_for_sends(self._steps, self._covered)
         if any(isinstance(i, AllReduce) for i in self.run_instructions):
             self._steps = self._waiting_for_reductions(self._steps, self._covered)
         self.host = "native" if self._native is not None else "python"
@@ -167,6 +178,8 @@ class Executor:
             if array.shape != want.shape or array.dtype != numpy_dtype(want.dtype):
                 raise InputError(f"state '{name}' is {array.dtype}[{','.join(map(str, array.shape))}], "
                                  f"the artifact holds {want.spec()}")
+            if name in self._held_names:
+                self._held.wait([name])
             self._memory.write(self._buffers[name], array)
 
     def _buffer(self, name: str):
@@ -186,6 +199,7 @@ class Executor:
 
     def poison(self) -> None:
         """Fill the arena with NaN bit patterns: a kernel reading memory nobody wrote gives NaN (a test aid)."""
+        self.finish_sends()
         self._memory.fill(0xFF)
 
     def _tensor(self, name: str):
@@ -295,6 +309,33 @@ class Executor:
 
         return wait_around_step
 
+    def _waiting_for_sends(self, steps: list[Op], covered: list[list[Instruction]]) -> list[Op]:
+        """The steps, each one that first overwrites a held send's bytes waiting for that send before it runs
+        (the native host cuts its segments there)."""
+        index = {id(instruction): k for k, instruction in enumerate(self.run_instructions)}
+        before = self._send_waits.before
+        waiting = []
+        for step, instructions in zip(steps, covered):
+            names = before.get(index[id(instructions[0])]) if instructions else None
+            waiting.append(self._after_sends(names, step) if names else step)
+        return waiting
+
+    def _after_sends(self, names: tuple[str, ...], step: Op) -> Op:
+        """`step`, after waiting for the held sends of `names`."""
+        wait = self._held.wait
+
+        def wait_then_step() -> None:
+            wait(names)
+            step()
+
+        return wait_then_step
+
+    def finish_sends(self) -> None:
+        """Wait for every send still in flight (before this worker stops, or writes buffers between runs)."""
+        self._held.wait_all()
+        if self._comm is not None:
+            self._comm.wait_sends()
+
     def _finish_reductions(self) -> None:
         """Wait for every all-reduce still running (those whose result only a program output reads)."""
         pending = list(self._reducing.values())
@@ -381,6 +422,9 @@ class Executor:
         comm = self._comm
         if isinstance(instruction, Send):
             buffer, peer, tag, name = self._buffer(instruction.tensor), instruction.peer, instruction.tag, instruction.tensor
+            if name in self._held_names:
+                hold, start_send = self._held.hold, comm.start_send
+                return lambda: hold(name, start_send(buffer, peer, tag, name))
             return lambda: comm.send(buffer, peer, tag, name)
         peer, tag, name = instruction.peer, instruction.tag, instruction.output
         if name in self.plan["outputs"]:
@@ -434,11 +478,13 @@ class Executor:
     # ---- the native host -------------------------------------------------------
     def _segments(self) -> list[list[Instruction] | int] | None:
         """The run program cut at each instruction that needs Python: native segments (instruction lists)
-        and, between them, the index of each Python instruction; None when an If holds one."""
+        and, between them, the index of each Python instruction; None when an If holds one. A segment also
+        starts where the run waits for a held send."""
         parts: list[list[Instruction] | int] = []
+        cuts = self._send_waits.before
         for index, instruction in enumerate(self.run_instructions):
             if native_able(instruction):
-                if not parts or not isinstance(parts[-1], list):
+                if not parts or not isinstance(parts[-1], list) or index in cuts:
                     parts.append([])
                 parts[-1].append(instruction)
             elif isinstance(instruction, If):
@@ -568,15 +614,19 @@ class Executor:
         """Run the model once, except for waiting on outputs other devices send; returns the wait.
 
         Micro-batches call `start` for each and then wait on all of them, so a device
-        holding model outputs never idles while later pipeline stages work.
+        holding model outputs never idles while later pipeline stages work. This run's Sends are
+        still in flight when it returns (runtime/held_sends.py): the next run waits for each
+        before it overwrites the sent bytes, and `finish_sends` waits for all of them.
         """
         self._check_inputs(inputs)
+        self._held.wait(self._send_waits.before_inputs)
         for name in self.plan["inputs"]:
             self._memory.write(self._buffer(name), np.asarray(inputs[name]))
         self._arriving = {}
         for step in self._steps:
             step()
         self._finish_reductions()
+        self._held.wait(self._send_waits.at_end)
         if self._comm is not None:
             self._comm.wait_sends()
         local = {name: self._memory.read(self._buffer(name)) for name in self.plan["outputs"] if name not in self._arriving}

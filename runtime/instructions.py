@@ -211,7 +211,7 @@ class If(Instruction):
 
 @dataclass(frozen=True, kw_only=True)
 class Send(Instruction):
-    """Send `tensor` to worker `peer` under `tag` (completes asynchronously, by the end of the run)."""
+    """Send `tensor` to worker `peer` under `tag` (asynchronous: runtime/held_sends.py says when it is waited for)."""
 
     tensor: str
     peer: int

@@ -116,12 +116,16 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
         # A new request is taken whenever one waits and the window has room; otherwise the oldest is finished.
         if not in_flight or (len(in_flight) < args.window and select.select([control], [], [], 0)[0]):
             message = read_message(control)
-            if message is None or message[0].get("op") == "stop":
+            if message is None:  # the session is gone: so are the peers, whatever was in flight
+                return
+            if message[0].get("op") == "stop":
+                executor.finish_sends()
                 return
             header, inputs = message
             if header.get("op") in STATE_OPS:
                 while in_flight:
                     finish_oldest()
+                executor.finish_sends()
                 _state_request(executor, comm, plan, header["op"], inputs, reply)
                 continue
             started = time.perf_counter()

@@ -121,6 +121,7 @@ def _run(args, rank: int, world: int, threads: int) -> int:
         dist.barrier()
         started = time.perf_counter()
         _stream(run_batch, args.repeat, STREAM_WINDOW_PER_WORKER * world)
+        executor.finish_sends()
         streamed = (time.perf_counter() - started) / args.repeat if args.repeat else None
         dist.barrier()
         if rank == 0:
