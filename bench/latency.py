@@ -226,6 +226,10 @@ def main(argv=None) -> int:
         print(json.dumps(MEASURES[kind](corpus[name], args.runs)))
         return 0
     names = args.models or [m.name for m in corpus.values() if not m.negative and not m.topology]
+    unknown = [name for name in names if name not in corpus]
+    if unknown:
+        print(f"latency.py: error: not in the corpus: {', '.join(unknown)}", file=sys.stderr)
+        return 2
     if args.baseline:
         return _before_after(names, args.baseline.resolve(), args.runs, args.repeats)
     openvino = not args.skip_openvino and importlib.util.find_spec("openvino") is not None
