@@ -1,4 +1,4 @@
-"""Latency per corpus model: onnxruntime, TVM's own pipeline, and Tessel (fused and unfused), all in one run.
+"""Latency per corpus model: onnxruntime, OpenVINO, TVM's own pipeline, and Tessel (fused and unfused), all in one run.
 
 Each measurement runs in a fresh process (thread pools of one runtime skew the
 next on 2 cores). Prints a table with Tessel/onnxruntime ratios and their
@@ -11,17 +11,25 @@ same artifact on the python host, and `overhead` is Tessel's run time minus the
 time spent inside its kernels (each kernel call timed by a timed copy of the
 native program): what the host, Python's boundary included, costs per run.
 
+OpenVINO is the second baseline: f32 forced (INFERENCE_PRECISION_HINT=f32; its
+default on CPUs with avx512_bf16 is bf16), the same threads as onnxruntime; its
+column says n/a where the `openvino` package is not installed. The run starts by
+measuring the machine's f32 FMA peak (bench/peak.py, in its own process), and
+each model's achieved GFLOP/s (FLOPs counted from the imported graph, ir/costs.py)
+is shown with its share of that peak.
+
 `--baseline DIR` also times Tessel as another checkout DIR builds it (e.g. a
 git worktree of the commit before a change), alternating with this one
 `--repeats` times per model, and prints this/baseline from the fastest median
 of each: a change's before/after in one run, under the same load.
 
     python bench/latency.py [MODEL ...] [--runs 20] [--skip-tvm] [--skip-unfused] [--skip-nchw]
-                            [--skip-python-host] [--baseline DIR] [--repeats 3]
+                            [--skip-python-host] [--skip-openvino] [--baseline DIR] [--repeats 3]
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -73,6 +81,19 @@ def measure_onnxruntime(model, runs: int) -> dict:
     session = ort.InferenceSession(str(model.path), options, providers=["CPUExecutionProvider"])
     feeds = model.make_inputs()
     return {"ms": _median_ms(lambda: session.run(None, feeds), runs)}
+
+
+def measure_openvino(model, runs: int) -> dict:
+    import openvino as ov
+
+    core = ov.Core()
+    network = core.read_model(str(model.path))
+    network.reshape({name: list(shape) for name, shape in model.input_shapes.items()})
+    compiled = core.compile_model(network, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+                                                   "INFERENCE_NUM_THREADS": os.cpu_count() or 1})
+    request = compiled.create_infer_request()
+    feeds = model.make_inputs()
+    return {"ms": _median_ms(lambda: request.infer(feeds), runs)}
 
 
 def measure_tessel(model, runs: int, skip_passes=(), conv_layout="blocked") -> dict:
@@ -138,7 +159,7 @@ def measure_tvm(model, runs: int) -> dict:
     return {"ms": _median_ms(lambda: vm["main"](*inputs), runs)}
 
 
-MEASURES = {"onnxruntime": measure_onnxruntime, "tessel": measure_tessel, "tessel_unfused": measure_tessel_unfused,
+MEASURES = {"onnxruntime": measure_onnxruntime, "openvino": measure_openvino, "tessel": measure_tessel, "tessel_unfused": measure_tessel_unfused,
             "tessel_nchw": measure_tessel_nchw, "tvm": measure_tvm,
             "tessel_python_host": measure_tessel_python_host}
 
@@ -164,6 +185,27 @@ def _ms(measured: tuple[dict | None, str]) -> float | None:
     return measured[0]["ms"] if measured[0] else None
 
 
+def _measured_peak() -> tuple[float | None, str]:
+    """The f32 FMA peak of every core in GFLOP/s (bench/peak.py, in its own process), and the CPU it ran on."""
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "peak.py"), "--json"], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if done.returncode != 0:
+        return None, (done.stderr.strip().splitlines() or ["failed"])[-1][:120]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return result["gflops"]["float32"][str(result["threads"])], f"{result['cpu']}, {result['threads']} threads"
+
+
+def _model_gflop(model) -> float | None:
+    """GFLOP of one run, counted from the imported graph (None where it does not import)."""
+    from tessel import ir
+    from tessel.ir.analysis import total_flops
+
+    try:
+        return total_flops(ir.from_onnx(str(model.path), model.input_shapes)) / 1e9
+    except Exception:  # a model Tessel cannot import has no FLOP count; its row says n/a
+        return None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", help="corpus model names (default: all non-negative, non-topology)")
@@ -172,6 +214,7 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-unfused", action="store_true", help="do not measure Tessel without fusion")
     parser.add_argument("--skip-nchw", action="store_true", help="do not measure Tessel with NCHW between convs")
     parser.add_argument("--skip-python-host", action="store_true", help="do not measure Tessel on its python host")
+    parser.add_argument("--skip-openvino", action="store_true", help="do not measure OpenVINO")
     parser.add_argument("--baseline", metavar="DIR", type=Path,
                         help="also time Tessel from this checkout, alternating with this one (before/after a change)")
     parser.add_argument("--repeats", type=int, default=3, help="with --baseline: alternations per model")
@@ -183,14 +226,23 @@ def main(argv=None) -> int:
         print(json.dumps(MEASURES[kind](corpus[name], args.runs)))
         return 0
     names = args.models or [m.name for m in corpus.values() if not m.negative and not m.topology]
+    unknown = [name for name in names if name not in corpus]
+    if unknown:
+        print(f"latency.py: error: not in the corpus: {', '.join(unknown)}", file=sys.stderr)
+        return 2
     if args.baseline:
         return _before_after(names, args.baseline.resolve(), args.runs, args.repeats)
-    print(f"{'model':<20} {'onnxruntime':>12} {'tvm':>10} {'unfused':>10} {'nchw':>10} {'py-host':>10} {'tessel':>10} "
-          f"{'overhead':>9} {'tessel/ort':>11} {'fusion':>8} {'blocked':>8} {'layout':>8} {'tvm/tessel':>11}"
+    openvino = not args.skip_openvino and importlib.util.find_spec("openvino") is not None
+    peak, where = _measured_peak()
+    print("f32 FMA peak (measured, bench/peak.py): " + (f"{peak:.1f} GFLOP/s ({where})" if peak else f"n/a ({where})"),
+          flush=True)
+    print(f"{'model':<20} {'onnxruntime':>12} {'openvino':>9} {'tvm':>10} {'unfused':>10} {'nchw':>10} {'py-host':>10} {'tessel':>10} "
+          f"{'overhead':>9} {'tessel/ort':>11} {'tessel/ov':>10} {'GFLOP/s':>8} {'%peak':>6} {'fusion':>8} {'blocked':>8} {'layout':>8} {'tvm/tessel':>11}"
           "  (ms; overhead in µs)")
-    ratios, tvm_speedups, fusion_speedups, layout_speedups = [], [], [], []
+    ratios, ov_ratios, tvm_speedups, fusion_speedups, layout_speedups = [], [], [], [], []
     for name in names:
         ort_ms = _ms(_isolated("onnxruntime", name, args.runs, 300))
+        ov_ms = _ms(_isolated("openvino", name, args.runs, 600)) if openvino else None
         tessel, why = _isolated("tessel", name, args.runs, 1800)
         tessel_ms, blocked = _ms((tessel, why)), (tessel or {}).get("blocked")
         overhead_us = (tessel or {}).get("overhead_us")
@@ -201,11 +253,17 @@ def main(argv=None) -> int:
         tvm, tvm_why = (None, "skipped") if args.skip_tvm else _isolated("tvm", name, max(3, args.runs // 4), TVM_TIMEOUT_S)
         tvm_ms = _ms((tvm, tvm_why))
         ratio = tessel_ms / ort_ms if tessel_ms and ort_ms else None
+        ov_ratio = tessel_ms / ov_ms if tessel_ms and ov_ms else None
+        gflop = _model_gflop(corpus[name])
+        gflops = gflop / (tessel_ms / 1e3) if gflop and tessel_ms else None
+        share = 100 * gflops / peak if gflops and peak else None
         speedup = tvm_ms / tessel_ms if tvm_ms and tessel_ms else None
         fusion = unfused_ms / tessel_ms if unfused_ms and tessel_ms else None
         layout = nchw_ms / tessel_ms if nchw_ms and tessel_ms else None
         if ratio:
             ratios.append(ratio)
+        if ov_ratio:
+            ov_ratios.append(ov_ratio)
         if speedup:
             tvm_speedups.append(speedup)
         if fusion:
@@ -216,15 +274,18 @@ def main(argv=None) -> int:
         def cell(value, width, fmt="{:.2f}"):
             return f"{fmt.format(value) if value is not None else 'n/a':>{width}}"
 
-        print(f"{name:<20} {cell(ort_ms, 12, '{:.3f}')} {cell(tvm_ms, 10)} {cell(unfused_ms, 10)} {cell(nchw_ms, 10)} "
+        print(f"{name:<20} {cell(ort_ms, 12, '{:.3f}')} {cell(ov_ms, 9, '{:.3f}')} {cell(tvm_ms, 10)} {cell(unfused_ms, 10)} {cell(nchw_ms, 10)} "
               f"{cell(python_ms, 10, '{:.3f}')} {cell(tessel_ms, 10, '{:.3f}')} {cell(overhead_us, 9, '{:.1f}')} "
-              f"{cell(ratio, 11)} {cell(fusion, 8, '{:.2f}x')} "
+              f"{cell(ratio, 11)} {cell(ov_ratio, 10)} {cell(gflops, 8, '{:.1f}')} {cell(share, 6, '{:.0f}%')} "
+              f"{cell(fusion, 8, '{:.2f}x')} "
               f"{cell(blocked, 8, '{}')} {cell(layout, 8, '{:.2f}x')} "
               f"{cell(speedup, 11, '{:.1f}x')}"
               + (f"  tessel: {why}" if why else "") + (f"  tvm: {tvm_why}" if tvm_ms is None and not args.skip_tvm else ""),
               flush=True)
     if ratios:
         print(f"geomean tessel/onnxruntime over {len(ratios)} models: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}")
+    if ov_ratios:
+        print(f"geomean tessel/openvino (f32) over {len(ov_ratios)} models: {math.exp(sum(map(math.log, ov_ratios)) / len(ov_ratios)):.2f}")
     if fusion_speedups:
         print(f"fusion speedup (unfused/fused) geomean over {len(fusion_speedups)} models: "
               f"{math.exp(sum(map(math.log, fusion_speedups)) / len(fusion_speedups)):.2f}x")

@@ -32,6 +32,7 @@ from tessel.runtime.profile_db import ProfileDB
 from .artifact import Artifact, load, write_input_defaults, write_model_files
 from .compile_log import CompileLog
 from .distribute import placement_markdown, read_machine_file
+from .kernel_profile import node_flops
 from .memory import plan_program_memory, weight_bytes, write_memory_reports
 from .options import CompileError, CompileOptions
 from .packaging import write_artifact
@@ -201,6 +202,7 @@ def compile_graph(graph: ir.Graph, options: CompileOptions, machine_shape: Machi
         "nodes": len(graph.nodes),
         "instructions": sum(len(p.instructions) for p in programs),
         "kernel_calls": sum(kernel_call_count(p.instructions) for p in programs),
+        "node_flops": node_flops(graph),
         "kernels": stats.kernels,
         "kernels_cached": stats.cached,
         "kernels_compiled": stats.compiled,

@@ -172,6 +172,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers != artifact.devices:
         raise ArtifactError(f"{args.artifact}: compiled for {artifact.devices} device(s); run it with --workers "
                             f"{artifact.devices} or recompile with --devices {args.workers}")
+    if args.profile and artifact.devices > 1:
+        raise ArtifactError(f"{args.artifact}: --profile times the kernels of one-device artifacts; this one has "
+                            f"{artifact.devices} devices")
     reference = None
     if args.check or args.reference:  # found before the run: a missing model or onnxruntime is reported at once
         from .reference_check import onnxruntime, reference_model
@@ -198,6 +201,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         lines.append(latency_line(result["latency"]))
     if measured:
         result["measured"] = measured
+    if args.profile:
+        from .kernel_profile import kernel_profile, profile_lines
+
+        result["profile"] = kernel_profile(artifact, inputs)
+        lines += profile_lines(result["profile"])
     if outputs_path:  # before the reports: a report that cannot be written must not cost the outputs
         write_npz(outputs_path.parent, outputs_path.name, outputs, overwrite=args.force)
         result["outputs_file"] = str(outputs_path)
@@ -332,6 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "(64 hex digits, or a file holding them), as printed by 'tessel compile'")
     run.add_argument("--workers", type=int, metavar="N",
                      help="local workers to spawn (must equal the artifact's devices; default: that many)")
+    run.add_argument("--profile", action="store_true", help="also time each kernel call and print its GFLOP/s "
+                     "(one-device artifacts)")
     run.add_argument("--json", action="store_true", help="print the result as one JSON document on stdout")
     run.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="S",
                      help="seconds a worker waits for a peer before all of them stop (default 30)")

@@ -65,6 +65,13 @@ _NONDETERMINISTIC = frozenset({"RandomNormal", "RandomNormalLike", "RandomUnifor
 # Ops whose inputs can be given in any order.
 _COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal", "BitwiseAnd",
                           "BitwiseOr", "BitwiseXor"})
+# Input positions that hold a layer's parameters (weights, biases, normalisation scales and statistics): kernels
+# pack or transform them at compile time when they are constants, so whatever computes them is folded.
+_WEIGHT_INPUTS = {
+    "Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2), "MatMul": (1,), "BatchNormalization": (1, 2, 3, 4),
+    "InstanceNormalization": (1, 2), "LayerNormalization": (1, 2), "PRelu": (1,), "LSTM": (1, 2, 3),
+    "GRU": (1, 2, 3), "RNN": (1, 2, 3),
+}
 # Ops that move a tensor between devices (passes/partition.py inserts them).
 _TRANSFERS = frozenset({"Send", "Recv"})
 # Ops that must run even when nothing reads their outputs, and must never be merged.
@@ -84,6 +91,7 @@ class OpTraits:
     commutative: bool = False  # the inputs can be given in any order
     side_effects: bool = False  # must run even when nothing reads its outputs; never merged
     transfer: bool = False  # moves a tensor between devices (Send, Recv)
+    weight_inputs: frozenset[int] = frozenset()  # input positions holding the layer's parameters
 
     @property
     def elementwise(self) -> bool:
@@ -121,4 +129,5 @@ def op_traits(op_type: str) -> OpTraits:
         commutative=op_type in _COMMUTATIVE,
         side_effects=op_type in _SIDE_EFFECTS,
         transfer=op_type in _TRANSFERS,
+        weight_inputs=frozenset(_WEIGHT_INPUTS.get(op_type, ())),
     )

@@ -11,6 +11,7 @@ from typing import Callable
 from tessel.ir.graph import Graph, Node
 
 from .base import Pass, PassResult, can_replace, graphs_in, retire
+from .constant_fold import fold_weight
 from .fold_batchnorm import fold_batchnorm
 from .linear import matmul_add_to_gemm
 from .layout import collapse_transposes, collapse_views, sink_views, split_to_slices
@@ -39,8 +40,9 @@ def remove_identity(node: Node) -> str | None:
     return f"{node.op_type.lower()}_removed"
 
 
+# Weights computed from constants are folded first: the rewrites after it (BatchNorm folding) need them constant.
 REWRITES: tuple[Rewrite, ...] = (
-    remove_identity, collapse_views, collapse_transposes, fold_batchnorm, matmul_add_to_gemm,
+    fold_weight, remove_identity, collapse_views, collapse_transposes, fold_batchnorm, matmul_add_to_gemm,
     recognize_gelu, recognize_layer_norm, sink_views, split_to_slices,
 )
 
