@@ -15,11 +15,12 @@ from .context import LowerContext
 HALF = "float16"
 WIDE = "float32"
 
-# Ops whose outputs are sums (or normalizations by sums) of many float16 products.
+# Ops whose outputs are sums (or normalizations by sums) of many float16 products. Softmax is not here: the
+# reference rounds its exponentials to float16 before summing them (reduce.py sums those in float32).
 ACCUMULATING_OPS = frozenset({
     "MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum",
     "ReduceSum", "ReduceMean", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp",
-    "Softmax", "LogSoftmax", "LpNormalization",
+    "LogSoftmax", "LpNormalization",
     "Sum", "Mean", "LayerNormalization", "InstanceNormalization", "GroupNormalization", "RMSNormalization",
     "AveragePool", "GlobalAveragePool", "LpPool", "GlobalLpPool", "LRN",
 })
