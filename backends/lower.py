@@ -46,6 +46,7 @@ def schedule_kernel(spec: KernelSpec, target: TargetSpec):
     """Lower one kernel to a PrimFunc: (func, scheduled) — scheduled when its rules brought their own schedule."""
     from .lowering import LowerContext, LoweringError
     from .lowering.context import SelfScheduled
+    from .lowering.half_accumulate import widen_half_accumulation
     from .lowering.rnn import PrimFuncResult
     from .tvm_env import tvm
 
@@ -79,7 +80,7 @@ def schedule_kernel(spec: KernelSpec, target: TargetSpec):
         out_types = [TensorType.parse(o) if o is not None else None for o in op.outputs]
         ctx = LowerContext(op.op_type, dict(op.attrs), tensors, types, data, out_types, gpu=target.is_gpu,
                            arch=target.arch)
-        results = rule(ctx)
+        results = rule(widen_half_accumulation(ctx, tvm_mod.topi))
         if isinstance(results, SelfScheduled):
             known = [t for t in tensors if t is not None]
             anchor = (results.schedule, _new_op_names(results.outputs, known))

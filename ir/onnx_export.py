@@ -10,6 +10,7 @@ import onnx
 from onnx import helper
 
 from .graph import Graph, Node
+from .onnx_export_shapes import without_contradicted_dims
 from .onnx_proto import attribute_proto, tensor_proto, type_proto
 from .schema import CANONICAL_OPSET, FUSED, TESSEL_DOMAIN, get_schema
 from .types import numpy_dtype
@@ -38,7 +39,7 @@ def to_onnx(graph: Graph) -> onnx.ModelProto:
         ir_version=IR_VERSION,
         functions=functions,
     )
-    return model
+    return without_contradicted_dims(model)
 
 
 def _is_fused(node: Node) -> bool:

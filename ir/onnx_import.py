@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 from onnx import defs, external_data_helper, helper, numpy_helper
 
 from .attributes import Attributes
+from .bfloat16_boundary import BFLOAT16_REASON, bfloat16_boundary_names, touches
 from .errors import ModelImportError, ModelLoadError, ShapeBindingError, TesselError, UnsupportedModelError
 from .evaluate import evaluate
 from .graph import Graph, Value
@@ -232,8 +233,9 @@ def find_unsupported(model: onnx.ModelProto) -> list[tuple[str, str, int, str, s
     opset = default_opset(model)
     counts: Counter = Counter()
     first: dict[tuple[str, str], tuple[str, str]] = {}
+    bfloat16 = bfloat16_boundary_names(model.graph)
     for index, node in enumerate(walk_onnx_nodes(model.graph)):
-        reason = _unsupported_reason(node, opset)
+        reason = _unsupported_reason(node, opset) or (BFLOAT16_REASON if touches(node, bfloat16) else None)
         if reason is None:
             continue
         key = (node.op_type, node.domain)

@@ -142,6 +142,13 @@ def log_softmax(x, axis: int):
     return topi.subtract(shifted, topi.log(topi.sum(_exp(shifted), axis, True)))
 
 
+def _wide_sum(x, axis: int):
+    """Sum along `axis` (kept), a float16 one accumulated in float32 and rounded once, as ONNX's reference does."""
+    if str(x.dtype) != "float16":
+        return topi.sum(x, axis, True)
+    return topi.cast(topi.sum(topi.cast(x, "float32"), axis, True), "float16")
+
+
 def _softmax(log: bool):
     def rule(ctx: LowerContext):
         x = ctx.input(0)
@@ -151,7 +158,7 @@ def _softmax(log: bool):
         if log:
             return [log_softmax(x, axis)]
         shifted = topi.subtract(x, topi.max(x, axis, True))
-        return [topi.divide(_exp(shifted), topi.sum(_exp(shifted), axis, True))]
+        return [topi.divide(_exp(shifted), _wide_sum(_exp(shifted), axis))]
 
     return rule
 
