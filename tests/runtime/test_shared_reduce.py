@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tessel.runtime.errors import PeerError
-from tessel.runtime.shared_reduce import SharedReduce, close_layout, create_layout
+from tessel.runtime.shared_reduce import ALLREDUCE_ENV, SharedReduce, available, close_layout, create_layout
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "eventfd") or not hasattr(os, "fork"), reason="Linux only")
 
@@ -62,3 +62,11 @@ def test_a_missing_peer_fails_with_one_line(tmp_path):
     assert _run_ranks(tmp_path, 2, [0], timeout_s=0.5) == {0: 1}
     line = (tmp_path / "rank0.txt").read_text()
     assert line == "rank 0: all-reduce of tensor 't0' failed (no answer from rank(s) 1 within 0.5 s)"
+
+
+def test_gloo_is_chosen_by_the_environment_and_a_wrong_choice_refused(monkeypatch):
+    monkeypatch.setenv(ALLREDUCE_ENV, "gloo")
+    assert not available()
+    monkeypatch.setenv(ALLREDUCE_ENV, "nccl")
+    with pytest.raises(ValueError, match="expected shm or gloo"):
+        available()
