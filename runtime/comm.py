@@ -5,7 +5,9 @@ through DLPack, so gloo reads and writes the arena directly. Sends are
 asynchronous (the sender goes on computing): `send`s are waited for at the end
 of each run, `start_send`s where the caller says (runtime/held_sends.py); a receive blocks until its tensor arrives or the process group's
 timeout passes, and then fails naming the rank, the tensor and the peer.
-Joining the group is bounded by the same timeout (`join_group`).
+Joining the group is bounded by the same timeout (`join_group`). All-reduces
+of a local worker group go through shared memory instead, on the calling
+thread (runtime/shared_reduce.py), where the session gave the workers a segment.
 """
 from __future__ import annotations
 
@@ -72,13 +74,15 @@ def _attempt_store(rank: int, world: int, timeout_s: float):
 class TorchComm:
     """Send/recv and all-reduce of numpy buffers with torch.distributed; one per worker process."""
 
-    def __init__(self, rank: int, timeout_s: float):
+    def __init__(self, rank: int, timeout_s: float, shared=None):
+        """`shared`: the local group's SharedReduce, which then does every all-reduce (gloo the rest)."""
         import torch.distributed as dist
         from torch.utils import dlpack
 
         self._dist, self._dlpack = dist, dlpack
         self.rank = rank
         self.timeout_s = timeout_s
+        self._shared = shared
         self._pending: list[tuple[object, str, int]] = []
         self._senders: dict[str, object] = {}  # compressed all-reduce: each tensor's ErrorFeedback
 
@@ -134,6 +138,9 @@ class TorchComm:
 
     def all_reduce(self, array: np.ndarray, reduction: str, name: str) -> None:
         """Replace `array` on every worker by the element-wise `reduction` (sum, mean, max, min) over all of them."""
+        if self._shared is not None:
+            self._shared.all_reduce(array, reduction, name)
+            return
         op = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}[reduction]
         try:
             self._dist.all_reduce(self._tensor(array), op=getattr(self._dist.ReduceOp, op))
@@ -145,7 +152,11 @@ class TorchComm:
 
     def start_all_reduce(self, array: np.ndarray, reduction: str, name: str) -> Callable[[], None]:
         """Start `all_reduce` of `array` in the background (it must stay untouched until then); returns the wait,
-        which finishes it (a mean divides there)."""
+        which finishes it (a mean divides there). Through shared memory it is done here, in issue order (the
+        order every rank follows), and the wait has nothing left to do."""
+        if self._shared is not None:
+            self._shared.all_reduce(array, reduction, name)
+            return _done
         op = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}[reduction]
         try:
             work = self._dist.all_reduce(self._tensor(array), op=getattr(self._dist.ReduceOp, op), async_op=True)
@@ -205,6 +216,10 @@ class TorchComm:
                 work.wait()
             except RuntimeError as exc:
                 raise PeerError(f"rank {self.rank}: sending tensor '{name}' to rank {peer} failed ({_reason(exc)})") from None
+
+
+def _done() -> None:
+    """The wait of an all-reduce that already finished."""
 
 
 def _reason(exc: BaseException) -> str:

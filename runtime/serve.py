@@ -98,7 +98,7 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
     if worker_count(plan) != world:
         raise ArtifactError(f"{args.artifact}: the artifact runs on {worker_count(plan)} worker(s) but {world} were started")
     join_group(rank, world, args.timeout, EXIT_FAILED)
-    comm = TorchComm(rank, args.timeout)
+    comm = TorchComm(rank, args.timeout, shared=_attach_reduce(rank, args.timeout))
     executor, recorder = profiled(comm, lambda c: Executor(args.artifact, threads=threads, worker=rank, comm=c))
     microbatches = int(plan.get("microbatches", 1))
     slots = _attach_slots()
@@ -136,6 +136,14 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
             in_flight.append(([executor.start(feeds) for feeds in slices], started, slot))
             continue
         finish_oldest()
+
+
+def _attach_reduce(rank: int, timeout_s: float):
+    """The local group's shared-memory all-reduce, when the session made one (runtime/shared_reduce.py)."""
+    from tessel.runtime.shared_reduce import REDUCE_ENV, SharedReduce
+
+    text = os.environ.get(REDUCE_ENV)
+    return SharedReduce.attach(text, rank, timeout_s) if text else None
 
 
 def _attach_slots() -> dict:

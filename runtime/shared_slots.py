@@ -45,7 +45,7 @@ class SharedSlots:
     def create(cls, tensors: Mapping[str, np.ndarray], count: int) -> "SharedSlots":
         """New slots shaped like `tensors` (only their dtypes and shapes count), in a new anonymous file."""
         layout = describe(tensors, count)
-        fd = _anonymous_file(layout["count"] * layout["slot_bytes"])
+        fd = anonymous_file(layout["count"] * layout["slot_bytes"])
         try:
             return cls(layout, fd)
         except BaseException:
@@ -118,10 +118,10 @@ def describe(tensors: Mapping[str, np.ndarray], count: int) -> dict[str, Any]:
     return {"count": count, "slot_bytes": offset, "tensors": entries}
 
 
-def _anonymous_file(size: int) -> int:
-    """A descriptor of a new nameless file of `size` bytes in memory."""
+def anonymous_file(size: int, label: str = "tessel-session-slots") -> int:
+    """A descriptor of a new nameless file of `size` bytes in memory (`label` names it in /proc only)."""
     if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("tessel-session-slots", os.MFD_CLOEXEC)
+        fd = os.memfd_create(label, os.MFD_CLOEXEC)
     else:  # not Linux: an unlinked temporary file (in /dev/shm where there is one)
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
         with tempfile.TemporaryFile(dir=shm) as named:

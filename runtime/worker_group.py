@@ -26,6 +26,7 @@ transfer notices within a second that its parent is gone (runtime/worker.py).
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import select
 import signal
@@ -46,6 +47,7 @@ from tessel import IMPORT_ROOT
 from .errors import ExecutionError
 from .launch import free_port
 from .serve import CONTROL_ENV
+from .shared_reduce import REDUCE_ENV, available, close_layout, create_layout, descriptors
 from .shared_slots import SLOTS_ENV, SharedSlots
 from .wire import ChannelClosed, read_message, write_message
 from .worker import LAUNCHER_ENV
@@ -148,12 +150,25 @@ class WorkerGroup:
         port = free_port()
         command = [sys.executable, "-m", "tessel.runtime.serve", str(directory), "--timeout", str(self.timeout),
                    "--window", str(self.window)]
+        # The workers all-reduce through one shared segment (runtime/shared_reduce.py); the client keeps no part of it.
+        reduce = create_layout(workers) if workers > 1 and available() else None
+        try:
+            self._spawn(command, port, workers, threads, reduce)
+        finally:
+            if reduce is not None:
+                close_layout(reduce)
+        self._await_ready()
+
+    def _spawn(self, command: list[str], port: int, workers: int, threads: int, reduce: dict | None) -> None:
+        """Start the workers, each with its pipes, its slots and, given `reduce`, the all-reduce segment."""
+        reduce_env = {REDUCE_ENV: json.dumps(reduce)} if reduce is not None else {}
+        reduce_fds = descriptors(reduce) if reduce is not None else ()
         for rank in range(workers):
             request_read, request_write = os.pipe()
             answer_read, answer_write = os.pipe()
             env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(workers), "LOCAL_WORLD_SIZE": str(workers),
                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TESSEL_THREADS": str(threads),
-                   LAUNCHER_ENV: str(os.getpid()), CONTROL_ENV: f"{request_read},{answer_write}"}
+                   LAUNCHER_ENV: str(os.getpid()), CONTROL_ENV: f"{request_read},{answer_write}", **reduce_env}
             slot_env, slot_fds = self._slot_env(rank)
             env.update(slot_env)
             # An unlinked file: the worker's stderr, read back for a failure's line, and gone with the last descriptor.
@@ -162,7 +177,7 @@ class WorkerGroup:
             try:
                 self.processes.append(subprocess.Popen(
                     command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=IMPORT_ROOT,
-                    pass_fds=(request_read, answer_write, *slot_fds), start_new_session=True))
+                    pass_fds=(request_read, answer_write, *slot_fds, *reduce_fds), start_new_session=True))
             finally:
                 os.close(request_read)
                 os.close(answer_write)
@@ -171,6 +186,9 @@ class WorkerGroup:
             os.set_blocking(request_write, False)
             for fd in (request_write, answer_read):
                 _widen(fd)
+
+    def _await_ready(self) -> None:
+        """Wait for every worker's ready message; a worker that fails to start stops the group."""
         deadline = time.monotonic() + self.timeout + STARTUP_S
         for rank, fd in enumerate(self._answers):
             try:
