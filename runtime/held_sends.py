@@ -51,9 +51,11 @@ def held_send_names(run_instructions: Sequence[Instruction]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(i.tensor for i in run_instructions if isinstance(i, Send)))
 
 
-def wait_points(run_instructions: Sequence[Instruction], sent: Iterable[str], inputs: Iterable[str],
+def wait_points(run_instructions: Sequence[Instruction], sent: Sequence[str], inputs: Iterable[str],
                 buffer_of: Callable[[str], np.ndarray]) -> WaitPoints:
     """For each sent value, the first point of a run that writes bytes of its buffer."""
+    if not sent:  # nothing sent (one worker): no point to find, and its buffers need not be host arrays
+        return WaitPoints((), {}, ())
     ranges = {name: byte_range(buffer_of(name)) for name in sent}
     input_ranges = [byte_range(buffer_of(name)) for name in inputs]
     before_inputs = tuple(name for name, r in ranges.items() if any(_overlaps(r, i) for i in input_ranges))
