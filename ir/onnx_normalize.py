@@ -167,8 +167,21 @@ def _resize(node, version, ctx):
 
 
 def _lstm(node, version, ctx):
-    if len(node.inputs) > 7 and node.inputs[7] is not None:
-        raise ImportProblem("LSTM peephole weights (input P) are not supported")
+    # Peepholes run as the unrolled primitive ops (passes/simplify.unroll_peephole_lstm), which model only the
+    # plain form: a peephole LSTM using anything more is refused here rather than failing at compile.
+    if len(node.inputs) < 8 or node.inputs[7] is None:
+        return node
+    extras = [name for name, used in (
+        ("sequence_lens", len(node.inputs) > 4 and node.inputs[4] is not None),
+        ("activations", [a.lower() for a in node.attrs.get("activations") or []] not in (
+            [], ["sigmoid", "tanh", "tanh"], ["sigmoid", "tanh", "tanh"] * 2)),
+        ("clip", node.attrs.get("clip") is not None),
+        ("activation_alpha", node.attrs.get("activation_alpha") is not None),
+        ("activation_beta", node.attrs.get("activation_beta") is not None),
+        ("layout=1", node.attrs.get("layout", 0) != 0),
+        ("input_forget=1", bool(node.attrs.get("input_forget", 0)))) if used]
+    if extras:
+        raise ImportProblem(f"LSTM peephole weights (input P) together with {', '.join(extras)} are not supported")
     return node
 
 

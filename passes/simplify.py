@@ -16,6 +16,7 @@ from .fold_batchnorm import fold_batchnorm
 from .linear import matmul_add_to_gemm
 from .layout import collapse_transposes, collapse_views, sink_views, split_to_slices
 from .recognize import recognize_gelu, recognize_layer_norm
+from .unroll_rnn import unroll_rnn
 
 MAX_ROUNDS = 8
 
@@ -40,9 +41,18 @@ def remove_identity(node: Node) -> str | None:
     return f"{node.op_type.lower()}_removed"
 
 
+def unroll_peephole_lstm(node: Node) -> str | None:
+    """An LSTM with peephole weights (input P) becomes its unrolled primitive ops: the LSTM kernel has no
+    peephole terms, and the unrolled form is the one training already differentiates."""
+    if node.op_type != "LSTM" or len(node.inputs) < 8 or node.inputs[7] is None:
+        return None
+    unroll_rnn(node.graph, node)
+    return "peephole_lstm_unrolled"
+
+
 # Weights computed from constants are folded first: the rewrites after it (BatchNorm folding) need them constant.
 REWRITES: tuple[Rewrite, ...] = (
-    fold_weight, remove_identity, collapse_views, collapse_transposes, fold_batchnorm, matmul_add_to_gemm,
+    fold_weight, remove_identity, unroll_peephole_lstm, collapse_views, collapse_transposes, fold_batchnorm, matmul_add_to_gemm,
     recognize_gelu, recognize_layer_norm, sink_views, split_to_slices,
 )
 

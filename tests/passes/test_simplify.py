@@ -6,6 +6,7 @@ import math
 import numpy as np
 from onnx import helper
 
+from tessel import ir
 from tessel.passes.simplify import simplify
 from tessel.passes.dce import dce
 from tests.conftest import POSITIVE
@@ -164,3 +165,20 @@ def test_split_becomes_slices():
 def test_corpus_model_after_simplify():
     """ppocr_v4_rec: BatchNorm folding, LayerNorm recognition, MatMul+Add to Gemm, view chains."""
     corpus_after(next(m for m in POSITIVE if m.name == "ppocr_v4_rec"), "simplify")
+
+
+def test_a_peephole_lstm_compiles_unrolled_and_equals_onnxruntime(kernel_cache):
+    """The LSTM kernel has no peephole terms: simplify unrolls such an LSTM into primitive ops."""
+    import onnxruntime
+
+    import tessel
+    from tests.passes.test_training_mode import _onnx_rnn
+
+    onnx_model = _onnx_rnn("LSTM", "bidirectional", {}, True, True, np.random.default_rng(0))
+    graph = simplify(ir.from_onnx(onnx_model)).graph
+    assert "LSTM" not in {node.op_type for node in graph.nodes}
+    x = np.random.default_rng(1).standard_normal((3, 2, 2)).astype(np.float32)
+    got = tessel.compile(onnx_model, cache_dir=kernel_cache).run({"x": x})
+    want = onnxruntime.InferenceSession(onnx_model.SerializeToString()).run(None, {"x": x})
+    for name, expected in zip(["y", "y_h", "y_c"], want):
+        np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-5)
