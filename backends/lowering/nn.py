@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..tvm_env import tvm
 from .context import LowerContext
-from .pool import average_pool
+from .pool import average_pool, window_pads
 from .reduce import NAN_MAX, lowest, nan_reduce
 
 _tvm = tvm()
@@ -16,32 +16,6 @@ te, topi, tir = _tvm.te, _tvm.topi, _tvm.tirx
 
 def _dims(tensor) -> list[int]:
     return [int(d) for d in tensor.shape]
-
-
-def _same_pads(auto_pad, in_sizes, out_sizes, kernel, strides, dilations):
-    before, after = [], []
-    for i, o, k, s, d in zip(in_sizes, out_sizes, kernel, strides, dilations):
-        total = max((o - 1) * s + (k - 1) * d + 1 - i, 0)
-        small = total // 2
-        if auto_pad == "SAME_UPPER":
-            before.append(small)
-            after.append(total - small)
-        else:
-            before.append(total - small)
-            after.append(small)
-    return before, after
-
-
-def _window_pads(ctx: LowerContext, in_sizes, out_sizes, kernel, strides, dilations):
-    """(pads before, pads after) per spatial axis, from `pads` or `auto_pad`."""
-    n = len(in_sizes)
-    auto_pad = ctx.attr("auto_pad", "NOTSET")
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        return _same_pads(auto_pad, in_sizes, out_sizes, kernel, strides, dilations)
-    if auto_pad == "VALID":
-        return [0] * n, [0] * n
-    pads = list(ctx.attr("pads") or [0] * (2 * n))
-    return pads[:n], pads[n:]
 
 
 def _as_2d(x, name: str):
@@ -65,7 +39,7 @@ def _conv_operands(ctx: LowerContext, what: str):
 def conv_pads(ctx: LowerContext) -> tuple[list[int], list[int]]:
     """(pads before, pads after) per spatial axis of a 1-D or 2-D Conv, from `pads` or `auto_pad`."""
     x, _, _, _, kernel, strides, dilations = _conv_operands(ctx, "convolution")
-    return _window_pads(ctx, _dims(x)[2:], list(ctx.out_shape())[2:], kernel, strides, dilations)
+    return window_pads(ctx, _dims(x)[2:], list(ctx.out_shape())[2:], kernel, strides, dilations)
 
 
 def _conv(ctx: LowerContext):
@@ -109,7 +83,7 @@ def _pool(kind: str):
         kernel = list(ctx.attr("kernel_shape"))
         strides = list(ctx.attr("strides") or [1] * spatial)
         dilations = list(ctx.attr("dilations") or [1] * spatial)
-        before, after = _window_pads(ctx, _dims(x)[2:], list(ctx.out_shape()[2:]), kernel, strides, dilations)
+        before, after = window_pads(ctx, _dims(x)[2:], list(ctx.out_shape()[2:]), kernel, strides, dilations)
         ceil = bool(ctx.attr("ceil_mode", 0))
         include = bool(ctx.attr("count_include_pad", 0))
         out_shape = list(ctx.out_shape())

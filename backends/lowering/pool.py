@@ -1,5 +1,6 @@
 """Window pooling of any spatial rank written out as TE reductions: average pooling where TOPI's pool1d/pool2d
-do not apply (3-D, or a ceil-mode window that starts in the padding), LpPool and GlobalLpPool.
+do not apply (3-D, or a ceil-mode window that starts in the padding), LpPool and GlobalLpPool; and the
+window pads (explicit or auto_pad) that pools and convolutions share.
 
 A window position is real data when it lies inside the input, padding when it lies inside the explicit pads,
 and outside both when ceil mode adds a last window that overhangs the pads; padding counts toward an average's
@@ -12,6 +13,32 @@ from .context import LowerContext
 
 _tvm = tvm()
 te, topi, tir = _tvm.te, _tvm.topi, _tvm.tirx
+
+
+def _same_pads(auto_pad, in_sizes, out_sizes, kernel, strides, dilations):
+    before, after = [], []
+    for i, o, k, s, d in zip(in_sizes, out_sizes, kernel, strides, dilations):
+        total = max((o - 1) * s + (k - 1) * d + 1 - i, 0)
+        small = total // 2
+        if auto_pad == "SAME_UPPER":
+            before.append(small)
+            after.append(total - small)
+        else:
+            before.append(total - small)
+            after.append(small)
+    return before, after
+
+
+def window_pads(ctx: LowerContext, in_sizes, out_sizes, kernel, strides, dilations):
+    """(pads before, pads after) per spatial axis, from `pads` or `auto_pad`."""
+    n = len(in_sizes)
+    auto_pad = ctx.attr("auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        return _same_pads(auto_pad, in_sizes, out_sizes, kernel, strides, dilations)
+    if auto_pad == "VALID":
+        return [0] * n, [0] * n
+    pads = list(ctx.attr("pads") or [0] * (2 * n))
+    return pads[:n], pads[n:]
 
 
 def _inside(positions, low, high):
@@ -74,15 +101,13 @@ def _power(v, p: int):
 
 def _lp_pool(ctx: LowerContext):
     """(Σ |x|^p)^(1/p) over each window; padding is zero."""
-    from .nn import _window_pads
-
     x = ctx.input(0)
     spatial = len(x.shape) - 2
     kernel = list(ctx.attr("kernel_shape"))
     strides = list(ctx.attr("strides") or [1] * spatial)
     dilations = list(ctx.attr("dilations") or [1] * spatial)
     out_shape = list(ctx.out_shape())
-    before, _ = _window_pads(ctx, [int(d) for d in x.shape[2:]], out_shape[2:], kernel, strides, dilations)
+    before, _ = window_pads(ctx, [int(d) for d in x.shape[2:]], out_shape[2:], kernel, strides, dilations)
     p = ctx.attr("p", 2)
     total = _window_sum(x, kernel, strides, dilations, before, out_shape, lambda v: _power(v, p), "lp_pool_sum")
     return [_lp_root(total, p, x.dtype)]
