@@ -1,7 +1,6 @@
 """compiler.compile / Artifact / compiler.load on the corpus."""
 from __future__ import annotations
 
-
 import pytest
 
 from tessel.compiler.api import CompileError, compile, load
