@@ -69,7 +69,7 @@ def run_ps(settings: RunSettings, run_dir: Path, data: Dataset, val: Dataset | N
     from .ps_launch import run_job
 
     from .ps_training import evaluate_job, prepare_job
-    from .train_log import LOG_FILE, RunLog
+    from .train_log import LOG_FILE, RunLog, epoch_record, step_record
     from .train_metrics import ValidationTally
     from .trainer import export_state
 
@@ -97,10 +97,10 @@ def run_ps(settings: RunSettings, run_dir: Path, data: Dataset, val: Dataset | N
     pushed = float(np.mean([report["bytes_pushed"] for report in result.reports])) / steps
     pulled = float(np.mean([report["bytes_pulled"] for report in result.reports])) / steps
     floats = sum(int(np.prod(shape)) for shape in job.shapes.values())
-    record = {"kind": "epoch", "epoch": settings.epochs, "step": steps, "seconds": seconds, "ps_mode": mode,
-              "staleness": staleness, "servers": job.servers, "compression": job.compression,
-              "push_bytes_per_step": pushed, "pull_bytes_per_step": pulled,
-              "compression_ratio": (4 * floats + job.servers * HEADER_BYTES) / pushed}
+    record = epoch_record(settings.epochs, steps, seconds=seconds, ps_mode=mode, staleness=staleness,
+                          servers=job.servers, compression=job.compression, push_bytes_per_step=pushed,
+                          pull_bytes_per_step=pulled,
+                          compression_ratio=(4 * floats + job.servers * HEADER_BYTES) / pushed)
     losses = np.mean([report["losses"] for report in result.reports], axis=0)
     record["loss"] = float(losses[-steps_per_epoch:].mean())
     if val is not None:
@@ -111,7 +111,7 @@ def run_ps(settings: RunSettings, run_dir: Path, data: Dataset, val: Dataset | N
     (run_dir / LOG_FILE).unlink(missing_ok=True)  # a resumed run's workers report every step's loss again
     with RunLog(run_dir) as log:
         for step, loss in enumerate(losses, 1):
-            log.write({"kind": "step", "epoch": (step - 1) // steps_per_epoch + 1, "step": step, "loss": float(loss)})
+            log.write(step_record((step - 1) // steps_per_epoch + 1, step, float(loss)))
         log.write(record)
     export_state(Path(settings.model).read_bytes(), state, job.parameters, run_dir / MODEL_FILE)
     accuracy = f", val accuracy {100 * record['val_accuracy']:.2f}%" if "val_accuracy" in record else ""

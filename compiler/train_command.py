@@ -30,7 +30,7 @@ from .train_checkpoints import (completed_epochs, drop_after, drop_superseded, l
 from .train_launch import LAUNCHERS, join_ranks, restarted_as_resume
 from .train_data import (LABELS, Dataset, as_step_labels, check_class_labels, feeds, input_shapes, load_dataset,
                          model_inputs, model_outputs)
-from .train_log import RunLog, keep_until, read_log, step_records
+from .train_log import RunLog, epoch_record, keep_until, read_log, step_record, step_records
 from .train_metrics import ValidationTally
 from .train_progress import TrainProgress
 from .train_settings import (DEFAULT_WEIGHT_DECAY, MODEL_FILE, OPTIMIZERS, PARALLEL, RUN_FILE, SCHEDULES,
@@ -279,15 +279,13 @@ def _train_epochs(trainer, settings: RunSettings, run_dir: Path, data: Dataset, 
                 loss = _step(trainer, batch, epoch)
                 seconds = time.perf_counter() - step_started
                 losses.append(loss)
-                log.write({"kind": "step", "epoch": epoch, "step": trainer.steps_done, "loss": loss, "lr": lr,
-                           "samples_per_s": settings.batch / seconds})
+                log.write(step_record(epoch, trainer.steps_done, loss, lr=lr, samples_per_s=settings.batch / seconds))
                 progress.step(epoch, index, loss, seconds)
                 if args.checkpoint_every and index % args.checkpoint_every == 0 and index < steps_per_epoch:
                     save_step_checkpoint(trainer, run_dir, spare=loaded_from)
             seconds = time.perf_counter() - started
-            record = {"kind": "epoch", "epoch": epoch, "step": trainer.steps_done,
-                      "loss": sum(losses) / len(losses), "lr": lr,
-                      "samples_per_s": (len(losses) - before) * settings.batch / seconds, "seconds": seconds}
+            record = epoch_record(epoch, trainer.steps_done, loss=sum(losses) / len(losses), lr=lr,
+                                  samples_per_s=(len(losses) - before) * settings.batch / seconds, seconds=seconds)
             if val is not None:
                 record.update(validate(trainer, val, settings, first_output))
             log.write(record)

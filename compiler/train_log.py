@@ -10,6 +10,8 @@ from typing import Any, Iterable
 from tessel.ir.errors import TesselError
 
 LOG_FILE = "log.jsonl"
+# The record kinds: one per step, one per finished epoch.
+STEP, EPOCH = "step", "epoch"
 
 
 class RunLogError(TesselError):
@@ -64,11 +66,21 @@ def keep_until(run_dir: Path, steps_done: int) -> None:
     (Path(run_dir) / LOG_FILE).write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
 
 
+def step_record(epoch: int, step: int, loss: float, **more: Any) -> dict[str, Any]:
+    """A "step" record: one step's loss, with what else the caller measured."""
+    return {"kind": STEP, "epoch": epoch, "step": step, "loss": loss, **more}
+
+
+def epoch_record(epoch: int, step: int, **more: Any) -> dict[str, Any]:
+    """An "epoch" record, written after the epoch's last step (the caller adds its loss, rates, validation)."""
+    return {"kind": EPOCH, "epoch": epoch, "step": step, **more}
+
+
 def epoch_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The "epoch" records."""
-    return [r for r in records if r.get("kind") == "epoch"]
+    return [r for r in records if r.get("kind") == EPOCH]
 
 
 def step_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The "step" records."""
-    return [r for r in records if r.get("kind") == "step"]
+    return [r for r in records if r.get("kind") == STEP]
