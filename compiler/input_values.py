@@ -7,7 +7,7 @@ NAME=5 one number); the input becomes a constant (Reshape's shape, Reduce axes, 
 from __future__ import annotations
 
 import logging
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -21,15 +21,7 @@ _log = logging.getLogger("tessel")
 def parse_input_values(items: Sequence[str]) -> dict[str, Number]:
     """Read NAME=VALUE items (VALUE an integer, a number or true/false) into {name: value}; InputError, one line,
     on a malformed or repeated item."""
-    values: dict[str, Number] = {}
-    for item in items:
-        name, sep, text = item.rpartition("=")
-        if not sep or not name or not text:
-            raise InputError(f"bad --input-value '{item}': expected NAME=VALUE, e.g. sr=16000")
-        if name in values:
-            raise InputError(f"--input-value gives '{name}' twice")
-        values[name] = _number(text, item)
-    return values
+    return {name: _number(text, item) for name, text, item in _named_items(items, "NAME=VALUE, e.g. sr=16000")}
 
 
 def parse_compile_values(items: Sequence[str]) -> dict[str, np.ndarray]:
@@ -37,15 +29,24 @@ def parse_compile_values(items: Sequence[str]) -> dict[str, np.ndarray]:
     for one number, 1-D for a list; the importer casts each to its input's element type. InputError, one line, on
     a malformed or repeated item."""
     values: dict[str, np.ndarray] = {}
-    for item in items:
-        name, sep, text = item.rpartition("=")
-        if not sep or not name or not text:
-            raise InputError(f"bad --input-value '{item}': expected NAME=VALUE or NAME=V1,V2,..., e.g. shape=1,-1")
-        if name in values:
-            raise InputError(f"--input-value gives '{name}' twice")
+    for name, text, item in _named_items(items, "NAME=VALUE or NAME=V1,V2,..., e.g. shape=1,-1"):
         numbers = [_number(part.strip(), item) for part in text.split(",")]
         values[name] = np.asarray(numbers) if "," in text else np.asarray(numbers[0])
     return values
+
+
+def _named_items(items: Sequence[str], expected: str) -> Iterator[tuple[str, str, str]]:
+    """(name, value text, item) of each NAME=VALUE item, in order; InputError, one line, on a malformed or
+    repeated one (raised when the iteration reaches it, so the caller's own checks of earlier items come first)."""
+    seen: set[str] = set()
+    for item in items:
+        name, sep, text = item.rpartition("=")
+        if not sep or not name or not text:
+            raise InputError(f"bad --input-value '{item}': expected {expected}")
+        if name in seen:
+            raise InputError(f"--input-value gives '{name}' twice")
+        seen.add(name)
+        yield name, text, item
 
 
 def _number(text: str, item: str) -> Number:
