@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..tvm_env import tvm
 from .context import LowerContext
-from .pool import average_pool, window_pads
+from .pool import average_pool, pool_window, window_pads
 from .reduce import NAN_MAX, lowest, nan_reduce
 
 _tvm = tvm()
@@ -80,10 +80,7 @@ def _pool(kind: str):
     def rule(ctx: LowerContext):
         x = ctx.input(0)
         spatial = len(x.shape) - 2
-        kernel = list(ctx.attr("kernel_shape"))
-        strides = list(ctx.attr("strides") or [1] * spatial)
-        dilations = list(ctx.attr("dilations") or [1] * spatial)
-        before, after = window_pads(ctx, _dims(x)[2:], list(ctx.out_shape()[2:]), kernel, strides, dilations)
+        kernel, strides, dilations, before, after = pool_window(ctx, x)
         ceil = bool(ctx.attr("ceil_mode", 0))
         include = bool(ctx.attr("count_include_pad", 0))
         out_shape = list(ctx.out_shape())

@@ -41,6 +41,17 @@ def window_pads(ctx: LowerContext, in_sizes, out_sizes, kernel, strides, dilatio
     return pads[:n], pads[n:]
 
 
+def pool_window(ctx: LowerContext, x):
+    """(kernel, strides, dilations, pads before, pads after) of a pooling op's window over x's spatial axes."""
+    spatial = len(x.shape) - 2
+    kernel = list(ctx.attr("kernel_shape"))
+    strides = list(ctx.attr("strides") or [1] * spatial)
+    dilations = list(ctx.attr("dilations") or [1] * spatial)
+    before, after = window_pads(ctx, [int(d) for d in x.shape[2:]], list(ctx.out_shape())[2:], kernel, strides,
+                                dilations)
+    return kernel, strides, dilations, before, after
+
+
 def _inside(positions, low, high):
     conditions = [tir.all(p >= lo, p < hi) for p, lo, hi in zip(positions, low, high)]
     return tir.all(*conditions) if len(conditions) > 1 else conditions[0]
@@ -102,12 +113,8 @@ def _power(v, p: int):
 def _lp_pool(ctx: LowerContext):
     """(Σ |x|^p)^(1/p) over each window; padding is zero."""
     x = ctx.input(0)
-    spatial = len(x.shape) - 2
-    kernel = list(ctx.attr("kernel_shape"))
-    strides = list(ctx.attr("strides") or [1] * spatial)
-    dilations = list(ctx.attr("dilations") or [1] * spatial)
+    kernel, strides, dilations, before, _ = pool_window(ctx, x)
     out_shape = list(ctx.out_shape())
-    before, _ = window_pads(ctx, [int(d) for d in x.shape[2:]], out_shape[2:], kernel, strides, dilations)
     p = ctx.attr("p", 2)
     total = _window_sum(x, kernel, strides, dilations, before, out_shape, lambda v: _power(v, p), "lp_pool_sum")
     return [_lp_root(total, p, x.dtype)]
