@@ -16,6 +16,10 @@ class InputError(TesselError):
     """Inputs given to a run do not match the compiled model's inputs."""
 
 
+class SettingError(TesselError, ValueError):
+    """An environment variable the runtime reads holds a value it does not know."""
+
+
 class ExecutionError(TesselError):
     """The model failed while running (e.g. an If took a branch that cannot run at these shapes)."""
 

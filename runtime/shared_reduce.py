@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from .errors import PeerError
+from .errors import PeerError, SettingError
 from .shared_slots import anonymous_file
 
 # The segment and doorbells of the local worker group, for runtime/serve.py (JSON, `create_layout`).
@@ -55,7 +55,7 @@ def available() -> bool:
     and not turned off with TESSEL_ALLREDUCE=gloo."""
     choice = os.environ.get(ALLREDUCE_ENV, "shm")
     if choice not in ("shm", "gloo"):
-        raise ValueError(f"{ALLREDUCE_ENV}={choice!r}: expected shm or gloo")
+        raise SettingError(f"{ALLREDUCE_ENV}={choice!r}: expected shm or gloo (unset it for the default, shm)")
     return choice == "shm" and hasattr(os, "eventfd") and platform.machine() in ("x86_64", "AMD64", "i686")
 
 
