@@ -79,7 +79,7 @@ def schedule_kernel(spec: KernelSpec, target: TargetSpec):
                 tensors.append(_constant_tensor(te, tir, item.data, t, f"const{m}_{index}"))
         out_types = [TensorType.parse(o) if o is not None else None for o in op.outputs]
         ctx = LowerContext(op.op_type, dict(op.attrs), tensors, types, data, out_types, gpu=target.is_gpu,
-                           arch=target.arch)
+                           arch=target.arch, tf32=target.tf32)
         results = rule(widen_half_accumulation(ctx, tvm_mod.topi))
         if isinstance(results, SelfScheduled):
             known = [t for t in tensors if t is not None]

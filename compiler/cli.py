@@ -111,7 +111,7 @@ def _compile_options(args: argparse.Namespace):
         profile=not args.no_profile, reprofile=args.reprofile, device_memory=args.device_memory,
         skip_passes=args.skip_pass, verify=args.verify, dump_after=args.dump_after, algo_select=args.algo_select,
         workspace_limit=args.workspace_limit, batch_policy=args.batch_policy, profile_budget=args.profile_budget,
-        conv_layout=args.conv_layout, keep_model=args.keep_model, jobs=args.jobs)
+        conv_layout=args.conv_layout, keep_model=args.keep_model, jobs=args.jobs, allow_tf32=args.allow_tf32)
 
 
 def _check_writable_directory(output: Path) -> None:
@@ -308,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
                              help="place with FLOP/byte estimates instead of timing the kernels on this machine")
     compile_cmd.add_argument("--reprofile", action="store_true",
                              help="time the kernels again (cached times taken on a busy machine mislead the planner)")
+    compile_cmd.add_argument("--allow-tf32", action="store_true",
+                             help="cuda (sm_80+): run convolutions on TF32 tensor cores (inputs rounded to a 10-bit "
+                                  "mantissa, float32 sums; PyTorch's cuDNN default)")
     compile_cmd.add_argument("--conv-layout", default=CompileOptions.default("conv_layout"),
                              choices=CompileOptions.CHOICES["conv_layout"],
                              help="activations between conv kernels: kept in NCHW[16]c (blocked) or NCHW")

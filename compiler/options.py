@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, Mapping
 
-from tessel.backends.target import parse_target
+from tessel.backends.target import TF32_SUFFIX, parse_target
 from tessel.ir.errors import TesselError
 from tessel.passes.algo_select import POLICIES
 from tessel.passes.placement import CHOICES as PLACEMENTS
@@ -26,6 +26,15 @@ CONV_LAYOUTS = ("blocked", "nchw")
 
 class CompileError(TesselError):
     """The compile request itself is invalid (e.g. an option Tessel does not offer yet)."""
+
+
+def _tf32_target(target: str) -> str:
+    """The cuda target with TF32 tensor cores allowed (a CompileError for a CPU target)."""
+    spec = parse_target(target)
+    if not spec.is_gpu:
+        raise CompileError(f"--allow-tf32: TF32 tensor cores are a GPU feature; target {target} is a CPU "
+                           "(compile with --target cuda:sm_80 or newer)")
+    return str(parse_target(f"{spec.kind}:{spec.arch}{TF32_SUFFIX}"))
 
 
 @dataclass(frozen=True)
@@ -44,7 +53,8 @@ class CompileOptions:
     algorithm and micro-batch selection. conv_layout: activations between conv kernels in
     NCHW[16]c (blocked) or NCHW. keep_model: a copy of the model in the artifact (model.onnx; the weights are
     stored once otherwise). cache_dir: where kernels are cached (default: kernels/ under the cache root,
-    $TESSEL_CACHE_DIR); jobs: kernels compiled at once.
+    $TESSEL_CACHE_DIR); jobs: kernels compiled at once. allow_tf32: cuda convolutions may run on TF32 tensor cores
+    (the target becomes cuda:sm_XX+tf32).
     """
 
     target: str = "llvm"
@@ -70,6 +80,7 @@ class CompileOptions:
     keep_model: bool = False
     cache_dir: str | None = None
     jobs: int | None = None
+    allow_tf32: bool = False
 
     # The values an option may take, for the CLI's choices and the checks.
     CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({
@@ -92,6 +103,8 @@ class CompileOptions:
                 normalize(name, str(getattr(self, name)))
         normalize("device_memory", _bytes("--device-memory", self.device_memory))
         normalize("workspace_limit", _bytes("--workspace-limit", self.workspace_limit))
+        if self.allow_tf32:
+            normalize("target", _tf32_target(self.target))
         self._check()
 
     def _check(self) -> None:

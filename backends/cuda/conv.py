@@ -30,12 +30,12 @@ from ..kernel import ALGORITHM
 from ..lowering.context import LowerContext, SelfScheduled
 from ..lowering.nn import RULES as GENERIC_NN_RULES, conv_pads
 from ..tvm_env import tvm
+from .conv_blocks import COLUMN_BLOCK, GEMM_BLOCK, PARTIAL_BLOCK, WEIGHT_BLOCK, fold_consumers, read_index, schedule_sum
+from .conv_tf32 import MmaConfig, heuristic_mma_config, schedule_mma
 
 TUNED_CONFIGS = Path(__file__).with_name("conv_configs.json")
 # The multiprocessors of the GPUs the heuristic sizes the grid for (H100 SXM: 132).
 DEFAULT_SM_COUNT = 132
-# Block names of the anchor (backends/lower.py folds every other block of a fused kernel into them).
-GEMM_BLOCK, PARTIAL_BLOCK, COLUMN_BLOCK, WEIGHT_BLOCK = "conv_gemm", "conv_gemm_partial", "conv_columns", "conv_weights"
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def gpu_rule(op_type: str, attrs: Mapping[str, Any]):
 def _conv_rule(ctx: LowerContext):
     if not applies(ctx):
         return GENERIC_NN_RULES["Conv"](ctx)
-    return conv_gemm(ctx, *conv_pads(ctx), arch=ctx.arch)
+    return conv_gemm(ctx, *conv_pads(ctx), arch=ctx.arch, tf32=ctx.tf32)
 
 
 def applies(ctx: LowerContext) -> bool:
@@ -156,16 +156,23 @@ def _tuned() -> Mapping[str, Any]:
     return json.loads(TUNED_CONFIGS.read_text())
 
 
-def chosen_config(shape: ConvShape, arch: str | None) -> tuple[GemmConfig, bool]:
-    """The configuration timed best on this architecture for this shape, else the heuristic's; and whether it was
-    timed."""
-    entry = _tuned().get("archs", {}).get(arch or "", {}).get(shape.key())
+def chosen_config(shape: ConvShape, arch: str | None, tf32: bool = False) -> tuple[GemmConfig | MmaConfig, bool]:
+    """The configuration timed best on this architecture for this shape (on tensor cores with `tf32`), else the
+    heuristic's; and whether it was timed."""
+    entry = _tuned().get("archs", {}).get(tuned_arch_key(arch, tf32), {}).get(shape.key())
+    config_type = MmaConfig if tf32 else GemmConfig
     if entry is not None:
-        return GemmConfig(**entry["config"]), True
-    return heuristic_config(*shape.gemm), False
+        return config_type(**entry["config"]), True
+    return (heuristic_mma_config if tf32 else heuristic_config)(*shape.gemm), False
 
 
-def conv_gemm(ctx: LowerContext, before, after, config: GemmConfig | None = None, arch: str | None = None):
+def tuned_arch_key(arch: str | None, tf32: bool) -> str:
+    """The key of an architecture's timed configurations in conv_configs.json ("sm_90", or "sm_90+tf32")."""
+    return f"{arch or ''}+tf32" if tf32 else arch or ""
+
+
+def conv_gemm(ctx: LowerContext, before, after, config: GemmConfig | MmaConfig | None = None,
+              arch: str | None = None, tf32: bool = False):
     """The conv as an implicit GEMM (plus bias) in the NCHW output layout, with its CUDA schedule.
 
     The GEMM is padded to whole tiles (zero weights and columns beyond the real
@@ -174,11 +181,18 @@ def conv_gemm(ctx: LowerContext, before, after, config: GemmConfig | None = None
     products; a second kernel over the real outputs only sums them and runs the
     epilogue: folded into the tiles, the epilogue would also write the padding,
     past the end of the output.
+
+    With `tf32` (or an MmaConfig) the product runs on tensor cores
+    (cuda/conv_tf32.py): the staged weights and columns are rounded to TF32
+    (10-bit mantissa, as cuDNN's TF32 convs do) and products accumulate in
+    float32; its tiles always go through the partial-product buffer.
     """
     mod = tvm()
     te, tirx = mod.te, mod.tirx
     shape = conv_shape(ctx, before, after)
-    config = config or chosen_config(shape, arch)[0]
+    config = config or chosen_config(shape, arch, tf32)[0]
+    tensor_cores = isinstance(config, MmaConfig)
+    staged = round_to_tf32 if tensor_cores else (lambda value: value)
     x, w, bias = ctx.input(0), ctx.input(1), ctx.input(2)
     (kh, kw), (sh, sw), (dh, dw) = shape.kernel, shape.strides, shape.dilations
     top, left = shape.pads[:2]
@@ -194,16 +208,16 @@ def conv_gemm(ctx: LowerContext, before, after, config: GemmConfig | None = None
         y = position // ow * sh + r // kw % kh * dh - top
         xx = position % ow * sw + r % kw * dw - left
         inside = tirx.all(r < k, j < n, y >= 0, y < shape.height, xx >= 0, xx < shape.width)
-        return tirx.if_then_else(inside, x[image, channel, y, xx], zero)
+        return staged(tirx.if_then_else(inside, x[image, channel, y, xx], zero))
 
     def weight(i, r):
         inside = tirx.all(i < m, r < k)
-        return tirx.if_then_else(inside, w[tirx.min(i, m - 1), tirx.min(r // window, shape.channels - 1),
-                                           r // kw % kh, r % kw], zero)
+        return staged(tirx.if_then_else(inside, w[tirx.min(i, m - 1), tirx.min(r // window, shape.channels - 1),
+                                                  r // kw % kh, r % kw], zero))
 
     columns = te.compute((kp, np_), column, name=COLUMN_BLOCK)
     weights = te.compute((mp, kp), weight, name=WEIGHT_BLOCK)
-    two_kernels = config.split_k > 1 or (mp, np_) != (m, n)
+    two_kernels = tensor_cores or config.split_k > 1 or (mp, np_) != (m, n)
     if two_kernels:
         per_split = kp // config.split_k
         rk = te.reduce_axis((0, per_split), name="rk")
@@ -221,7 +235,18 @@ def conv_gemm(ctx: LowerContext, before, after, config: GemmConfig | None = None
         return value if bias is None else value + bias[i]
 
     out = te.compute((shape.batch, m, oh, ow), output, name="conv")
+    if tensor_cores:
+        return SelfScheduled([out], functools.partial(schedule_mma, config=config))
     return SelfScheduled([out], functools.partial(schedule_gemm, config=config, two_kernels=two_kernels))
+
+
+def round_to_tf32(value):
+    """`value` (float32) rounded to the nearest TF32 number, ties away from zero: the low 13 mantissa bits cleared
+    after adding half of their range (tensor cores would otherwise truncate them)."""
+    tirx = tvm().tirx
+    bits = tirx.reinterpret("uint32", value)
+    rounded = (bits + tirx.const(0x1000, "uint32")) & tirx.const(0xFFFFE000, "uint32")
+    return tirx.reinterpret("float32", rounded)
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -233,24 +258,10 @@ def schedule_gemm(sch, config: GemmConfig, two_kernels: bool) -> None:
     the block that writes its result (see module docstring): the tiles' own, or with `two_kernels` (partial
     products, conv_gemm) the sum's."""
     if two_kernels:
-        _schedule_sum(sch, sch.get_sblock(GEMM_BLOCK))
+        schedule_sum(sch, sch.get_sblock(GEMM_BLOCK))
         _schedule_tiles(sch, sch.get_sblock(PARTIAL_BLOCK), config, partial=True)
     else:
         _schedule_tiles(sch, sch.get_sblock(GEMM_BLOCK), config, partial=False)
-
-
-def fold_consumers(sch, block) -> None:
-    """Inline every op after `block` into it, as far as each can be (an op whose result is also a kernel output,
-    or that reads several values of `block`, stays a block of its own)."""
-    progress = True
-    while progress:
-        progress = False
-        for consumer in sch.get_consumers(block):
-            try:
-                sch.reverse_compute_inline(consumer)
-                progress = True
-            except Exception:  # noqa: BLE001 - TVM refuses an inline it cannot prove right; that block stays
-                continue
 
 
 def _schedule_tiles(sch, block, config: GemmConfig, partial: bool) -> None:
@@ -282,7 +293,7 @@ def _schedule_tiles(sch, block, config: GemmConfig, partial: bool) -> None:
         _, ty, tx = sch.split(fused, [None, config.bm // config.tm, config.bn // config.tn])
         sch.bind(ty, "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
-    column_registers = sch.cache_read(block, _read_index(sch, block, COLUMN_BLOCK), "local")
+    column_registers = sch.cache_read(block, read_index(sch, block, COLUMN_BLOCK), "local")
     sch.compute_at(column_registers, ri)
     sch.vectorize(sch.get_loops(column_registers)[-1])
     if config.stages == 2:
@@ -291,20 +302,3 @@ def _schedule_tiles(sch, block, config: GemmConfig, partial: bool) -> None:
     sch.decompose_reduction(block, ro)
     for loop in (ri, ii, ij):
         sch.unroll(loop)
-
-
-def _read_index(sch, block, name: str) -> int:
-    """Which of `block`'s reads is the buffer that block `name` writes."""
-    buffer = sch.get(sch.get_sblock(name)).writes[0].source
-    return next(k for k, region in enumerate(sch.get(block).reads) if region.source.same_as(buffer))
-
-
-def _schedule_sum(sch, block) -> None:
-    """The split-K sum (and the epilogue folded into it): one thread per output element."""
-    local = sch.cache_write(block, 0, "local")
-    fold_consumers(sch, local)
-    i, j, _ = sch.get_loops(block)
-    blocks, threads = sch.split(sch.fuse(i, j), [None, 256])
-    sch.bind(blocks, "blockIdx.x")
-    sch.bind(threads, "threadIdx.x")
-    sch.reverse_compute_at(local, threads)

@@ -1,10 +1,12 @@
 """CUDA kernels: dlight's default GPU schedules, then CUDA code generation."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
 
+from . import mma
 from .binary import export_with_binary
 from ..target import TargetSpec, tvm_target
 from ..tvm_env import tvm
@@ -28,8 +30,12 @@ def compile(func, target: TargetSpec, scheduled: bool = False):
     with cuda:  # nvcc reads the architecture from the current target
         error = None
         for candidate in [func] if scheduled else _dlight_schedules(func, cuda):
+            # Only a kernel that brings its own schedule can hold tensor-core fragments (dlight's never do here).
+            pipeline, config = mma.compile_options(candidate) if scheduled else (None, {})
             try:
-                executable = tvm_mod.compile(tvm_mod.IRModule({"main": candidate}), target=cuda)
+                with tvm_mod.transform.PassContext(config=config) if config else contextlib.nullcontext():
+                    executable = tvm_mod.compile(tvm_mod.IRModule({"main": candidate}), target=cuda,
+                                                 tir_pipeline=pipeline or "default")
                 break
             except Exception as exc:  # noqa: BLE001 - a schedule TVM cannot lower falls back to the next rule's
                 # (dlight's cross-thread Reduction cannot lower a NaN-propagating max: no matching reducer)

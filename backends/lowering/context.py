@@ -31,6 +31,7 @@ class LowerContext:
     output_types: Sequence[TensorType | None]
     gpu: bool = False
     arch: str | None = None  # the GPU's architecture (sm_90), None on a CPU
+    tf32: bool = False  # convolutions may run on TF32 tensor cores (backends/target.py)
 
     def attr(self, name: str, default: Any = None) -> Any:
         """An attribute value, or `default` when it is absent."""
