@@ -9,7 +9,8 @@ Two steps, like bench/gpu_check.py (the GPU machine has no TVM compiler and no n
 2. there: `python bench/gpu_tune.py run out/gpu_tune --json $OUT/tune.json`
    checks every candidate against PyTorch's float64 conv on the GPU, times it
    (CUDA events, median) next to PyTorch's cuDNN conv of the same shape, and
-   writes the table.
+   writes the table. `pack --tf32` packs tensor-core (TF32) candidates instead,
+   checked at TF32's tolerance and recorded under "sm_90+tf32".
 3. here again: `python bench/gpu_tune.py record tune.json` writes the fastest
    correct configuration of every shape into backends/cuda/conv_configs.json,
    which the conv lowering reads for that architecture (the timings kept beside it).
@@ -31,6 +32,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.gpu_check import ffi_wheel, install_runtime, runtime_tarball  # noqa: E402 - after the path set-up above
+
+# A candidate is right when it is this close to PyTorch's float64 conv (rtol and atol).
+F32_TOLERANCE, TF32_TOLERANCE = 1e-3, 1e-2
 
 
 def conv_shapes(model_path: Path, input_shapes, batches) -> list:
@@ -86,6 +90,28 @@ def candidates(shape) -> list:
     return found
 
 
+def tf32_candidates(shape) -> list:
+    """The tensor-core configurations worth timing for a shape: the heuristic's and every tile that does not dwarf
+    the GEMM (warp tiles 32 x 32 to 64 x 64), with and without the K split that fills about two waves."""
+    from tessel.backends.cuda.conv import DEFAULT_SM_COUNT
+    from tessel.backends.cuda.conv_tf32 import MmaConfig, heuristic_mma_config
+
+    m, n, k = shape.gemm
+    found = [heuristic_mma_config(m, n, k)]
+    for bm, bn, bk, warps_m, warps_n in [(128, 128, 16, 2, 2), (128, 128, 32, 2, 2), (64, 128, 16, 2, 2),
+                                         (128, 64, 16, 2, 2), (64, 64, 16, 2, 2), (64, 64, 32, 2, 2),
+                                         (128, 128, 16, 2, 4), (32, 64, 16, 1, 2)]:
+        if bm > max(32, 2 * m) or bn > max(32, 2 * n):
+            continue
+        blocks = -(-m // bm) * -(-n // bn)
+        ideal = 1 << max(0, (2 * DEFAULT_SM_COUNT // blocks).bit_length() - 1)
+        for split in sorted({1, ideal}):
+            config = MmaConfig(bm, bn, bk, warps_m, warps_n, split)
+            if split <= 16 and k // (bk * split) >= 4 and config not in found:
+                found.append(config)
+    return found
+
+
 def refined_candidates(shape, arch: str) -> list:
     """The configurations worth timing next to a shape's recorded best: it and each large tile double-buffered
     (`stages` 2), and the large tiles with K-steps of 16, at the recorded best's K split."""
@@ -104,11 +130,13 @@ def refined_candidates(shape, arch: str) -> list:
 
 
 def _kernel(shape, config, arch: str):
-    """Conv + bias + ReLU of `shape` with `config`, compiled for CUDA (a CudaExecutable)."""
+    """Conv + bias + ReLU of `shape` with `config` (a tensor-core one for an MmaConfig), compiled for CUDA (a
+    CudaExecutable)."""
     from tessel.backends.cuda.conv import conv_gemm
-    from tessel.backends.cuda.schedule import CudaExecutable
+    from tessel.backends.cuda.conv_tf32 import MmaConfig
+    from tessel.backends.cuda.schedule import compile as cuda_compile
     from tessel.backends.lowering.context import LowerContext
-    from tessel.backends.target import TargetSpec, tvm_target
+    from tessel.backends.target import TargetSpec
     from tessel.backends.tvm_env import tvm
     from tessel.ir.types import TensorType
 
@@ -127,15 +155,12 @@ def _kernel(shape, config, arch: str):
     sch = mod.s_tir.Schedule(te.create_prim_func(placeholders + [relu]))
     result.schedule(sch)
     func = sch.mod["main"].with_attr("tirx.is_scheduled", True)
-    target = TargetSpec("cuda", arch)
-    with tvm_target(target):
-        executable = mod.compile(mod.IRModule({"main": func}), target=tvm_target(target))
-    return CudaExecutable(executable, target)
+    return cuda_compile(func, TargetSpec("cuda", arch, tf32=isinstance(config, MmaConfig)), scheduled=True)
 
 
 def pack(arch: str, models: list[str], batches: list[int], out: Path, python: str, limit: int | None,
-         refine: bool = False) -> None:
-    """Compile every shape's candidates into `out` with the runtime-only TVM."""
+         refine: bool = False, tf32: bool = False) -> None:
+    """Compile every shape's candidates (tensor-core ones with `tf32`) into `out` with the runtime-only TVM."""
     os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
     from tessel.compiler.corpus import load_corpus
 
@@ -150,7 +175,8 @@ def pack(arch: str, models: list[str], batches: list[int], out: Path, python: st
             continue
         for shape in conv_shapes(model.path, model.input_shapes, batches):
             rows = []
-            for config in (refined_candidates(shape, arch) if refine else candidates(shape))[:limit]:
+            found = tf32_candidates(shape) if tf32 else refined_candidates(shape, arch) if refine else candidates(shape)
+            for config in found[:limit]:
                 name = f"{shape.key()}-{'x'.join(str(v) for v in config.to_json().values())}"
                 started = time.perf_counter()
                 _kernel(shape, config, arch).export_library(out / "kernels" / f"{name}.so")
@@ -158,7 +184,7 @@ def pack(arch: str, models: list[str], batches: list[int], out: Path, python: st
                 print(f"{model.name} {shape.key()} {config} {time.perf_counter() - started:.1f} s", flush=True)
             cases.append({"model": model.name, "shape": shape.key(), "fields": _shape_fields(shape),
                           "candidates": rows})
-    (out / "tune.json").write_text(json.dumps({"arch": arch, "cases": cases}, indent=1))
+    (out / "tune.json").write_text(json.dumps({"arch": arch, "tf32": tf32, "cases": cases}, indent=1))
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"{out}: {len(cases)} shapes, {sum(len(c['candidates']) for c in cases)} kernels, {size / 2**20:.1f} MiB")
 
@@ -210,6 +236,8 @@ def run(folder: Path, json_path: Path | None) -> int:
         return 2
     device = mod.cuda(0)
     plan = json.loads((folder / "tune.json").read_text())
+    # TF32 rounds each input to 11 significant bits: cuDNN's own TF32 convs are off by a few 1e-3 on these shapes.
+    tolerance = TF32_TOLERANCE if plan.get("tf32") else F32_TOLERANCE
     rng = np.random.default_rng(0)
     results = []
     for case in plan["cases"]:
@@ -222,6 +250,7 @@ def run(folder: Path, json_path: Path | None) -> int:
         want = _torch_conv(torch, tx.double(), tw.double(), tb.double(), f).cpu().numpy()
         torch.backends.cudnn.allow_tf32 = True
         torch_ms = _median_ms(torch, lambda: _torch_conv(torch, tx, tw, tb, f))
+        torch_tf32_error = float(np.max(np.abs(_torch_conv(torch, tx, tw, tb, f).cpu().numpy() - want)))
         torch.backends.cudnn.allow_tf32 = False
         torch_fp32_ms = _median_ms(torch, lambda: _torch_conv(torch, tx, tw, tb, f))
         args = [mod.runtime.tensor(a, device) for a in (x, w, b)] + [mod.runtime.empty(want.shape, "float32", device)]
@@ -237,7 +266,7 @@ def run(folder: Path, json_path: Path | None) -> int:
                 device.sync()
                 got = args[-1].numpy()
                 error = float(np.max(np.abs(got - want)))
-                row.update(ok=bool(np.allclose(got, want, rtol=1e-3, atol=1e-3)), max_error=error,
+                row.update(ok=bool(np.allclose(got, want, rtol=tolerance, atol=tolerance)), max_error=error,
                            ms=_median_ms(torch, lambda: function(*args)))
             except Exception as exc:  # noqa: BLE001 - a failing candidate is a row of the table
                 row.update(ok=False, error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1:]}")
@@ -245,11 +274,12 @@ def run(folder: Path, json_path: Path | None) -> int:
         good = [r for r in rows if r.get("ok")]
         best = min(good, key=lambda r: r["ms"]) if good else None
         results.append({"model": case["model"], "shape": case["shape"], "torch_ms": torch_ms,
-                        "torch_fp32_ms": torch_fp32_ms, "candidates": rows, "best": best})
+                        "torch_fp32_ms": torch_fp32_ms, "torch_tf32_max_error": torch_tf32_error, "candidates": rows,
+                        "best": best})
         print(f"{case['shape']:40s} torch {torch_ms:.4f} ({torch_fp32_ms:.4f} f32) ms  best "
               f"{best['ms'] if best else float('nan'):.4f} ms {best['config'] if best else 'NONE'}  "
               f"{sum(not r.get('ok') for r in rows)} wrong of {len(rows)}", flush=True)
-    report = {"device": device.device_name, "arch": plan["arch"], "cases": results}
+    report = {"device": device.device_name, "arch": plan["arch"], "tf32": bool(plan.get("tf32")), "cases": results}
     if json_path:
         json_path.write_text(json.dumps(report, indent=1))
     shutil.rmtree(scratch, ignore_errors=True)
@@ -259,15 +289,17 @@ def run(folder: Path, json_path: Path | None) -> int:
 def record(report_path: Path, into: Path) -> None:
     """Write each shape's fastest correct configuration of a `run` report into the tuned-configuration file."""
     report = json.loads(report_path.read_text())
+    from tessel.backends.cuda.conv import tuned_arch_key
+
     table = json.loads(into.read_text()) if into.exists() else {"archs": {}}
-    entries = table["archs"].setdefault(report["arch"], {})
+    entries = table["archs"].setdefault(tuned_arch_key(report["arch"], report.get("tf32", False)), {})
     for case in report["cases"]:
         if case["best"] is None:
             continue
         entries[case["shape"]] = {"config": case["best"]["config"], "ms": round(case["best"]["ms"], 5),
                                   "torch_ms": round(case["torch_ms"], 5), "device": report["device"]}
     into.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-    print(f"{into}: {len(entries)} shapes for {report['arch']}")
+    print(f"{into}: {len(entries)} shapes for {tuned_arch_key(report['arch'], report.get('tf32', False))}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -282,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, help="at most this many candidates per shape")
     p.add_argument("--refine", action="store_true",
                    help="time variants of each shape's recorded best (double-buffered, longer K-steps) instead")
+    p.add_argument("--tf32", action="store_true", help="tensor-core (TF32) configurations instead")
     p.add_argument("-o", "--out", type=Path, default=REPO / "out" / "gpu_tune")
     r = commands.add_parser("run")
     r.add_argument("folder", type=Path)
@@ -291,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--into", type=Path, default=REPO / "backends" / "cuda" / "conv_configs.json")
     args = parser.parse_args(argv)
     if args.command == "pack":
-        pack(args.arch, args.models, args.batches, args.out, args.python, args.limit, args.refine)
+        pack(args.arch, args.models, args.batches, args.out, args.python, args.limit, args.refine, args.tf32)
         return 0
     if args.command == "record":
         record(args.report, args.into)
