@@ -132,8 +132,6 @@ class CompileOptions:
         if self.algo_select == "off" and choosing:
             raise CompileError("--workspace-limit, --batch-policy and --profile-budget choose algorithms: "
                                "add --algo-select dp or ilp")
-        if self.devices > 1 and parse_target(self.target).kind != "llvm":
-            raise CompileError(f"devices={self.devices}: multi-device runs use CPU workers (gloo); compile with --target llvm")
 
     @classmethod
     def create(cls, base: CompileOptions | None = None, **overrides: Any) -> CompileOptions:

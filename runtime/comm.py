@@ -1,7 +1,8 @@
-"""Tensor exchange between workers over torch.distributed (gloo on CPU).
+"""Tensor exchange between workers over torch.distributed (gloo on CPU, NCCL on GPUs).
 
-Buffers go zero-copy: a numpy array in the arena becomes a torch tensor
-through DLPack, so gloo reads and writes the arena directly. Sends are
+Buffers go zero-copy: a numpy array in the arena, or a view of a device arena
+(runtime/device_memory.py), becomes a torch tensor through DLPack, so gloo or
+NCCL reads and writes the arena directly. Sends are
 asynchronous (the sender goes on computing): `send`s are waited for at the end
 of each run, `start_send`s where the caller says (runtime/held_sends.py); a receive blocks until its tensor arrives or the process group's
 timeout passes, and then fails naming the rank, the tensor and the peer.
@@ -22,9 +23,10 @@ import numpy as np
 from .errors import PeerError
 
 
-def join_group(rank: int, world: int, timeout_s: float, exit_status: int = 1) -> None:
-    """Join the gloo process group (rendezvous at MASTER_ADDR:MASTER_PORT) within `timeout_s`, or print one
-    line and leave the process with `exit_status`.
+def join_group(rank: int, world: int, timeout_s: float, exit_status: int = 1, backend: str = "gloo") -> None:
+    """Join the process group (rendezvous at MASTER_ADDR:MASTER_PORT) within `timeout_s`, or print one
+    line and leave the process with `exit_status`. `backend`: "gloo", or "nccl" for workers on GPUs
+    (runtime/gpu_workers.py `comm_backend`; each worker's GPU set as torch's current device first).
 
     torch bounds most of the rendezvous by the group's timeout, but not everything: a client of the
     TCPStore that reaches a listener which never answers (a stopped rank 0, another program on
@@ -50,7 +52,7 @@ def join_group(rank: int, world: int, timeout_s: float, exit_status: int = 1) ->
     watchdog.daemon = True
     watchdog.start()
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),
                                 store=_attempt_store(rank, world, timeout_s))
     finally:
         with lock:
@@ -72,7 +74,8 @@ def _attempt_store(rank: int, world: int, timeout_s: float):
 
 
 class TorchComm:
-    """Send/recv and all-reduce of numpy buffers with torch.distributed; one per worker process."""
+    """Send/recv and all-reduce of buffers with torch.distributed, one per worker process: numpy arrays (gloo),
+    or DLPack views of device memory (NCCL for GPU memory)."""
 
     def __init__(self, rank: int, timeout_s: float, shared=None):
         """`shared`: the local group's SharedReduce, which then does every all-reduce (gloo the rest)."""
@@ -86,8 +89,11 @@ class TorchComm:
         self._pending: list[tuple[object, str, int]] = []
         self._senders: dict[str, object] = {}  # compressed all-reduce: each tensor's ErrorFeedback
 
-    def _tensor(self, array: np.ndarray):
-        return self._dlpack.from_dlpack(array.reshape(-1))
+    def _tensor(self, buffer):
+        """The flat torch tensor over `buffer`'s memory (no copy)."""
+        if isinstance(buffer, np.ndarray):
+            return self._dlpack.from_dlpack(buffer.reshape(-1))
+        return self._dlpack.from_dlpack(buffer).view(-1)
 
     def send(self, array: np.ndarray, peer: int, tag: int, name: str) -> None:
         """Start sending `array` to `peer`; it must stay untouched until `wait_sends`."""
@@ -142,13 +148,14 @@ class TorchComm:
             self._shared.all_reduce(array, reduction, name)
             return
         op = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}[reduction]
+        tensor = self._tensor(array)
         try:
-            self._dist.all_reduce(self._tensor(array), op=getattr(self._dist.ReduceOp, op))
+            self._dist.all_reduce(tensor, op=getattr(self._dist.ReduceOp, op))
         except RuntimeError as exc:
             raise PeerError(f"rank {self.rank}: all-reduce of tensor '{name}' failed ({_reason(exc)})") from None
         if reduction == "mean":
             # gloo has no average: the sum, divided here.
-            np.divide(array, self._dist.get_world_size(), out=array, casting="unsafe")
+            _divide(array, tensor, self._dist.get_world_size())
 
     def start_all_reduce(self, array: np.ndarray, reduction: str, name: str) -> Callable[[], None]:
         """Start `all_reduce` of `array` in the background (it must stay untouched until then); returns the wait,
@@ -158,8 +165,9 @@ class TorchComm:
             self._shared.all_reduce(array, reduction, name)
             return _done
         op = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}[reduction]
+        tensor = self._tensor(array)
         try:
-            work = self._dist.all_reduce(self._tensor(array), op=getattr(self._dist.ReduceOp, op), async_op=True)
+            work = self._dist.all_reduce(tensor, op=getattr(self._dist.ReduceOp, op), async_op=True)
         except RuntimeError as exc:
             raise PeerError(f"rank {self.rank}: all-reduce of tensor '{name}' failed ({_reason(exc)})") from None
         world = self._dist.get_world_size()
@@ -170,7 +178,7 @@ class TorchComm:
             except RuntimeError as exc:
                 raise PeerError(f"rank {self.rank}: all-reduce of tensor '{name}' failed ({_reason(exc)})") from None
             if reduction == "mean":
-                np.divide(array, world, out=array, casting="unsafe")
+                _divide(array, tensor, world)
 
         return wait
 
@@ -216,6 +224,17 @@ class TorchComm:
                 work.wait()
             except RuntimeError as exc:
                 raise PeerError(f"rank {self.rank}: sending tensor '{name}' to rank {peer} failed ({_reason(exc)})") from None
+
+
+def _divide(buffer, tensor, world: int) -> None:
+    """Divide the summed `buffer` by the workers in place: numpy on the host; on a device, torch on the tensor over
+    it (on the current stream, after the collective), truncating integers as numpy's unsafe cast does."""
+    if isinstance(buffer, np.ndarray):
+        np.divide(buffer, world, out=buffer, casting="unsafe")
+    elif tensor.is_floating_point():
+        tensor.div_(world)
+    else:
+        tensor.div_(world, rounding_mode="trunc")
 
 
 def _done() -> None:

@@ -45,12 +45,12 @@ class Executor:
     """Runs one worker's program of an artifact directory: llvm kernels on host memory, cuda kernels on GPU memory."""
 
     def __init__(self, directory: str | Path, threads: int | None = None, worker: int = 0, comm=None,
-                 memory_device: str | None = None, host: str = "native"):
+                 memory_device: str | None = None, host: str = "native", device: int = 0):
         """`worker` picks the program of a multi-worker artifact; `comm` (runtime/comm.py) carries its transfers
         and collectives. `memory_device` ("cpu", "cuda") puts the buffers in TVM memory on that device; by
         default host numpy memory for llvm artifacts and the GPU for cuda ones. `host` ("native", "python")
         picks what runs the instructions; buffers outside host memory always run on the python host
-        (`self.host` says which one runs)."""
+        (`self.host` says which one runs). `device`: the index of that device (a worker's GPU)."""
         from tessel.backends.tvm_env import set_threads, tvm
 
         if host not in HOSTS:
@@ -72,7 +72,7 @@ class Executor:
         self._arriving: dict[str, tuple[np.ndarray, Callable[[], None]]] = {}
         memory = self.plan.get("memory", {"arena_bytes": 0, "offsets": {}})
         # One arena holds every activation at its planned offset: no allocation per run.
-        self._memory = self._make_memory(int(memory["arena_bytes"]), memory_device)
+        self._memory = self._make_memory(int(memory["arena_bytes"]), memory_device, device)
         self._kernels = self._load_kernels()
         self._buffers: dict[str, Any] = {}
         self._tensors: dict[str, Any] = {}
@@ -109,15 +109,12 @@ class Executor:
             self._steps = self._waiting_for_reductions(self._steps, self._covered)
         self.host = "native" if self._native is not None else "python"
 
-    def _make_memory(self, arena_bytes: int, memory_device: str | None):
+    def _make_memory(self, arena_bytes: int, memory_device: str | None, device: int):
         if memory_device is None and not str(self.plan["target"]).startswith("cuda"):
             return HostMemory(arena_bytes)
         from .device_memory import DeviceMemory
 
-        if self._comm is not None:
-            raise ArtifactError(f"{self.directory}: worker {self.worker} exchanges tensors with other workers; "
-                                "that runs on host memory only (compile multi-device artifacts for llvm)")
-        return DeviceMemory(self._tvm.device(memory_device or "cuda", 0), arena_bytes)
+        return DeviceMemory(self._tvm.device(memory_device or "cuda", device), arena_bytes)
 
     # ---- loading ------------------------------------------------------------
     def _load_kernels(self) -> dict[str, Any]:
@@ -253,6 +250,9 @@ class Executor:
         # A result nothing reads gets a buffer of its own: no later value shares its bytes, so the run's end waits.
         target = self._memory.empty(source.shape, source.dtype) if result in self._unread_results else self._buffer(result)
         reducing = self._reducing
+        if instruction.compression != "none" and not isinstance(memory, HostMemory):
+            raise ArtifactError(f"{self.directory}: all-reduce '{name}' is compressed ({instruction.compression}), "
+                                "which runs on host memory only; compile without compression for a GPU")
 
         def start_all_reduce() -> None:
             if target is not source:
@@ -431,6 +431,8 @@ class Executor:
             # A model output coming from another worker is received into a fresh array, without
             # waiting: the next micro-batch starts while the last stages finish this one.
             t = self._types[name]
+            if not isinstance(self._memory, HostMemory):
+                return self._receive_output_on_device(name, peer, tag)
 
             def receive_output() -> None:
                 array = np.empty(t.shape, numpy_dtype(t.dtype))
@@ -439,6 +441,24 @@ class Executor:
             return receive_output
         buffer = self._buffer(name)
         return lambda: comm.recv(buffer, peer, tag, name)
+
+    def _receive_output_on_device(self, name: str, peer: int, tag: int) -> Op:
+        """Receive a model output into a fresh device buffer (NCCL writes device memory only); its wait copies
+        it into the host array the run returns."""
+        comm, memory, t = self._comm, self._memory, self._types[name]
+        dtype = numpy_dtype(t.dtype)
+
+        def receive_output() -> None:
+            buffer, array = memory.empty(t.shape, dtype), np.empty(t.shape, dtype)
+            received = comm.start_recv(buffer, peer, tag, name)
+
+            def wait() -> None:
+                received()
+                array[...] = memory.read(buffer)
+
+            self._arriving[name] = (array, wait)
+
+        return receive_output
 
     def _slices(self, whole: str, parts: int) -> list:
         """The `parts` equal slices of axis 0 of value `whole`'s buffer (views, not copies)."""

@@ -30,7 +30,9 @@ import numpy as np
 
 from tessel import IMPORT_ROOT
 
+from .artifact_files import read_plan
 from .errors import PEER_PREFIX, WORKER_PREFIX, ExecutionError
+from .gpu_workers import check_gpus
 
 # After one worker failed, the others have this long to exit on their own before they are killed.
 GRACE_S = 5.0
@@ -70,6 +72,8 @@ def run_local_many(directories: Sequence[str | Path], workers: int,
     Each worker gets `threads` TVM threads (default: its share of the cores). Raises ExecutionError
     (the first failing worker's line) or LaunchInterrupted; either way no worker and no scratch file is left.
     """
+    for directory in directories:  # before any worker starts
+        check_gpus(read_plan(Path(directory))["target"], workers)
     with _StopSignals() as stop, tempfile.TemporaryDirectory(prefix="tessel-run-") as scratch:
         scratch = Path(scratch)
         command_tail = ["--io-dir", str(scratch), "--repeat", str(repeat), "--timeout", str(timeout)]

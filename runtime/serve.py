@@ -91,15 +91,20 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
     from tessel.runtime.comm import TorchComm, join_group
     from tessel.runtime.errors import ArtifactError
     from tessel.runtime.executor import Executor
+    from tessel.runtime.gpu_workers import prepare_worker
     from tessel.runtime.step_profile import collect, profiled
     from tessel.runtime.wire import read_message, write_message
 
     plan = read_plan(Path(args.artifact))
     if worker_count(plan) != world:
         raise ArtifactError(f"{args.artifact}: the artifact runs on {worker_count(plan)} worker(s) but {world} were started")
-    join_group(rank, world, args.timeout, EXIT_FAILED)
-    comm = TorchComm(rank, args.timeout, shared=_attach_reduce(rank, args.timeout))
-    executor, recorder = profiled(comm, lambda c: Executor(args.artifact, threads=threads, worker=rank, comm=c))
+    backend, device = prepare_worker([plan], rank, world)
+    join_group(rank, world, args.timeout, EXIT_FAILED, backend)
+    # The host's shared-memory all-reduce does not reach GPU memory: NCCL does every all-reduce there.
+    shared = _attach_reduce(rank, args.timeout) if backend == "gloo" else None
+    comm = TorchComm(rank, args.timeout, shared=shared)
+    executor, recorder = profiled(comm, lambda c: Executor(args.artifact, threads=threads, worker=rank, comm=c,
+                                                            device=device))
     microbatches = int(plan.get("microbatches", 1))
     slots = _attach_slots()
     write_message(reply, {"ready": True, "rank": rank, "pid": os.getpid()})

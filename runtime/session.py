@@ -121,8 +121,10 @@ class InferenceSession:
 
         if attaches_here():
             return RankSession(self.directory, devices, threads, timeout)
+        from .gpu_workers import check_gpus
         from .worker_group import WorkerGroup
 
+        check_gpus(self.plan["target"], devices)  # before any worker starts
         global _starting
         _stop_on_signals()
         _starting += 1  # a stop signal during the start-up interrupts it: the group kills what it started

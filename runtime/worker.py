@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from tessel.runtime.errors import PEER_PREFIX, WORKER_PREFIX, PeerError
+from tessel.runtime.gpu_workers import EXIT_NOT_ENOUGH_GPUS, NotEnoughGpus
 
 EXIT_FAILED = 1
 
@@ -64,7 +65,7 @@ def main(argv=None) -> int:
         # A transfer that failed because of another worker is marked: the launcher prefers that worker's own line.
         print(f"{PEER_PREFIX if isinstance(exc, PeerError) else WORKER_PREFIX}{message}", file=sys.stderr, flush=True)
         # Leave without tearing down the process group: a dead peer would make that hang.
-        os._exit(EXIT_FAILED)
+        os._exit(EXIT_NOT_ENOUGH_GPUS if isinstance(exc, NotEnoughGpus) else EXIT_FAILED)
 
 
 # Set by runtime.launch: the pid of the launching process, which this worker must not outlive.
@@ -91,20 +92,22 @@ def _run(args, rank: int, world: int, threads: int) -> int:
     from tessel.runtime.comm import TorchComm, join_group
     from tessel.runtime.errors import ArtifactError
     from tessel.runtime.executor import Executor
+    from tessel.runtime.gpu_workers import prepare_worker
 
     plans = [read_plan(Path(a)) for a in args.artifacts]
     for artifact, plan in zip(args.artifacts, plans):
         workers = worker_count(plan)
         if world != workers:
             raise ArtifactError(f"{artifact}: the artifact runs on {workers} worker(s) but {world} were started")
-    join_group(rank, world, args.timeout, EXIT_FAILED)
+    backend, device = prepare_worker(plans, rank, world)
+    join_group(rank, world, args.timeout, EXIT_FAILED, backend)
     comm = TorchComm(rank, args.timeout)
     for k, (artifact, plan) in enumerate(zip(args.artifacts, plans)):
         io = Path(args.io_dir) if args.io_dir else None
         inputs = str(io / f"in{k}.npz") if io and (io / f"in{k}.npz").is_file() else args.inputs
         outputs = str(io / f"out{k}.npz") if io else args.outputs
         report = str(io / f"times{k}.json") if io else args.report
-        executor = Executor(artifact, threads=threads, worker=rank, comm=comm)
+        executor = Executor(artifact, threads=threads, worker=rank, comm=comm, device=device)
         microbatches = int(plan.get("microbatches", 1))
         slices = _input_slices(inputs, plan, rank, microbatches)
         run_batch = _pipelined_run(executor, slices)
