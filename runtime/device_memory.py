@@ -13,6 +13,9 @@ import numpy as np
 from .errors import ArtifactError
 from .memory import check_in_arena
 
+# The alignment TVM's kernels assume of every tensor they take (tvm.runtime.from_dlpack checks it).
+KERNEL_ALIGNMENT = 64
+
 # DLPack type codes (dlpack.h: kDLInt, kDLUInt, kDLFloat, kDLBool).
 _TYPE_CODES = {"i": 0, "u": 1, "f": 2, "b": 6}
 
@@ -83,10 +86,13 @@ class DeviceMemory:
         """Size of the activation arena."""
         return int(self._arena.shape[0])
 
-    def _view(self, pointer: int, shape, dtype):
+    def _view(self, pointer: int, shape, dtype, alignment: int = KERNEL_ALIGNMENT):
+        """A TVM tensor over the memory at `pointer`, which must be aligned to `alignment` bytes (0: any)."""
+        import tvm_ffi
+
         view = _View(pointer, self.device, tuple(int(d) for d in shape), dtype)
         self._views.append(view)
-        return self._tvm.runtime.from_dlpack(view)
+        return tvm_ffi.from_dlpack(view, require_alignment=alignment, require_contiguous=True)
 
     def _allocate(self, shape, dtype: str, what: str):
         try:
@@ -117,16 +123,20 @@ class DeviceMemory:
         return self._view(buffer.data_ptr(), shape, buffer.dtype)
 
     def rows(self, buffer, start: int, stop: int):
-        """The slice [start, stop) of axis 0, sharing memory."""
+        """The slice [start, stop) of axis 0, sharing memory, at any alignment (as a numpy slice is): a transfer
+        or a copy takes it as it is, a kernel only through `tensor`, which checks."""
         shape = tuple(buffer.shape)
         if not 0 <= start <= stop <= (shape[0] if shape else 0):
             raise ArtifactError(f"rows [{start}, {stop}) of a buffer of {shape[0] if shape else 0} rows; "
                                 "the plan is damaged: recompile the model")
         row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(str(buffer.dtype)).itemsize
-        return self._view(buffer.data_ptr() + start * row_bytes, (stop - start,) + shape[1:], str(buffer.dtype))
+        return self._view(buffer.data_ptr() + start * row_bytes, (stop - start,) + shape[1:], str(buffer.dtype), 0)
 
     def tensor(self, buffer):
-        """The TVM tensor a kernel takes for `buffer`: the buffer itself."""
+        """The TVM tensor a kernel takes for `buffer`: the buffer itself, which must be aligned as kernels assume."""
+        if buffer.data_ptr() % KERNEL_ALIGNMENT:
+            raise ArtifactError(f"a kernel argument at device address {buffer.data_ptr():#x} is not aligned to "
+                                f"{KERNEL_ALIGNMENT} bytes; the plan is damaged: recompile the model")
         return buffer
 
     def write(self, buffer, array: np.ndarray) -> None:

@@ -26,10 +26,13 @@ from .instructions import Instruction, Send, View, walk
 Wait = Callable[[], None]
 
 
-def byte_range(array: np.ndarray) -> tuple[int, int]:
-    """[first, last + 1) addresses of a C-contiguous host buffer."""
-    start = int(array.__array_interface__["data"][0])
-    return start, start + int(array.nbytes)
+def byte_range(buffer) -> tuple[int, int]:
+    """[first, last + 1) addresses of a C-contiguous buffer: a host array, or a TVM tensor in device memory."""
+    if isinstance(buffer, np.ndarray):
+        start = int(buffer.__array_interface__["data"][0])
+        return start, start + int(buffer.nbytes)
+    start = int(buffer.data_ptr())
+    return start, start + int(np.prod(buffer.shape, dtype=np.int64)) * np.dtype(str(buffer.dtype)).itemsize
 
 
 def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
