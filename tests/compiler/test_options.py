@@ -37,7 +37,6 @@ def test_options_are_frozen_and_normalized():
     ({"device_memory": "lots"}, "--device-memory"),
     ({"workspace_limit": "64MiB"}, "add --algo-select"),
     ({"algo_select": "dp", "devices": 2}, "chooses kernels for one device"),
-    ({"devices": 2, "target": "cuda:sm_80"}, "gloo"),
     ({"batch": 0}, "--batch 0"),
     ({"fast": True}, "unknown compile option 'fast'"),
 ])
