@@ -156,3 +156,16 @@ def test_torch_comm_and_executor_on_device_views_equal_the_numpy_path_over_gloo(
     mean = np.arange(12, dtype=np.float32).reshape(2, 2, 3).mean(0).sum()
     assert f"rank 0 ok 66.0 {expected_ints} {{'y': {2 * mean}, 'z': {mean}}}" in outputs[0], outputs[0]
     assert f"rank 1 ok 66.0 {expected_ints} {{}}" in outputs[1], outputs[1]
+
+
+def test_a_compressed_all_reduce_on_device_memory_is_refused_at_load(tmp_path):
+    from tessel.runtime.errors import ArtifactError
+    from tessel.runtime.executor import Executor
+
+    reduce = AllReduce("reduce", "AllReduce", tensor="g", reduction="mean", compression="topk", part_sizes=(6,),
+                       part_rows=(2,))
+    program = Program([reduce], {}, {"g": "float32[2,3]"}, {}, ["g"], ["g"])
+    write_artifact(tmp_path, [program, program], [plan_program_memory(program, "llvm")] * 2, "llvm",
+                   KernelCache(tmp_path / "cache"))
+    with pytest.raises(ArtifactError, match=r"all-reduce 'g' is compressed \(topk\), which runs on host memory only"):
+        Executor(tmp_path, worker=0, comm=object(), memory_device="cpu", host="python")
