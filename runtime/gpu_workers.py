@@ -16,7 +16,7 @@ from collections import defaultdict
 from typing import Mapping
 
 from .errors import ArtifactError
-from .instructions import Gather, Recv, Scatter, Send, walk
+from .instructions import Gather, Recv, Scatter, Send, program_from_json, walk
 
 # The exit status of a run refused before any worker started (a user error, as for the CLI).
 EXIT_NOT_ENOUGH_GPUS = 2
@@ -74,8 +74,6 @@ def bind_gpu(target: str, rank: int) -> int:
 def transfer_order_problem(workers: list[Mapping]) -> str | None:
     """Where two workers' programs (the artifact plan's "workers") disagree on the order of the tensors one sends
     the other (sends by the sender's program order, receives by the receiver's), or None where every pair agrees."""
-    from .instructions import program_from_json
-
     sent: dict[tuple[int, int], list[int]] = defaultdict(list)
     received: dict[tuple[int, int], list[int]] = defaultdict(list)
     for rank, worker in enumerate(workers):
