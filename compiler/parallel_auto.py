@@ -32,6 +32,8 @@ from tessel.passes.pipeline_schedule import GPIPE, ONE_F_ONE_B, bubble_fraction
 from tessel.passes.ps_cost import exchange_plans
 from tessel.runtime.calibrate import measure_link
 from tessel.runtime.instructions import KernelCall, program_from_json
+from tessel.runtime.shared_reduce import available as shared_reduce_available
+from tessel.runtime.shared_reduce_link import describe, load_shared_reduce_link, measure_shared_reduce
 
 from .api import prepare_machine
 from .measured_step import measured_timeline
@@ -47,6 +49,7 @@ GANTT = "step_gantt"
 GANTT_MEASURED = "step_gantt_measured"
 # Steps left out of the measured step time: the first ones fault pages in and warm the caches.
 WARMUP_STEPS = 2
+SHARED_MEMORY = "shared memory"
 
 
 @dataclass(frozen=True)
@@ -109,8 +112,10 @@ def _choose_and_compile(compile_training, model, training: Mapping, options: Map
     devices = options["devices"]
     data = trainers["data"]
     link, where = _measured(prepare_machine(CompileOptions.create(None, **options)).link)
+    transport = allreduce_transport(devices)
     times = _step_kernel_times(data.step_artifact, devices)
-    alternative, timeline = predict_data(data.step_artifact, times, link, devices, allreduce, data.round_trip_s())
+    alternative, timeline = predict_data(data.step_artifact, times, link, devices, allreduce, data.round_trip_s(),
+                                         transport)
     alternatives, timelines = [alternative], {"data": timeline}
     alternatives.append(predict_ps(data.step_artifact, times, link, devices, data.names.parameters, alternative.host_s))
     micro = micro_batches if micro_batches > 1 else auto_micro_batches(_whole_batch(data), devices)
@@ -136,6 +141,32 @@ def _choose_and_compile(compile_training, model, training: Mapping, options: Map
         trainers[chosen.name] = compile_training(model, parallel="pipeline", schedule=chosen.schedule,
                                                  micro_batches=micro, **training, **options)
     return chosen, alternatives, timelines, link, where
+
+
+@dataclass(frozen=True)
+class Transport:
+    """How the local workers' all-reduces will run when not through gloo: the shared-memory all-reduce
+    (runtime/shared_reduce.py) and its α-β cost, and where that cost comes from."""
+
+    name: str
+    link: Link
+    source: str
+
+
+def allreduce_transport(workers: int) -> Transport | None:
+    """The shared-memory all-reduce's cost among `workers` local workers when their group will use it (see
+    runtime/shared_reduce.py `available`): as `tessel calibrate` stored it, else measured now (a few seconds) and
+    not stored. None when the group all-reduces through gloo (then the gloo link prices it)."""
+    if not shared_reduce_available():
+        return None
+    stored = load_shared_reduce_link(workers)
+    if stored is not None:
+        return Transport(SHARED_MEMORY, stored, "measured by `tessel calibrate`")
+    fit, _ = measure_shared_reduce(workers)
+    _log.info("parallel auto: shared-memory all-reduce measured now (not stored; `tessel calibrate` stores it): %s",
+              describe(fit))
+    return Transport(SHARED_MEMORY, Link(fit.alpha, fit.beta, measured=True),
+                     "measured now for this compile, not stored (`tessel calibrate` stores it)")
 
 
 def _measured(link: Link) -> tuple[Link, str]:
@@ -166,9 +197,10 @@ def choose(alternatives: Sequence[Alternative]) -> Alternative:
 
 # ---- predictions -------------------------------------------------------------------------------------------
 def predict_data(artifact, times: Mapping[str, KernelTime], link: Link, workers: int, allreduce: str,
-                 host_s: float) -> tuple[Alternative, Timeline]:
+                 host_s: float, transport: Transport | None = None) -> tuple[Alternative, Timeline]:
     """The data-parallel step and its timeline: the request's round trip (`host_s`) and the batch's slices piped to
-    the workers in turn, then every replica's program with its all-reduces overlapping backward."""
+    the workers in turn, then every replica's program with its all-reduces overlapping backward, each priced by
+    `transport` when the group all-reduces through shared memory, else by the gloo `link` and its algorithm."""
     plan = artifact.plan
     programs = [program_from_json(w["instructions"]) for w in plan["workers"]]
     loss = plan["workers"][0]["outputs"][0]
@@ -176,6 +208,9 @@ def predict_data(artifact, times: Mapping[str, KernelTime], link: Link, workers:
     algorithms = set()
 
     def allreduce_s(nbytes: int) -> float:
+        if transport is not None:
+            algorithms.add(f"{transport.name}, {transport.source}")
+            return transport.link.seconds(nbytes)
         choice = choose_allreduce(link, workers, nbytes, allreduce)
         algorithms.add(choice.algorithm)
         return choice.costs[choice.algorithm]
