@@ -193,7 +193,7 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
                      frozen: str | None = None, seed: int = 0, label_smoothing: float = 0.0,
                      bucket_bytes: int | None = None, allreduce: str = "auto", parallel: str = "data",
                      micro_batches: int = 1, schedule: str = "gpipe", sync_batchnorm: bool = False,
-                     compression: str = "none", topk_ratio: float = 0.01, **options) -> Trainer:
+                     compression: str = "none", topk_ratio: float = 0.01, auto_ps: bool = False, **options) -> Trainer:
     """Compile an ONNX model (path, bytes or ModelProto) into a Trainer: one compiled graph per step.
 
     `loss`: "cross_entropy" (with `label_smoothing`), "mse", "l1", "bce_with_logits", "output:K" (the
@@ -208,7 +208,8 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
     feedback, instead of all-reducing float32 (bytes per step in the same report). `parallel` = "pipeline"
     trains on `devices` pipeline stages instead, each step's batch in `micro_batches` micro-batches under
     `schedule` "gpipe" or "1f1b" (compiler/pipeline_training.py); "auto"
-    trains the way with the best predicted step time (compiler/parallel_auto.py).
+    trains the way with the best predicted step time (compiler/parallel_auto.py), with `auto_ps` the parameter
+    server among them (which no Trainer runs: parallel_auto.ParameterServerChosen is raised when it is best).
     """
     if compression != "none" and parallel != "data":
         raise CompileError(f"gradient compression goes with data-parallel training, not {parallel}")
@@ -217,7 +218,8 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
 
         training = dict(loss=loss, optimizer=optimizer, input_shapes=input_shapes, trainable=trainable, frozen=frozen,
                         seed=seed, label_smoothing=label_smoothing, bucket_bytes=bucket_bytes)
-        return compile_auto(compile_training, model, training, options, micro_batches, allreduce, sync_batchnorm)
+        return compile_auto(compile_training, model, training, options, micro_batches, allreduce, sync_batchnorm,
+                            auto_ps)
     if parallel == "pipeline":
         if sync_batchnorm:
             raise CompileError("sync_batchnorm goes with data-parallel training: pipeline stages normalise per "
