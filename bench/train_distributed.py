@@ -14,7 +14,8 @@ Tessel's predicted step time is its own cost model: the kernels' measured time f
 one-worker compile at the replica's batch, timed kernel by kernel on the native host) plus the batch's delivery
 (the client writes each worker its slice in turn: a linear scatter over the link) and the gradient buckets' all-reduce under the α-β link measured first (runtime/calibrate.py's ping-pong and fit,
 not stored), each bucket all-reduced by the algorithm passes/data_parallel.py chooses (every algorithm's cost is
-printed), issued as backward produces it (backward taken as the last 2/3 of the
+printed) or, where the local workers all-reduce through shared memory (the default), at that all-reduce's own
+measured α-β (runtime/shared_reduce_link.py, measured first, not stored), issued as backward produces it (backward taken as the last 2/3 of the
 step's kernel time, its progress as the share of gradient bytes done) and overlapped with the rest of backward.
 The table gives the predicted and the measured time and the error.
 """
@@ -202,7 +203,27 @@ def measure_link(repeat: int):
     return Link(fit.alpha, fit.beta, measured=True)
 
 
-def predicted_seconds(kernel_s: float, buckets: list, link, workers: int, input_bytes: int) -> float:
+def measure_transport(workers: int, repeat: int):
+    """The local workers' shared-memory all-reduce (runtime/shared_reduce.py), measured now as `tessel calibrate`
+    does (runtime/shared_reduce_link.py) but not stored; None when the workers all-reduce through gloo."""
+    from tessel.passes.machine import Link
+    from tessel.runtime.shared_reduce import available
+    from tessel.runtime.shared_reduce_link import describe, measure_shared_reduce
+
+    if not available():
+        return None
+    fit, _ = measure_shared_reduce(workers, repeat)
+    print(f"shared-memory all-reduce on {workers} workers: {describe(fit)}")
+    return Link(fit.alpha, fit.beta, measured=True)
+
+
+def allreduce_seconds(bucket, transport) -> float:
+    """A bucket's all-reduce seconds: by the shared-memory all-reduce's fit when the workers run it, else by the
+    gloo link's algorithm."""
+    return transport.seconds(bucket.nbytes) if transport is not None else bucket.costs[bucket.algorithm]
+
+
+def predicted_seconds(kernel_s: float, buckets: list, link, workers: int, input_bytes: int, transport=None) -> float:
     """Predicted data-parallel step time: the batch's slices delivered in turn, one replica's kernels, and each
     bucket's all-reduce issued once backward produced it (progress taken as the share of gradient bytes done),
     the link doing one at a time; the step ends when both the kernels and the last all-reduce are done."""
@@ -213,12 +234,12 @@ def predicted_seconds(kernel_s: float, buckets: list, link, workers: int, input_
     for bucket in buckets:
         done_bytes += bucket.nbytes
         ready = kernel_s * (FORWARD_SHARE + (1 - FORWARD_SHARE) * done_bytes / total)
-        link_free = max(link_free, ready) + bucket.costs[bucket.algorithm]
+        link_free = max(link_free, ready) + allreduce_seconds(bucket, transport)
     return scatter_linear(link, workers, input_bytes) + max(kernel_s, link_free)
 
 
 def bench_model(name: str, batch: int, image_size: int, workers: int, repeats: int, steps: int, scratch: Path,
-                allreduce: str, link) -> dict:
+                allreduce: str, link, transport=None) -> dict:
     """Compile, then alternate the engines' timing runs; medians, ratios and Tessel's prediction."""
     from tessel.passes.data_parallel import choose_allreduce
 
@@ -247,9 +268,10 @@ def bench_model(name: str, batch: int, image_size: int, workers: int, repeats: i
     measured = {key: _median(values) for key, values in runs.items()}
     buckets = [choose_allreduce(link, workers, nbytes, allreduce) for nbytes in plans[workers]["buckets"]]
     predicted = {1: _median(kernels[1]),
-                 workers: predicted_seconds(_median(kernels[workers]), buckets, link, workers, input_bytes)}
+                 workers: predicted_seconds(_median(kernels[workers]), buckets, link, workers, input_bytes,
+                                            transport)}
     return {"model": name, "batch": batch, "workers": workers, "measured": measured, "predicted": predicted,
-            "buckets": buckets, "link": link}
+            "buckets": buckets, "link": link, "transport": transport}
 
 
 def _table(results: list[dict]) -> str:
@@ -277,9 +299,14 @@ def _allreduce_lines(results: list[dict]) -> str:
     lines = []
     for r in results:
         link = r["link"]
+        transport = r["transport"]
         lines.append(f"{r['model']}: link alpha {1e6 * link.alpha:.1f} us, beta {1e9 * link.beta:.3f} ns/byte; "
                      f"{len(r['buckets'])} all-reduce(s) per step:")
         lines += [f"  {bucket.describe()}" for bucket in r["buckets"]]
+        if transport is not None:
+            lines.append(f"  run through shared memory (alpha {1e6 * transport.alpha:.1f} us, beta "
+                         f"{1e9 * transport.beta:.3f} ns/byte): " + ", ".join(
+                             f"{1e3 * transport.seconds(b.nbytes):.3f} ms" for b in r["buckets"]))
     return "\n".join(lines)
 
 
@@ -318,6 +345,7 @@ def main(argv=None) -> int:
               "train_distributed: --workers must be at least 2", file=sys.stderr)
         return 2
     link = measure_link(args.link_repeats)
+    transport = measure_transport(args.workers, args.link_repeats)
     results = []
     with tempfile.TemporaryDirectory(prefix="tessel-dp-bench-") as scratch:
         for name in args.models:
@@ -327,12 +355,13 @@ def main(argv=None) -> int:
                 return 2
             results.append(bench_model(name, batch, args.image_size, args.workers, args.repeats,
                                        args.steps or BENCH_STEPS[name],
-                                       Path(scratch), args.allreduce, link))
+                                       Path(scratch), args.allreduce, link, transport))
     print(_table(results))
     print(_allreduce_lines(results))
     if args.json:
         print(json.dumps([{**r, "measured": {f"{e}_{n}": s for (e, n), s in r["measured"].items()},
-                           "buckets": [asdict(b) for b in r["buckets"]], "link": asdict(r["link"])}
+                           "buckets": [asdict(b) for b in r["buckets"]], "link": asdict(r["link"]),
+                           "transport": asdict(r["transport"]) if r["transport"] else None}
                           for r in results]))
     return 0
 

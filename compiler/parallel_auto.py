@@ -141,12 +141,11 @@ def _choose_and_compile(compile_training, model, training: Mapping, options: Map
                         allreduce: str, sync_batchnorm: bool, trainers: dict, parameter_server: bool):
     """Predict every alternative and compile the chosen one if it is not yet (`trainers` holds the data-parallel
     Trainer and gets every one compiled here, by name); (chosen, alternatives, timelines by name, link, where the
-    link's α and β come from). A link the machine file declares (a network, an emulated slow link) prices every
-    message, the all-reduces too; else a local group's shared-memory all-reduce is priced by its own measurement."""
+    link's α and β come from). A local group's shared-memory all-reduce is priced by its own measurement."""
     devices = options["devices"]
     data = trainers["data"]
     link, where = _measured(prepare_machine(CompileOptions.create(None, **options)).link)
-    transport = None if options.get("machine") else allreduce_transport(devices)
+    transport = allreduce_transport(devices)
     times = _step_kernel_times(data.step_artifact, devices)
     alternative, timeline = predict_data(data.step_artifact, times, link, devices, allreduce, data.round_trip_s(),
                                          transport)
@@ -175,7 +174,7 @@ def _choose_and_compile(compile_training, model, training: Mapping, options: Map
                 pipe.step_artifact, pipe_times, link, schedule, pipe_host_s)
         alternatives.append(alternative)
     chosen = choose(alternatives)
-    if chosen.name not in trainers:  # 1F1B: compiled only now (its kernels are GPipe's, already built)
+    if chosen.parallel == "pipeline" and chosen.name not in trainers:  # 1F1B: compiled only now (GPipe's kernels)
         trainers[chosen.name] = compile_training(model, parallel="pipeline", schedule=chosen.schedule,
                                                  micro_batches=micro, **training, **options)
     return chosen, alternatives, timelines, link, where

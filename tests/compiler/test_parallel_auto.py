@@ -4,6 +4,7 @@ the measured step; the whole run on two workers is slow-marked."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -350,3 +351,35 @@ def test_auto_hands_a_parameter_server_choice_to_its_caller(monkeypatch, tmp_pat
     text = (tmp_path / "run" / "reports" / "parallel_auto.md").read_text()
     assert "| parameter server **(chosen)** | 1.000 ms |" in text
     assert (tmp_path / "run" / "reports" / "step_gantt.png").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("link, parameter_server", [(Link(50e-3, 8e-9), True), (Link(20e-6, 1e-9), False)],
+                         ids=["emulated-slow-link", "fast-link"])
+def test_auto_on_the_bench_mlp_picks_the_parameter_server_on_a_slow_link_only(tmp_path, monkeypatch, link,
+                                                                                parameter_server):
+    """~30 s: compiles the bench MLP's data-parallel and pipeline steps on 2 workers and predicts them on an
+    emulated link (every message and all-reduce priced by it): a 1 Gbit/s network with 50 ms latency, or a fast one."""
+    import tessel
+    from bench.training_models import SPECS, export
+    from tessel.compiler import parallel_auto
+
+    monkeypatch.setattr(parallel_auto, "_measured", lambda measured: (link, "emulated"))
+    monkeypatch.setattr(parallel_auto, "allreduce_transport", lambda workers: None)
+    spec = SPECS["mlp"]
+    model = export(spec.model(0), spec.input_shape, tmp_path / "mlp.onnx")
+
+    def compile_auto():
+        return tessel.compile_training(str(model), loss="mse", optimizer=tessel.optim.SGD(0.05), devices=2,
+                                       input_shapes={"x": spec.input_shape}, parallel="auto", auto_ps=True)
+
+    if parameter_server:
+        with pytest.raises(ParameterServerChosen, match="--parallel ps --servers"):
+            compile_auto()
+        return
+    trainer = compile_auto()
+    try:
+        doc = json.loads((Path(trainer.step_artifact.directory) / "reports" / "parallel_auto.json").read_text())
+        assert doc["chosen"] != "parameter server" and doc["link"]["source"] == "emulated"
+    finally:
+        trainer.close()
