@@ -17,7 +17,9 @@ not stored), each bucket all-reduced by the algorithm passes/data_parallel.py ch
 printed) or, where the local workers all-reduce through shared memory (the default), at that all-reduce's own
 measured α-β (runtime/shared_reduce_link.py, measured first, not stored), issued as backward produces it (backward taken as the last 2/3 of the
 step's kernel time, its progress as the share of gradient bytes done) and overlapped with the rest of backward.
-The table gives the predicted and the measured time and the error.
+The table gives the predicted and the measured time and the error, and how long each worker's threads waited
+for a core per step (runnable but not running, /proc/PID/task/*/schedstat; DDP: rank 0's): on a shared machine
+that is other programs' load, which the prediction cannot know and which a 2-vs-1 comparison must not contain.
 """
 from __future__ import annotations
 
@@ -82,16 +84,25 @@ def compile_tessel(name: str, batch: int, image_size: int, workers: int, directo
     return result
 
 
-def _timed(step, batches, steps: int) -> list[float]:
+def queued_seconds(pid: int) -> float:
+    """Seconds the threads of process `pid` have spent runnable but waiting for a core (/proc/PID/task/*/schedstat):
+    the machine's load, which a worker on a core of its own never sees."""
+    return sum(int((task / "schedstat").read_text().split()[1]) for task in Path(f"/proc/{pid}/task").iterdir()) / 1e9
+
+
+def _timed(step, batches, steps: int, pids: list[int] | None = None) -> dict:
+    """The timed steps' seconds, and the mean seconds per step each of `pids` (default: this process) waited for a
+    core during them."""
+    pids = pids or [os.getpid()]
     for x, y in batches[:WARMUP_STEPS]:
         step(x, y)
-    seconds = []
+    seconds, queued = [], [queued_seconds(pid) for pid in pids]
     for i in range(steps):
         x, y = batches[(WARMUP_STEPS + i) % len(batches)]
         started = time.perf_counter()
         step(x, y)
         seconds.append(time.perf_counter() - started)
-    return seconds
+    return {"seconds": seconds, "queued_s": sum(queued_seconds(pid) - q for pid, q in zip(pids, queued)) / len(pids) / steps}
 
 
 def _batches(name: str, batch: int, image_size: int, count: int) -> list:
@@ -115,7 +126,8 @@ def worker_tessel(name: str, batch: int, image_size: int, steps: int, directory:
     trainer = tessel.load_training(directory)
     batches = _batches(name, batch, image_size, 4)
     try:
-        result = {"seconds": _timed(lambda x, y: trainer.step({"x": x}, y), batches, steps)}
+        pids = trainer._step._session.worker_pids if trainer.workers > 1 else None
+        result = _timed(lambda x, y: trainer.step({"x": x}, y), batches, steps, pids)
         if trainer.workers == 1:
             executor = trainer._step
             x, labels = batches[0]
@@ -152,10 +164,10 @@ def worker_ddp(name: str, batch: int, image_size: int, steps: int) -> dict:
 
     step = torch_train_step(spec.loss, model, optimizer)
 
-    seconds = _timed(step, batches, steps)
+    result = _timed(step, batches, steps)
     if world > 1:
         dist.destroy_process_group()
-    return {"seconds": seconds}
+    return result
 
 
 def _environment() -> dict:
@@ -251,13 +263,16 @@ def bench_model(name: str, batch: int, image_size: int, workers: int, repeats: i
     _isolated(["compile", name, str(batch // workers), str(image_size), "1", str(scratch / f"{name}_replica"),
                allreduce])
     runs: dict[tuple[str, int], list[float]] = {}
+    queued: dict[tuple[str, int], list[float]] = {}
     kernels: dict[int, list[float]] = {1: [], workers: []}
     for _ in range(repeats):
         for count in (1, workers):
-            runs.setdefault(("ddp", count), []).append(
-                _median(_isolated(["ddp", *common], ranks=count)["seconds"]))
+            timed = _isolated(["ddp", *common], ranks=count)
+            runs.setdefault(("ddp", count), []).append(_median(timed["seconds"]))
+            queued.setdefault(("ddp", count), []).append(timed["queued_s"])
             timed = _isolated(["tessel", *common, str(scratch / f"{name}_{count}")])
             runs.setdefault(("tessel", count), []).append(_median(timed["seconds"]))
+            queued.setdefault(("tessel", count), []).append(timed["queued_s"])
             if count == 1:
                 kernels[1].append(timed["kernel_s"])
         # One replica's kernels: the one-worker step at the replica's batch (the same kernels as each worker's).
@@ -271,12 +286,13 @@ def bench_model(name: str, batch: int, image_size: int, workers: int, repeats: i
                  workers: predicted_seconds(_median(kernels[workers]), buckets, link, workers, input_bytes,
                                             transport)}
     return {"model": name, "batch": batch, "workers": workers, "measured": measured, "predicted": predicted,
-            "buckets": buckets, "link": link, "transport": transport}
+            "buckets": buckets, "link": link, "transport": transport,
+            "queued": {key: _median(values) for key, values in queued.items()}}
 
 
 def _table(results: list[dict]) -> str:
     lines = ["| model | batch | engine | workers | ms/step | samples/s | N vs 1 worker | Tessel/DDP (throughput) | "
-             "Tessel predicted ms | error |", "|" + " --- |" * 10]
+             "Tessel predicted ms | error | waited for a core, ms/step/worker |", "|" + " --- |" * 11]
     for r in results:
         m, workers, batch = r["measured"], r["workers"], r["batch"]
         for engine in ("ddp", "tessel"):
@@ -291,7 +307,7 @@ def _table(results: list[dict]) -> str:
                     prediction = "- | -"
                 lines.append(f"| {r['model']} | {batch} | {'Tessel' if engine == 'tessel' else 'PyTorch DDP'} | "
                              f"{count} | {1e3 * seconds:.1f} | {batch / seconds:.1f} | {scaling:.2f}x | "
-                             f"{versus:.2f}x | {prediction} |")
+                             f"{versus:.2f}x | {prediction} | {1e3 * r['queued'][(engine, count)]:.2f} |")
     return "\n".join(lines)
 
 
@@ -360,6 +376,7 @@ def main(argv=None) -> int:
     print(_allreduce_lines(results))
     if args.json:
         print(json.dumps([{**r, "measured": {f"{e}_{n}": s for (e, n), s in r["measured"].items()},
+                           "queued": {f"{e}_{n}": s for (e, n), s in r["queued"].items()},
                            "buckets": [asdict(b) for b in r["buckets"]], "link": asdict(r["link"]),
                            "transport": asdict(r["transport"]) if r["transport"] else None}
                           for r in results]))
