@@ -102,7 +102,8 @@ def _timed(step, batches, steps: int, pids: list[int] | None = None) -> dict:
         started = time.perf_counter()
         step(x, y)
         seconds.append(time.perf_counter() - started)
-    return {"seconds": seconds, "queued_s": sum(queued_seconds(pid) - q for pid, q in zip(pids, queued)) / len(pids) / steps}
+    waited = sum(queued_seconds(pid) - before for pid, before in zip(pids, queued))
+    return {"seconds": seconds, "queued_s": waited / len(pids) / steps}
 
 
 def _batches(name: str, batch: int, image_size: int, count: int) -> list:

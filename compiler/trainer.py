@@ -30,6 +30,7 @@ from tessel.passes.memory_plan import CUDA_ALIGNMENT, DEFAULT_ALIGNMENT
 from tessel.passes.training_mode import prepare_eval
 from tessel.runtime.errors import ArtifactError, InputError
 from tessel.runtime.executor import Executor
+from tessel.runtime.shared_reduce_link import allreduce_link
 
 from .api import ModelSource, compile_graph, load_model, model_name, prepare_machine, whole_input_shapes
 from .artifact import Artifact
@@ -245,9 +246,11 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
         shapes = whole_input_shapes(proto, shapes)
         replica_shapes = replica_input_shapes(shapes, replicas)
         replica_model = with_batch(proto, next(iter(replica_shapes.values()))[0])
+        # Buckets sized by the all-reduce the local group will run (shared memory, once calibrated; else gloo's link).
+        buckets = bucket_bytes or bucket_bytes_for(allreduce_link(machine.link, replicas))
         step_graph = build_step_graph(replica_model, replica_shapes, loss, optimizer,
                                       trainable=trainable, frozen=frozen, label_smoothing=label_smoothing,
-                                      replicas=replicas, bucket_bytes=bucket_bytes or bucket_bytes_for(machine.link),
+                                      replicas=replicas, bucket_bytes=buckets,
                                       sync_batchnorm=sync_batchnorm,
                                       compression=None if compression == "none" else
                                       GradientCompression(compression, topk_ratio))

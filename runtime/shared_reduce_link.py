@@ -47,6 +47,16 @@ def load_shared_reduce_link(workers: int) -> Link | None:
         return None
 
 
+def allreduce_link(link: Link, workers: int) -> Link:
+    """The α-β cost of an all-reduce among `workers` local workers: the shared-memory all-reduce's measured one
+    where the group runs it (runtime/shared_reduce.py `available`) and `tessel calibrate` measured it, else `link`
+    (gloo's)."""
+    from .shared_reduce import available
+
+    measured = load_shared_reduce_link(workers) if available() else None
+    return measured or link
+
+
 def describe(fit: LinkFit) -> str:
     """One line for people: α against the smallest all-reduce, β, the fit's residual."""
     return (f"alpha {1e6 * fit.alpha:.1f} us (a {fit.smallest_bytes}-byte all-reduce took "
@@ -93,7 +103,8 @@ def measure_shared_reduce(workers: int = 2, repeat: int = 20,
             except subprocess.TimeoutExpired:
                 for p in processes:
                     p.kill()
-                raise ExecutionError(f"shared-memory calibration workers did not finish within {_TIMEOUT_S:g} s") from None
+                raise ExecutionError("shared-memory calibration workers did not finish within "
+                                     f"{_TIMEOUT_S:g} s") from None
             if process.returncode != 0:
                 raise ExecutionError("shared-memory calibration worker failed: "
                                      f"{(err.strip().splitlines() or ['no message'])[-1]}")
