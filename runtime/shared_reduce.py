@@ -90,6 +90,7 @@ class SharedReduce:
         self._poll.register(self.doorbells[rank], select.POLLIN)
         self._reducer: ThreadPoolExecutor | None = None
         self._queued: Future | None = None  # the last reduction handed to the reducer thread
+        self._failed: PeerError | None = None  # once a peer failed to come, every later reduction fails at once
 
     @classmethod
     def attach(cls, text: str, rank: int, timeout_s: float) -> "SharedReduce":
@@ -113,11 +114,17 @@ class SharedReduce:
         return queued.result
 
     def _reduce(self, array: np.ndarray, reduction: str, name: str, spin_s: float) -> None:
+        if self._failed is not None:
+            raise self._failed
         ufunc = _REDUCTIONS[reduction]
         flat = array.reshape(-1)
         per_piece = max(1, self.slice_bytes // flat.itemsize)
-        for start in range(0, flat.size, per_piece):
-            self._reduce_piece(flat[start:start + per_piece], ufunc, reduction == "mean", name, spin_s)
+        try:
+            for start in range(0, flat.size, per_piece):
+                self._reduce_piece(flat[start:start + per_piece], ufunc, reduction == "mean", name, spin_s)
+        except PeerError as exc:
+            self._failed = exc
+            raise
 
     def _reduce_piece(self, piece: np.ndarray, ufunc, mean: bool, name: str, spin_s: float) -> None:
         self._generation += 1
@@ -165,10 +172,10 @@ class SharedReduce:
                     pass
 
     def close(self) -> None:
-        """Finish the reductions started (their errors are the waits'), then unmap the segment and close the
-        descriptors."""
+        """Let the reduction under way finish (the ones queued behind it are dropped; errors are the waits'),
+        then unmap the segment and close the descriptors."""
         if self._reducer is not None:
-            self._reducer.shutdown(wait=True)
+            self._reducer.shutdown(wait=True, cancel_futures=True)
         self._slices, self._result, self._arrived, self._done = [], None, None, None
         try:
             self._map.close()

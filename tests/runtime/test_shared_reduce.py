@@ -67,6 +67,20 @@ def test_two_ranks_reduce_to_the_same_bytes(tmp_path, started):
         assert results[0][f"t{k}"].tobytes() == results[1][f"t{k}"].tobytes()
 
 
+def test_a_missing_peer_fails_every_started_reduction_after_one_timeout(tmp_path):
+    import time
+
+    layout = create_layout(2, slice_bytes=4096)
+    shared = SharedReduce(layout, 0, 0.3)
+    waits = [shared.start_all_reduce(np.ones(8, np.float32), "sum", f"b{k}") for k in range(3)]
+    started = time.perf_counter()
+    for wait in waits:
+        with pytest.raises(PeerError, match="tensor 'b0' failed .no answer from rank.s. 1"):
+            wait()
+    assert time.perf_counter() - started < 2.0  # one timeout, not three
+    shared.close()
+
+
 def test_a_missing_peer_fails_with_one_line(tmp_path):
     assert _run_ranks(tmp_path, 2, [0], timeout_s=0.5) == {0: 1}
     line = (tmp_path / "rank0.txt").read_text()
