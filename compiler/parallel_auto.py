@@ -4,9 +4,9 @@ On N > 1 workers the alternatives are data parallel (its buckets all-reduced by 
 under GPipe and under 1F1B (the stage cut of compiler/pipeline_programs.py, `micro_batches` or, when not given,
 `auto_micro_batches`), and the synchronous parameter server on 1 to N servers. Data parallel and GPipe are
 compiled; each one's step is played out on its workers (compiler/step_timeline.py) with its kernels' times
-(measured on this machine where possible, compiler/step_kernels.py) and the α-β link (`tessel calibrate`, or the
-machine file's); a local group's all-reduces are priced by the shared-memory all-reduce's own measured α-β when
-the group runs it (runtime/shared_reduce_link.py). 1F1B replays GPipe's stage blocks in its own order, and is
+(measured on this machine where possible, compiler/step_kernels.py) and the α-β link (`tessel calibrate`); a
+local group's all-reduces are priced by the shared-memory all-reduce's own measured α-β when the group runs it
+(runtime/shared_reduce_link.py). 1F1B replays GPipe's stage blocks in its own order, and is
 compiled only when chosen. The parameter server's step is played out the same way on the data-parallel replica's
 kernels, its pulls and pushes and the servers' updates (compiler/ps_timeline.py); it is chosen only where the
 caller can run it (`tessel train`, which starts the servers: compile_training raises ParameterServerChosen).
