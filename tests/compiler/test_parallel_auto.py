@@ -383,3 +383,43 @@ def test_auto_on_the_bench_mlp_picks_the_parameter_server_on_a_slow_link_only(tm
         assert doc["chosen"] != "parameter server" and doc["link"]["source"] == "emulated"
     finally:
         trainer.close()
+
+
+def test_tessel_train_runs_the_parameter_server_when_auto_chooses_it(tmp_path, monkeypatch):
+    import onnx
+    from onnx import TensorProto, helper
+
+    import tessel
+    from tessel.compiler import train_command
+    from tessel.compiler.cli import main
+
+    alternatives = _alternatives()
+    ps = Alternative("parameter server", "ps", None, 1e-3, "measured", servers=2)
+    first, second = _two_stages()
+    timeline = simulate([first, second], lambda call: 1e-3, LINK, allreduce_s=LINK.seconds)
+
+    def compile_training(*args, **kwargs):
+        assert kwargs["auto_ps"] and kwargs["parallel"] == "auto"
+        raise ParameterServerChosen(2, [alternatives[0], ps], ps, LINK, "given", 2, timeline)
+
+    ran = {}
+
+    def run_ps(settings, run_dir, data, val, steps_per_epoch, first_output, args):
+        ran.update(parallel=settings.parallel, servers=args.servers, run_dir=run_dir)
+        return 0
+
+    monkeypatch.setattr(tessel, "compile_training", compile_training)
+    monkeypatch.setattr(train_command, "run_ps", run_ps)
+    model = tmp_path / "linear.onnx"
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [3, 2], [0.1] * 6)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "linear",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    x = np.ones((4, 3), np.float32)
+    np.savez(tmp_path / "data.npz", x=x, labels=np.zeros((4, 2), np.float32))
+    run = tmp_path / "run"
+    assert main(["train", str(model), "--data", str(tmp_path / "data.npz"), "--loss", "mse", "--lr", "0.05",
+                 "--batch", str(len(x)), "--epochs", "1", "--devices", "2", "--parallel", "auto", "-o", str(run)]) == 0
+    assert ran == {"parallel": "ps", "servers": 2, "run_dir": run}
+    assert "| parameter server **(chosen)** | 1.000 ms |" in (run / "reports" / "parallel_auto.md").read_text()
