@@ -107,8 +107,37 @@ def tf32_candidates(shape) -> list:
         ideal = 1 << max(0, (2 * DEFAULT_SM_COUNT // blocks).bit_length() - 1)
         for split in sorted({1, ideal}):
             config = MmaConfig(bm, bn, bk, warps_m, warps_n, split)
-            if split <= 16 and k // (bk * split) >= 4 and config not in found:
+            if split <= 16 and k // (bk * split) >= 4 and config.fits and config not in found:
                 found.append(config)
+    return found
+
+
+def tf32_refined_candidates(shape, arch: str) -> list:
+    """The tensor-core configurations worth timing next to a shape's recorded best: it double-buffered, with
+    K-steps of 32, with twice the warps, with half or twice its K split, and the other tile shapes at its split."""
+    from dataclasses import replace
+
+    from tessel.backends.cuda.conv import chosen_config
+    from tessel.backends.cuda.conv_tf32 import MmaConfig
+
+    best, timed = chosen_config(shape, arch, tf32=True)
+    if not timed:
+        return tf32_candidates(shape)
+    m, n, k = shape.gemm
+    variants = [dict(stages=2), dict(bk=32), dict(bk=32, stages=2), dict(warps_m=2, warps_n=4),
+                dict(warps_m=4, warps_n=2), dict(split_k=best.split_k * 2), dict(split_k=max(1, best.split_k // 2)),
+                dict(split_k=best.split_k * 2, stages=2)]
+    variants += [dict(bm=bm, bn=bn, warps_m=2, warps_n=2) for bm, bn in ((64, 64), (64, 128), (128, 64), (128, 128))]
+    found = [best]
+    for change in variants:
+        try:
+            config = replace(best, **change)
+        except ValueError:  # warps that do not divide the tile
+            continue
+        steps = k // (config.bk * config.split_k)
+        if config.fits and steps >= 2 and config.bm <= max(32, 2 * m) and config.bn <= max(32, 2 * n) \
+                and config not in found:
+            found.append(config)
     return found
 
 
@@ -175,7 +204,10 @@ def pack(arch: str, models: list[str], batches: list[int], out: Path, python: st
             continue
         for shape in conv_shapes(model.path, model.input_shapes, batches):
             rows = []
-            found = tf32_candidates(shape) if tf32 else refined_candidates(shape, arch) if refine else candidates(shape)
+            if tf32:
+                found = tf32_refined_candidates(shape, arch) if refine else tf32_candidates(shape)
+            else:
+                found = refined_candidates(shape, arch) if refine else candidates(shape)
             for config in found[:limit]:
                 name = f"{shape.key()}-{'x'.join(str(v) for v in config.to_json().values())}"
                 started = time.perf_counter()

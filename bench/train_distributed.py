@@ -14,9 +14,12 @@ Tessel's predicted step time is its own cost model: the kernels' measured time f
 one-worker compile at the replica's batch, timed kernel by kernel on the native host) plus the batch's delivery
 (the client writes each worker its slice in turn: a linear scatter over the link) and the gradient buckets' all-reduce under the α-β link measured first (runtime/calibrate.py's ping-pong and fit,
 not stored), each bucket all-reduced by the algorithm passes/data_parallel.py chooses (every algorithm's cost is
-printed), issued as backward produces it (backward taken as the last 2/3 of the
+printed) or, where the local workers all-reduce through shared memory (the default), at that all-reduce's own
+measured α-β (runtime/shared_reduce_link.py, measured first, not stored), issued as backward produces it (backward taken as the last 2/3 of the
 step's kernel time, its progress as the share of gradient bytes done) and overlapped with the rest of backward.
-The table gives the predicted and the measured time and the error.
+The table gives the predicted and the measured time and the error, and how long each worker's threads waited
+for a core per step (runnable but not running, /proc/PID/task/*/schedstat; DDP: rank 0's): on a shared machine
+that is other programs' load, which the prediction cannot know and which a 2-vs-1 comparison must not contain.
 """
 from __future__ import annotations
 
@@ -81,16 +84,26 @@ def compile_tessel(name: str, batch: int, image_size: int, workers: int, directo
     return result
 
 
-def _timed(step, batches, steps: int) -> list[float]:
+def queued_seconds(pid: int) -> float:
+    """Seconds the threads of process `pid` have spent runnable but waiting for a core (/proc/PID/task/*/schedstat):
+    the machine's load, which a worker on a core of its own never sees."""
+    return sum(int((task / "schedstat").read_text().split()[1]) for task in Path(f"/proc/{pid}/task").iterdir()) / 1e9
+
+
+def _timed(step, batches, steps: int, pids: list[int] | None = None) -> dict:
+    """The timed steps' seconds, and the mean seconds per step each of `pids` (default: this process) waited for a
+    core during them."""
+    pids = pids or [os.getpid()]
     for x, y in batches[:WARMUP_STEPS]:
         step(x, y)
-    seconds = []
+    seconds, queued = [], [queued_seconds(pid) for pid in pids]
     for i in range(steps):
         x, y = batches[(WARMUP_STEPS + i) % len(batches)]
         started = time.perf_counter()
         step(x, y)
         seconds.append(time.perf_counter() - started)
-    return seconds
+    waited = sum(queued_seconds(pid) - before for pid, before in zip(pids, queued))
+    return {"seconds": seconds, "queued_s": waited / len(pids) / steps}
 
 
 def _batches(name: str, batch: int, image_size: int, count: int) -> list:
@@ -114,7 +127,8 @@ def worker_tessel(name: str, batch: int, image_size: int, steps: int, directory:
     trainer = tessel.load_training(directory)
     batches = _batches(name, batch, image_size, 4)
     try:
-        result = {"seconds": _timed(lambda x, y: trainer.step({"x": x}, y), batches, steps)}
+        pids = trainer._step._session.worker_pids if trainer.workers > 1 else None
+        result = _timed(lambda x, y: trainer.step({"x": x}, y), batches, steps, pids)
         if trainer.workers == 1:
             executor = trainer._step
             x, labels = batches[0]
@@ -151,10 +165,10 @@ def worker_ddp(name: str, batch: int, image_size: int, steps: int) -> dict:
 
     step = torch_train_step(spec.loss, model, optimizer)
 
-    seconds = _timed(step, batches, steps)
+    result = _timed(step, batches, steps)
     if world > 1:
         dist.destroy_process_group()
-    return {"seconds": seconds}
+    return result
 
 
 def _environment() -> dict:
@@ -202,7 +216,27 @@ def measure_link(repeat: int):
     return Link(fit.alpha, fit.beta, measured=True)
 
 
-def predicted_seconds(kernel_s: float, buckets: list, link, workers: int, input_bytes: int) -> float:
+def measure_transport(workers: int, repeat: int):
+    """The local workers' shared-memory all-reduce (runtime/shared_reduce.py), measured now as `tessel calibrate`
+    does (runtime/shared_reduce_link.py) but not stored; None when the workers all-reduce through gloo."""
+    from tessel.passes.machine import Link
+    from tessel.runtime.shared_reduce import available
+    from tessel.runtime.shared_reduce_link import describe, measure_shared_reduce
+
+    if not available():
+        return None
+    fit, _ = measure_shared_reduce(workers, repeat)
+    print(f"shared-memory all-reduce on {workers} workers: {describe(fit)}")
+    return Link(fit.alpha, fit.beta, measured=True)
+
+
+def allreduce_seconds(bucket, transport) -> float:
+    """A bucket's all-reduce seconds: by the shared-memory all-reduce's fit when the workers run it, else by the
+    gloo link's algorithm."""
+    return transport.seconds(bucket.nbytes) if transport is not None else bucket.costs[bucket.algorithm]
+
+
+def predicted_seconds(kernel_s: float, buckets: list, link, workers: int, input_bytes: int, transport=None) -> float:
     """Predicted data-parallel step time: the batch's slices delivered in turn, one replica's kernels, and each
     bucket's all-reduce issued once backward produced it (progress taken as the share of gradient bytes done),
     the link doing one at a time; the step ends when both the kernels and the last all-reduce are done."""
@@ -213,12 +247,12 @@ def predicted_seconds(kernel_s: float, buckets: list, link, workers: int, input_
     for bucket in buckets:
         done_bytes += bucket.nbytes
         ready = kernel_s * (FORWARD_SHARE + (1 - FORWARD_SHARE) * done_bytes / total)
-        link_free = max(link_free, ready) + bucket.costs[bucket.algorithm]
+        link_free = max(link_free, ready) + allreduce_seconds(bucket, transport)
     return scatter_linear(link, workers, input_bytes) + max(kernel_s, link_free)
 
 
 def bench_model(name: str, batch: int, image_size: int, workers: int, repeats: int, steps: int, scratch: Path,
-                allreduce: str, link) -> dict:
+                allreduce: str, link, transport=None) -> dict:
     """Compile, then alternate the engines' timing runs; medians, ratios and Tessel's prediction."""
     from tessel.passes.data_parallel import choose_allreduce
 
@@ -230,13 +264,16 @@ def bench_model(name: str, batch: int, image_size: int, workers: int, repeats: i
     _isolated(["compile", name, str(batch // workers), str(image_size), "1", str(scratch / f"{name}_replica"),
                allreduce])
     runs: dict[tuple[str, int], list[float]] = {}
+    queued: dict[tuple[str, int], list[float]] = {}
     kernels: dict[int, list[float]] = {1: [], workers: []}
     for _ in range(repeats):
         for count in (1, workers):
-            runs.setdefault(("ddp", count), []).append(
-                _median(_isolated(["ddp", *common], ranks=count)["seconds"]))
+            timed = _isolated(["ddp", *common], ranks=count)
+            runs.setdefault(("ddp", count), []).append(_median(timed["seconds"]))
+            queued.setdefault(("ddp", count), []).append(timed["queued_s"])
             timed = _isolated(["tessel", *common, str(scratch / f"{name}_{count}")])
             runs.setdefault(("tessel", count), []).append(_median(timed["seconds"]))
+            queued.setdefault(("tessel", count), []).append(timed["queued_s"])
             if count == 1:
                 kernels[1].append(timed["kernel_s"])
         # One replica's kernels: the one-worker step at the replica's batch (the same kernels as each worker's).
@@ -247,14 +284,16 @@ def bench_model(name: str, batch: int, image_size: int, workers: int, repeats: i
     measured = {key: _median(values) for key, values in runs.items()}
     buckets = [choose_allreduce(link, workers, nbytes, allreduce) for nbytes in plans[workers]["buckets"]]
     predicted = {1: _median(kernels[1]),
-                 workers: predicted_seconds(_median(kernels[workers]), buckets, link, workers, input_bytes)}
+                 workers: predicted_seconds(_median(kernels[workers]), buckets, link, workers, input_bytes,
+                                            transport)}
     return {"model": name, "batch": batch, "workers": workers, "measured": measured, "predicted": predicted,
-            "buckets": buckets, "link": link}
+            "buckets": buckets, "link": link, "transport": transport,
+            "queued": {key: _median(values) for key, values in queued.items()}}
 
 
 def _table(results: list[dict]) -> str:
     lines = ["| model | batch | engine | workers | ms/step | samples/s | N vs 1 worker | Tessel/DDP (throughput) | "
-             "Tessel predicted ms | error |", "|" + " --- |" * 10]
+             "Tessel predicted ms | error | waited for a core, ms/step/worker |", "|" + " --- |" * 11]
     for r in results:
         m, workers, batch = r["measured"], r["workers"], r["batch"]
         for engine in ("ddp", "tessel"):
@@ -269,7 +308,7 @@ def _table(results: list[dict]) -> str:
                     prediction = "- | -"
                 lines.append(f"| {r['model']} | {batch} | {'Tessel' if engine == 'tessel' else 'PyTorch DDP'} | "
                              f"{count} | {1e3 * seconds:.1f} | {batch / seconds:.1f} | {scaling:.2f}x | "
-                             f"{versus:.2f}x | {prediction} |")
+                             f"{versus:.2f}x | {prediction} | {1e3 * r['queued'][(engine, count)]:.2f} |")
     return "\n".join(lines)
 
 
@@ -277,9 +316,14 @@ def _allreduce_lines(results: list[dict]) -> str:
     lines = []
     for r in results:
         link = r["link"]
+        transport = r["transport"]
         lines.append(f"{r['model']}: link alpha {1e6 * link.alpha:.1f} us, beta {1e9 * link.beta:.3f} ns/byte; "
                      f"{len(r['buckets'])} all-reduce(s) per step:")
         lines += [f"  {bucket.describe()}" for bucket in r["buckets"]]
+        if transport is not None:
+            lines.append(f"  run through shared memory (alpha {1e6 * transport.alpha:.1f} us, beta "
+                         f"{1e9 * transport.beta:.3f} ns/byte): " + ", ".join(
+                             f"{1e3 * transport.seconds(b.nbytes):.3f} ms" for b in r["buckets"]))
     return "\n".join(lines)
 
 
@@ -318,6 +362,7 @@ def main(argv=None) -> int:
               "train_distributed: --workers must be at least 2", file=sys.stderr)
         return 2
     link = measure_link(args.link_repeats)
+    transport = measure_transport(args.workers, args.link_repeats)
     results = []
     with tempfile.TemporaryDirectory(prefix="tessel-dp-bench-") as scratch:
         for name in args.models:
@@ -327,12 +372,14 @@ def main(argv=None) -> int:
                 return 2
             results.append(bench_model(name, batch, args.image_size, args.workers, args.repeats,
                                        args.steps or BENCH_STEPS[name],
-                                       Path(scratch), args.allreduce, link))
+                                       Path(scratch), args.allreduce, link, transport))
     print(_table(results))
     print(_allreduce_lines(results))
     if args.json:
         print(json.dumps([{**r, "measured": {f"{e}_{n}": s for (e, n), s in r["measured"].items()},
-                           "buckets": [asdict(b) for b in r["buckets"]], "link": asdict(r["link"])}
+                           "queued": {f"{e}_{n}": s for (e, n), s in r["queued"].items()},
+                           "buckets": [asdict(b) for b in r["buckets"]], "link": asdict(r["link"]),
+                           "transport": asdict(r["transport"]) if r["transport"] else None}
                           for r in results]))
     return 0
 

@@ -363,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_parser(commands, common)
 
-    calibrate = commands.add_parser("calibrate", parents=common, help="measure the link cost (alpha, beta) between two local workers")
+    calibrate = commands.add_parser("calibrate", parents=common, help="measure the link cost (alpha, beta) between two local workers, and their shared-memory all-reduce's")
     calibrate.add_argument("--repeat", type=count_from(1), default=20, metavar="N", help="round trips per message size")
     calibrate.set_defaults(run=_cmd_calibrate)
     return parser
@@ -387,9 +387,14 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from tessel.runtime.calibrate import calibrate
+    from tessel.runtime.shared_reduce import available as shared_reduce_available
+    from tessel.runtime.shared_reduce_link import calibrate_shared_reduce, describe
 
     fit, path = calibrate(args.repeat)
     print(f"link: {fit.describe()} -> {path}")
+    if shared_reduce_available():
+        fit, path = calibrate_shared_reduce(2, args.repeat)
+        print(f"shared-memory all-reduce of 2 local workers: {describe(fit)} -> {path}")
     return 0
 
 

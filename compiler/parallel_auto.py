@@ -2,12 +2,14 @@
 
 On N > 1 workers the alternatives are data parallel (its buckets all-reduced by the chosen algorithm), pipeline
 under GPipe and under 1F1B (the stage cut of compiler/pipeline_programs.py, `micro_batches` or, when not given,
-`auto_micro_batches`), and the parameter server (passes/ps_cost.py). Data parallel and GPipe are compiled; each
-one's step is played out on its workers (compiler/step_timeline.py) with its kernels' times (measured on this
-machine where possible, compiler/step_kernels.py) and the α-β link (`tessel calibrate`); 1F1B replays GPipe's
-stage blocks in its own order, and is compiled only when chosen. The parameter server's step is the replica's
-kernels then its pushes and pulls (α-β): it is reported, not chosen, since it runs through
-`tessel train --parallel ps` with server processes of its own.
+`auto_micro_batches`), and the synchronous parameter server on 1 to N servers. Data parallel and GPipe are
+compiled; each one's step is played out on its workers (compiler/step_timeline.py) with its kernels' times
+(measured on this machine where possible, compiler/step_kernels.py) and the α-β link (`tessel calibrate`); a
+local group's all-reduces are priced by the shared-memory all-reduce's own measured α-β when the group runs it
+(runtime/shared_reduce_link.py). 1F1B replays GPipe's stage blocks in its own order, and is
+compiled only when chosen. The parameter server's step is played out the same way on the data-parallel replica's
+kernels, its pulls and pushes and the servers' updates (compiler/ps_timeline.py); it is chosen only where the
+caller can run it (`tessel train`, which starts the servers: compile_training raises ParameterServerChosen).
 
 The chosen step artifact's reports/parallel_auto.md and .json list every alternative's prediction and where its
 kernel times came from, and reports/step_gantt.png/.svg draws the chosen step per worker. `record_measured` adds
@@ -29,14 +31,16 @@ from tessel.passes.collectives import scatter_linear
 from tessel.passes.data_parallel import choose_allreduce
 from tessel.passes.machine import Link
 from tessel.passes.pipeline_schedule import GPIPE, ONE_F_ONE_B, bubble_fraction
-from tessel.passes.ps_cost import exchange_plans
 from tessel.runtime.calibrate import measure_link
 from tessel.runtime.instructions import KernelCall, program_from_json
+from tessel.runtime.shared_reduce import available as shared_reduce_available
+from tessel.runtime.shared_reduce_link import describe, load_shared_reduce_link, measure_shared_reduce
 
 from .api import prepare_machine
 from .measured_step import measured_timeline
 from .options import CompileError, CompileOptions
 from .plots.step_gantt import write_step_gantt
+from .ps_timeline import simulate_ps
 from .step_kernels import KernelTime, kernel_times
 from .step_timeline import ALLREDUCE, Timeline, WorkerProgram, replica_phases, reordered_stage, simulate
 
@@ -47,6 +51,8 @@ GANTT = "step_gantt"
 GANTT_MEASURED = "step_gantt_measured"
 # Steps left out of the measured step time: the first ones fault pages in and warm the caches.
 WARMUP_STEPS = 2
+SHARED_MEMORY = "shared memory"
+PARAMETER_SERVER = "parameter server"
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,7 @@ class Alternative:
     runnable: bool = True
     note: str = ""
     bubble: dict = field(default_factory=dict)  # a pipeline's: stages, micro-batches, predicted and busy seconds
+    servers: int = 0           # the parameter server's: how many servers
 
 
 def auto_micro_batches(batch: int, stages: int) -> int:
@@ -71,11 +78,34 @@ def auto_micro_batches(batch: int, stages: int) -> int:
     return max(m for m in range(1, 4 * stages + 1) if batch % m == 0)
 
 
+class ParameterServerChosen(CompileError):
+    """compile_training(parallel="auto", auto_ps=True) predicted the parameter server fastest: no Trainer runs it
+    (`tessel train` does, with server processes of its own). `servers` is the best server count; `write_reports`
+    writes the auto report and the predicted step chart into a folder."""
+
+    def __init__(self, servers: int, alternatives: Sequence[Alternative], chosen: Alternative, link: Link, where: str,
+                 workers: int, timeline: Timeline):
+        super().__init__(f"parallel auto: the parameter server with {servers} server(s) is predicted fastest "
+                         f"({1e3 * chosen.predicted_s:.3f} ms a step); train it with `tessel train --parallel ps "
+                         f"--servers {servers}`")
+        self.servers = servers
+        self._report = (alternatives, chosen, link, where, workers, timeline)
+
+    def write_reports(self, reports: Path) -> None:
+        """parallel_auto.json/.md and the predicted step chart into the folder `reports` (made if absent)."""
+        alternatives, chosen, link, where, workers, timeline = self._report
+        reports.mkdir(parents=True, exist_ok=True)
+        write_report(reports, alternatives, chosen, link, where, workers)
+        write_step_gantt(reports / GANTT, timeline, f"{chosen.name} on {workers} workers: one step, predicted "
+                         f"({chosen.kernels} kernel times, α-β link)")
+
+
 def compile_auto(compile_training, model, training: Mapping, options: Mapping, micro_batches: int, allreduce: str,
-                 sync_batchnorm: bool):
+                 sync_batchnorm: bool, parameter_server: bool = False):
     """compile_training(parallel="auto") (compiler/trainer.py passes itself as `compile_training`, the training
     keywords as `training` and the compile options as `options`): the Trainer of the alternative with the best
-    predicted step on options["devices"] workers, its reports written."""
+    predicted step on options["devices"] workers, its reports written. With `parameter_server` (the caller can
+    run it) the parameter server may be chosen too: then every Trainer is closed and ParameterServerChosen raised."""
     data = compile_training(model, allreduce=allreduce, sync_batchnorm=sync_batchnorm, **training, **options)
     devices = options.get("devices", 1)
     if devices < 2:
@@ -83,12 +113,18 @@ def compile_auto(compile_training, model, training: Mapping, options: Mapping, m
         return data
     trainers = {"data": data}
     try:
-        chosen, alternatives, timelines, link, where = _choose_and_compile(compile_training, model, training, options,
-                                                                    micro_batches, allreduce, sync_batchnorm, trainers)
+        chosen, alternatives, timelines, link, where = _choose_and_compile(
+            compile_training, model, training, options, micro_batches, allreduce, sync_batchnorm, trainers,
+            parameter_server)
     except BaseException:
         for trainer in trainers.values():
             trainer.close()
         raise
+    if chosen.parallel == "ps":
+        for trainer in trainers.values():
+            trainer.close()
+        _log.info("parallel auto: %s (predicted %.3f ms a step)", chosen.name, 1e3 * chosen.predicted_s)
+        raise ParameterServerChosen(chosen.servers, alternatives, chosen, link, where, devices, timelines[chosen.name])
     for name, trainer in trainers.items():
         if name != chosen.name:
             trainer.close()
@@ -102,17 +138,23 @@ def compile_auto(compile_training, model, training: Mapping, options: Mapping, m
 
 
 def _choose_and_compile(compile_training, model, training: Mapping, options: Mapping, micro_batches: int,
-                        allreduce: str, sync_batchnorm: bool, trainers: dict):
+                        allreduce: str, sync_batchnorm: bool, trainers: dict, parameter_server: bool):
     """Predict every alternative and compile the chosen one if it is not yet (`trainers` holds the data-parallel
     Trainer and gets every one compiled here, by name); (chosen, alternatives, timelines by name, link, where the
-    link's α and β come from)."""
+    link's α and β come from). A local group's shared-memory all-reduce is priced by its own measurement."""
     devices = options["devices"]
     data = trainers["data"]
     link, where = _measured(prepare_machine(CompileOptions.create(None, **options)).link)
+    transport = allreduce_transport(devices)
     times = _step_kernel_times(data.step_artifact, devices)
-    alternative, timeline = predict_data(data.step_artifact, times, link, devices, allreduce, data.round_trip_s())
+    alternative, timeline = predict_data(data.step_artifact, times, link, devices, allreduce, data.round_trip_s(),
+                                         transport)
     alternatives, timelines = [alternative], {"data": timeline}
-    alternatives.append(predict_ps(data.step_artifact, times, link, devices, data.names.parameters, alternative.host_s))
+    ps, ps_timeline = predict_ps(data.step_artifact, times, link, devices, data.names.parameters, alternative.host_s,
+                                 parameter_server)
+    alternatives.append(ps)
+    if ps_timeline is not None:
+        timelines[ps.name] = ps_timeline
     micro = micro_batches if micro_batches > 1 else auto_micro_batches(_whole_batch(data), devices)
     pipe, note = None, "sync_batchnorm: pipeline stages normalise per micro-batch"
     if not sync_batchnorm:
@@ -132,10 +174,36 @@ def _choose_and_compile(compile_training, model, training: Mapping, options: Map
                 pipe.step_artifact, pipe_times, link, schedule, pipe_host_s)
         alternatives.append(alternative)
     chosen = choose(alternatives)
-    if chosen.name not in trainers:  # 1F1B: compiled only now (its kernels are GPipe's, already built)
+    if chosen.parallel == "pipeline" and chosen.name not in trainers:  # 1F1B: compiled only now (GPipe's kernels)
         trainers[chosen.name] = compile_training(model, parallel="pipeline", schedule=chosen.schedule,
                                                  micro_batches=micro, **training, **options)
     return chosen, alternatives, timelines, link, where
+
+
+@dataclass(frozen=True)
+class Transport:
+    """How the local workers' all-reduces will run when not through gloo: the shared-memory all-reduce
+    (runtime/shared_reduce.py) and its α-β cost, and where that cost comes from."""
+
+    name: str
+    link: Link
+    source: str
+
+
+def allreduce_transport(workers: int) -> Transport | None:
+    """The shared-memory all-reduce's cost among `workers` local workers when their group will use it (see
+    runtime/shared_reduce.py `available`): as `tessel calibrate` stored it, else measured now (a few seconds) and
+    not stored. None when the group all-reduces through gloo (then the gloo link prices it)."""
+    if not shared_reduce_available():
+        return None
+    stored = load_shared_reduce_link(workers)
+    if stored is not None:
+        return Transport(SHARED_MEMORY, stored, "measured by `tessel calibrate`")
+    fit, _ = measure_shared_reduce(workers)
+    _log.info("parallel auto: shared-memory all-reduce measured now (not stored; `tessel calibrate` stores it): %s",
+              describe(fit))
+    return Transport(SHARED_MEMORY, Link(fit.alpha, fit.beta, measured=True),
+                     "measured now for this compile, not stored (`tessel calibrate` stores it)")
 
 
 def _measured(link: Link) -> tuple[Link, str]:
@@ -166,9 +234,10 @@ def choose(alternatives: Sequence[Alternative]) -> Alternative:
 
 # ---- predictions -------------------------------------------------------------------------------------------
 def predict_data(artifact, times: Mapping[str, KernelTime], link: Link, workers: int, allreduce: str,
-                 host_s: float) -> tuple[Alternative, Timeline]:
+                 host_s: float, transport: Transport | None = None) -> tuple[Alternative, Timeline]:
     """The data-parallel step and its timeline: the request's round trip (`host_s`) and the batch's slices piped to
-    the workers in turn, then every replica's program with its all-reduces overlapping backward."""
+    the workers in turn, then every replica's program with its all-reduces overlapping backward, each priced by
+    `transport` when the group all-reduces through shared memory, else by the gloo `link` and its algorithm."""
     plan = artifact.plan
     programs = [program_from_json(w["instructions"]) for w in plan["workers"]]
     loss = plan["workers"][0]["outputs"][0]
@@ -176,6 +245,9 @@ def predict_data(artifact, times: Mapping[str, KernelTime], link: Link, workers:
     algorithms = set()
 
     def allreduce_s(nbytes: int) -> float:
+        if transport is not None:
+            algorithms.add(f"{transport.name}, {transport.source}")
+            return transport.link.seconds(nbytes)
         choice = choose_allreduce(link, workers, nbytes, allreduce)
         algorithms.add(choice.algorithm)
         return choice.costs[choice.algorithm]
@@ -215,22 +287,27 @@ def predict_pipeline(artifact, times: Mapping[str, KernelTime], link: Link, sche
 
 
 def predict_ps(artifact, times: Mapping[str, KernelTime], link: Link, workers: int, parameters: Sequence[str],
-               host_s: float) -> Alternative:
-    """The parameter-server step: the request's round trip (`host_s`, the data-parallel workers'), one replica's
-    kernels, then the gradients of `parameters` pushed to and their weights pulled from the servers (the best
-    server count, passes/ps_cost.py)."""
+               host_s: float, runnable: bool) -> tuple[Alternative, Timeline | None]:
+    """The synchronous parameter-server step and its timeline, played out (compiler/ps_timeline.py) on 1 to
+    `workers` standalone servers, the fastest kept: after the request's round trip (`host_s`, the data-parallel
+    workers') and the batch's slices, each worker pulls the weights of `parameters`, runs one replica's forward and
+    backward kernels and pushes the gradients; each server updates its shard. `runnable`: whether the caller can
+    run a parameter server (`tessel train` can, with server processes of its own)."""
     plan = artifact.plan
     worker = plan["workers"][0]
-    kernels_s = sum(_kernel_seconds(times)(i) for i in program_from_json(worker["instructions"])
-                    if isinstance(i, KernelCall) and not i.init)
     sizes = [_input_bytes(worker, [name]) for name in parameters]
-    plans = [p for p in exchange_plans(link, sizes, workers) if p.kind == "ps"]
-    if not plans:
-        return Alternative("parameter server", "ps", None, None, runnable=False, note="no parameters to serve")
-    best = plans[0]
-    return Alternative("parameter server", "ps", None, host_s + kernels_s + best.seconds, _source(times), host_s,
-                       f"{best.servers} server(s), sync, no compression", runnable=False,
-                       note="runs through `tessel train --parallel ps` (server processes of its own)")
+    if not any(sizes):
+        return Alternative(PARAMETER_SERVER, "ps", None, None, runnable=False, note="no parameters to serve"), None
+    program = program_from_json(worker["instructions"])
+    replica = WorkerProgram(program, replica_phases(program, worker["outputs"][0]), worker["values"])
+    delivered = host_s + scatter_linear(link, workers, workers * _input_bytes(worker, worker["inputs"]))
+    played = {servers: simulate_ps(replica, workers, sizes, servers, _kernel_seconds(times), link, delivered)
+              for servers in range(1, min(workers, sum(1 for size in sizes if size)) + 1)}
+    servers = min(played, key=lambda count: played[count].step_s)
+    note = "" if runnable else "runs through `tessel train --parallel ps` or `--parallel auto` (server processes)"
+    return Alternative(PARAMETER_SERVER, "ps", None, played[servers].step_s, _source(times), host_s,
+                       f"{servers} server(s), sync, no compression", runnable=runnable, note=note,
+                       servers=servers), played[servers]
 
 
 def _bubble(busy_s: Sequence[float], step_s: float) -> float:

@@ -146,7 +146,15 @@ def run_train(args: argparse.Namespace) -> int:
                           "give --epochs N to train more")
     if settings.parallel == "ps":
         return run_ps(settings, run_dir, data, val, steps_per_epoch, model_loss or outputs[0], args)
-    trainer, loaded_from = _trainer(settings, run_dir, data, inputs, steps_per_epoch, bool(args.resume))
+    from .parallel_auto import ParameterServerChosen
+
+    try:
+        trainer, loaded_from = _trainer(settings, run_dir, data, inputs, steps_per_epoch, bool(args.resume))
+    except ParameterServerChosen as chosen:  # --parallel auto: the parameter server is predicted fastest
+        chosen.write_reports(run_dir / "reports")
+        args.servers = chosen.servers
+        return run_ps(replace(settings, parallel="ps"), run_dir, data, val, steps_per_epoch,
+                      model_loss or outputs[0], args)
     settings.save(run_dir)
     finished = _train_epochs(trainer, settings, run_dir, data, val, loaded_from, steps_per_epoch,
                              model_loss or outputs[0], args)
@@ -252,7 +260,8 @@ def _trainer(settings: RunSettings, run_dir: Path, data: Dataset, inputs, steps_
             input_shapes=input_shapes(inputs, data, settings.batch), trainable=settings.trainable,
             frozen=settings.frozen, seed=settings.seed, devices=settings.devices, parallel=settings.parallel,
             micro_batches=settings.micro_batches, schedule=settings.pipeline_schedule,
-            sync_batchnorm=settings.sync_batchnorm, compression=settings.compression, topk_ratio=settings.topk_ratio)
+            sync_batchnorm=settings.sync_batchnorm, compression=settings.compression, topk_ratio=settings.topk_ratio,
+            auto_ps=settings.parallel == "auto")
     keep_until(run_dir, trainer.steps_done)
     return trainer, latest[0] if latest else None
 

@@ -30,6 +30,7 @@ from tessel.passes.memory_plan import CUDA_ALIGNMENT, DEFAULT_ALIGNMENT
 from tessel.passes.training_mode import prepare_eval
 from tessel.runtime.errors import ArtifactError, InputError
 from tessel.runtime.executor import Executor
+from tessel.runtime.shared_reduce_link import allreduce_link
 
 from .api import ModelSource, compile_graph, load_model, model_name, prepare_machine, whole_input_shapes
 from .artifact import Artifact
@@ -193,7 +194,7 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
                      frozen: str | None = None, seed: int = 0, label_smoothing: float = 0.0,
                      bucket_bytes: int | None = None, allreduce: str = "auto", parallel: str = "data",
                      micro_batches: int = 1, schedule: str = "gpipe", sync_batchnorm: bool = False,
-                     compression: str = "none", topk_ratio: float = 0.01, **options) -> Trainer:
+                     compression: str = "none", topk_ratio: float = 0.01, auto_ps: bool = False, **options) -> Trainer:
     """Compile an ONNX model (path, bytes or ModelProto) into a Trainer: one compiled graph per step.
 
     `loss`: "cross_entropy" (with `label_smoothing`), "mse", "l1", "bce_with_logits", "output:K" (the
@@ -208,7 +209,8 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
     feedback, instead of all-reducing float32 (bytes per step in the same report). `parallel` = "pipeline"
     trains on `devices` pipeline stages instead, each step's batch in `micro_batches` micro-batches under
     `schedule` "gpipe" or "1f1b" (compiler/pipeline_training.py); "auto"
-    trains the way with the best predicted step time (compiler/parallel_auto.py).
+    trains the way with the best predicted step time (compiler/parallel_auto.py), with `auto_ps` the parameter
+    server among them (which no Trainer runs: parallel_auto.ParameterServerChosen is raised when it is best).
     """
     if compression != "none" and parallel != "data":
         raise CompileError(f"gradient compression goes with data-parallel training, not {parallel}")
@@ -217,7 +219,8 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
 
         training = dict(loss=loss, optimizer=optimizer, input_shapes=input_shapes, trainable=trainable, frozen=frozen,
                         seed=seed, label_smoothing=label_smoothing, bucket_bytes=bucket_bytes)
-        return compile_auto(compile_training, model, training, options, micro_batches, allreduce, sync_batchnorm)
+        return compile_auto(compile_training, model, training, options, micro_batches, allreduce, sync_batchnorm,
+                            auto_ps)
     if parallel == "pipeline":
         if sync_batchnorm:
             raise CompileError("sync_batchnorm goes with data-parallel training: pipeline stages normalise per "
@@ -243,9 +246,11 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
         shapes = whole_input_shapes(proto, shapes)
         replica_shapes = replica_input_shapes(shapes, replicas)
         replica_model = with_batch(proto, next(iter(replica_shapes.values()))[0])
+        # Buckets sized by the all-reduce the local group will run (shared memory, once calibrated; else gloo's link).
+        buckets = bucket_bytes or bucket_bytes_for(allreduce_link(machine.link, replicas))
         step_graph = build_step_graph(replica_model, replica_shapes, loss, optimizer,
                                       trainable=trainable, frozen=frozen, label_smoothing=label_smoothing,
-                                      replicas=replicas, bucket_bytes=bucket_bytes or bucket_bytes_for(machine.link),
+                                      replicas=replicas, bucket_bytes=buckets,
                                       sync_batchnorm=sync_batchnorm,
                                       compression=None if compression == "none" else
                                       GradientCompression(compression, topk_ratio))

@@ -7,8 +7,9 @@ asynchronous (the sender goes on computing): `send`s are waited for at the end
 of each run, `start_send`s where the caller says (runtime/held_sends.py); a receive blocks until its tensor arrives or the process group's
 timeout passes, and then fails naming the rank, the tensor and the peer.
 Joining the group is bounded by the same timeout (`join_group`). All-reduces
-of a local worker group go through shared memory instead, on the calling
-thread (runtime/shared_reduce.py), where the session gave the workers a segment.
+of a local worker group go through shared memory instead (runtime/shared_reduce.py), where
+the session gave the workers a segment: a blocking one on the calling thread, a
+started one on the rank's reducer thread.
 """
 from __future__ import annotations
 
@@ -159,11 +160,10 @@ class TorchComm:
 
     def start_all_reduce(self, array: np.ndarray, reduction: str, name: str) -> Callable[[], None]:
         """Start `all_reduce` of `array` in the background (it must stay untouched until then); returns the wait,
-        which finishes it (a mean divides there). Through shared memory it is done here, in issue order (the
-        order every rank follows), and the wait has nothing left to do."""
+        which finishes it (a mean divides there). Through shared memory it runs on the rank's reducer thread, in
+        issue order (the order every rank follows)."""
         if self._shared is not None:
-            self._shared.all_reduce(array, reduction, name)
-            return _done
+            return self._shared.start_all_reduce(array, reduction, name)
         op = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}[reduction]
         tensor = self._tensor(array)
         try:
@@ -235,10 +235,6 @@ def _divide(buffer, tensor, world: int) -> None:
         tensor.div_(world)
     else:
         tensor.div_(world, rounding_mode="trunc")
-
-
-def _done() -> None:
-    """The wait of an all-reduce that already finished."""
 
 
 def _reason(exc: BaseException) -> str:

@@ -499,9 +499,10 @@ class Executor:
     def _segments(self) -> list[list[Instruction] | int] | None:
         """The run program cut at each instruction that needs Python: native segments (instruction lists)
         and, between them, the index of each Python instruction; None when an If holds one. A segment also
-        starts where the run waits for a held send."""
+        starts where the run waits for a held send, and at the first reader of an all-reduce's result (the
+        update of one gradient bucket then waits for that bucket only, while the later ones still reduce)."""
         parts: list[list[Instruction] | int] = []
-        cuts = self._send_waits.before
+        cuts = set(self._send_waits.before) | reduction_readers(self.run_instructions)
         for index, instruction in enumerate(self.run_instructions):
             if native_able(instruction):
                 if not parts or not isinstance(parts[-1], list) or index in cuts:
@@ -696,3 +697,17 @@ class Executor:
 
 def _nothing() -> None:
     return None
+
+
+def reduction_readers(instructions: Iterable[Instruction]) -> set[int]:
+    """Indices of the instructions that first read the result of an all-reduce started before them."""
+    started: set[str] = set()
+    readers = set()
+    for index, instruction in enumerate(instructions):
+        read = reads_within(instruction) & started
+        if read:
+            readers.add(index)
+            started -= read
+        if isinstance(instruction, AllReduce):
+            started.add(instruction.output or instruction.tensor)
+    return readers

@@ -17,6 +17,13 @@ Waiting spins a little with sched_yield (the peer is usually microseconds away),
 doorbell (an eventfd every rank writes after raising a counter), so a worker does not burn a core on a loaded
 machine; a peer that does not arrive within the timeout (dead, stuck) fails with PeerError.
 
+`start_all_reduce` runs the reduction on the rank's reducer thread instead, as PyTorch DDP's reducer does with a
+gradient bucket: the worker's kernels go on (the native host calls them without the GIL) while the thread copies,
+sums and waits for the peers, and the worker waits only where it reads the result. The thread takes the
+reductions in issue order, the order every rank follows, and sleeps on the doorbell at once instead of spinning:
+its core is the kernels'. A blocking `all_reduce` issued while reductions are queued goes through the thread too,
+behind them.
+
 The counters are plain aligned 8-byte stores read by polling: correct on x86's total store order (data written
 before a counter is seen before it), which `available` checks; elsewhere the runtime keeps gloo.
 
@@ -32,6 +39,8 @@ import os
 import platform
 import select
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
 
 import numpy as np
 
@@ -79,6 +88,9 @@ class SharedReduce:
         self._generation = int(self._arrived[rank])
         self._poll = select.poll()
         self._poll.register(self.doorbells[rank], select.POLLIN)
+        self._reducer: ThreadPoolExecutor | None = None
+        self._queued: Future | None = None  # the last reduction handed to the reducer thread
+        self._failed: PeerError | None = None  # once a peer failed to come, every later reduction fails at once
 
     @classmethod
     def attach(cls, text: str, rank: int, timeout_s: float) -> "SharedReduce":
@@ -88,18 +100,38 @@ class SharedReduce:
     def all_reduce(self, array: np.ndarray, reduction: str, name: str) -> None:
         """Replace `array` (contiguous) on every rank by the element-wise `reduction` (sum, mean, max, min) over
         all ranks, with the same bytes on every rank."""
+        if self._queued is not None and not self._queued.done():
+            self.start_all_reduce(array, reduction, name)()
+        else:
+            self._reduce(array, reduction, name, SPIN_S)
+
+    def start_all_reduce(self, array: np.ndarray, reduction: str, name: str) -> Callable[[], None]:
+        """Start `all_reduce` of `array` on the reducer thread (after those started before); returns the wait,
+        which raises what the reduction raised. `array` must stay untouched until then."""
+        if self._reducer is None:
+            self._reducer = ThreadPoolExecutor(1, thread_name_prefix=f"tessel-reduce-{self.rank}")
+        queued = self._queued = self._reducer.submit(self._reduce, array, reduction, name, 0.0)
+        return queued.result
+
+    def _reduce(self, array: np.ndarray, reduction: str, name: str, spin_s: float) -> None:
+        if self._failed is not None:
+            raise self._failed
         ufunc = _REDUCTIONS[reduction]
         flat = array.reshape(-1)
         per_piece = max(1, self.slice_bytes // flat.itemsize)
-        for start in range(0, flat.size, per_piece):
-            self._reduce_piece(flat[start:start + per_piece], ufunc, reduction == "mean", name)
+        try:
+            for start in range(0, flat.size, per_piece):
+                self._reduce_piece(flat[start:start + per_piece], ufunc, reduction == "mean", name, spin_s)
+        except PeerError as exc:
+            self._failed = exc
+            raise
 
-    def _reduce_piece(self, piece: np.ndarray, ufunc, mean: bool, name: str) -> None:
+    def _reduce_piece(self, piece: np.ndarray, ufunc, mean: bool, name: str, spin_s: float) -> None:
         self._generation += 1
         generation, dtype, count = self._generation, piece.dtype, piece.size
         self._slices[self.rank][:piece.nbytes].view(dtype)[...] = piece
         self._raise(self._arrived, generation)
-        self._wait(self._arrived, generation, name)
+        self._wait(self._arrived, generation, name, spin_s)
         low, high = self.rank * count // self.world, (self.rank + 1) * count // self.world
         if high > low:
             parts = [s[:piece.nbytes].view(dtype)[low:high] for s in self._slices]
@@ -110,7 +142,7 @@ class SharedReduce:
             if mean:
                 np.divide(total, self.world, out=total, casting="unsafe")
         self._raise(self._done, generation)
-        self._wait(self._done, generation, name)
+        self._wait(self._done, generation, name, spin_s)
         piece[...] = self._result[:piece.nbytes].view(dtype)
 
     def _raise(self, counters: np.ndarray, generation: int) -> None:
@@ -120,13 +152,13 @@ class SharedReduce:
             if peer != self.rank:
                 os.eventfd_write(doorbell, 1)
 
-    def _wait(self, counters: np.ndarray, generation: int, name: str) -> None:
-        """Until every rank's counter reached `generation`: spin, then sleep on the doorbell; PeerError after the
-        timeout. A doorbell rung after the last look wakes the sleep, so no raise is missed."""
+    def _wait(self, counters: np.ndarray, generation: int, name: str, spin_s: float) -> None:
+        """Until every rank's counter reached `generation`: spin `spin_s`, then sleep on the doorbell; PeerError
+        after the timeout. A doorbell rung after the last look wakes the sleep, so no raise is missed."""
         started = time.perf_counter()
         while counters.min() < generation:
             waited = time.perf_counter() - started
-            if waited < SPIN_S:
+            if waited < spin_s:
                 os.sched_yield()
                 continue
             if waited > self.timeout_s:
@@ -140,7 +172,10 @@ class SharedReduce:
                     pass
 
     def close(self) -> None:
-        """Unmap the segment and close the descriptors."""
+        """Let the reduction under way finish (the ones queued behind it are dropped; errors are the waits'),
+        then unmap the segment and close the descriptors."""
+        if self._reducer is not None:
+            self._reducer.shutdown(wait=True, cancel_futures=True)
         self._slices, self._result, self._arrived, self._done = [], None, None, None
         try:
             self._map.close()

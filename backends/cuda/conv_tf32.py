@@ -22,6 +22,8 @@ from .conv_blocks import COLUMN_BLOCK, GEMM_BLOCK, PARTIAL_BLOCK, WEIGHT_BLOCK, 
 WEIGHT_ROW_ALIGN, COLUMN_ROW_ALIGN = (8, 4), (16, 8)
 # The multiprocessors of the GPUs the heuristic sizes the grid for (H100 SXM: 132).
 DEFAULT_SM_COUNT = 132
+# Static shared memory of one block (CUDA's limit without an opt-in to more, which TVM's launcher does not make).
+SHARED_LIMIT_BYTES = 48 * 1024
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,17 @@ class MmaConfig:
         """Threads per block."""
         return 32 * self.warps_m * self.warps_n
 
+    @property
+    def shared_bytes(self) -> int:
+        """Shared memory of one block: its weight and column tiles (rows padded), once per stage."""
+        weight_row, column_row = _aligned(self.bk, *WEIGHT_ROW_ALIGN), _aligned(self.bn, *COLUMN_ROW_ALIGN)
+        return 4 * self.stages * (self.bm * weight_row + self.bk * column_row)
+
+    @property
+    def fits(self) -> bool:
+        """Whether a block of this configuration can launch (threads and shared memory within CUDA's limits)."""
+        return self.threads <= 1024 and self.shared_bytes <= SHARED_LIMIT_BYTES
+
     def to_json(self) -> dict[str, int]:
         """The configuration as a JSON object."""
         return asdict(self)
@@ -64,6 +77,11 @@ def heuristic_mma_config(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUN
     while _blocks(m, n, config) * split * 2 <= 2 * sm_count and k // (config.bk * split * 2) >= 8:
         split *= 2
     return replace(config, split_k=split)
+
+
+def _aligned(length: int, factor: int, offset: int) -> int:
+    """The smallest row stride >= length that is `offset` modulo `factor` (what storage_align makes)."""
+    return length + (offset - length) % factor
 
 
 def _blocks(m: int, n: int, config: MmaConfig) -> int:

@@ -4,20 +4,24 @@ the measured step; the whole run on two workers is slow-marked."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from tessel.compiler.parallel_auto import (Alternative, auto_micro_batches, choose, record_measured, record_run,
-                                           report_markdown, write_report)
+from tessel.compiler.parallel_auto import (Alternative, ParameterServerChosen, auto_micro_batches, choose,
+                                           predict_data, predict_ps, record_measured, record_run, report_markdown,
+                                           write_report)
+from tessel.compiler.ps_timeline import shard_loads, simulate_ps
+from tessel.compiler.step_kernels import KernelTime
 from tessel.compiler.pipeline_programs import block_runs
 from tessel.compiler.plots.step_gantt import write_step_gantt
 from tessel.compiler.options import CompileError
 from tessel.compiler.step_timeline import (ALLREDUCE, BACKWARD, FORWARD, TRANSFER, UPDATE, WAIT, WorkerProgram,
                                            reordered_stage, replica_phases, simulate, stage_phases)
 from tessel.passes.machine import Link
-from tessel.runtime.instructions import AllReduce, Assign, KernelCall, Recv, Send
+from tessel.runtime.instructions import AllReduce, Assign, KernelCall, Recv, Send, program_to_json
 
 LINK = Link(alpha=1e-3, beta=1e-6)  # 1 ms + 1 µs per byte: round numbers
 F32 = "float32[250]"  # 1000 bytes: one transfer costs 2 ms
@@ -231,7 +235,7 @@ class _FakeTrainer:
 
 
 def _fake_auto(monkeypatch, tmp_path, predicted: dict, fail_pipeline: bool = False, compiled: list | None = None,
-               fail_prediction: bool = False):
+               fail_prediction: bool = False, parameter_server: bool = False):
     """compile_auto with its compiles and predictions replaced: `predicted` seconds by alternative name (with
     `fail_pipeline` the pipeline does not compile; with `fail_prediction` the pipeline's prediction fails); the fake
     trainers compiled (into `compiled`), in order."""
@@ -249,7 +253,8 @@ def _fake_auto(monkeypatch, tmp_path, predicted: dict, fail_pipeline: bool = Fal
 
     def alternative(name, parallel, schedule=None, runnable=True):
         return Alternative(name, parallel, schedule, predicted[name], "measured", runnable=runnable,
-                           bubble={"predicted": 0.2, "simulated": 0.3, "busy_s": [1e-3]} if schedule else {})
+                           bubble={"predicted": 0.2, "simulated": 0.3, "busy_s": [1e-3]} if schedule else {},
+                           servers=1 if parallel == "ps" else 0)
 
     first, second = _two_stages()
     timeline = simulate([first, second], lambda call: 1e-3, LINK, allreduce_s=LINK.seconds)
@@ -257,12 +262,14 @@ def _fake_auto(monkeypatch, tmp_path, predicted: dict, fail_pipeline: bool = Fal
     monkeypatch.setattr(parallel_auto, "_step_kernel_times", lambda artifact, workers: {})
     monkeypatch.setattr(parallel_auto, "_whole_batch", lambda trainer: 16)
     monkeypatch.setattr(parallel_auto, "predict_data", lambda *a: (alternative("data", "data"), timeline))
-    monkeypatch.setattr(parallel_auto, "predict_ps", lambda *a: alternative("parameter server", "ps", runnable=False))
+    monkeypatch.setattr(parallel_auto, "predict_ps", lambda *a: (alternative("parameter server", "ps",
+                                                                             runnable=a[-1]), timeline))
     monkeypatch.setattr(parallel_auto, "predict_pipeline", _deadlocks if fail_prediction else (
         lambda artifact, times, link, schedule, host: (alternative(f"pipeline {schedule}", "pipeline", schedule),
                                                       timeline)))
+    monkeypatch.setattr(parallel_auto, "allreduce_transport", lambda workers: None)
     trainer = parallel_auto.compile_auto(compile_training, "model.onnx", {"loss": "mse"}, {"devices": 2}, 1, "auto",
-                                         False)
+                                         False, parameter_server)
     return trainer, compiled
 
 
@@ -292,3 +299,127 @@ def test_a_failing_prediction_closes_every_compiled_trainer(monkeypatch, tmp_pat
         _fake_auto(monkeypatch, tmp_path, {"data": 1e-3, "parameter server": 1e-3}, compiled=compiled,
                    fail_prediction=True)
     assert len(compiled) == 2 and all(t.closed for t in compiled)
+
+
+def test_parameters_are_shared_out_largest_first_to_the_lightest_server():
+    assert shard_loads([100, 400, 300, 200], 2) == [500, 500]
+    assert shard_loads([100, 400, 300, 200], 1) == [1000]
+
+
+def test_a_parameter_server_step_pulls_computes_pushes_then_updates():
+    program = _replica()
+    replica = WorkerProgram(program, replica_phases(program, "loss"), _values("x", "w", "h", "l", "loss", "gw", "gm",
+                                                                               "o", "s"))
+    timeline = simulate_ps(replica, 2, [1000], 1, lambda call: {"upd": 3e-3}.get(call.node, 1e-3), LINK)
+    # The server sends 1000 B to each worker: the link holds each 1 ms, so they arrive at 2 and 3 ms (α + β·bytes).
+    # Worker 1 from 3 ms: f1, loss_k, g, other: 4 ms of kernels (the update's kernel and the state copy are the
+    # server's), then its push leaves at 7 ms and arrives at 9; the server updates its one shard: 3 ms.
+    assert timeline.step_s == pytest.approx(12e-3)
+    kinds = {(bar.worker, bar.node) for bar in timeline.bars}
+    assert {(0, "ps_pull_0"), (2, "ps_pull_0"), (2, "ps_update_0"), (1, "other")} <= kinds
+    assert not any(bar.node in ("upd", "ar_g", "ar_loss") for bar in timeline.bars)
+
+
+def _tiny_plan_artifact():
+    """A data-parallel replica's plan (the hand-made `_replica`) as parallel auto reads it."""
+    values = _values("x", "w", "h", "l", "loss", "gw", "gm", "o", "s")
+    worker = {"instructions": program_to_json(_replica()), "values": values, "outputs": ["loss"], "inputs": ["x"]}
+    return SimpleNamespace(plan={"workers": [worker, worker]})
+
+
+@pytest.mark.parametrize("link, chosen", [(Link(alpha=50e-3, beta=1e-6), "parameter server"),
+                                          (Link(alpha=20e-6, beta=1e-9), "data")], ids=["slow", "fast"])
+def test_auto_picks_the_parameter_server_on_a_slow_link_only(link, chosen):
+    artifact = _tiny_plan_artifact()
+    times = {f"k_{node}": KernelTime(1e-3, True) for node in ("f1", "loss_k", "g", "other", "upd")}
+    data, _ = predict_data(artifact, times, link, 2, "auto", 1e-4)
+    ps, timeline = predict_ps(artifact, times, link, 2, ["w"], 1e-4, True)
+    assert ps.servers == 1 and ps.runnable and timeline.step_s == ps.predicted_s
+    assert choose([data, ps]).name == chosen
+    # A caller that cannot start servers never gets the parameter server.
+    unrunnable, _ = predict_ps(artifact, times, link, 2, ["w"], 1e-4, False)
+    assert choose([data, unrunnable]).name == "data" and "tessel train" in unrunnable.note
+
+
+def test_auto_hands_a_parameter_server_choice_to_its_caller(monkeypatch, tmp_path):
+    predicted = {"data": 3e-3, "parameter server": 1e-3, "pipeline gpipe": 2e-3, "pipeline 1f1b": 2.5e-3}
+    compiled = []
+    with pytest.raises(ParameterServerChosen, match="--parallel ps --servers 1") as raised:
+        _fake_auto(monkeypatch, tmp_path, predicted, compiled=compiled, parameter_server=True)
+    assert all(t.closed for t in compiled)
+    raised.value.write_reports(tmp_path / "run" / "reports")
+    text = (tmp_path / "run" / "reports" / "parallel_auto.md").read_text()
+    assert "| parameter server **(chosen)** | 1.000 ms |" in text
+    assert (tmp_path / "run" / "reports" / "step_gantt.png").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("link, parameter_server", [(Link(50e-3, 8e-9), True), (Link(20e-6, 1e-9), False)],
+                         ids=["emulated-slow-link", "fast-link"])
+def test_auto_on_the_bench_mlp_picks_the_parameter_server_on_a_slow_link_only(tmp_path, monkeypatch, link,
+                                                                                parameter_server):
+    """~30 s: compiles the bench MLP's data-parallel and pipeline steps on 2 workers and predicts them on an
+    emulated link (every message and all-reduce priced by it): a 1 Gbit/s network with 50 ms latency, or a fast one."""
+    import tessel
+    from bench.training_models import SPECS, export
+    from tessel.compiler import parallel_auto
+
+    monkeypatch.setattr(parallel_auto, "_measured", lambda measured: (link, "emulated"))
+    monkeypatch.setattr(parallel_auto, "allreduce_transport", lambda workers: None)
+    spec = SPECS["mlp"]
+    model = export(spec.model(0), spec.input_shape, tmp_path / "mlp.onnx")
+
+    def compile_auto():
+        return tessel.compile_training(str(model), loss="mse", optimizer=tessel.optim.SGD(0.05), devices=2,
+                                       input_shapes={"x": spec.input_shape}, parallel="auto", auto_ps=True)
+
+    if parameter_server:
+        with pytest.raises(ParameterServerChosen, match="--parallel ps --servers"):
+            compile_auto()
+        return
+    trainer = compile_auto()
+    try:
+        doc = json.loads((Path(trainer.step_artifact.directory) / "reports" / "parallel_auto.json").read_text())
+        assert doc["chosen"] != "parameter server" and doc["link"]["source"] == "emulated"
+    finally:
+        trainer.close()
+
+
+def test_tessel_train_runs_the_parameter_server_when_auto_chooses_it(tmp_path, monkeypatch):
+    import onnx
+    from onnx import TensorProto, helper
+
+    import tessel
+    from tessel.compiler import train_command
+    from tessel.compiler.cli import main
+
+    alternatives = _alternatives()
+    ps = Alternative("parameter server", "ps", None, 1e-3, "measured", servers=2)
+    first, second = _two_stages()
+    timeline = simulate([first, second], lambda call: 1e-3, LINK, allreduce_s=LINK.seconds)
+
+    def compile_training(*args, **kwargs):
+        assert kwargs["auto_ps"] and kwargs["parallel"] == "auto"
+        raise ParameterServerChosen(2, [alternatives[0], ps], ps, LINK, "given", 2, timeline)
+
+    ran = {}
+
+    def run_ps(settings, run_dir, data, val, steps_per_epoch, first_output, args):
+        ran.update(parallel=settings.parallel, servers=args.servers, run_dir=run_dir)
+        return 0
+
+    monkeypatch.setattr(tessel, "compile_training", compile_training)
+    monkeypatch.setattr(train_command, "run_ps", run_ps)
+    model = tmp_path / "linear.onnx"
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [3, 2], [0.1] * 6)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "linear",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    x = np.ones((4, 3), np.float32)
+    np.savez(tmp_path / "data.npz", x=x, labels=np.zeros((4, 2), np.float32))
+    run = tmp_path / "run"
+    assert main(["train", str(model), "--data", str(tmp_path / "data.npz"), "--loss", "mse", "--lr", "0.05",
+                 "--batch", str(len(x)), "--epochs", "1", "--devices", "2", "--parallel", "auto", "-o", str(run)]) == 0
+    assert ran == {"parallel": "ps", "servers": 2, "run_dir": run}
+    assert "| parameter server **(chosen)** | 1.000 ms |" in (run / "reports" / "parallel_auto.md").read_text()

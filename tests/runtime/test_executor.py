@@ -87,3 +87,18 @@ def test_profile_starts_every_pass_from_the_inputs(kernel_cache):
     artifact = compile(silero.path, input_shapes=silero.input_shapes, cache_dir=kernel_cache)
     rows = Executor(artifact.directory).profile(silero.make_inputs(), runs=2)
     assert len(rows) == len(artifact.plan["workers"][0]["instructions"]) and all(ms >= 0 for _, _, ms in rows)
+
+
+def test_the_native_host_cuts_a_segment_at_each_first_reader_of_an_all_reduce_result():
+    from tessel.runtime.executor import reduction_readers
+    from tessel.runtime.instructions import AllReduce, KernelCall
+
+    def call(node, inputs):
+        return KernelCall(node=node, op="Relu", kernel="k", inputs=tuple(inputs), outputs=(f"{node}_out",))
+
+    program = [AllReduce("r1", "AllReduce", tensor="g1", reduction="mean"),
+               AllReduce("r2", "AllReduce", tensor="g2", reduction="mean", output="m2"),
+               call("backward", ["x"]), call("update1", ["g1", "w1"]), call("update1b", ["g1"]),
+               call("update2", ["m2", "w2"])]
+    # Bucket 1's update waits for bucket 1 only; bucket 2's first reader starts a segment of its own.
+    assert reduction_readers(program) == {3, 5}

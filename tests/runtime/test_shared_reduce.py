@@ -1,5 +1,6 @@
 """The shared-memory all-reduce of local workers: two forked ranks, sums, means and maxima of several dtypes, a
-tensor larger than a slice, identical bytes on both ranks, and a peer that never comes."""
+tensor larger than a slice, identical bytes on both ranks (blocking, and started on the reducer thread between
+blocking ones), and a peer that never comes."""
 from __future__ import annotations
 
 import json
@@ -24,8 +25,9 @@ def _tensors(rank: int) -> list[tuple[np.ndarray, str]]:
             (np.zeros(0, np.float32), "sum")]
 
 
-def _run_ranks(tmp_path, world: int, ranks: list[int], timeout_s: float) -> dict[int, int]:
-    """Fork `ranks`, each all-reducing `_tensors` and saving its results (or its error line); their exit codes."""
+def _run_ranks(tmp_path, world: int, ranks: list[int], timeout_s: float, started: bool = False) -> dict[int, int]:
+    """Fork `ranks`, each all-reducing `_tensors` and saving its results (or its error line); their exit codes.
+    `started`: every other tensor's reduction is started on the reducer thread, waited for at the end."""
     layout = create_layout(world, slice_bytes=4096)
     children = {}
     for rank in ranks:
@@ -34,10 +36,16 @@ def _run_ranks(tmp_path, world: int, ranks: list[int], timeout_s: float) -> dict
             status = 1
             try:
                 shared = SharedReduce.attach(json.dumps(layout), rank, timeout_s)
-                arrays = {}
+                arrays, waits = {}, []
                 for k, (array, reduction) in enumerate(_tensors(rank)):
-                    shared.all_reduce(array, reduction, f"t{k}")
+                    if started and k % 2 == 0:
+                        waits.append(shared.start_all_reduce(array, reduction, f"t{k}"))
+                    else:
+                        shared.all_reduce(array, reduction, f"t{k}")
                     arrays[f"t{k}"] = array
+                for wait in waits:
+                    wait()
+                shared.close()
                 np.savez(tmp_path / f"rank{rank}.npz", **arrays)
                 status = 0
             except PeerError as exc:
@@ -49,13 +57,28 @@ def _run_ranks(tmp_path, world: int, ranks: list[int], timeout_s: float) -> dict
     return {rank: os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for rank, pid in children.items()}
 
 
-def test_two_ranks_reduce_to_the_same_bytes(tmp_path):
-    assert _run_ranks(tmp_path, 2, [0, 1], timeout_s=30) == {0: 0, 1: 0}
+@pytest.mark.parametrize("started", [False, True], ids=["blocking", "reducer-thread"])
+def test_two_ranks_reduce_to_the_same_bytes(tmp_path, started):
+    assert _run_ranks(tmp_path, 2, [0, 1], timeout_s=30, started=started) == {0: 0, 1: 0}
     results = [np.load(tmp_path / f"rank{r}.npz", allow_pickle=False) for r in range(2)]
     for k, ((a, reduction), (b, _)) in enumerate(zip(_tensors(0), _tensors(1))):
         expected = {"sum": a + b, "mean": (a + b) / 2, "max": np.maximum(a, b)}[reduction].astype(a.dtype)
         np.testing.assert_allclose(results[0][f"t{k}"], expected, rtol=1e-6)
         assert results[0][f"t{k}"].tobytes() == results[1][f"t{k}"].tobytes()
+
+
+def test_a_missing_peer_fails_every_started_reduction_after_one_timeout(tmp_path):
+    import time
+
+    layout = create_layout(2, slice_bytes=4096)
+    shared = SharedReduce(layout, 0, 0.3)
+    waits = [shared.start_all_reduce(np.ones(8, np.float32), "sum", f"b{k}") for k in range(3)]
+    started = time.perf_counter()
+    for wait in waits:
+        with pytest.raises(PeerError, match="tensor 'b0' failed .no answer from rank.s. 1"):
+            wait()
+    assert time.perf_counter() - started < 2.0  # one timeout, not three
+    shared.close()
 
 
 def test_a_missing_peer_fails_with_one_line(tmp_path):
