@@ -44,9 +44,16 @@ def compiled_job(model: Path, directory: Path, servers: int, layout: str, steps:
     """The compiled job in `directory` (compiled there first when it holds none)."""
     if (directory / "job.json").is_file():
         return PSJob.read(directory)
+    import onnx
+
+    from tessel.ir.onnx_import import with_batch
+
     started = time.perf_counter()
     options = {"cache_dir": cache} if cache else {}
-    job = prepare_job(str(model), "cross_entropy", tessel.optim.SGD(lr=0.01, momentum=0.9), synthetic_data(2 * BATCH),
+    directory.mkdir(parents=True, exist_ok=True)
+    batched = directory / "resnet18_b32.onnx"  # the model file fixes batch 1
+    onnx.save(with_batch(onnx.load(str(model)), BATCH), str(batched))
+    job = prepare_job(str(batched), "cross_entropy", tessel.optim.SGD(lr=0.01, momentum=0.9), synthetic_data(2 * BATCH),
                       directory, workers=WORKERS, servers=servers, batch=BATCH, steps=steps, layout=layout, **options)
     print(f"compiled the PS job in {time.perf_counter() - started:.0f} s", flush=True)
     return job
