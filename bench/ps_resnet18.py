@@ -10,8 +10,8 @@ digits bench (bench/ps_digits.py) measures. Both configs run the same compiled p
 
 The link is emulated by runtime/ps_job.throttle: before a message leaves, its sender waits the latency plus
 the message's time at the link's bandwidth (loopback between local processes is faster than any network).
-Seconds are the slowest worker's training loop (process start, imports and the first step's warm-up
-excluded: each worker's first step is not timed, see `--warmup`).
+Seconds are the slowest worker's training loop (process start and imports excluded; the first step's kernel
+warm-up is in both configs alike).
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def compiled_job(model: Path, directory: Path, servers: int, layout: str, steps:
 
 
 def run_config(directory: Path, base: PSJob, compression: str, steps: int, link_gbit: float,
-               latency_s: float, warmup: int) -> dict:
+               latency_s: float) -> dict:
     """One config's row: the job run with `compression` on the emulated link."""
     job = replace(base, compression=compression, steps=steps, link_gbit_s=link_gbit, link_latency_s=latency_s)
     job.write(directory)
@@ -85,7 +85,6 @@ def main() -> None:
     parser.add_argument("--link-gbit", type=float, default=1.0, help="emulated link bandwidth, Gbit/s")
     parser.add_argument("--link-latency-ms", type=float, default=0.1, help="emulated latency per message")
     parser.add_argument("--configs", default="none,1bit", help="compressions to compare, in this order")
-    parser.add_argument("--warmup", type=int, default=0, help="(unused placeholder)")
     parser.add_argument("--job-dir", default=None, help="keep the compiled job here (reused when it exists)")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--json", default=None, help="write the rows here")
@@ -100,8 +99,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     rows = []
     for compression in args.configs.split(","):
-        row = run_config(directory, base, compression, args.steps, args.link_gbit, args.link_latency_ms / 1e3,
-                         args.warmup)
+        row = run_config(directory, base, compression, args.steps, args.link_gbit, args.link_latency_ms / 1e3)
         rows.append(row)
         print(f"| {compression} | {row['seconds'] / args.steps:.2f} | {row['push_bytes']:.0f} | "
               f"{row['pull_bytes']:.0f} | {row['float32_push_bytes'] / row['push_bytes']:.1f}x | "
