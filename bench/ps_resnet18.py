@@ -1,7 +1,8 @@
 """ResNet-18 (batch 32, 2 workers) trained by a parameter server on an EMULATED slow link, with and without
 1-bit gradient compression, in the same run: seconds per step and bytes on the wire per step.
 
-    flock /tmp/tessel_heavy.lock python bench/ps_resnet18.py [--steps 4] [--link-gbit 1] [--job-dir DIR]
+    flock /tmp/tessel_heavy.lock python bench/ps_resnet18.py [--steps 4] [--link-gbit 1] [--repeats 2]
+        [--baseline] [--job-dir DIR]
 
 The model is $TESSEL_MODELS/resnet18.onnx (224x224 images). The data are synthetic (a fixed set of normal
 random images and random labels, seeded): the bench measures the step's time, not the accuracy, which the
@@ -68,7 +69,8 @@ def run_config(directory: Path, base: PSJob, compression: str, steps: int, link_
     result = run_job(directory, timeout_s=3600)
     wall = time.perf_counter() - started
     floats = sum(int(np.prod(shape)) for shape in job.shapes.values())
-    return {"compression": compression, "steps": steps, "wall_s": wall,
+    return {"compression": compression, "link_gbit_s": link_gbit, "link_latency_s": latency_s, "steps": steps,
+            "wall_s": wall,
             "seconds": max(r["seconds"] for r in result.reports),
             "losses": [float(np.mean([r["losses"][k] for r in result.reports])) for k in range(steps)],
             "push_bytes": float(np.mean([r["bytes_pushed"] for r in result.reports]) / steps),
@@ -85,6 +87,10 @@ def main() -> None:
     parser.add_argument("--link-gbit", type=float, default=1.0, help="emulated link bandwidth, Gbit/s")
     parser.add_argument("--link-latency-ms", type=float, default=0.1, help="emulated latency per message")
     parser.add_argument("--configs", default="none,1bit", help="compressions to compare, in this order")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run the configs this many times, alternating (the machine's load drifts)")
+    parser.add_argument("--baseline", action="store_true",
+                        help="also run each config once without the emulated link (loopback)")
     parser.add_argument("--job-dir", default=None, help="keep the compiled job here (reused when it exists)")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--json", default=None, help="write the rows here")
@@ -93,17 +99,20 @@ def main() -> None:
     directory = Path(args.job_dir or "/tmp/ps-resnet18-job")
     base = compiled_job(model, directory, args.servers, args.layout, args.steps, args.cache_dir)
     print(f"ResNet-18, {WORKERS} workers, {base.servers} server(s) ({base.layout}), global batch {BATCH}, "
-          f"{args.steps} steps per config; EMULATED link {args.link_gbit:g} Gbit/s, {args.link_latency_ms:g} ms "
-          f"per message", flush=True)
-    print("| compression | s/step | push B/step | pull B/step | push vs float32 | final loss |")
-    print("|---|---|---|---|---|---|")
+          f"{args.steps} steps per config, synthetic data", flush=True)
+    print("| compression | link | s/step | push B/step | pull B/step | push vs float32 | final loss |")
+    print("|---|---|---|---|---|---|---|")
+    emulated = (args.link_gbit, args.link_latency_ms / 1e3)
+    links = [emulated] * args.repeats + ([(0.0, 0.0)] if args.baseline else [])
     rows = []
-    for compression in args.configs.split(","):
-        row = run_config(directory, base, compression, args.steps, args.link_gbit, args.link_latency_ms / 1e3)
-        rows.append(row)
-        print(f"| {compression} | {row['seconds'] / args.steps:.2f} | {row['push_bytes']:.0f} | "
-              f"{row['pull_bytes']:.0f} | {row['float32_push_bytes'] / row['push_bytes']:.1f}x | "
-              f"{row['losses'][-1]:.3f} |", flush=True)
+    for gbit, latency_s in links:
+        for compression in args.configs.split(","):
+            row = run_config(directory, base, compression, args.steps, gbit, latency_s)
+            rows.append(row)
+            link = f"EMULATED {gbit:g} Gbit/s, {1e3 * latency_s:g} ms" if gbit else "loopback"
+            print(f"| {compression} | {link} | {row['seconds'] / args.steps:.2f} | {row['push_bytes']:.0f} | "
+                  f"{row['pull_bytes']:.0f} | {row['float32_push_bytes'] / row['push_bytes']:.1f}x | "
+                  f"{row['losses'][-1]:.3f} |", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
