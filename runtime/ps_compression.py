@@ -186,10 +186,11 @@ class ErrorFeedback:
         self.residual = np.zeros(size, np.float32)
 
     def encode(self, vector: np.ndarray) -> np.ndarray:
-        """The message for `vector` plus the residual so far; the residual becomes what this message lost
-        (computed in place: the vectors are the whole gradient, ResNet-18's 47 MB)."""
+        """The message for `vector` plus the residual so far; the residual becomes what this message lost. The sum
+        is made in the old residual's buffer (the vectors are whole gradients, ResNet-18's 47 MB); the new
+        residual is a new array, since a message may be a view of that sum (float32)."""
         corrected = self.residual
         corrected += vector
         message, decoded = self.codec.encode(corrected)
-        corrected -= decoded
+        self.residual = corrected - decoded
         return message
