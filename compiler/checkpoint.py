@@ -3,8 +3,10 @@
     CKPT/step/, CKPT/eval/   the step and eval artifacts (plan.json hashes every file they run from)
     CKPT/state.npz           the state after `steps_done` steps: parameters, optimizer slots, running statistics
     CKPT/model.onnx          the model as given (the Trainer's export_onnx writes the trained values into it)
+    CKPT/residuals.npz       with compressed data-parallel gradients: each worker's error-feedback residuals
+                             ("RANK/TENSOR"), which its next messages would carry (runtime/comm.py)
     CKPT/training.json       the optimizer and its schedule, the step count, the seed, the step's names, and the
-                             sha256 of state.npz and model.onnx
+                             sha256 of state.npz, model.onnx (and residuals.npz)
 
 Reading one checks every file before any kernel is loaded: training.json's fields and hashes, each
 artifact's plan and file hashes, the state's arrays against the step artifact's plan.
@@ -29,6 +31,7 @@ from .training import StepGraph
 
 TRAINING_FILE = "training.json"
 MODEL_FILE = "model.onnx"
+RESIDUALS_FILE = "residuals.npz"
 STEP_DIR, EVAL_DIR = "step", "eval"
 FORMAT = "tessel.training"
 FORMAT_VERSION = 1
@@ -92,6 +95,7 @@ class Checkpoint:
     steps_done: int
     state: dict[str, np.ndarray]
     model_bytes: bytes
+    residuals: dict[str, np.ndarray] = field(default_factory=dict)  # "RANK/TENSOR" -> error-feedback residual
 
 
 def write_checkpoint(checkpoint: Checkpoint, directory: str | Path, force: bool = False) -> Path:
@@ -106,9 +110,13 @@ def write_checkpoint(checkpoint: Checkpoint, directory: str | Path, force: bool 
         checkpoint.eval_artifact.save(staging / EVAL_DIR)
         np.savez(staging / STATE_FILE, **checkpoint.state)
         (staging / MODEL_FILE).write_bytes(checkpoint.model_bytes)
+        files = (STATE_FILE, MODEL_FILE)
+        if checkpoint.residuals:
+            np.savez(staging / RESIDUALS_FILE, **checkpoint.residuals)
+            files += (RESIDUALS_FILE,)
         doc = {"format": FORMAT, "format_version": FORMAT_VERSION, "steps_done": checkpoint.steps_done,
                "seed": checkpoint.seed, "optimizer": checkpoint.optimizer.to_json(), "step": asdict(checkpoint.names),
-               "files": {name: file_hash(staging / name) for name in (STATE_FILE, MODEL_FILE)}}
+               "files": {name: file_hash(staging / name) for name in files}}
         (staging / TRAINING_FILE).write_text(json.dumps(doc, indent=1))
 
     return write_staged(destination, replace, fill, "checkpoint")
@@ -119,7 +127,7 @@ def read_checkpoint(directory: str | Path) -> Checkpoint:
     when one is missing, damaged or edited."""
     directory = Path(directory)
     doc = _read_training_file(directory)
-    for name in (STATE_FILE, MODEL_FILE):
+    for name in (STATE_FILE, MODEL_FILE) + ((RESIDUALS_FILE,) if RESIDUALS_FILE in doc["files"] else ()):
         path = inside(directory, name)
         if not path.is_file() or file_hash(path) != doc["files"][name]:
             raise ArtifactError(f"{path}: missing, or its content does not match its hash in {TRAINING_FILE}")
@@ -133,7 +141,20 @@ def read_checkpoint(directory: str | Path) -> Checkpoint:
     except (ValueError, KeyError, TypeError) as exc:
         raise ArtifactError(f"{directory / TRAINING_FILE}: the optimizer cannot be read ({exc})") from None
     return Checkpoint(step_artifact, eval_artifact, StepNames.from_json(doc["step"], str(directory / TRAINING_FILE)),
-                      optimizer, doc["seed"], doc["steps_done"], state, (directory / MODEL_FILE).read_bytes())
+                      optimizer, doc["seed"], doc["steps_done"], state, (directory / MODEL_FILE).read_bytes(),
+                      _read_residuals(directory, step_artifact.devices) if RESIDUALS_FILE in doc["files"] else {})
+
+
+def _read_residuals(directory: Path, workers: int) -> dict[str, np.ndarray]:
+    """residuals.npz, each name "RANK/TENSOR" with RANK one of the step's `workers`; ArtifactError otherwise."""
+    with np.load(directory / RESIDUALS_FILE, allow_pickle=False) as arrays:
+        residuals = {name: arrays[name] for name in arrays.files}
+    for name in residuals:
+        rank, _, tensor = name.partition("/")
+        if not (rank.isdigit() and int(rank) < workers and tensor):
+            raise ArtifactError(f"{directory / RESIDUALS_FILE}: '{name}' is not RANK/TENSOR for one of the step's "
+                                f"{workers} workers")
+    return residuals
 
 
 def _read_training_file(directory: Path) -> dict[str, Any]:

@@ -8,7 +8,8 @@ theirs (so in every mode all workers have pushed exactly S gradients and written
 answers it writes its shard (shard<s>.npz: parameters and optimizer slots; shard<s>_views.npz: with compressed
 pulls, the weights each worker holds; shard<s>.json: its update count). Once every server has answered worker 0,
 every part is written: worker 0 renames step_S.partial to step_S and removes the older step checkpoints. Async
-and SSP jobs thus meet at each checkpoint, as BSP does every step.
+and SSP jobs thus meet at each checkpoint, as BSP does every step. The last checkpoint is at the job's final
+step (its pull only meets the others'), so that a finished run's newest checkpoint says it is finished.
 """
 from __future__ import annotations
 

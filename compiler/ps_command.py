@@ -124,14 +124,19 @@ def run_ps(settings: RunSettings, run_dir: Path, data: Dataset, val: Dataset | N
 
 def _resumed_job(run_dir: Path, steps: int, steps_per_epoch: int):
     """The run's job, set to start from its newest checkpoint (from the beginning if it has none) and to end
-    after `steps` steps; checkpoints past it and half-written ones are removed."""
+    after `steps` steps; half-written checkpoints are removed. A run whose newest checkpoint has `steps` steps
+    or more (a finished run: the ranks checkpoint after the last step) is a TrainSettingsError, before anything
+    in RUN_DIR changes: nothing to do."""
     from tessel.runtime.ps_job import PSJob
 
     from .train_checkpoints import drop_after, mid_epoch_steps
 
     job = PSJob.read(run_dir / PS_DIR)
-    drop_after(run_dir, steps, steps_per_epoch)
     done = mid_epoch_steps(run_dir)
+    if done and done[-1] >= steps:
+        raise TrainSettingsError(f"{run_dir}: already trained {done[-1]} step(s) of {steps}; nothing to do "
+                                 "(give --epochs N or --max-steps N beyond them to train more)")
+    drop_after(run_dir, steps, steps_per_epoch)
     job.start = done[-1] if done else 0
     job.steps = steps
     return job

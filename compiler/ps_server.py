@@ -49,6 +49,8 @@ class Server:
         # Compressed pulls send each worker the change since the weights it holds, which the server tracks.
         self.views = [self.weights.copy() for _ in range(job.workers)] if job.pull_codec != "none" else None
         self.pull_codec = make_codec(job.pull_codec, job.segments(shard), job.topk_ratio)
+        # The last compressed pull: (update count, the view it was encoded against, message, decoded change).
+        self.pull_cache: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
         if job.start:
             self._resume()
 
@@ -122,13 +124,24 @@ class Server:
             if self.job.checkpoints_at(clock) and self.saved < clock:
                 write_shard(partial_dir(self.job.run_dir, clock), self.shard, self.state(), self.views, self.updates)
                 self.saved = clock
-            if self.views is None:
-                payload = self.weights.view(np.uint8)
-            else:
-                payload, decoded = self.pull_codec.encode(self.weights - self.views[worker])
-                self.views[worker] += decoded
+            payload = self.weights.view(np.uint8) if self.views is None else self._pull_message(worker)
             self.wire.to_worker(self.shard, worker, WEIGHTS, self.updates, payload)
         self.waiting = still
+
+    def _pull_message(self, worker: int) -> np.ndarray:
+        """The compressed pull for `worker`: the change from the weights it holds to the current ones, encoded;
+        its view then moves by what it will decode. Workers holding the same weights get the same message, so
+        it is encoded once per update (in sync mode every worker's view is the same: one encode per step)."""
+        view = self.views[worker]
+        cached = self.pull_cache
+        if cached is not None and cached[0] == self.updates and np.array_equal(cached[1], view):
+            payload, decoded = cached[2], cached[3]
+        else:
+            before = view.copy()
+            payload, decoded = self.pull_codec.encode(self.weights - view)
+            self.pull_cache = (self.updates, before, payload, decoded)
+        view += decoded
+        return payload
 
     def _weights(self) -> np.ndarray:
         """The shard's current parameters as one float32 vector."""

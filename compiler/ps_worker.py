@@ -83,17 +83,15 @@ class Worker:
         started = time.perf_counter()
         batches = itertools.islice(worker_batches(self.job, self.arrays, self.rank), self.job.start, None)
         for clock, batch in enumerate(batches, self.job.start):
-            if self.job.checkpoints_at(clock):
-                self._write_checkpoint(clock, time.perf_counter() - started)
-            self._pull(clock)
-            if self.job.checkpoints_at(clock) and self.rank == 0:
-                finish(self.job.run_dir, clock)  # every server answered: every part is written
+            self._pull(clock, started)
             feeds = {name: batch[name] for name in self.job.data_inputs}
             if self.job.label_input is not None:
                 feeds[self.job.label_input] = batch["labels"]
             outputs = self.step.run(feeds)
             self.losses.append(float(outputs[self.job.loss_output]))
             self._push(clock, outputs)
+        if self.job.checkpoints_at(self.job.steps):  # the final checkpoint: its pull only meets the others'
+            self._pull(self.job.steps, started)
         for shard in range(self.job.servers):
             self.wire.to_server(shard, DONE)
         return self._report(time.perf_counter() - started)
@@ -108,7 +106,18 @@ class Worker:
         write_worker(partial_dir(self.job.run_dir, clock), self.rank, self.weights,
                      [pusher.residual for pusher in self.pushers], self.statistics(), self._report(seconds))
 
-    def _pull(self, clock: int) -> None:
+    def _pull(self, clock: int, started: float) -> None:
+        """The weights for step `clock` from every server, into the step's state; at a checkpoint clock the
+        worker writes its part first, and worker 0 completes the checkpoint once every server has answered
+        (`started`: when this run's training began, for the seconds the checkpoint records)."""
+        checkpoint = self.job.checkpoints_at(clock)
+        if checkpoint:
+            self._write_checkpoint(clock, time.perf_counter() - started)
+        self._fetch(clock)
+        if checkpoint and self.rank == 0:
+            finish(self.job.run_dir, clock)  # every server answered: every part is written
+
+    def _fetch(self, clock: int) -> None:
         """The weights for step `clock` from every server, into the step's state."""
         for shard in range(self.job.servers):
             self.wire.to_server(shard, PULL, clock)

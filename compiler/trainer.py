@@ -53,8 +53,10 @@ class Trainer:
     """Runs a compiled training step on persistent state; `steps_done` steps so far."""
 
     def __init__(self, step_artifact: Artifact, eval_artifact: Artifact, names: StepNames, optimizer: Optimizer,
-                 seed: int, model_bytes: bytes, steps_done: int = 0, state: Mapping[str, np.ndarray] | None = None):
-        """Load both artifacts' executors; `state` (by default the step artifact's starting state) is set in."""
+                 seed: int, model_bytes: bytes, steps_done: int = 0, state: Mapping[str, np.ndarray] | None = None,
+                 residuals: Mapping[str, np.ndarray] | None = None):
+        """Load both artifacts' executors; `state` (by default the step artifact's starting state) and the
+        data-parallel workers' error-feedback `residuals` (compressed gradients) are set in."""
         self.step_artifact, self.eval_artifact = step_artifact, eval_artifact
         self.names, self.optimizer, self.seed = names, optimizer, seed
         self.steps_done = steps_done
@@ -63,6 +65,8 @@ class Trainer:
         self._eval = Executor(eval_artifact.directory)
         if state is not None:
             self._step.set_state(state)
+        if residuals:
+            self._step.set_residuals(residuals)
         types = self._step.input_types
         self._masks = [(name, ratio, types[name].shape) for name, ratio in sorted(names.dropout_masks.items())]
 
@@ -71,6 +75,13 @@ class Trainer:
         """Copies of the current state by name: parameters, optimizer slots, running statistics (rank 0's with
         data-parallel workers)."""
         return self._step.state()
+
+    @property
+    def residuals(self) -> dict[str, np.ndarray]:
+        """Each data-parallel worker's error-feedback residuals of its compressed gradients, "RANK/TENSOR" ->
+        residual (none without compression, or on one worker): part of a checkpoint, since the next steps'
+        messages carry them."""
+        return self._step.residuals() if hasattr(self._step, "residuals") else {}
 
     @property
     def workers(self) -> int:
@@ -142,7 +153,7 @@ class Trainer:
         """Write a checkpoint to `directory` (compiler/checkpoint.py); an existing non-empty one is refused unless
         `force`, which replaces only a checkpoint."""
         checkpoint = Checkpoint(self.step_artifact, self.eval_artifact, self.names, self.optimizer, self.seed,
-                                self.steps_done, self.state, self.model_bytes)
+                                self.steps_done, self.state, self.model_bytes, self.residuals)
         return write_checkpoint(checkpoint, directory, force)
 
     def export_onnx(self, path: str | Path) -> Path:
@@ -326,4 +337,5 @@ def load_training(directory: str | Path) -> Trainer:
     """Resume from a checkpoint `Trainer.save` wrote: its files are checked before any kernel is loaded."""
     checkpoint = read_checkpoint(directory)
     return Trainer(checkpoint.step_artifact, checkpoint.eval_artifact, checkpoint.names, checkpoint.optimizer,
-                   checkpoint.seed, checkpoint.model_bytes, checkpoint.steps_done, checkpoint.state)
+                   checkpoint.seed, checkpoint.model_bytes, checkpoint.steps_done, checkpoint.state,
+                   checkpoint.residuals)

@@ -53,6 +53,18 @@ class WorkerStep:
         """State values by name, written into every worker holding them."""
         self._session.set_state(values)
 
+    def residuals(self) -> dict[str, np.ndarray]:
+        """Every worker's error-feedback residuals of compressed gradients, "RANK/TENSOR" -> residual."""
+        return self._session.residuals()
+
+    def set_residuals(self, residuals: Mapping[str, np.ndarray]) -> None:
+        """Overwrite the workers' residuals from what `residuals` returned."""
+        per_worker: list[dict[str, np.ndarray]] = [{} for _ in range(self.workers)]
+        for key, residual in residuals.items():
+            rank, _, name = key.partition("/")
+            per_worker[int(rank)][name] = residual
+        self._session.set_residuals(per_worker)
+
     def close(self) -> None:
         """Stop the workers."""
         self._session.close()

@@ -89,6 +89,7 @@ class TorchComm:
         self._shared = shared
         self._pending: list[tuple[object, str, int]] = []
         self._senders: dict[str, object] = {}  # compressed all-reduce: each tensor's ErrorFeedback
+        self._restored: dict[str, np.ndarray] = {}  # residuals set before their all-reduce first ran
 
     def _tensor(self, buffer):
         """The flat torch tensor over `buffer`'s memory (no copy)."""
@@ -196,6 +197,8 @@ class TorchComm:
             codec = make_codec(instruction.compression, row_segments(instruction.part_sizes, instruction.part_rows),
                                instruction.topk_ratio)
             sender = self._senders[name] = ErrorFeedback(codec, array.size)
+            if name in self._restored:
+                sender.residual = self._restored.pop(name)
         message = torch.from_numpy(np.ascontiguousarray(sender.encode(array.reshape(-1).astype(np.float32))))
         world = self._dist.get_world_size()
         gathered = [torch.empty_like(message) for _ in range(world)]
@@ -215,6 +218,22 @@ class TorchComm:
             array.reshape(-1)[:] = total / np.float32(world)
 
         return wait
+
+    def residuals(self) -> dict[str, np.ndarray]:
+        """This worker's error-feedback residuals of the compressed all-reduces by tensor name (what its messages
+        have lost so far and its next ones will carry): a training checkpoint keeps them, or a resumed run would
+        drop them and train differently from an uninterrupted one."""
+        return {**self._restored, **{name: sender.residual.copy() for name, sender in self._senders.items()}}
+
+    def set_residuals(self, residuals: dict[str, np.ndarray]) -> None:
+        """Overwrite this worker's residuals by tensor name (`residuals`' form); a tensor whose all-reduce has not
+        run yet takes its residual when it first does."""
+        for name, residual in residuals.items():
+            residual = np.asarray(residual, np.float32).reshape(-1).copy()
+            if name in self._senders:
+                self._senders[name].residual = residual
+            else:
+                self._restored[name] = residual
 
     def wait_sends(self) -> None:
         """Wait until every send of this run has been delivered."""

@@ -96,9 +96,11 @@ class PSJob:
         return self.workers + (self.servers if self.layout == "standalone" else 0)
 
     def checkpoints_at(self, clock: int) -> bool:
-        """Whether the ranks write a checkpoint when every worker has done `clock` steps (compiler/ps_checkpoint.py)."""
-        return bool(self.run_dir and self.checkpoint_every) and self.start < clock < self.steps \
-            and clock % self.checkpoint_every == 0
+        """Whether the ranks write a checkpoint when every worker has done `clock` steps (compiler/ps_checkpoint.py):
+        every `checkpoint_every` steps and after the last one, so that a finished run's newest checkpoint is at
+        its final step (a resume then knows there is nothing left to do)."""
+        return bool(self.run_dir and self.checkpoint_every) and self.start < clock <= self.steps \
+            and (clock % self.checkpoint_every == 0 or clock == self.steps)
 
     def server_rank(self, shard: int) -> int:
         """The rank of the server holding shard `shard`."""

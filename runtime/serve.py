@@ -40,10 +40,14 @@ from tessel.runtime.errors import PeerError
 from tessel.runtime.worker import EXIT_FAILED, LAUNCHER_ENV, leave_with_the_launcher
 
 CONTROL_ENV = "TESSEL_CONTROL_FDS"
-# Requests about a training artifact's persistent state (runtime/worker_group.py `state`, `set_state`).
+# Requests about a training artifact's persistent state (runtime/worker_group.py `state`, `set_state`) and its
+# workers' error-feedback residuals (`residuals`, `set_residuals`).
 STATE_OPS = ("state", "set_state")
+RESIDUAL_OPS = ("residuals", "set_residuals")
 # Tag of state value k sent to rank 0 for a "state" request (beside the programs' own tags).
 STATE_TAG = 1 << 24
+# Tag of residual k sent to rank 0 for a "residuals" request.
+RESIDUAL_TAG = (1 << 24) + (1 << 22)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -127,11 +131,14 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
                 executor.finish_sends()
                 return
             header, inputs = message
-            if header.get("op") in STATE_OPS:
+            if header.get("op") in STATE_OPS + RESIDUAL_OPS:
                 while in_flight:
                     finish_oldest()
                 executor.finish_sends()
-                _state_request(executor, comm, plan, header["op"], inputs, reply)
+                if header["op"] in RESIDUAL_OPS:
+                    _residual_request(comm, world, header["op"], inputs, reply)
+                else:
+                    _state_request(executor, comm, plan, header["op"], inputs, reply)
                 continue
             started = time.perf_counter()
             slot = header.get("slot")
@@ -223,6 +230,33 @@ def _state_request(executor, comm, plan: dict, op: str, tensors: dict[str, np.nd
         state[name] = np.empty(t.shape, numpy_dtype(t.dtype))
         comm.recv(state[name], owners[name], STATE_TAG + k, name)
     write_message(reply, {"worker_s": 0.0}, state)
+
+
+def _residual_request(comm, world: int, op: str, tensors: dict[str, np.ndarray], reply: int) -> None:
+    """The workers' error-feedback residuals (runtime/comm.py), after every earlier request. "residuals": rank 0
+    answers every worker's, named "RANK/TENSOR" (the others send theirs to rank 0, in rank 0's order: every
+    worker runs the same all-reduces). "set_residuals": each worker takes the residuals of its own request
+    (by tensor name); rank 0 answers when done."""
+    from tessel.runtime.wire import write_message
+
+    if op == "set_residuals":
+        comm.set_residuals(tensors or {})
+        if comm.rank == 0:
+            write_message(reply, {"worker_s": 0.0}, {})
+        return
+    own = comm.residuals()
+    names = sorted(own)
+    if comm.rank != 0:
+        for k, name in enumerate(names):
+            comm.send(own[name], 0, RESIDUAL_TAG + k, name)
+        comm.wait_sends()
+        return
+    gathered = {f"0/{name}": own[name] for name in names}
+    for rank in range(1, world):
+        for k, name in enumerate(names):
+            gathered[f"{rank}/{name}"] = np.empty_like(own[name])
+            comm.recv(gathered[f"{rank}/{name}"], rank, RESIDUAL_TAG + k, name)
+    write_message(reply, {"worker_s": 0.0}, gathered)
 
 
 def _state_owners(plan: dict) -> dict[str, int]:

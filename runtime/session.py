@@ -47,7 +47,7 @@ import weakref
 from concurrent.futures import Future
 from pathlib import Path
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -194,6 +194,17 @@ class InferenceSession:
             self._group.set_state({name: np.ascontiguousarray(a) for name, a in values.items()})
         else:
             self._executor.set_state(values)
+
+    def residuals(self) -> dict[str, np.ndarray]:
+        """Every worker's error-feedback residuals of compressed all-reduces, "RANK/TENSOR" -> residual, after the
+        runs started so far (none on one worker: nothing is exchanged)."""
+        return self._group.residuals() if self._group is not None else {}
+
+    def set_residuals(self, per_worker: Sequence[Mapping[str, np.ndarray]]) -> None:
+        """Overwrite each worker's residuals (`per_worker[rank]`: tensor name -> residual), after the runs started
+        so far."""
+        if self._group is not None:
+            self._group.set_residuals(per_worker)
 
     def _run_here(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         microbatches = self.microbatches

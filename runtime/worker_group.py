@@ -209,10 +209,20 @@ class WorkerGroup:
         """Overwrite state values by name in every worker, after the requests before."""
         self.submit([values] * len(self._requests), op="set_state").result()
 
+    def residuals(self) -> dict[str, np.ndarray]:
+        """Every worker's error-feedback residuals of compressed all-reduces, "RANK/TENSOR" -> residual, after the
+        requests before (runtime/serve.py)."""
+        return self.submit([{}], op="residuals").result()
+
+    def set_residuals(self, per_worker: Sequence[Mapping[str, np.ndarray]]) -> None:
+        """Overwrite each worker's residuals (`per_worker[rank]`: tensor name -> residual), after the requests
+        before."""
+        self.submit(per_worker, op="set_residuals").result()
+
     def submit(self, feeds: Sequence[Mapping[str, np.ndarray]], op: str = "run") -> Request:
         """Send one request: to each worker its tensors (`feeds`, rank 0 first; runtime/batch_io.py `worker_feeds`
         for a run; a worker past the end of `feeds` gets none, and none of a "state" request); or a state request,
-        runtime/serve.py's STATE_OPS. Returns its future."""
+        runtime/serve.py's STATE_OPS or RESIDUAL_OPS. Returns its future."""
         request = Request(self)
         with self._sending:
             if self._closing:

@@ -17,6 +17,7 @@ from bench.training_models import SPECS, export
 from tessel.compiler.ps_launch import PSFailure, run_job
 from tessel.compiler.ps_training import prepare_job
 from tessel.compiler.train_checkpoints import mid_epoch_steps
+from tests.compiler.train_fixtures import assert_resume_refused
 
 STEPS, BATCH = 8, 16
 
@@ -40,15 +41,17 @@ def compiled(tmp_path_factory, kernel_cache):
                                       {"mode": "ssp", "staleness": 1, "compression": "none"}])
 def test_a_compressed_or_ssp_job_resumes_from_its_newest_checkpoint(compiled, tmp_path, settings):
     directory, base = compiled
-    job = replace(base, run_dir=str(tmp_path), checkpoint_every=3, **settings)
+    job = replace(base, run_dir=str(tmp_path / "whole"), checkpoint_every=3, **settings)
     job.write(directory)
     whole = run_job(directory)
-    assert mid_epoch_steps(tmp_path) == [6]  # only the newest is kept
-    replace(job, start=6).write(directory)
+    assert mid_epoch_steps(tmp_path / "whole") == [STEPS]  # only the newest is kept: the final one
+    replace(job, run_dir=str(tmp_path), steps=6).write(directory)  # stopped after 6 steps
+    stopped = run_job(directory)
+    replace(job, run_dir=str(tmp_path), start=6).write(directory)
     resumed = run_job(directory)
-    for before, after in zip(whole.reports, resumed.reports):
+    for before, after in zip(stopped.reports, resumed.reports):
         assert len(after["losses"]) == STEPS
-        np.testing.assert_array_equal(after["losses"][:6], before["losses"][:6])
+        np.testing.assert_array_equal(after["losses"][:6], before["losses"])
     if job.mode == "sync":  # two workers: the averaged gradients do not depend on the order pushes arrive in
         for name, value in whole.parameters.items():
             np.testing.assert_array_equal(resumed.parameters[name], value, err_msg=name)
@@ -80,6 +83,18 @@ def test_a_killed_job_is_named_in_one_line_and_resumes_in_every_mode(compiled, t
     replace(job, start=done, steps=done + 6).write(directory)
     resumed = run_job(directory)
     assert all(len(report["losses"]) == done + 6 for report in resumed.reports)
+
+
+@pytest.mark.slow  # a job per mode (sync: tests/compiler/test_ps_training.py)
+@pytest.mark.parametrize("settings", [{"mode": "async"}, {"mode": "ssp", "staleness": 1}])
+def test_resuming_a_finished_async_or_ssp_job_is_refused_in_one_line(compiled, tmp_path, settings):
+    directory, base = compiled
+    replace(base, run_dir=str(tmp_path), checkpoint_every=100, steps=2, **settings).write(directory)
+    try:
+        run_job(directory)
+        assert_resume_refused(directory, tmp_path, 2)
+    finally:
+        base.write(directory)
 
 
 def _run_catching(directory: Path, failure: list) -> None:

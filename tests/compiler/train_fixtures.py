@@ -1,15 +1,22 @@
 """A tiny classifier (x[N, 4] -> logits[N, 3], one Gemm) and matching .npz data for the `tessel train` tests; what
-the kill-and-resume tests read of a run (its trained weights, its checkpoints, its ranks' processes)."""
+the kill-and-resume tests read of a run (its trained weights, its checkpoints, its ranks' processes); that a
+finished parameter-server run is not resumed."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import helper, numpy_helper
 
+from tessel.compiler.ps_command import PS_DIR, _resumed_job
+from tessel.compiler.train_checkpoints import mid_epoch_steps
+from tessel.compiler.train_settings import TrainSettingsError
+from tessel.runtime.ps_job import JOB_FILE
 from tests.ir.helpers import F, model
 
 
@@ -61,3 +68,16 @@ def ranked_children(pid: int, module: bytes | None = None) -> dict[int, int]:
         if rank and (module is None or module in command):
             found[rank[0]] = int(child)
     return found
+
+
+def assert_resume_refused(directory: Path, run_dir: Path, steps: int) -> None:
+    """`tessel train --resume` of the finished job (compiled in `directory`, run in `run_dir`) says in one line
+    that it has nothing to do, and removes nothing."""
+    assert mid_epoch_steps(run_dir) == [steps]
+    (run_dir / PS_DIR).mkdir(exist_ok=True)
+    shutil.copy(directory / JOB_FILE, run_dir / PS_DIR)  # where tessel train --resume reads the job
+    with pytest.raises(TrainSettingsError, match=f"already trained {steps} step\\(s\\) of {steps}; nothing to do") \
+            as refused:
+        _resumed_job(run_dir, steps, steps_per_epoch=3)
+    assert "\n" not in str(refused.value)
+    assert mid_epoch_steps(run_dir) == [steps]

@@ -84,3 +84,13 @@ def test_message_bytes_are_what_the_codecs_send():
         message, _ = make_codec(name, segments, topk_ratio=0.1).encode(vector)
         assert message_bytes(name, segments, topk_ratio=0.1) == message.nbytes
     assert row_segments([120, 7], [3, 1]) == segments
+
+
+def test_error_feedback_of_float32_sends_each_vector_whole_and_keeps_no_residual():
+    sender = ErrorFeedback(Float32(), 1000)
+    first, second = _vector(seed=1), _vector(seed=2)
+    message = sender.encode(first)
+    later = sender.encode(second)  # a message stays intact when the next one is encoded
+    np.testing.assert_array_equal(message.view(np.float32), first)
+    np.testing.assert_array_equal(later.view(np.float32), second)
+    assert not sender.residual.any()
