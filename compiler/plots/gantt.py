@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from tessel.ir.schema import FUSED, TESSEL_DOMAIN
 
-from .style import HATCHES, OTHER_COLOR, TRANSFER_COLOR, op_colors, pyplot, save, source_label
+from .style import HATCHES, OTHER_COLOR, TRANSFER_COLOR, op_colors, new_figure, save, source_label
 
 LANE_HEIGHT = 0.9  # inches per worker lane
 COMPUTE, TRANSFER = 0.6, 0.22  # shares of a sub-row's height
@@ -71,7 +71,6 @@ def write_gantt(path: Path, placement: Mapping[str, Any], facts: GraphFacts, tit
     measured}), `nodes` ({name: {device (or "all"), op, start_s, finish_s, estimated}}) and `transfers`; a node
     on "all" devices (data placement) is drawn in every lane. `facts` from `graph_facts`.
     """
-    plt = pyplot()
     devices, k = placement["devices"], max(placement.get("microbatches", 1), 1)
     kinds = {name: facts.kinds.get(name, node["op"]) for name, node in placement["nodes"].items()}
     time_by_kind: dict[str, float] = defaultdict(float)
@@ -79,7 +78,8 @@ def write_gantt(path: Path, placement: Mapping[str, Any], facts: GraphFacts, tit
         time_by_kind[kinds[name]] += node["finish_s"] - node["start_s"]
     colors = op_colors(time_by_kind)
     windows = transfer_windows(placement, facts.producers)
-    figure, ax = plt.subplots(figsize=(12, 1.6 + LANE_HEIGHT * devices * (1 + 0.35 * (k - 1))))
+    figure = new_figure(figsize=(12, 1.6 + LANE_HEIGHT * devices * (1 + 0.35 * (k - 1))))
+    ax = figure.subplots()
     used = _compute_bars(ax, placement, {name: colors[kind] for name, kind in kinds.items()})
     _transfer_bars(ax, windows, placement)
     _lanes(ax, devices, k, used)
