@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..sizes import format_bytes
-from .style import PALETTE, pyplot, save, source_label
+from .style import PALETTE, new_figure, save, source_label
 
 BASELINE_COLOR, MIXED_COLOR = "#bab0ac", "#9c755f"
 ESTIMATED_HATCH = "///"
@@ -19,15 +19,14 @@ def write_algo_chart(path: Path, doc: Mapping[str, Any], title: str) -> list[Pat
     Per layer: `node`, `op`, `chosen` ({pieces: [[algorithm, micro-batch size]], describe, seconds, source}) and
     `best_single` ({algorithm, seconds, source} or None when no single algorithm fits).
     """
-    plt = pyplot()
     layers = doc["layers"]
     # Colours by the candidates' algorithms, so one algorithm keeps its colour whatever this model chose.
     algorithms = sorted({name for r in layers for name in r.get("algorithms", ())}
                         | {piece[0] for r in layers for piece in r["chosen"]["pieces"]})
     colors = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(algorithms)}
-    figure, (totals, per_layer) = plt.subplots(
-        2, 1, figsize=(10, 2.2 + ROW_HEIGHT * max(len(layers), 4)),
-        gridspec_kw={"height_ratios": [1.1, max(len(layers), 4) * ROW_HEIGHT / 0.5]})
+    figure = new_figure(figsize=(10, 2.2 + ROW_HEIGHT * max(len(layers), 4)))
+    totals, per_layer = figure.subplots(
+        2, 1, gridspec_kw={"height_ratios": [1.1, max(len(layers), 4) * ROW_HEIGHT / 0.5]})
     _totals(totals, doc)
     _layers(per_layer, layers, colors)
     profiling = doc["profiling"]

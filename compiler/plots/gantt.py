@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from tessel.ir.schema import FUSED, TESSEL_DOMAIN
 
-from .style import HATCHES, OTHER_COLOR, TRANSFER_COLOR, op_colors, pyplot, save, source_label
+from .style import HATCHES, OTHER_COLOR, TRANSFER_COLOR, op_colors, new_figure, save, source_label
 
 LANE_HEIGHT = 0.9  # inches per worker lane
 COMPUTE, TRANSFER = 0.6, 0.22  # shares of a sub-row's height
@@ -71,7 +71,6 @@ def write_gantt(path: Path, placement: Mapping[str, Any], facts: GraphFacts, tit
     measured}), `nodes` ({name: {device (or "all"), op, start_s, finish_s, estimated}}) and `transfers`; a node
     on "all" devices (data placement) is drawn in every lane. `facts` from `graph_facts`.
     """
-    plt = pyplot()
     devices, k = placement["devices"], max(placement.get("microbatches", 1), 1)
     kinds = {name: facts.kinds.get(name, node["op"]) for name, node in placement["nodes"].items()}
     time_by_kind: dict[str, float] = defaultdict(float)
@@ -79,7 +78,8 @@ def write_gantt(path: Path, placement: Mapping[str, Any], facts: GraphFacts, tit
         time_by_kind[kinds[name]] += node["finish_s"] - node["start_s"]
     colors = op_colors(time_by_kind)
     windows = transfer_windows(placement, facts.producers)
-    figure, ax = plt.subplots(figsize=(12, 1.6 + LANE_HEIGHT * devices * (1 + 0.35 * (k - 1))))
+    figure = new_figure(figsize=(12, 1.6 + LANE_HEIGHT * devices * (1 + 0.35 * (k - 1))))
+    ax = figure.subplots()
     used = _compute_bars(ax, placement, {name: colors[kind] for name, kind in kinds.items()})
     _transfer_bars(ax, windows, placement)
     _lanes(ax, devices, k, used)
@@ -117,8 +117,28 @@ def _compute_bars(ax, placement: Mapping[str, Any], color: Mapping[str, str]) ->
     margin = (1 - COMPUTE - TRANSFER) / 2
     for (lane, mb, face), spans in bars.items():
         ax.broken_barh(spans, _sub_row(lane, mb, k, COMPUTE, TRANSFER + margin), facecolors=face, edgecolor="white",
-                       linewidth=0.3, hatch=HATCHES[mb % len(HATCHES)])
+                       linewidth=0.3)
+    # The micro-batch's hatch over each run of touching bars at once: hatching costs matplotlib per rectangle
+    # (seconds for a few thousand bars), and white hatch lines look the same across a white bar edge.
+    rows: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    for (lane, mb, _), spans in bars.items():
+        rows[lane, mb] += spans
+    for (lane, mb), spans in rows.items():
+        if HATCHES[mb % len(HATCHES)]:
+            ax.broken_barh(merged_spans(spans), _sub_row(lane, mb, k, COMPUTE, TRANSFER + margin), facecolors="none",
+                           edgecolor="white", linewidth=0.3, hatch=HATCHES[mb % len(HATCHES)])
     return used
+
+
+def merged_spans(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(start, width) spans joined where they touch or overlap, in start order."""
+    merged: list[list[float]] = []
+    for start, width in sorted(spans):
+        if merged and start <= merged[-1][0] + merged[-1][1] * (1 + 1e-9):
+            merged[-1][1] = max(merged[-1][1], start + width - merged[-1][0])
+        else:
+            merged.append([start, width])
+    return [(start, width) for start, width in merged]
 
 
 def _transfer_bars(ax, windows, placement: Mapping[str, Any]) -> None:

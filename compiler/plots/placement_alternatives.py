@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .style import ESTIMATED_COLOR, MEASURED_COLOR, pyplot, save
+from .style import ESTIMATED_COLOR, MEASURED_COLOR, new_figure, save
 
 ESTIMATED_HATCH = "///"
 
@@ -15,10 +15,10 @@ def write_placement_chart(path: Path, alternatives: Sequence[Mapping[str, Any]],
     """Write path.png and path.svg: a bar per alternative, `alternatives` being
     [{"name": planner, "predicted_ms": float, "source": "measured" | "estimated"}], `chosen` the name picked.
     Returns the written paths."""
-    plt = pyplot()
     from matplotlib.patches import Patch
 
-    figure, ax = plt.subplots(figsize=(8, 1.4 + 0.45 * max(len(alternatives), 2)))
+    figure = new_figure(figsize=(8, 1.4 + 0.45 * max(len(alternatives), 2)))
+    ax = figure.subplots()
     longest = max((a["predicted_ms"] for a in alternatives), default=0.0)
     for y, alt in enumerate(alternatives):
         estimated = alt["source"] == "estimated"

@@ -1,4 +1,4 @@
-"""What the charts share: matplotlib loaded on first use (Agg), one palette, one way to write PNG + SVG."""
+"""What the charts share: matplotlib loaded on first use (no pyplot), one palette, one way to write PNG + SVG."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,16 +15,17 @@ HATCHES = ("", "///", "...", "xxx", "\\\\\\", "ooo")
 DPI = 110
 MIB = 1024 * 1024
 
-_pyplot = None
+_configured = False
 
 
-def pyplot():
-    """matplotlib.pyplot on the Agg backend, imported on first use so that `import tessel` stays light."""
-    global _pyplot
-    if _pyplot is None:
-        import matplotlib
+def new_figure(**kwargs: Any):
+    """A matplotlib Figure (kwargs: Figure's, e.g. figsize), matplotlib imported on first use so that `import
+    tessel` stays light. No pyplot: its figure manager and backend machinery only cost time for files."""
+    global _configured
+    import matplotlib
+    from matplotlib.figure import Figure
 
-        matplotlib.use("Agg", force=True)
+    if not _configured:
         matplotlib.rcParams.update({
             "svg.fonttype": "none",  # text stays text in the SVG (searchable, and what the tests read)
             "font.size": 9,
@@ -34,10 +35,8 @@ def pyplot():
             "legend.fontsize": 8,
             "svg.hashsalt": "tessel",  # the same chart gives the same SVG bytes
         })
-        import matplotlib.pyplot as plt
-
-        _pyplot = plt
-    return _pyplot
+        _configured = True
+    return Figure(**kwargs)
 
 
 def op_colors(kinds_by_time: dict[str, float]) -> dict[str, str]:
@@ -56,12 +55,11 @@ def source_label(estimated: int, total: int) -> str:
 
 
 def save(figure: Any, path: Path) -> list[Path]:
-    """Write `figure` as path.png and path.svg (any suffix of `path` is replaced), close it, return both paths."""
+    """Write `figure` as path.png and path.svg (any suffix of `path` is replaced); returns both paths."""
     path = Path(path)
     written = []
     for suffix in (".png", ".svg"):
         target = path.with_suffix(suffix)
         figure.savefig(target, dpi=DPI, metadata={"Date": None} if suffix == ".svg" else None)
         written.append(target)
-    pyplot().close(figure)
     return written

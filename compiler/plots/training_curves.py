@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..train_log import epoch_records, step_records
-from .style import PALETTE, pyplot, save
+from .style import PALETTE, new_figure, save
 
 TRAIN_COLOR, VAL_COLOR = PALETTE[0], PALETTE[1]
 
@@ -18,12 +18,12 @@ def write_training_curves(path: Path, records: Sequence[Mapping[str, Any]], titl
     epoch's last step). Right, when the log has validation accuracy: the accuracy in % per epoch.
     Returns the written paths.
     """
-    plt = pyplot()
     steps = [r for r in step_records(records) if r.get("loss") is not None]
     epochs = epoch_records(records)
     accuracy = [r for r in epochs if r.get("val_accuracy") is not None]
     panels = 2 if accuracy else 1
-    figure, axes = plt.subplots(1, panels, figsize=(5.2 * panels + 0.6, 3.8), squeeze=False)
+    figure = new_figure(figsize=(5.2 * panels + 0.6, 3.8))
+    axes = figure.subplots(1, panels, squeeze=False)
     _loss_panel(axes[0, 0], steps, epochs, loss_name)
     if accuracy:
         _accuracy_panel(axes[0, 1], accuracy)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tessel.compiler.plots.gantt import GraphFacts, micro_batch_interval, transfer_windows, write_gantt
+from tessel.compiler.plots.gantt import GraphFacts, merged_spans, micro_batch_interval, transfer_windows, write_gantt
 from tests.compiler.chart_checks import assert_chart
 
 
@@ -61,3 +61,9 @@ def test_micro_batches_start_one_bottleneck_interval_apart():
     first = max(n["finish_s"] for n in placement["nodes"].values())
     assert micro_batch_interval(placement) == pytest.approx((placement["predicted_makespan_s"] - first) / 2)
     assert micro_batch_interval(_placement(microbatches=1)) == 0.0
+
+
+def test_touching_and_overlapping_spans_merge_for_the_hatch():
+    assert merged_spans([(5.0, 1.0), (0.0, 2.0), (2.0, 1.0), (2.5, 0.2), (7.0, 1.0)]) == [(0.0, 3.0), (5.0, 1.0),
+                                                                                          (7.0, 1.0)]
+    assert merged_spans([]) == []
