@@ -122,3 +122,28 @@ def test_adamw_kernel_steps_match_torch():
     _steps_match_torch(optim.AdamW(lr=0.01, weight_decay=0.1),
                        lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1), "AdamWUpdate",
                        {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8})
+
+
+@pytest.mark.parametrize("op_type, raw_attrs", [
+    ("SGDUpdate", {"momentum": 0.9, "nesterov": 1, "weight_decay": 0.1}),
+    ("AdamWUpdate", {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}),
+], ids=["sgd", "adamw"])
+def test_update_in_place_equals_out_of_place(op_type, raw_attrs):
+    """Called with its results over the parameter and the slots (as the step's program runs it), an update gives
+    bit for bit what it gives into fresh buffers: every element is loaded before any result is stored."""
+    rng = np.random.default_rng(3)
+    shape = SHAPES[1]
+    tensors = [_tensor(rng, shape), _tensor(rng, shape), _tensor(rng, shape)]
+    if op_type == "SGDUpdate":
+        arrays = [tensors[0], tensors[1], _scalar(0.1), tensors[2]]
+        state = [0, 3]
+    else:
+        arrays = [*tensors, _tensor(rng, shape, positive=True), _scalar(0.01), _scalar(0.3), _scalar(0.99)]
+        state = [0, 2, 3]
+    kernel = _compiled(op_type, raw_attrs, arrays)
+    fresh = kernel(arrays)
+    runtime = tvm().runtime
+    buffers = [runtime.tensor(a) for a in arrays]
+    kernel.function(*buffers, *(buffers[k] for k in state))
+    for k, want in zip(state, fresh, strict=True):
+        np.testing.assert_array_equal(buffers[k].numpy(), want)
