@@ -198,9 +198,10 @@ def plan_cheap_recompute(graph: Graph, *, persistent: Collection[str] = (), loss
 
     def bound_of(dropped: frozenset[int], copies: list[tuple[Node, Node]]) -> int:
         steps, sizes = _rewritten_schedule(step, dropped, copies)
-        # The updates write the state in place (compiler/state_program.py): their results take no arena bytes.
-        updated = {name for use in steps if use.op in NEXT_VALUE_OF for name in use.writes}
-        sizes = {name: size for name, size in sizes.items() if name not in updated}
+        # The updates write the state in place (compiler/state_program.py): their results take no arena bytes; nor
+        # do the links of an elementwise chain of copies, which fusion makes one kernel.
+        free = {name for use in steps if use.op in NEXT_VALUE_OF for name in use.writes} | _fused_links(steps)
+        sizes = {name: size for name, size in sizes.items() if name not in free}
         storages, _ = plan_lifetimes(_early_updates(steps, step.persistent), sizes, inputs=inputs, outputs=outputs,
                                      alignment=alignment)
         return bound_bytes(storages)
@@ -221,6 +222,20 @@ def plan_cheap_recompute(graph: Graph, *, persistent: Collection[str] = (), loss
     names = tuple(v.name for v in step.candidates if id(v) in dropped)
     return RecomputePlan(names, (), tuple(node.name for _, node in copies), best, before, best, best, best,
                          sum(flops(node) for _, node in copies), total_flops(graph), "cheap copies")
+
+
+def _fused_links(steps: list[StepUse]) -> set[str]:
+    """Values a copy writes that only one other copy reads, both elementwise: fusion keeps them in registers."""
+    readers: dict[str, list[StepUse]] = {}
+    for use in steps:
+        for name in use.reads:
+            readers.setdefault(name, []).append(use)
+
+    def elementwise_copy(use: StepUse) -> bool:
+        return use.name.endswith(COPY_SUFFIX) and op_traits(use.op).pattern <= Pattern.BROADCAST
+
+    return {name for use in steps if elementwise_copy(use) for name in use.writes
+            if len(readers.get(name, ())) == 1 and elementwise_copy(readers[name][0])}
 
 
 def _early_updates(steps: list[StepUse], persistent: Collection[str]) -> list[StepUse]:
