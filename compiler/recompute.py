@@ -7,7 +7,9 @@ planned activations exceed it, passes/recompute.py drops stashed activations and
 recomputes them before their backward use. The pass must run after common-
 subexpression elimination, which would merge every copy back into its original,
 and before fusion, which then fuses the copies into the backward kernels:
-`place_recompute` puts it there in a pipeline.
+`place_recompute` puts it there in a pipeline. Whatever the budget, `cheap_recompute_pass` recomputes the
+activations that cheap ops make again from values the backward pass keeps anyway (passes/recompute.py's
+plan_cheap_recompute), in the same place.
 """
 from __future__ import annotations
 
@@ -17,11 +19,12 @@ from tessel.ir.analysis import weight_derived
 from tessel.ir.graph import Graph
 from tessel.passes.base import Pass, PassResult
 from tessel.passes.memory_plan import DEFAULT_ALIGNMENT
-from tessel.passes.recompute import RecomputeError, apply_recompute, plan_recompute
+from tessel.passes.recompute import RecomputeError, apply_recompute, plan_cheap_recompute, plan_recompute
 
 from .sizes import format_bytes
 
 RECOMPUTE = "recompute"
+CHEAP_RECOMPUTE = "recompute_cheap"
 # Passes a recomputation must follow (CSE would undo it; DCE runs after CSE) and the one it must precede.
 _AFTER = ("cse", "dce")
 _BEFORE = "fuse"
@@ -85,6 +88,22 @@ def recompute_pass(device_memory: int | None, *, persistent: Collection[str] = (
             "extra_flops": report["flops"]["extra"]})
 
     return Pass(RECOMPUTE, run)
+
+
+def cheap_recompute_pass(*, persistent: Collection[str] = (), loss: str | None = None,
+                         alignment: int = DEFAULT_ALIGNMENT) -> Pass:
+    """The training step's cheap recomputation (passes/recompute.py's plan_cheap_recompute) as a pipeline pass; its
+    stats hold what it drops and the most bytes live at once before and after (estimated)."""
+
+    def run(graph: Graph) -> PassResult:
+        plan = plan_cheap_recompute(graph, persistent=persistent, loss=loss, alignment=alignment)
+        result = apply_recompute(graph, plan, persistent=persistent, loss=loss)
+        return PassResult(result.graph, result.changed, {
+            "values_recomputed": len(plan.dropped), "nodes_copied": len(plan.copies),
+            "bound_before_bytes": plan.peak_before, "bound_after_bytes": plan.peak_after,
+            "extra_flops": plan.extra_flops})
+
+    return Pass(CHEAP_RECOMPUTE, run)
 
 
 def place_recompute(passes: Sequence[Pass], recompute: Pass) -> tuple[Pass, ...]:

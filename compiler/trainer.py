@@ -41,7 +41,7 @@ from .worker_step import PipelineRunner, WorkerStep
 from .dp_training import (allreduce_plan, compressed_bytes, replica_input_shapes, replica_programs,
                           write_allreduce_report)
 from .options import CompileError, CompileOptions
-from .recompute import place_recompute, recompute_pass
+from .recompute import cheap_recompute_pass, place_recompute, recompute_pass
 from .state_program import PersistentState
 from .training import StepGraph, build_step_graph
 from .worker_programs import MachineShape
@@ -324,13 +324,15 @@ def _step_runner(artifact: Artifact):
 
 
 def _step_passes(options: CompileOptions, step_graph: StepGraph) -> tuple[Pass, ...]:
-    """The step's pipeline: with `device_memory`, activations are recomputed where the step would not fit
-    (compiler/recompute.py)."""
-    if options.device_memory is None:
-        return options.passes
+    """The step's pipeline: activations that cheap ops make again from kept values are recomputed, and with
+    `device_memory` more of them where the step would not fit (compiler/recompute.py)."""
     alignment = CUDA_ALIGNMENT if parse_target(options.target).kind == "cuda" else DEFAULT_ALIGNMENT
-    return place_recompute(options.passes, recompute_pass(options.device_memory, persistent=step_graph.state,
-                                                          loss=step_graph.loss_output, alignment=alignment))
+    passes = options.passes
+    if options.device_memory is not None:
+        passes = place_recompute(passes, recompute_pass(options.device_memory, persistent=step_graph.state,
+                                                        loss=step_graph.loss_output, alignment=alignment))
+    return place_recompute(passes, cheap_recompute_pass(persistent=step_graph.state, loss=step_graph.loss_output,
+                                                        alignment=alignment))
 
 
 def load_training(directory: str | Path) -> Trainer:

@@ -18,6 +18,11 @@ passes/memory_plan.py places for the rewritten schedule (passes/graph_memory.py)
 among the plans within the budget the one with the fewest extra FLOPs (ir/costs.py)
 wins. Both numbers are estimates: fusion and algorithm selection change the program.
 
+`plan_cheap_recompute` needs no budget: it drops only stashed values that cheap ops (elementwise, broadcast,
+layout, normalisation: no conv or matmul) make again from values the backward pass keeps anyway, and only
+where that lowers the most bytes live at once — a ReLU's output made again from the centred input x - mean
+that the BatchNormalization before it keeps for its backward, a LayerNormalization's output from its input.
+
 Copies compute exactly what their originals do, so common-subexpression elimination
 would merge them back (passes/cse.py numbers a node by op, attributes and inputs):
 run recompute after CSE, as compiler/recompute.py's pipeline places it.
@@ -32,6 +37,7 @@ from tessel.ir.costs import flops
 from tessel.ir.errors import TesselError
 from tessel.ir.graph import Graph, Node, Value
 from tessel.ir.op_traits import Pattern, op_traits
+from tessel.ir.optimizer_ops import NEXT_VALUE_OF
 from tessel.ir.verify import verify
 
 from .base import PassResult, is_pure
@@ -172,6 +178,100 @@ def apply_recompute(graph: Graph, plan: RecomputePlan, *, persistent: Collection
                 graph.set_input(node, index, copy_of[id(value)])
     verify(graph)
     return PassResult(graph, True, {"values_recomputed": len(dropped), "nodes_copied": len(plan.copies)})
+
+
+# At most this many forward nodes copied to make one dropped value again (a longer chain is not cheap).
+MAX_CHEAP_COPIES = 8
+# Smaller stashed values are not worth the kernels that make them again.
+MIN_CHEAP_BYTES = 4096
+
+
+def plan_cheap_recompute(graph: Graph, *, persistent: Collection[str] = (), loss: str | None = None,
+                         alignment: int = DEFAULT_ALIGNMENT) -> RecomputePlan:
+    """Stashed values of the training step `graph` worth recomputing whatever the budget: each (of at least
+    MIN_CHEAP_BYTES) is made again by at most MAX_CHEAP_COPIES cheap forward nodes (`_cheap`) from kept values,
+    and dropping it lowers the most bytes live at once in the step, with its updates run early as its program
+    runs them. Tried largest first; `persistent` and `loss` as for plan_recompute. The plan's peaks (and budget)
+    are those bounds, not placed arenas."""
+    step = _StepShape(graph, persistent, loss)
+    inputs, outputs = [v.name for v in graph.inputs], [v.name for v in graph.outputs]
+
+    def bound_of(dropped: frozenset[int], copies: list[tuple[Node, Node]]) -> int:
+        steps, sizes = _rewritten_schedule(step, dropped, copies)
+        # The updates write the state in place (compiler/state_program.py): their results take no arena bytes; nor
+        # do the links of an elementwise chain of copies, which fusion makes one kernel.
+        free = {name for use in steps if use.op in NEXT_VALUE_OF for name in use.writes} | _fused_links(steps)
+        sizes = {name: size for name, size in sizes.items() if name not in free}
+        storages, _ = plan_lifetimes(_early_updates(steps, step.persistent), sizes, inputs=inputs, outputs=outputs,
+                                     alignment=alignment)
+        return bound_bytes(storages)
+
+    dropped: frozenset[int] = frozenset()
+    copies: list[tuple[Node, Node]] = []
+    before = best = bound_of(dropped, copies)
+    for value in sorted(step.candidates, key=lambda v: -step.sizes[v.name]):
+        if step.sizes[value.name] < MIN_CHEAP_BYTES or _is_view(value) or not _cheap(value.producer):
+            continue
+        trial = dropped | {id(value)}
+        trial_copies = _copy_order(step, trial, frozenset())
+        if len(trial_copies) - len(copies) > MAX_CHEAP_COPIES or not all(_cheap(node) for _, node in trial_copies):
+            continue
+        bound = bound_of(trial, trial_copies)
+        if bound < best:
+            dropped, copies, best = trial, trial_copies, bound
+    names = tuple(v.name for v in step.candidates if id(v) in dropped)
+    return RecomputePlan(names, (), tuple(node.name for _, node in copies), best, before, best, best, best,
+                         sum(flops(node) for _, node in copies), total_flops(graph), "cheap copies")
+
+
+def _fused_links(steps: list[StepUse]) -> set[str]:
+    """Values a copy writes that only one other copy reads, both elementwise: fusion keeps them in registers."""
+    readers: dict[str, list[StepUse]] = {}
+    for use in steps:
+        for name in use.reads:
+            readers.setdefault(name, []).append(use)
+
+    def elementwise_copy(use: StepUse) -> bool:
+        return use.name.endswith(COPY_SUFFIX) and op_traits(use.op).pattern <= Pattern.BROADCAST
+
+    return {name for use in steps if elementwise_copy(use) for name in use.writes
+            if len(readers.get(name, ())) == 1 and elementwise_copy(readers[name][0])}
+
+
+def _early_updates(steps: list[StepUse], persistent: Collection[str]) -> list[StepUse]:
+    """`steps` with each optimizer update moved up to right after the producers of its inputs and the other
+    reads of the state it updates, where the step's program runs it (compiler/state_program.early_updates):
+    planned at the graph's end, every gradient would look live until then."""
+    producer: dict[str, int] = {}
+    readers: dict[str, list[int]] = {}
+    for index, use in enumerate(steps):
+        for name in use.reads:
+            readers.setdefault(name, []).append(index)
+        for name in use.writes:
+            producer[name] = index
+    follows: dict[int, list[StepUse]] = {}
+    moved: set[int] = set()
+    for index, use in enumerate(steps):
+        if use.op not in NEXT_VALUE_OF:
+            continue
+        state = [name for name in use.reads if name in persistent]
+        after = max([producer[name] for name in use.reads if name in producer and producer[name] < index]
+                    + [k for name in state for k in readers[name] if k != index], default=-1)
+        if after < index:
+            follows.setdefault(after, []).append(use)
+            moved.add(index)
+    placed = list(follows.get(-1, []))
+    for index, use in enumerate(steps):
+        if index not in moved:
+            placed.append(use)
+        placed.extend(follows.get(index, []))
+    return placed
+
+
+def _cheap(node: Node) -> bool:
+    """A forward node worth running twice rather than keeping its output: pure, and no more than a pass over its
+    operands (elementwise, broadcast, layout, a reduction or normalisation), not a conv or matmul."""
+    return is_pure(node) and not node.domain and op_traits(node.op_type).pattern <= Pattern.REDUCTION
 
 
 class _StepShape:

@@ -107,10 +107,13 @@ def _gelu_derivative(b, node, x, y):
         left = b.mul(half, b.add(one, t))
         right = b.mul(b.mul(half, x), b.mul(b.sub(one, b.mul(t, t)), du))
         return b.add(left, right)
-    # y = x Phi(x): Phi(x) + x phi(x)
-    cdf = b.mul(half, b.add(one, b.op("Erf", [b.mul(x, b.scalar(1.0 / math.sqrt(2.0), x))])))
-    pdf = b.mul(b.scalar(1.0 / math.sqrt(2.0 * math.pi), x), b.op("Exp", [b.mul(b.scalar(-0.5, x), b.mul(x, x))]))
-    return b.add(cdf, b.mul(x, pdf))
+    # y = x Phi(x): Phi(x) + x phi(x) = (1 + erf(u)) / 2 + u exp(-u^2) / sqrt(pi) with u = x / sqrt(2). Every
+    # node but the first reads u, not x, so fusion makes the whole derivative one kernel (reading x twice would
+    # start a second group, and the first group's result would be an extra activation-sized buffer).
+    u = b.mul(x, b.scalar(1.0 / math.sqrt(2.0), x))
+    cdf = b.mul(half, b.add(one, b.op("Erf", [u])))
+    density = b.mul(b.mul(u, b.op("Exp", [b.neg(b.mul(u, u))])), b.scalar(1.0 / math.sqrt(math.pi), x))
+    return b.add(cdf, density)
 
 
 def _softplus_derivative(b, node, x, y):

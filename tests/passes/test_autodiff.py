@@ -451,3 +451,42 @@ def test_small_cnn_gradients_match_directional_finite_differences():
         direction = rng.standard_normal(feeds[name].shape)
         values = [interpret(graph, {**feeds, name: feeds[name] + sign * 1e-6 * direction})[loss.name] for sign in (1, -1)]
         assert np.sum(got[grads[name].name] * direction) == pytest.approx((values[0] - values[1]) / 2e-6, rel=1e-5), name
+
+
+def _gelu_mlp_plan():
+    """Memory plan of x -> MatMul -> Gelu -> MatMul -> mean square, differentiated and fused, and its kernels."""
+    from tessel.passes.fuse import fuse
+    from tessel.passes.graph_memory import plan_graph_memory
+
+    graph = Graph()
+    x = graph.add_input("x", TensorType("float32", (64, 4)))
+    w1 = graph.add_input("w1", TensorType("float32", (4, 64)))
+    w2 = graph.add_input("w2", TensorType("float32", (64, 4)))
+    hidden = add_op(graph, "Gelu", [add_op(graph, "MatMul", [x, w1]).outputs[0]]).outputs[0]
+    y = add_op(graph, "MatMul", [hidden, w2]).outputs[0]
+    loss = add_op(graph, "ReduceMean", [add_op(graph, "Mul", [y, y]).outputs[0]], {"keepdims": 0}).outputs[0]
+    grads = differentiate(graph, loss, [w1, w2])
+    graph.outputs = [loss, *grads.values()]
+    fuse(graph)
+    return plan_graph_memory(graph), len(graph.nodes)
+
+
+def test_gelu_derivative_fuses_into_one_kernel_and_allocates_less(monkeypatch):
+    """Written with x read twice (Phi(x) + x phi(x)), the derivative fused into two kernels, the first one's
+    result an extra activation-sized buffer; written on u = x / sqrt(2) alone it is one kernel."""
+    from tessel.passes import gradients
+    from tessel.passes.gradients.builder import Rule
+    from tessel.passes.gradients.elementwise import _unary
+
+    def two_groups(b, node, x, y):
+        half, one = b.scalar(0.5, x), b.scalar(1.0, x)
+        cdf = b.mul(half, b.add(one, b.op("Erf", [b.mul(x, b.scalar(2 ** -0.5, x))])))
+        pdf = b.mul(b.scalar((2 * np.pi) ** -0.5, x), b.op("Exp", [b.mul(b.scalar(-0.5, x), b.mul(x, x))]))
+        return b.add(cdf, b.mul(x, pdf))
+
+    plan, kernels = _gelu_mlp_plan()
+    monkeypatch.setitem(gradients.GRADIENT_RULES, "Gelu", Rule(_unary(two_groups)))
+    old_plan, old_kernels = _gelu_mlp_plan()
+    assert kernels == old_kernels - 1
+    assert old_plan.no_reuse_bytes - plan.no_reuse_bytes == 64 * 64 * 4
+    assert plan.arena_bytes <= old_plan.arena_bytes

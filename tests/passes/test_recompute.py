@@ -9,7 +9,7 @@ import pytest
 from tessel.ir import verify
 from tessel.ir.interpret import interpret
 from tessel.passes.cse import cse
-from tessel.passes.recompute import COPY_SUFFIX, RecomputeError, apply_recompute
+from tessel.passes.recompute import COPY_SUFFIX, RecomputeError, apply_recompute, plan_cheap_recompute
 from tests.passes.torch_steps import MODELS, Step
 
 
@@ -90,3 +90,30 @@ def test_plan_report_marks_predictions_estimated():
     report = step.plan(int(0.9 * step.arena())).to_json()
     assert report["peak"]["source"] == report["flops"]["source"] == "estimated"
     assert report["peak"]["after_bytes"] <= report["budget_bytes"] < report["peak"]["before_bytes"]
+
+
+def test_cheap_recompute_makes_relu_outputs_again_from_what_batchnorm_keeps_and_lowers_the_peak():
+    """Whatever the budget: a ReLU after BatchNormalization is made again from what BN's backward keeps, by
+    elementwise copies only; the step computes the same and its planned arena goes down."""
+    step = Step("cnn")
+    before = step.arena()
+    expected = interpret(step.graph, step.feeds)
+    plan = plan_cheap_recompute(step.graph, persistent=step.state)
+    assert any("Relu" in name for name in plan.dropped)
+    assert plan.peak_after < plan.peak_before
+    result = apply_recompute(step.graph, plan, persistent=step.state)
+    assert result.changed
+    copies = [n for n in step.graph.nodes if n.name.endswith(COPY_SUFFIX)]
+    assert copies and all(n.op_type not in ("Conv", "Gemm", "MatMul") for n in copies)
+    assert step.arena() < before
+    got = interpret(step.graph, step.feeds)
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_cheap_recompute_leaves_a_step_without_cheap_copies_alone():
+    """In the MLP every stashed value comes from a matmul (or from a matmul through a ReLU): nothing is cheap to
+    make again."""
+    step = Step("mlp")
+    plan = plan_cheap_recompute(step.graph, persistent=step.state)
+    assert plan.dropped == () and plan.peak_after == plan.peak_before
