@@ -378,13 +378,21 @@ def _torch_row(weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], ex
         got = call().cpu().numpy()
     ok, error = _compare({"y": got}, {"y": next(iter(expected.values()))})
     tf32_ms = _time_ms(call)  # PyTorch's default: cuDNN may run float32 convs on TF32 tensor cores
+
+    def call_with_copies():
+        # What Tessel's run does: the numpy input copied to the GPU, the output copied back.
+        with torch.no_grad():
+            return model(torch.from_numpy(x).cuda()).cpu().numpy()
+
+    io_ms = _time_ms(call_with_copies)
     allowed = torch.backends.cudnn.allow_tf32
     torch.backends.cudnn.allow_tf32 = False
     try:
         fp32_ms = _time_ms(call)
     finally:
         torch.backends.cudnn.allow_tf32 = allowed
-    return {"torch_ms": tf32_ms, "torch_fp32_ms": fp32_ms, "torch_matches": ok, "torch_max_error": error}
+    return {"torch_ms": tf32_ms, "torch_fp32_ms": fp32_ms, "torch_io_ms": io_ms, "torch_matches": ok,
+            "torch_max_error": error}
 
 
 def run(parts: list[Path], json_path: Path | None, dump_to: Path | None = None, profile: bool = False) -> int:
@@ -497,8 +505,10 @@ def _print_row(row: dict) -> None:
         return
     torch_part = ""
     if "torch_ms" in row:
-        torch_part = (f"  torch eager {row['torch_ms']:8.3f} ms (TF32 allowed; {row['torch_fp32_ms']:.3f} ms strict f32)"
-                      f"  tessel/torch {row['tessel_ms'] / row['torch_ms']:5.2f} ({row['tessel_ms'] / row['torch_fp32_ms']:.2f})"
+        torch_part = (f"  torch eager {row['torch_ms']:8.3f} ms (TF32 allowed; {row['torch_fp32_ms']:.3f} ms strict f32; "
+                      f"{row['torch_io_ms']:.3f} ms numpy in and out as Tessel's run)"
+                      f"  tessel/torch {row['tessel_ms'] / row['torch_ms']:5.2f} ({row['tessel_ms'] / row['torch_fp32_ms']:.2f}; "
+                      f"{row['tessel_ms'] / row['torch_io_ms']:.2f})"
                       f"  (torch TF32 max error {row['torch_max_error']:.3g})")
     print(f"{row['model']:22s} {'ok     ' if row['matches'] else 'MISMATCH'} max error {row['max_error']:9.3g}  "
           f"tessel {row['tessel_ms']:8.3f} ms{torch_part}", flush=True)

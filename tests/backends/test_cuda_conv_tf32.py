@@ -113,3 +113,24 @@ def test_tf32_is_a_target_feature_of_cuda_from_sm_80():
     assert CompileOptions(target="cuda:sm_80", allow_tf32=True).target == "cuda:sm_80+tf32"
     with pytest.raises(CompileError, match="--allow-tf32"):
         CompileOptions(target="llvm", allow_tf32=True)
+
+
+def test_tf32_takes_the_faster_of_the_timed_tensor_core_and_simt_tiles(tmp_path, monkeypatch):
+    from tessel.backends.cuda import conv as cuda_conv
+    from tessel.backends.cuda.conv import ConvShape, GemmConfig, chosen_config
+
+    small, big, untimed = (ConvShape(b, 64, 56, 56, 64, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)) for b in (1, 16, 2))
+    simt, tensor = GemmConfig(32, 32, 16, 2, 2, 1), MmaConfig(128, 128, 16, 2, 4, 1)
+    table = {"sm_90": {s.key(): {"config": simt.to_json(), "ms": 0.04} for s in (small, big)},
+             "sm_90+tf32": {small.key(): {"config": tensor.to_json(), "ms": 0.10},
+                            big.key(): {"config": tensor.to_json(), "ms": 0.03}}}
+    (tmp_path / "conv_configs.json").write_text(__import__("json").dumps({"archs": table}))
+    monkeypatch.setattr(cuda_conv, "TUNED_CONFIGS", tmp_path / "conv_configs.json")
+    cuda_conv._tuned.cache_clear()
+    try:
+        assert chosen_config(small, "sm_90", tf32=True) == (simt, True)  # the SIMT tiles were faster here
+        assert chosen_config(big, "sm_90", tf32=True) == (tensor, True)
+        assert chosen_config(big, "sm_90") == (simt, True)  # without TF32 allowed, never tensor cores
+        assert chosen_config(untimed, "sm_90", tf32=True) == (heuristic_mma_config(*untimed.gemm), False)
+    finally:
+        cuda_conv._tuned.cache_clear()
