@@ -48,7 +48,7 @@ from .errors import ExecutionError
 from .launch import free_port
 from .serve import CONTROL_ENV
 from .shared_reduce import REDUCE_ENV, available, close_layout, create_layout, descriptors
-from .shared_slots import SLOTS_ENV, SharedSlots
+from .shared_slots import SLOTS_ENV, SharedSlots, describe, slot_limit
 from .wire import ChannelClosed, read_message, write_message
 from .worker import LAUNCHER_ENV
 
@@ -130,12 +130,17 @@ class WorkerGroup:
     def _make_slots(self, inputs: list[Mapping[str, np.ndarray]], outputs: Mapping[str, np.ndarray],
                     workers: int) -> None:
         """One slot per request in flight for each worker's inputs (none for a worker that takes none) and for
-        rank 0's outputs."""
+        rank 0's outputs; none where they would take more than `slot_limit()` bytes (those tensors go over the
+        pipes)."""
+        limit = slot_limit()
+
+        def slots(tensors: Mapping[str, np.ndarray]) -> SharedSlots | None:
+            fits = bool(tensors) and describe(tensors, self.window)["slot_bytes"] * self.window <= limit
+            return SharedSlots.create(tensors, self.window) if fits else None
+
         for rank in range(workers):
-            feed = inputs[rank] if rank < len(inputs) else {}
-            self._input_slots.append(SharedSlots.create(feed, self.window) if feed else None)
-        if outputs:
-            self._output_slots = SharedSlots.create(outputs, self.window)
+            self._input_slots.append(slots(inputs[rank] if rank < len(inputs) else {}))
+        self._output_slots = slots(outputs)
 
     def _slot_env(self, rank: int) -> tuple[dict[str, str], tuple[int, ...]]:
         """SLOTS_ENV for `rank` and the descriptors it inherits."""
