@@ -73,6 +73,11 @@ class Request(Future):
     and those of earlier requests) until its own came; `worker_seconds` is how long rank 0 spent on it."""
 
     worker_seconds: float | None = None
+    # time.perf_counter() (CLOCK_MONOTONIC) stamps: when `submit` began and when the answer was read here, and rank
+    # 0's [took the request, answered it]: the request's way to rank 0 and the answer's way back.
+    submitted_at: float | None = None
+    answered_at: float | None = None
+    worker_span: tuple[float, float] | None = None
     profile: dict | None = None  # with TESSEL_STEP_PROFILE=1: each rank's spans (runtime/step_profile.py)
 
     def __init__(self, group: "WorkerGroup"):
@@ -219,6 +224,7 @@ class WorkerGroup:
         for a run; a worker past the end of `feeds` gets none, and none of a "state" request); or a state request,
         runtime/serve.py's STATE_OPS. Returns its future."""
         request = Request(self)
+        request.submitted_at = time.perf_counter()
         with self._sending:
             if self._closing:
                 raise ExecutionError("the session is closed")
@@ -347,7 +353,9 @@ class WorkerGroup:
             outputs = self._output_slots.read(header["slot"]) if self._output_slots is not None else {}
         request = self._pending.popleft()
         self._progress = time.monotonic()
+        request.answered_at = time.perf_counter()
         request.worker_seconds = header.get("worker_s")
+        request.worker_span = tuple(header["span"]) if "span" in header else None
         request.profile = header.get("profile")
         request.set_result(outputs)
         return None
