@@ -143,7 +143,7 @@ class InferenceSession:
     def run(self, output_names, input_feed: Mapping[str, np.ndarray] | None = None):
         """`run(output_names, input_feed)` → list of outputs (all of them when `output_names` is None), as
         onnxruntime; or `run(feeds)` → dict of every output by name."""
-        if input_feed is None and isinstance(output_names, Mapping):
+        if input_feed is None and (type(output_names) is dict or isinstance(output_names, Mapping)):
             return self._run(output_names)
         if input_feed is None:
             raise InputError("run(output_names, input_feed) needs the inputs by name (or call run(feeds))")
@@ -160,7 +160,7 @@ class InferenceSession:
         a good part of the run."""
         if self._group is not None or self._closed:
             return self.run_async(feeds).result()
-        return self._run_here(with_defaults(self._defaults, feeds))
+        return self._run_here(with_defaults(self._defaults, feeds) if self._defaults else feeds)
 
     def run_async(self, feeds: Mapping[str, np.ndarray]) -> Future:
         """Start one run and return at once; the future's result is the outputs by name. With several workers
