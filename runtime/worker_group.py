@@ -62,8 +62,6 @@ STARTUP_S = 60.0
 WINDOW_PER_WORKER = 2
 # Bytes each pipe holds: 1 MiB, Linux's default most for a process without CAP_SYS_RESOURCE.
 PIPE_BYTES = 1 << 20
-# How long before and after its answer is due a lone request's waiting thread polls the pipes (`_doze_then_spin`).
-ANSWER_SPIN_S = 0.0005
 # How often a thread waiting for an answer that another thread reads looks again.
 POLL_S = 0.01
 # Failures ranked by how well they explain themselves: a worker's own error first, an error after a peer's last.
@@ -80,7 +78,6 @@ class Request(Future):
     submitted_at: float | None = None
     answered_at: float | None = None
     worker_span: tuple[float, float] | None = None
-    alone = False  # no other request was pending when it was sent: its round trip is one run's
     profile: dict | None = None  # with TESSEL_STEP_PROFILE=1: each rank's spans (runtime/step_profile.py)
 
     def __init__(self, group: "WorkerGroup"):
@@ -122,7 +119,6 @@ class WorkerGroup:
         self._input_slots: list[SharedSlots | None] = []
         self._output_slots: SharedSlots | None = None
         self._next_slot = 0
-        self._lone_round_s: float | None = None  # the round trip of the last request sent alone (`_doze_then_spin`)
         try:
             self._make_slots(list(inputs), outputs or {}, workers)
             self._start(Path(directory).resolve(), workers, threads or max(1, (os.cpu_count() or 1) // workers))
@@ -236,7 +232,6 @@ class WorkerGroup:
             slot = self._take_slot(feeds) if op == "run" else None
             if not self._pending:
                 self._progress = time.monotonic()
-            request.alone = not self._pending
             self._pending.append(request)
             try:
                 deadline = time.monotonic() + self.timeout
@@ -307,8 +302,6 @@ class WorkerGroup:
     def wait_for(self, request: Request, timeout: float | None) -> None:
         """Read answers until `request` is done (answered or failed), or `timeout` seconds passed."""
         until = None if timeout is None else time.monotonic() + timeout
-        if timeout is None and not request.done():
-            self._doze_then_spin(request)
         while not request.done():
             if self._error is not None or self._closing:
                 request.set_exception(ExecutionError(self._error or "the session is closed"))
@@ -319,25 +312,6 @@ class WorkerGroup:
                 if wait <= 0:
                     return
             self._read_answers(max(0.0, wait))
-
-    def _doze_then_spin(self, request: Request) -> None:
-        """When `request` is the only one pending and the last lone request's round trip says when its answer is
-        due: sleep until ANSWER_SPIN_S before that (an answer coming sooner wakes this thread as usual), then poll
-        the answer pipes until ANSWER_SPIN_S after it, without giving up the core. A thread asleep on the pipe
-        pays a wake-up (a tenth of a millisecond or more on a virtual machine) after each answer; the polling
-        costs at most 2 * ANSWER_SPIN_S of one core per request."""
-        if self._lone_round_s is None or len(self._pending) != 1 or self._pending[0] is not request:
-            return
-        due = request.submitted_at + self._lone_round_s
-        answers = self._answers
-        try:
-            doze = due - ANSWER_SPIN_S - time.perf_counter()
-            if doze > 0 and select.select(answers, [], [], doze)[0]:
-                return
-            while time.perf_counter() < due + ANSWER_SPIN_S and not select.select(answers, [], [], 0)[0]:
-                pass
-        except (OSError, ValueError):  # the pipes closed meanwhile (the group failed or closed): the loop tells
-            pass
 
     def _read_answers(self, wait: float) -> None:
         """Wait up to `wait` seconds for answers and read those that came; a failure (or no answer in time to a
@@ -380,8 +354,6 @@ class WorkerGroup:
         request = self._pending.popleft()
         self._progress = time.monotonic()
         request.answered_at = time.perf_counter()
-        if request.alone:
-            self._lone_round_s = request.answered_at - request.submitted_at
         request.worker_seconds = header.get("worker_s")
         request.worker_span = tuple(header["span"]) if "span" in header else None
         request.profile = header.get("profile")
