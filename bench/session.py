@@ -11,8 +11,9 @@
 4. Streaming (`--pipeline DIR`, e.g. resnet18 --batch 8 --devices 2 --placement pipeline --microbatches 4): `--stream`
    requests through the 2-worker pipeline session (one thread per worker) against the same batch on one worker
    (`--pipeline-one DIR`: resnet18 --batch 8; one thread), each streamed in its own process, the two alternating
-   which goes first, `--repeats` times: medians, ratios per repeat, each worker's busy fraction (its CPU seconds
-   over the stream's wall seconds) and the compiler's predictions.
+   which goes first, `--repeats` times: medians, ratios per repeat, and per request where each worker's time went
+   (on a core, queued for a core, blocked on a peer or a request), its CPU and wake-ups; the ratio that CPU
+   time alone allows (one worker's CPU per request over the busiest stage's) and the compiler's predictions.
 
     python bench/session.py --two r18_d2 --one r18_d1 --pipeline r18_b8_pipe --pipeline-one r18_b8_d1 [--loop 1000]
 """
@@ -74,17 +75,21 @@ def two_workers(directory: str, one: str | None, calls: int, loop: int) -> None:
     feeds = _feeds(load(directory))
     session.run(feeds)
     print(f"2-worker session of {directory}: first call (start-up included) {_ms(time.perf_counter() - started)}")
-    rounds, inside = [], []
+    rounds, inside, there, back = [], [], [], []
     for _ in range(calls + 5):
         t0 = time.perf_counter()
         request = session.run_async(feeds)
         request.result()
         rounds.append(time.perf_counter() - t0)
         inside.append(request.worker_seconds)
+        there.append(request.worker_span[0] - request.submitted_at)
+        back.append(request.answered_at - request.worker_span[1])
     rounds, inside = np.array(rounds[5:]), np.array(inside[5:])
     print(f"  later calls ({calls}): round trip p50 {_ms(np.median(rounds))}, rank 0 on the request "
           f"(compute + transfers) p50 {_ms(np.median(inside))}, overhead p50 {_ms(np.median(rounds - inside))} "
-          f"(p10 {_ms(np.percentile(rounds - inside, 10))}, p90 {_ms(np.percentile(rounds - inside, 90))})")
+          f"(p10 {_ms(np.percentile(rounds - inside, 10))}, p90 {_ms(np.percentile(rounds - inside, 90))}): "
+          f"the request's way to rank 0 p50 {_ms(np.median(there[5:]))}, the answer's way back p50 "
+          f"{_ms(np.median(back[5:]))}")
     if one:
         with InferenceSession(one, threads=1) as alone:
             single = _feeds(load(one))
@@ -129,30 +134,52 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _queued_seconds(pid: int) -> float:
-    """Seconds the main thread of process `pid` has spent runnable but waiting for a core (/proc/PID/schedstat)."""
-    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+def _schedstat(pid: int, thread: int | None = None) -> tuple[float, float, int]:
+    """(seconds on a core, seconds runnable but waiting for a core, times scheduled in) of thread `thread` of
+    process `pid` (its main thread by default), from /proc/PID/task/TID/schedstat."""
+    on_cpu, queued, slices = Path(f"/proc/{pid}/task/{thread or pid}/schedstat").read_text().split()
+    return int(on_cpu) / 1e9, int(queued) / 1e9, int(slices)
+
+
+def _wakeups(pid: int) -> int:
+    """Times every thread of process `pid` was scheduled in (its own threads' wake-ups, the main one's included)."""
+    return sum(_schedstat(pid, int(task.name))[2] for task in Path(f"/proc/{pid}/task").iterdir())
 
 
 def stream_once(directory: str, requests: int) -> dict:
     """Stream `requests` runs through a session of `directory` (one thread per worker) after a warm-up: requests
-    per second, each worker's busy fraction (its CPU seconds over the wall seconds of the stream; a one-worker
-    artifact runs in this process, so its busy fraction includes the client's own work) and its queued fraction
-    (its main thread runnable but waiting for a core: the machine's load, not the pipeline's)."""
+    per second, and for each worker (a one-worker artifact runs in this process, with the client's own work) per
+    request: CPU milliseconds of all its threads (`cpu_ms`), and where its main thread's wall time went: on a
+    core (`run_ms`), runnable but waiting for a core (`queued_ms`: the machine's load, not the pipeline's) and
+    blocked (`blocked_ms`: waiting for a peer, a request or a send, the pipeline's own waits); `wakeups`: times
+    its threads were scheduled in. `busy` and `queued` are CPU and queued seconds over the stream's wall."""
     feeds = [_feeds(load(directory), seed) for seed in range(4)]
     with InferenceSession(directory, threads=1) as session:
         for item in feeds:
             session.run(item)
-        pids = session.worker_pids
-        cpu = (lambda: [_cpu_seconds(pid) for pid in pids]) if pids else (lambda: [time.process_time()])
-        queued = lambda: [_queued_seconds(pid) for pid in pids or [os.getpid()]]  # noqa: E731
-        cpu_before, queued_before, t0 = cpu(), queued(), time.perf_counter()
+        pids = session.worker_pids or [os.getpid()]
+        cpu = (lambda: [_cpu_seconds(pid) for pid in pids]) if session.worker_pids else (lambda: [time.process_time()])
+        stats = lambda: [(*_schedstat(pid)[:2], _wakeups(pid)) for pid in pids]  # noqa: E731
+        cpu_before, stats_before, t0 = cpu(), stats(), time.perf_counter()
         for _ in session.run_many(feeds[k % len(feeds)] for k in range(requests)):
             pass
         wall = time.perf_counter() - t0
-        busy = [(after - before) / wall for before, after in zip(cpu_before, cpu())]
-        waiting = [(after - before) / wall for before, after in zip(queued_before, queued())]
-    return {"requests_per_s": requests / wall, "wall_s": wall, "busy": busy, "queued": waiting}
+        cpu_after, stats_after = cpu(), stats()
+    used = [after - before for before, after in zip(cpu_before, cpu_after)]
+    main = [[after - before for before, after in zip(b, a)] for b, a in zip(stats_before, stats_after)]
+    per = 1e3 / requests
+    return {"requests_per_s": requests / wall, "wall_s": wall, "busy": [u / wall for u in used],
+            "queued": [m[1] / wall for m in main], "cpu_ms": [per * u for u in used],
+            "run_ms": [per * m[0] for m in main], "queued_ms": [per * m[1] for m in main],
+            "blocked_ms": [per * (wall - m[0] - m[1]) for m in main], "wakeups": [m[2] / requests for m in main]}
+
+
+def _breakdown(result: dict) -> str:
+    """Per worker: where its main thread's time per request went, its threads' CPU and wake-ups per request."""
+    return "; ".join(f"{label}: run {run:.1f} queued {queued:.1f} blocked {blocked:.1f} ms, CPU {cpu:.1f} ms, "
+                     f"{wakeups:.0f} wake-ups" for label, run, queued, blocked, cpu, wakeups in
+                     zip([f"rank {r}" for r in range(len(result["cpu_ms"]))], result["run_ms"], result["queued_ms"],
+                         result["blocked_ms"], result["cpu_ms"], result["wakeups"]))
 
 
 def _stream_in_child(directory: str, requests: int, root: str | None = None) -> dict:
@@ -191,9 +218,8 @@ def pipeline(directory: str, one: str, requests: int, repeats: int, baseline: st
         for name, path, root in (order if r % 2 == 0 else order[::-1]):
             runs[name].append(_stream_in_child(path, requests, root))
             result = runs[name][-1]
-            print(f"  repeat {r + 1} {name:8s}: {result['requests_per_s']:.3f} requests/s, busy "
-                  f"{' / '.join(f'{100 * b:.0f}%' for b in result['busy'])}, queued for a core "
-                  f"{' / '.join(f'{100 * b:.0f}%' for b in result['queued'])}", flush=True)
+            print(f"  repeat {r + 1} {name:8s}: {result['requests_per_s']:.3f} requests/s; per request "
+                  f"{_breakdown(result)}", flush=True)
     rate = {name: float(np.median([run["requests_per_s"] for run in found])) for name, found in runs.items()}
     pairs = [p["requests_per_s"] / o["requests_per_s"] for p, o in zip(runs["pipeline"], runs["one"])]
     busy = np.median([run["busy"] for run in runs["pipeline"]], axis=0)
@@ -201,6 +227,11 @@ def pipeline(directory: str, one: str, requests: int, repeats: int, baseline: st
           f"(workers busy {' / '.join(f'{100 * b:.0f}%' for b in busy)}), one worker {rate['one']:.3f} requests/s "
           f"(busy {100 * float(np.median([run['busy'][0] for run in runs['one']])):.0f}%): "
           f"{rate['pipeline'] / rate['one']:.2f}x (per repeat {', '.join(f'{x:.2f}' for x in pairs)})")
+    # Load-free: one worker's CPU per request over the busiest stage's (the ratio if no stage ever waited).
+    one_cpu = float(np.median([run["cpu_ms"][0] for run in runs["one"]]))
+    stage_cpu = np.median([run["cpu_ms"] for run in runs["pipeline"]], axis=0)
+    print(f"  CPU per request: one worker {one_cpu:.1f} ms, stages {' / '.join(f'{c:.1f}' for c in stage_cpu)} ms: "
+          f"{one_cpu / float(max(stage_cpu)):.2f}x on free cores (one worker's CPU over the busiest stage's)")
     if baseline:
         base = runs["baseline"]
         print(f"  the pipeline on {baseline}'s runtime: {float(np.median([b['requests_per_s'] for b in base])):.3f} "

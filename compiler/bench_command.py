@@ -123,6 +123,9 @@ def run_bench(args: argparse.Namespace) -> int:
         worker_s: list[float] = []
 
         def one_run() -> None:
+            if session.workers == 1:  # in this process: the plain call, as a user makes it
+                session.run(feeds)
+                return
             request = session.run_async(feeds)
             request.result()
             if getattr(request, "worker_seconds", None) is not None:

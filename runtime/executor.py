@@ -28,6 +28,7 @@ import numpy as np
 from tessel.ir.types import TensorType, numpy_dtype
 
 from .artifact_files import PLAN_FILE, read_plan, verify_files, worker_state_names
+from .early_receives import EarlyReceive
 from .errors import ArtifactError, ExecutionError, InputError
 from .ffi_abi import kernel_entry, take_raised_error
 from .graph_names import member_name
@@ -80,6 +81,9 @@ class Executor:
         self._offsets: dict[str, int] = memory["offsets"]
         self._load_weights()
         self._load_state()
+        # The run's top-level Recvs (not those in an If's branch) can post the next run's receive early.
+        self._top_receives = {id(i) for i in self.instructions if isinstance(i, Recv) and not i.runs_at_load}
+        self._early: list[EarlyReceive] = []
         # Instructions that read only weights run once, now; the others on every run.
         for op in self._bind([i for i in self.instructions if i.runs_at_load]):
             op()
@@ -330,6 +334,13 @@ class Executor:
 
         return wait_then_step
 
+    def receive_early(self) -> None:
+        """From the next run on, each top-level Recv posts the receive of the run after as soon as its tensor is in
+        (runtime/early_receives.py): only for a worker that runs this program again and again until its process
+        ends."""
+        for receive in self._early:
+            receive.enable()
+
     def finish_sends(self) -> None:
         """Wait for every send still in flight (before this worker stops, or writes buffers between runs)."""
         self._held.wait_all()
@@ -440,6 +451,9 @@ class Executor:
 
             return receive_output
         buffer = self._buffer(name)
+        if id(instruction) in self._top_receives:
+            self._early.append(EarlyReceive(comm, buffer, peer, tag, name))
+            return self._early[-1]
         return lambda: comm.recv(buffer, peer, tag, name)
 
     def _receive_output_on_device(self, name: str, peer: int, tag: int) -> Op:

@@ -145,8 +145,8 @@ class InferenceSession:
     def run(self, output_names, input_feed: Mapping[str, np.ndarray] | None = None):
         """`run(output_names, input_feed)` → list of outputs (all of them when `output_names` is None), as
         onnxruntime; or `run(feeds)` → dict of every output by name."""
-        if input_feed is None and isinstance(output_names, Mapping):
-            return self.run_async(output_names).result()
+        if input_feed is None and (type(output_names) is dict or isinstance(output_names, Mapping)):
+            return self._run(output_names)
         if input_feed is None:
             raise InputError("run(output_names, input_feed) needs the inputs by name (or call run(feeds))")
         known = [info.name for info in self._outputs]
@@ -154,8 +154,15 @@ class InferenceSession:
         unknown = [name for name in names if name not in known]
         if unknown:
             raise InputError(f"unknown output(s) {', '.join(map(repr, unknown))}; the model's outputs are {', '.join(known)}")
-        outputs = self.run_async(input_feed).result()
+        outputs = self._run(input_feed)
         return [outputs[name] for name in names]
+
+    def _run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One run, waited for. In this process without a future: on a small model its condition and lock cost
+        a good part of the run."""
+        if self._group is not None or self._closed:
+            return self.run_async(feeds).result()
+        return self._run_here(with_defaults(self._defaults, feeds) if self._defaults else feeds)
 
     def run_async(self, feeds: Mapping[str, np.ndarray]) -> Future:
         """Start one run and return at once; the future's result is the outputs by name. With several workers

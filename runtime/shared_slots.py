@@ -11,6 +11,10 @@ The memory is an anonymous file (memfd_create): it has no name, so nothing is ev
 ends the client or a worker (close, exit, a signal, SIGKILL). The client passes its descriptor to the worker it
 starts (pass_fds), as it does the pipes; the kernel frees the memory when the last descriptor and mapping are gone.
 
+A worker's slots take at most SLOT_LIMIT_ENV bytes (all its slots together; default 1 GiB): a model whose request
+tensors need more sends them over the pipes instead (runtime/worker_group.py), which costs two copies more but
+no memory beyond the pipes' own. Setting it to 0 sends every request over the pipes.
+
 Layout (runtime/serve.py reads it from SLOTS_ENV): {"fd": F, "count": N, "slot_bytes": B, "tensors": [[name,
 dtype.str, shape, offset], ...]}; slot k starts at byte k * B, each tensor at its offset (64-byte aligned).
 """
@@ -24,8 +28,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .errors import SettingError
+
 # Descriptions of a worker's input slots and rank 0's output slots, for runtime/serve.py.
 SLOTS_ENV = "TESSEL_SLOTS"
+# The most bytes one worker's slots (inputs or outputs, every request in flight) may take; above, the pipes.
+SLOT_LIMIT_ENV = "TESSEL_SESSION_SLOT_BYTES"
+DEFAULT_SLOT_LIMIT = 1 << 30
 _ALIGN = 64
 
 
@@ -104,6 +113,17 @@ class SharedSlots:
             count = int(np.prod(shape, dtype=np.int64))
             views[name] = np.frombuffer(self._map, dtype, count, base + offset).reshape(shape)
         return views
+
+
+def slot_limit() -> int:
+    """SLOT_LIMIT_ENV's bytes (a whole number, 0 or more), DEFAULT_SLOT_LIMIT when unset."""
+    text = os.environ.get(SLOT_LIMIT_ENV, "").strip()
+    if not text:
+        return DEFAULT_SLOT_LIMIT
+    if not text.isdigit():
+        raise SettingError(f"{SLOT_LIMIT_ENV}={text!r}: expected a number of bytes, 0 or more "
+                           f"(unset it for the default, {DEFAULT_SLOT_LIMIT})")
+    return int(text)
 
 
 def describe(tensors: Mapping[str, np.ndarray], count: int) -> dict[str, Any]:

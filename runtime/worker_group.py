@@ -48,7 +48,7 @@ from .errors import ExecutionError
 from .launch import free_port
 from .serve import CONTROL_ENV
 from .shared_reduce import REDUCE_ENV, available, close_layout, create_layout, descriptors
-from .shared_slots import SLOTS_ENV, SharedSlots
+from .shared_slots import SLOTS_ENV, SharedSlots, describe, slot_limit
 from .wire import ChannelClosed, read_message, write_message
 from .worker import LAUNCHER_ENV
 
@@ -73,6 +73,11 @@ class Request(Future):
     and those of earlier requests) until its own came; `worker_seconds` is how long rank 0 spent on it."""
 
     worker_seconds: float | None = None
+    # time.perf_counter() (CLOCK_MONOTONIC) stamps: when `submit` began and when the answer was read here, and rank
+    # 0's [took the request, answered it]: the request's way to rank 0 and the answer's way back.
+    submitted_at: float | None = None
+    answered_at: float | None = None
+    worker_span: tuple[float, float] | None = None
     profile: dict | None = None  # with TESSEL_STEP_PROFILE=1: each rank's spans (runtime/step_profile.py)
 
     def __init__(self, group: "WorkerGroup"):
@@ -130,12 +135,17 @@ class WorkerGroup:
     def _make_slots(self, inputs: list[Mapping[str, np.ndarray]], outputs: Mapping[str, np.ndarray],
                     workers: int) -> None:
         """One slot per request in flight for each worker's inputs (none for a worker that takes none) and for
-        rank 0's outputs."""
+        rank 0's outputs; none where they would take more than `slot_limit()` bytes (those tensors go over the
+        pipes)."""
+        limit = slot_limit()
+
+        def slots(tensors: Mapping[str, np.ndarray]) -> SharedSlots | None:
+            fits = bool(tensors) and describe(tensors, self.window)["slot_bytes"] * self.window <= limit
+            return SharedSlots.create(tensors, self.window) if fits else None
+
         for rank in range(workers):
-            feed = inputs[rank] if rank < len(inputs) else {}
-            self._input_slots.append(SharedSlots.create(feed, self.window) if feed else None)
-        if outputs:
-            self._output_slots = SharedSlots.create(outputs, self.window)
+            self._input_slots.append(slots(inputs[rank] if rank < len(inputs) else {}))
+        self._output_slots = slots(outputs)
 
     def _slot_env(self, rank: int) -> tuple[dict[str, str], tuple[int, ...]]:
         """SLOTS_ENV for `rank` and the descriptors it inherits."""
@@ -224,6 +234,7 @@ class WorkerGroup:
         for a run; a worker past the end of `feeds` gets none, and none of a "state" request); or a state request,
         runtime/serve.py's STATE_OPS or RESIDUAL_OPS. Returns its future."""
         request = Request(self)
+        request.submitted_at = time.perf_counter()
         with self._sending:
             if self._closing:
                 raise ExecutionError("the session is closed")
@@ -352,7 +363,9 @@ class WorkerGroup:
             outputs = self._output_slots.read(header["slot"]) if self._output_slots is not None else {}
         request = self._pending.popleft()
         self._progress = time.monotonic()
+        request.answered_at = time.perf_counter()
         request.worker_seconds = header.get("worker_s")
+        request.worker_span = tuple(header["span"]) if "span" in header else None
         request.profile = header.get("profile")
         request.set_result(outputs)
         return None

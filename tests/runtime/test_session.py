@@ -17,6 +17,7 @@ from tessel.compiler.api import compile
 from tessel.compiler.cli import main as cli_main
 from tessel.runtime.errors import ExecutionError, InputError
 from tessel.runtime.session import InferenceSession
+from tessel.runtime.shared_slots import SLOT_LIMIT_ENV
 
 from .test_shared_slots import _memfds
 
@@ -152,6 +153,17 @@ def test_pipelined_requests_come_back_in_order(session, mlp):
         np.testing.assert_allclose(outputs["r3"], _expected(f["x"], mlp[1]), rtol=1e-4, atol=1e-4)
 
 
+def test_requests_over_the_slot_limit_go_over_the_pipes(mlp, monkeypatch):
+    monkeypatch.setenv(SLOT_LIMIT_ENV, "0")  # no slot fits: every tensor goes over the pipes, both ways
+    with InferenceSession(mlp[0], timeout=TIMEOUT_S) as piped:
+        assert _memfds(str(piped.worker_pids[0])) == []
+        feeds = [_feeds(seed) for seed in range(3 * piped._group.window)]
+        for f, outputs in zip(feeds, piped.run_many(iter(feeds))):
+            np.testing.assert_allclose(outputs["r3"], _expected(f["x"], mlp[1]), rtol=1e-4, atol=1e-4)
+        (y,) = piped.run(None, feeds[0])
+        np.testing.assert_allclose(y, _expected(feeds[0]["x"], mlp[1]), rtol=1e-4, atol=1e-4)
+
+
 def test_a_killed_worker_fails_the_next_run_with_one_line_and_close_returns(mlp):
     mapped = len(_memfds())
     with InferenceSession(mlp[0], timeout=TIMEOUT_S) as opened:
@@ -175,6 +187,7 @@ EXIT_WITHOUT_CLOSE = """
 import sys, time
 import numpy as np
 from tessel.runtime.session import InferenceSession
+from tessel.runtime.shared_slots import SLOT_LIMIT_ENV
 session = InferenceSession(sys.argv[1])
 session.run({"x": np.zeros((16, 256), np.float32)})
 print(" ".join(map(str, session.worker_pids)), flush=True)

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tessel.runtime.shared_slots import SharedSlots, describe
+from tessel.runtime.errors import SettingError
+from tessel.runtime.shared_slots import DEFAULT_SLOT_LIMIT, SLOT_LIMIT_ENV, SharedSlots, describe, slot_limit
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "tessel-session-slots"
@@ -82,3 +83,13 @@ def test_a_process_that_inherits_the_descriptor_reads_and_writes_the_same_memory
     finally:
         slots.close()
     assert _memfds() == []
+
+
+def test_the_slot_limit_is_a_number_of_bytes(monkeypatch):
+    monkeypatch.delenv(SLOT_LIMIT_ENV, raising=False)
+    assert slot_limit() == DEFAULT_SLOT_LIMIT
+    monkeypatch.setenv(SLOT_LIMIT_ENV, "4096")
+    assert slot_limit() == 4096
+    monkeypatch.setenv(SLOT_LIMIT_ENV, "1GiB")
+    with pytest.raises(SettingError, match=f"^{SLOT_LIMIT_ENV}='1GiB': expected a number of bytes"):
+        slot_limit()
