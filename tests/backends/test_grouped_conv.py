@@ -10,6 +10,7 @@ from tessel import ir
 from tessel.compiler.algo import find_layers
 from tessel.compiler.api import compile as compile_model
 from tessel.compiler.pipeline import run_pipeline, select_passes
+from tessel.passes.conv_layout import blocked_values
 from tests.backends.test_algorithms import BATCH, run_layer
 from tests.conftest import assert_matches_onnxruntime, run_onnxruntime
 from tests.ir.helpers import F, model
@@ -56,18 +57,20 @@ def test_grouped_convs_equal_onnxruntime(case):
 
 
 def test_mobile_block_compiles_to_the_grouped_kernels(kernel_cache):
-    """1×1 conv → depthwise 3×3 → grouped 1×1 (ShuffleNet's unit, with ReLUs): the default compile picks the depthwise
-    and grouped kernels and matches onnxruntime, the depthwise conv reading and writing NCHW[16]c."""
+    """1×1 conv → depthwise 3×3 → 1×1 conv → grouped 1×1 (with ReLUs): the default compile matches onnxruntime,
+    the depthwise conv reading and writing NCHW[16]c between the dense convs."""
     weights = [("w1", RNG.standard_normal((32, 8, 1, 1)).astype(np.float32)),
                ("w2", RNG.standard_normal((32, 1, 3, 3)).astype(np.float32)),
-               ("w3", RNG.standard_normal((32, 8, 1, 1)).astype(np.float32)),
-               ("w4", RNG.standard_normal((16, 32, 1, 1)).astype(np.float32))]
+               ("w3", RNG.standard_normal((32, 32, 1, 1)).astype(np.float32)),
+               ("w4", RNG.standard_normal((24, 8, 1, 1)).astype(np.float32))]
     nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]), helper.make_node("Relu", ["a"], ["ar"]),
              helper.make_node("Conv", ["ar", "w2"], ["d"], group=32, pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["d"], ["dr"]),
-             helper.make_node("Conv", ["dr", "w3"], ["g"], group=4), helper.make_node("Relu", ["g"], ["gr"]),
-             helper.make_node("Conv", ["gr", "w4"], ["y"])]
+             helper.make_node("Conv", ["dr", "w3"], ["e"]), helper.make_node("Relu", ["e"], ["er"]),
+             helper.make_node("Conv", ["er", "w4"], ["y"], group=4)]
     onnx_model = model(nodes, [("x", F, [1, 8, 14, 14])], [("y", F, None)], weights)
+    graph, _ = run_pipeline(ir.from_onnx(onnx_model), select_passes([]))
+    assert len(blocked_values(graph)) == 2  # the depthwise conv's input and output; the grouped conv reads NCHW
     compiled = compile_model(onnx_model, cache_dir=kernel_cache)
     x = RNG.standard_normal((1, 8, 14, 14)).astype(np.float32)
     assert_matches_onnxruntime(compiled.run({"x": x}), run_onnxruntime(onnx_model, {"x": x}))
