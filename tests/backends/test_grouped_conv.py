@@ -57,6 +57,23 @@ def test_grouped_convs_equal_onnxruntime(case):
         np.testing.assert_allclose(run_layer(onnx_model, "generic", BATCH, x), want, rtol=1e-3, atol=1e-4)
 
 
+def test_depthwise_conv_after_a_channel_shuffle_equals_onnxruntime():
+    """ShuffleNet's channel shuffle (Reshape, Transpose, Reshape) fused into the depthwise conv's kernel."""
+    shape = np.array([BATCH, 4, 6, 10, 10], np.int64)
+    flat = np.array([BATCH, 24, 10, 10], np.int64)
+    nodes = [helper.make_node("Reshape", ["x", "split"], ["s"]),
+             helper.make_node("Transpose", ["s"], ["t"], perm=[0, 2, 1, 3, 4]),
+             helper.make_node("Reshape", ["t", "flat"], ["u"]),
+             helper.make_node("Conv", ["u", "w", "b"], ["c"], group=24, pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    weights = [("split", shape), ("flat", flat), ("w", RNG.standard_normal((24, 1, 3, 3)).astype(np.float32)),
+               ("b", RNG.standard_normal(24).astype(np.float32))]
+    onnx_model = model(nodes, [("x", F, [BATCH, 24, 10, 10])], [("y", F, None)], weights)
+    x = RNG.standard_normal((BATCH, 24, 10, 10)).astype(np.float32)
+    (want,) = run_onnxruntime(onnx_model, {"x": x})
+    np.testing.assert_allclose(run_layer(onnx_model, "nchwc", BATCH, x), want, rtol=1e-3, atol=1e-4)
+
+
 def test_depthwise_conv_keeps_blocks_between_dense_convs(kernel_cache):
     """1×1 conv → depthwise 3×3 → 1×1 conv (with ReLUs): the depthwise conv reads and writes NCHW[16]c (its
     channel-blocked kernel) and the compiled model matches onnxruntime."""
