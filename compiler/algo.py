@@ -44,7 +44,8 @@ from .sizes import format_bytes
 # estimate, from ResNet-18's layers timed on a 2-core x86 machine (Winograd does fewer multiplies); cuda's "gemm"
 # is set well below "direct" because ResNet-18 at batch 1 took 0.8 ms with it (untimed tiles, an H200) against
 # 3.3 ms with dlight's "direct" schedule (an H100).
-ESTIMATE_FACTOR = {"nchwc": 1.0, "packed": 1.0, "direct": 1.1, "im2col": 1.5, "winograd": 0.7, "gemm": 0.3}
+ESTIMATE_FACTOR = {"nchwc": 1.0, "packed": 1.0, "direct": 1.1, "im2col": 1.5, "winograd": 0.7, "gemm": 0.3,
+                   "grouped_gemm": 1.0, "generic": 5.0}
 SLICE_ALIGNMENT = {"llvm": 64, "cuda": 256}
 # What one kernel call costs beyond its work (argument passing, waking the thread pool), for estimates.
 ESTIMATE_CALL_S = 10e-6

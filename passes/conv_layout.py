@@ -1,5 +1,7 @@
 """Blocked activation layout between consecutive convs: NCHW[16]c kept from one conv kernel to the next.
 
+The convs are dense ones and depthwise ones (backends/cpu/depthwise_conv.py).
+
 A packed conv kernel reads NCHW and packs it into 16-channel blocks, and
 unpacks its NCHW[16]c result back to NCHW. Where a conv kernel's result is
 read only by other packed conv kernels (as their input, or by their epilogue:
@@ -70,14 +72,18 @@ def _conv_anchor(node: Node) -> tuple[Node, Mapping[int, Value]] | None:
 
 
 def _blockable_conv(conv: Node, inputs: Mapping[int, Value], channels_axis: int) -> bool:
-    """A dense 2-D float32 conv run unswapped whose output (OUT_CHANNELS) or input (IN_CHANNELS)
-    channels fill whole 16-channel blocks."""
+    """A dense 2-D float32 conv run unswapped, or a depthwise one, whose output (OUT_CHANNELS) or input
+    (IN_CHANNELS) channels fill whole 16-channel blocks."""
     x, weight = inputs.get(0), inputs.get(1)
     if x is None or weight is None or not weight.is_constant or x.type.dtype != "float32" or x.type.rank != 4:
         return False
+    groups = conv.attrs.get("group", 1)
+    channels = weight.type.shape[OUT_CHANNELS] if channels_axis == OUT_CHANNELS else x.type.shape[1]
+    if groups != 1:  # backends/cpu/depthwise_conv.py's blocks are 16 channels too
+        return groups == x.type.shape[1] == weight.type.shape[OUT_CHANNELS] and channels % BLOCK == 0
     height, width = x.type.shape[2:]
     unswapped = not width < 8 <= height  # backends/cpu/packing.py runs tall, narrow convs transposed
-    return conv.attrs.get("group", 1) == 1 and weight.type.shape[channels_axis] % BLOCK == 0 and unswapped
+    return channels % BLOCK == 0 and unswapped
 
 
 def _conv_result(node: Node, value: Value) -> bool:

@@ -3,7 +3,9 @@
 Conv (dense, 2-D, float32) on llvm: "nchwc" (weights packed at compile time,
 register-tiled; the default), "im2col" (column buffer + GEMM), "direct" (the
 same register tiles reading the input in place: no workspace) and, for 3×3
-stride-1 convs, "winograd" (F(4×4, 3×3)); on cuda: "gemm" (an implicit GEMM with shared-memory tiles,
+stride-1 convs, "winograd" (F(4×4, 3×3)). A 2-D depthwise conv on llvm: "nchwc" (channel-blocked,
+depthwise_conv.py; the default) and "generic" (the target-neutral rule); another grouped conv: "grouped_gemm"
+(a GEMM per group, grouped_conv.py; the default) and "generic". On cuda: "gemm" (an implicit GEMM with shared-memory tiles,
 cuda/conv.py; the default) and "direct" (dlight's schedule of the generic rule). "im2col" is not offered on cuda:
 dlight's GEMV schedule of its column product writes wrong results for tiles that wrap a row (yolov8n_320's
 1×1 conv on [1,16,4,2100] on an H100).
@@ -22,7 +24,7 @@ import numpy as np
 from tessel.ir.types import TensorType
 
 from ..kernel import ALGORITHM
-from .packing import conv_blocks, plan_packing
+from .packing import conv_blocks, conv_kind, default_conv_algorithm, plan_packing
 from .winograd import applies as winograd_applies
 
 # The ops with several algorithms to choose from (where `algorithms` finds them applicable).
@@ -40,8 +42,11 @@ def algorithms(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[Ten
         return ()
     packs = plan_packing(op_type, {k: v for k, v in attrs.items() if k != ALGORITHM}, input_types, constants) is not None
     if op_type == "Conv":
-        if attrs.get("group", 1) != 1 or input_types[0].rank != 4:
+        if input_types[0].rank != 4:
             return ()
+        if attrs.get("group", 1) != 1:
+            kind = conv_kind(attrs, input_types[0], constants[1].shape)
+            return (default_conv_algorithm(kind), "generic") if target_kind == "llvm" and packs else ()
         if target_kind != "llvm":
             return ("gemm", "direct")
         out_channels, in_channels = constants[1].shape[:2]

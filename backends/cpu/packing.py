@@ -2,7 +2,8 @@
 
 Conv weights (K, C, R, S) become (K/ocb, C/icb, R, S, icb, ocb) and constant
 matmul weights (K, N) become (N/nb, K, nb), the layouts the register-tiled
-schedules read contiguously. The compiler applies `plan_packing` to the
+schedules read contiguously; depthwise and grouped conv weights get their
+kernels' layouts (depthwise_conv.py, grouped_conv.py). The compiler applies `plan_packing` to the
 node's constant inputs once; the kernel then receives the packed array.
 """
 from __future__ import annotations
@@ -20,6 +21,10 @@ from ..kernel import ALGORITHM
 CONV_BLOCKS = "tessel_conv_blocks"
 MATMUL_BLOCK = "tessel_matmul_block"
 MATMUL_PANEL = 16
+# The depthwise kernel's channel block cb.
+DEPTHWISE_BLOCK = "tessel_depthwise_block"
+# The grouped kernel's (rows, R, S): the row tile of its packed weights and the kernel window the packing flattened.
+GROUPED_LAYOUT = "tessel_grouped_layout"
 
 
 @dataclass(frozen=True)
@@ -60,14 +65,83 @@ def pack_matmul_weight(weight: np.ndarray, block: int) -> np.ndarray:
     return np.ascontiguousarray(weight.reshape(k, n // block, block).transpose(1, 0, 2))
 
 
+def depthwise_block(channels: int) -> int:
+    """The channel block: one 16-lane vector, or all the channels when there are fewer."""
+    return min(channels, 16)
+
+
+def pack_depthwise_weight(weight: np.ndarray, block: int) -> np.ndarray:
+    """(C, 1, R, S) → (⌈C/cb⌉, R, S, cb), zero-padding the channels up to whole blocks."""
+    c, _, r, s = weight.shape
+    cp = -(-c // block) * block
+    padded = np.zeros((cp, r, s), weight.dtype)
+    padded[:c] = weight[:, 0]
+    return np.ascontiguousarray(padded.reshape(cp // block, block, r, s).transpose(0, 2, 3, 1))
+
+
+def grouped_rows(group_out_channels: int) -> int:
+    """Output channels per register tile: 8 where they divide the group's channels, else 4 (zero rows pad)."""
+    return 8 if group_out_channels % 8 == 0 else 4
+
+
+def pack_grouped_weight(weight: np.ndarray, groups: int, rows: int) -> np.ndarray:
+    """(K, Cg, R, S) → (G, ⌈Kg/rows⌉, Cg·R·S, rows), zero-padding each group's output channels to whole tiles."""
+    k = weight.shape[0]
+    per_group = k // groups
+    padded_rows = -(-per_group // rows) * rows
+    flat = weight.reshape(groups, per_group, -1)
+    padded = np.zeros((groups, padded_rows, flat.shape[2]), weight.dtype)
+    padded[:, :per_group] = flat
+    return np.ascontiguousarray(padded.reshape(groups, padded_rows // rows, rows, -1).transpose(0, 1, 3, 2))
+
+
+def conv_kind(attrs: Mapping[str, Any], input_type: TensorType, weight_shape: Sequence[int]) -> str:
+    """"dense" (group 1), "depthwise" (one input and one output channel per group) or "grouped"."""
+    groups = attrs.get("group", 1)
+    if groups == 1:
+        return "dense"
+    if input_type.rank == 4 and groups == input_type.shape[1] == weight_shape[0]:
+        return "depthwise"
+    return "grouped"
+
+
+def default_conv_algorithm(kind: str) -> str:
+    """The algorithm a conv of this kind runs unless selection chose another."""
+    return "grouped_gemm" if kind == "grouped" else "nchwc"
+
+
+def _plan_grouped_packing(attrs: Mapping[str, Any], algorithm: str, input_type: TensorType,
+                          weight: np.ndarray) -> Packing | None:
+    """The packing of a 2-D depthwise ("nchwc") or grouped ("grouped_gemm") conv's weights."""
+    if input_type.rank != 4 or weight.ndim != 4:
+        return None
+    kind = conv_kind(attrs, input_type, weight.shape)
+    if kind == "depthwise" and algorithm == "nchwc":
+        block = depthwise_block(weight.shape[0])
+        return Packing(((DEPTHWISE_BLOCK, block),), {1: pack_depthwise_weight(weight, block)})
+    if kind == "grouped" and algorithm == "grouped_gemm":
+        groups = attrs["group"]
+        rows = grouped_rows(weight.shape[0] // groups)
+        layout = (rows, *weight.shape[2:])
+        return Packing(((GROUPED_LAYOUT, layout),), {1: pack_grouped_weight(weight, groups, rows)})
+    return None
+
+
 def plan_packing(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[TensorType | None],
                  constants: Sequence[np.ndarray | None]) -> Packing | None:
     """How to pack this node's constant weights for a fast kernel, or None to use the generic one.
 
     The packed algorithms (conv "nchwc" and "direct", matmul "packed"; the defaults) pack weights;
-    conv "winograd" transforms them.
+    conv "winograd" transforms them. A depthwise conv's "nchwc" and a grouped conv's "grouped_gemm"
+    (their defaults) pack them for their own kernels.
     """
     algorithm = attrs.get(ALGORITHM, "nchwc" if op_type == "Conv" else "packed")
+    if op_type == "Conv" and attrs.get("group", 1) != 1:
+        if constants[1] is None or not input_types or input_types[0] is None or input_types[0].dtype != "float32":
+            return None
+        kind = conv_kind(attrs, input_types[0], constants[1].shape)
+        return _plan_grouped_packing(attrs, attrs.get(ALGORITHM, default_conv_algorithm(kind)), input_types[0],
+                                     constants[1])
     if algorithm == "winograd" and constants[1] is not None and constants[1].ndim == 4:
         from .winograd import transform_weight
 

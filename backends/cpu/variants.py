@@ -1,7 +1,8 @@
 """The lowering rules of the conv and matmul algorithms a kernel spec can choose instead of the generic rule.
 
 A spec chooses through its attributes: the packed layouts that `plan_packing`
-recorded (conv "nchwc" and "direct", matmul "packed"), or the ALGORITHM
+recorded (conv "nchwc" and "direct", matmul "packed"; depthwise conv "nchwc", grouped conv
+"grouped_gemm"), or the ALGORITHM
 attribute (conv "im2col" and "winograd"). Without them the op's
 target-neutral rule (backends/lowering/) lowers it. Dense 2-D ConvTranspose and ConvGradFilter (the backward
 convolutions) and a dense 2-D Conv left unpacked (its weights known only at run time: a training step's
@@ -20,14 +21,24 @@ from ..lowering.nn import RULES as GENERIC_NN_RULES, conv_pads
 from .conv_grad_filter import applies as tiled_grad_filter_applies, conv_grad_filter_tiled
 from .conv_runtime_weights import applies as runtime_weights_applies, conv_runtime_weights
 from .conv_transpose import applies as tiled_conv_transpose_applies, conv_transpose_tiled
+from .depthwise_conv import conv_depthwise
+from .grouped_conv import conv_grouped
 from .im2col import conv_im2col
 from .packed_kernels import conv_packed, matmul_packed
-from .packing import CONV_BLOCKS, MATMUL_BLOCK
+from .packing import CONV_BLOCKS, DEPTHWISE_BLOCK, GROUPED_LAYOUT, MATMUL_BLOCK
 from .winograd import conv_winograd
 
 
 def _conv_packed(ctx: LowerContext):
     return conv_packed(ctx, *conv_pads(ctx), direct=ctx.attr(ALGORITHM) == "direct")
+
+
+def _conv_depthwise(ctx: LowerContext):
+    return conv_depthwise(ctx, *conv_pads(ctx))
+
+
+def _conv_grouped(ctx: LowerContext):
+    return conv_grouped(ctx, *conv_pads(ctx))
 
 
 def _conv_im2col(ctx: LowerContext):
@@ -69,6 +80,10 @@ def variant_rule(op_type: str, attrs: Mapping[str, Any]) -> Callable | None:
     if op_type == "Conv":
         if attrs.get(CONV_BLOCKS):
             return _conv_packed
+        if attrs.get(DEPTHWISE_BLOCK):
+            return _conv_depthwise
+        if attrs.get(GROUPED_LAYOUT):
+            return _conv_grouped
         return _CONV_ALGORITHMS.get(attrs.get(ALGORITHM), _conv_unpacked)
     if op_type in ("MatMul", "Gemm") and attrs.get(MATMUL_BLOCK):
         return _matmul_packed

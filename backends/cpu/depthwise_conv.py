@@ -1,0 +1,184 @@
+"""Depthwise 2-D conv (group = input channels = output channels) on CPU, in one of two layouts.
+
+Channel-blocked, NCHW[cb]c: the input is padded and packed to (N, C/cb, H', W', cb)
+inside the kernel (a plain copy when the producer already wrote NCHW[16]c), and
+each register tile holds `reg_n` output pixels × one cb-channel vector: the
+kernel window is unrolled and every tap is one vector FMA. Channels that do not
+fill the last block are zero-padded. Recipe:
+../shared/docs/cpu-schedules/depthwise_conv.py (NCHW16c beat onnxruntime's kernel).
+
+Along rows, NCHW: each register tile is a few 16-pixel vectors of one output row,
+every tap an unaligned vector load times the tap's weight. Packing an NCHW input
+into channel blocks (and unpacking the result) is a transpose that costs more than
+the depthwise conv's few FMAs per pixel, so a stride-1 conv whose input arrives in
+NCHW runs along rows; one reading NCHW[16]c, or strided, runs channel-blocked.
+
+Weights come packed at compile time as (C/cb, R, S, cb) for both, and the
+bias/activation epilogue runs as the tiles are copied out.
+"""
+from __future__ import annotations
+
+from ..lowering.context import LowerContext, SelfScheduled
+from ..tvm_env import tvm
+from .packed_kernels import CONV_TILE_CHOICES
+from .packing import DEPTHWISE_BLOCK
+from .schedule import MIN_PARALLEL_WORK, schedule_rows, try_step, writes_blocks
+
+_tvm = tvm()
+te, tir = _tvm.te, _tvm.tirx
+
+# Along rows: a register tile is up to MAX_ROW_VECTORS vectors of ROW_LANES pixels (half as many lanes for rows of 8
+# pixels or fewer).
+ROW_LANES = 16
+MAX_ROW_VECTORS = 2
+
+
+def conv_depthwise(ctx: LowerContext, before, after):
+    """Depthwise conv of x (N, C, H, W) with weights packed (C/cb, R, S, cb), plus the optional bias."""
+    strides = tuple(ctx.attr("strides") or (1, 1))
+    if strides == (1, 1) and not _reads_blocks(ctx.input(0)):
+        return _along_rows(ctx, before, after)
+    return _channel_blocked(ctx, before, after)
+
+
+def _reads_blocks(x) -> bool:
+    """Whether `x` is the NCHW view of an NCHW[b]c kernel argument (backends/lower.py's view of a blocked argument):
+    a compute over one 5-D placeholder."""
+    if not isinstance(x.op, te.ComputeOp) or len(x.op.input_tensors) != 1:
+        return False
+    source = x.op.input_tensors[0]
+    return isinstance(source.op, te.PlaceholderOp) and source.ndim == 5
+
+
+def _channel_blocked(ctx: LowerContext, before, after):
+    """The NCHW[cb]c kernel (see the module docstring)."""
+    x, wp, bias = ctx.input(0), ctx.input(1), ctx.input(2)
+    cb = ctx.attr(DEPTHWISE_BLOCK)
+    n, c, h, w = (int(d) for d in x.shape)
+    blocks, r, s = (int(d) for d in wp.shape[:3])
+    _, _, oh, ow = ctx.out_shape()
+    (sh, sw) = ctx.attr("strides") or (1, 1)
+    (dh, dw) = ctx.attr("dilations") or (1, 1)
+    (pt, pl), (pb, pr) = before, after
+    reg_n = min(CONV_TILE_CHOICES, key=lambda t: (-(-ow // t) * t, -t))
+    ow_padded = -(-ow // reg_n) * reg_n
+    hp = max(h + pt + pb, (oh - 1) * sh + (r - 1) * dh + 1)
+    # Enough padded input for every (padded) output column.
+    wpad = max(w + pl + pr, (ow_padded - 1) * sw + (s - 1) * dw + 1)
+
+    def pack(ni, co, y, q, ci):
+        inside = tir.all(y >= pt, y < pt + h, q >= pl, q < pl + w, co * cb + ci < c)
+        return tir.if_then_else(inside, x[ni, co * cb + ci, y - pt, q - pl], tir.const(0.0, x.dtype))
+
+    packed = te.compute((n, blocks, hp, wpad, cb), pack, name="dw_pack")
+    kh = te.reduce_axis((0, r), "kh")
+    kw = te.reduce_axis((0, s), "kw")
+    conv = te.compute(
+        (n, blocks, oh, ow_padded, cb),
+        lambda ni, co, y, q, ci: te.sum(packed[ni, co, y * sh + kh * dh, q * sw + kw * dw, ci] * wp[co, kh, kw, ci],
+                                        axis=[kh, kw]),
+        name="dw_nchwc")
+
+    def unpack(ni, k, y, q):
+        value = conv[ni, k // cb, y, q, k % cb]
+        return value + bias[k] if bias is not None else value
+
+    out = te.compute(ctx.out_shape(), unpack, name="dw_unpack")
+    # Small convs run on one thread: waking the pool costs more than the work.
+    big = n * c * oh * ow * r * s >= MIN_PARALLEL_WORK * 16
+
+    def schedule(sch) -> None:
+        block = sch.get_sblock("dw_nchwc")
+        # A result kept in NCHW[16]c is the tiles' own layout: each tile is written straight to it.
+        tiles_to_output = ow_padded == ow and c % cb == 0 and writes_blocks(sch, "dw_unpack")
+        # Accumulate each register tile in a small buffer LLVM keeps in registers, then copy it out.
+        tile_out = sch.cache_write(block, 0, "global")
+        if tiles_to_output:
+            sch.reverse_compute_inline(sch.get_sblock("dw_unpack"))
+        ni, co, y, q, ci, rkh, rkw = sch.get_loops(block)
+        qo, qi = sch.split(q, [None, reg_n])
+        sch.reorder(ni, co, y, qo, rkh, rkw, qi, ci)
+        rows = sch.fuse(ni, co, y)
+        if big:
+            sch.parallel(rows)
+        sch.unroll(rkh)
+        sch.unroll(rkw)
+        sch.unroll(qi)
+        sch.vectorize(ci)
+        sch.reverse_compute_at(tile_out, qo)
+        try_step(lambda: sch.vectorize(sch.get_loops(tile_out)[-1]))
+        sch.decompose_reduction(block, rkh)
+        pack_loops = sch.get_loops(sch.get_sblock("dw_pack"))
+        outer = sch.fuse(*pack_loops[:3])
+        if big:
+            sch.parallel(outer)
+        try_step(lambda: sch.vectorize(pack_loops[-1]))
+        if not tiles_to_output:
+            schedule_rows(sch, "dw_unpack", big, ow % 4 == 0)
+
+    return SelfScheduled([out], schedule)
+
+
+def _along_rows(ctx: LowerContext, before, after):
+    """The NCHW kernel, vectorized along the output rows (see the module docstring); stride 1."""
+    x, wp, bias = ctx.input(0), ctx.input(1), ctx.input(2)
+    cb = ctx.attr(DEPTHWISE_BLOCK)
+    n, c, h, w = (int(d) for d in x.shape)
+    r, s = (int(d) for d in wp.shape[1:3])
+    _, _, oh, ow = ctx.out_shape()
+    (dh, dw) = ctx.attr("dilations") or (1, 1)
+    (pt, pl), (pb, pr) = before, after
+    lanes = ROW_LANES if ow > ROW_LANES // 2 else ROW_LANES // 2
+    vectors = min(-(-ow // lanes), MAX_ROW_VECTORS)
+    ow_padded = -(-ow // (vectors * lanes)) * vectors * lanes
+    hp = max(h + pt + pb, oh + (r - 1) * dh)
+    wpad = max(w + pl + pr, ow_padded + (s - 1) * dw)
+
+    def pad(ni, ci, y, q):
+        inside = tir.all(y >= pt, y < pt + h, q >= pl, q < pl + w)
+        return tir.if_then_else(inside, x[ni, ci, y - pt, q - pl], tir.const(0.0, x.dtype))
+
+    padded = te.compute((n, c, hp, wpad), pad, name="dw_pad")
+    kh = te.reduce_axis((0, r), "kh")
+    kw = te.reduce_axis((0, s), "kw")
+    conv = te.compute(
+        (n, c, oh, ow_padded),
+        lambda ni, ci, y, q: te.sum(padded[ni, ci, y + kh * dh, q + kw * dw] * wp[ci // cb, kh, kw, ci % cb],
+                                    axis=[kh, kw]),
+        name="dw_rows")
+
+    def result(ni, k, y, q):
+        return conv[ni, k, y, q] + bias[k] if bias is not None else conv[ni, k, y, q]
+
+    out = te.compute(ctx.out_shape(), result, name="dw_rows_out")
+    big = n * c * oh * ow * r * s >= MIN_PARALLEL_WORK * 16
+
+    def schedule(sch) -> None:
+        block = sch.get_sblock("dw_rows")
+        tile_out = sch.cache_write(block, 0, "global")
+        # Tiles that cover the rows exactly write the NCHW output (with the epilogue) as they are copied out.
+        tiles_to_output = ow_padded == ow and not writes_blocks(sch, "dw_rows_out")
+        if tiles_to_output:
+            sch.reverse_compute_inline(sch.get_sblock("dw_rows_out"))
+        ni, ci, y, q, rkh, rkw = sch.get_loops(block)
+        qo, qv, qi = sch.split(q, [None, vectors, lanes])
+        sch.reorder(ni, ci, y, qo, rkh, rkw, qv, qi)
+        rows = sch.fuse(ni, ci, y)
+        if big:
+            sch.parallel(rows)
+        sch.unroll(rkh)
+        sch.unroll(rkw)
+        sch.unroll(qv)
+        sch.vectorize(qi)
+        sch.reverse_compute_at(tile_out, qo)
+        try_step(lambda: sch.vectorize(sch.get_loops(tile_out)[-1]))
+        sch.decompose_reduction(block, rkh)
+        pad_loops = sch.get_loops(sch.get_sblock("dw_pad"))
+        outer = sch.fuse(*pad_loops[:3])
+        if big:
+            sch.parallel(outer)
+        try_step(lambda: sch.vectorize(pad_loops[-1]))
+        if not tiles_to_output:
+            schedule_rows(sch, "dw_rows_out", big, ow % 4 == 0)
+
+    return SelfScheduled([out], schedule)
