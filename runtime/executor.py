@@ -451,7 +451,8 @@ class Executor:
 
             return receive_output
         buffer = self._buffer(name)
-        if id(instruction) in self._top_receives:
+        # Early receives stage the tensor in host memory (np.copyto); device buffers are received where they go.
+        if id(instruction) in self._top_receives and isinstance(self._memory, HostMemory):
             self._early.append(EarlyReceive(comm, buffer, peer, tag, name))
             return self._early[-1]
         return lambda: comm.recv(buffer, peer, tag, name)
