@@ -418,7 +418,7 @@ def run(parts: list[Path], json_path: Path | None, dump_to: Path | None = None, 
             for case in plan["cases"]:
                 rows.append(_check_case(part, case, scratch / case["name"], Executor, dump_to, profile))
                 _print_row(rows[-1])
-        ok = all(r.get("matches") for r in rows)
+        ok = all(r.get("matches") and r.get("device_inputs_match", True) for r in rows)
         print(f"{sum(bool(r.get('matches')) for r in rows)} of {len(rows)} models equal onnxruntime's CPU outputs "
               f"(rtol {RTOL}, atol {ATOL}; the TF32 cases rtol {TF32_RTOL}, atol {TF32_ATOL})")
         if json_path:
@@ -486,6 +486,8 @@ def _check_case(part: Path, case: dict, folder: Path, executor_cls, dump_to: Pat
             ok, worst = ok and good, max(worst, error)
         row.update(matches=ok, max_error=worst, tolerance=case.get("tolerance", [RTOL, ATOL]),
                    tessel_ms=_time_ms(lambda: executor.run(inputs)))
+        if str(executor.plan["target"]).startswith("cuda"):
+            row.update(_device_input_row(executor, inputs, expected, case.get("tolerance", (RTOL, ATOL))))
         if dump_to is not None:
             dump_to.mkdir(parents=True, exist_ok=True)
             np.savez_compressed(dump_to / f"{case['name']}.npz", **dump_steps(executor, inputs))
@@ -499,6 +501,18 @@ def _check_case(part: Path, case: dict, folder: Path, executor_cls, dump_to: Pat
     return row
 
 
+def _device_input_row(executor, inputs: dict[str, np.ndarray], expected: dict[str, np.ndarray], tolerance) -> dict:
+    """The run with its inputs already on the GPU (PyTorch CUDA tensors, copied device to device), as PyTorch's
+    own timing has them: whether it still matches, and its time."""
+    import torch
+
+    on_gpu = {name: torch.from_numpy(array).cuda() for name, array in inputs.items()}
+    torch.cuda.synchronize()
+    executor.poison()
+    good, _ = _compare(executor.run(on_gpu), expected, *tolerance)
+    return {"device_inputs_match": good, "tessel_device_ms": _time_ms(lambda: executor.run(on_gpu))}
+
+
 def _print_row(row: dict) -> None:
     if "error" in row:
         print(f"{row['model']:22s} FAILED  {row['error']}", flush=True)
@@ -510,8 +524,14 @@ def _print_row(row: dict) -> None:
                       f"  tessel/torch {row['tessel_ms'] / row['torch_ms']:5.2f} ({row['tessel_ms'] / row['torch_fp32_ms']:.2f}; "
                       f"{row['tessel_ms'] / row['torch_io_ms']:.2f})"
                       f"  (torch TF32 max error {row['torch_max_error']:.3g})")
+    device_part = ""
+    if "tessel_device_ms" in row:
+        device_part = (f" ({row['tessel_device_ms']:.3f} ms inputs on the GPU"
+                       f"{'' if row['device_inputs_match'] else ', MISMATCH'})")
+        if "torch_ms" in row:
+            torch_part += f"  on-GPU inputs: tessel/torch {row['tessel_device_ms'] / row['torch_ms']:.2f}"
     print(f"{row['model']:22s} {'ok     ' if row['matches'] else 'MISMATCH'} max error {row['max_error']:9.3g}  "
-          f"tessel {row['tessel_ms']:8.3f} ms{torch_part}", flush=True)
+          f"tessel {row['tessel_ms']:8.3f} ms{device_part}{torch_part}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

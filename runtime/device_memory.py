@@ -10,6 +10,8 @@ import ctypes
 
 import numpy as np
 
+from .device_inputs import device_tensor
+
 from .errors import ArtifactError
 from .memory import check_in_arena
 
@@ -139,9 +141,11 @@ class DeviceMemory:
                                 f"{KERNEL_ALIGNMENT} bytes; the plan is damaged: recompile the model")
         return buffer
 
-    def write(self, buffer, array: np.ndarray) -> None:
-        """Copy a host array into `buffer` (same shape and dtype)."""
-        buffer.copyfrom(np.require(array, requirements="C"))
+    def write(self, buffer, array) -> None:
+        """Copy a host array, or a tensor already on a GPU (device to device), into `buffer` (same shape and
+        dtype)."""
+        on_device = device_tensor(array)
+        buffer.copyfrom(on_device if on_device is not None else np.require(array, requirements="C"))
 
     def read(self, buffer) -> np.ndarray:
         """A fresh host copy of `buffer`."""

@@ -28,6 +28,7 @@ import numpy as np
 from tessel.ir.types import TensorType, numpy_dtype
 
 from .artifact_files import PLAN_FILE, read_plan, verify_files, worker_state_names
+from .device_inputs import on_gpu, shape_and_dtype
 from .early_receives import EarlyReceive
 from .errors import ArtifactError, ExecutionError, InputError
 from .ffi_abi import kernel_entry, take_raised_error
@@ -620,7 +621,8 @@ class Executor:
     def run(self, inputs: Mapping[str, np.ndarray], copy: bool = True) -> dict[str, np.ndarray]:
         """Run the model once; returns fresh output arrays by name.
 
-        With `copy=False` the outputs may be views of the executor's buffers (on the native host
+        A cuda artifact also takes inputs already on its GPU (any DLPack tensor there: runtime/device_inputs.py),
+        copied device to device. With `copy=False` the outputs may be views of the executor's buffers (on the native host
         of a one-worker program they are): valid until the next run, and cheaper on small models.
         """
         if self._whole_native is not None:
@@ -657,7 +659,7 @@ class Executor:
         self._check_inputs(inputs)
         self._held.wait(self._send_waits.before_inputs)
         for name in self.plan["inputs"]:
-            self._memory.write(self._buffer(name), np.asarray(inputs[name]))
+            self._memory.write(self._buffer(name), _host_or_device(inputs[name], self._memory))
         self._arriving = {}
         for step in self._steps:
             step()
@@ -682,7 +684,7 @@ class Executor:
         for _ in range(runs):
             # The arena reuses an input's bytes once its last reader ran: every pass starts from the inputs.
             for name in self.plan["inputs"]:
-                self._memory.write(self._buffer(name), np.asarray(inputs[name]))
+                self._memory.write(self._buffer(name), _host_or_device(inputs[name], self._memory))
             for index, op in enumerate(self._ops):
                 started = time.perf_counter()
                 op()
@@ -704,14 +706,21 @@ class Executor:
             want = ", ".join(f"{n}: {t.spec()}" for n, t in expected.items())
             raise InputError(f"inputs do not match the model ({'; '.join(parts)}); it takes {want}")
         for name, want in expected.items():
-            array = np.asarray(inputs[name])
-            if array.shape != want.shape or array.dtype != numpy_dtype(want.dtype):
-                have = f"{array.dtype}[{','.join(map(str, array.shape))}]"
+            if isinstance(self._memory, HostMemory) and on_gpu(inputs[name]):
+                raise InputError(f"input '{name}' is on a GPU; this artifact runs on the CPU: pass it as a numpy array")
+            shape, dtype = shape_and_dtype(inputs[name])
+            if shape != want.shape or dtype != numpy_dtype(want.dtype):
+                have = f"{dtype}[{','.join(map(str, shape))}]"
                 raise InputError(f"input '{name}' is {have}, the model takes {want.spec()}")
 
 
 def _nothing() -> None:
     return None
+
+
+def _host_or_device(value, memory):
+    """An input as the memory's `write` takes it: a GPU tensor as it is for device memory, else a numpy array."""
+    return value if not isinstance(memory, HostMemory) and on_gpu(value) else np.asarray(value)
 
 
 def reduction_readers(instructions: Iterable[Instruction]) -> set[int]:
