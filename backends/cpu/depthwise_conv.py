@@ -98,23 +98,10 @@ def _channel_blocked(ctx: LowerContext, before, after):
         ni, co, y, q, ci, rkh, rkw = sch.get_loops(block)
         qo, qi = sch.split(q, [None, reg_n])
         sch.reorder(ni, co, y, qo, rkh, rkw, qi, ci)
-        rows = sch.fuse(ni, co, y)
-        if big:
-            sch.parallel(rows)
-        sch.unroll(rkh)
-        sch.unroll(rkw)
         sch.unroll(qi)
         sch.vectorize(ci)
-        sch.reverse_compute_at(tile_out, qo)
-        try_step(lambda: sch.vectorize(sch.get_loops(tile_out)[-1]))
-        sch.decompose_reduction(block, rkh)
-        pack_loops = sch.get_loops(sch.get_sblock("dw_pack"))
-        outer = sch.fuse(*pack_loops[:3])
-        if big:
-            sch.parallel(outer)
-        try_step(lambda: sch.vectorize(pack_loops[-1]))
-        if not tiles_to_output:
-            schedule_rows(sch, "dw_unpack", big, ow % 4 == 0)
+        _finish(sch, block, tile_out, (ni, co, y), qo, (rkh, rkw), "dw_pack", None if tiles_to_output else "dw_unpack",
+                big, ow)
 
     return SelfScheduled([out], schedule)
 
@@ -163,22 +150,31 @@ def _along_rows(ctx: LowerContext, before, after):
         ni, ci, y, q, rkh, rkw = sch.get_loops(block)
         qo, qv, qi = sch.split(q, [None, vectors, lanes])
         sch.reorder(ni, ci, y, qo, rkh, rkw, qv, qi)
-        rows = sch.fuse(ni, ci, y)
-        if big:
-            sch.parallel(rows)
-        sch.unroll(rkh)
-        sch.unroll(rkw)
         sch.unroll(qv)
         sch.vectorize(qi)
-        sch.reverse_compute_at(tile_out, qo)
-        try_step(lambda: sch.vectorize(sch.get_loops(tile_out)[-1]))
-        sch.decompose_reduction(block, rkh)
-        pad_loops = sch.get_loops(sch.get_sblock("dw_pad"))
-        outer = sch.fuse(*pad_loops[:3])
-        if big:
-            sch.parallel(outer)
-        try_step(lambda: sch.vectorize(pad_loops[-1]))
-        if not tiles_to_output:
-            schedule_rows(sch, "dw_rows_out", big, ow % 4 == 0)
+        _finish(sch, block, tile_out, (ni, ci, y), qo, (rkh, rkw), "dw_pad", None if tiles_to_output else "dw_rows_out",
+                big, ow)
 
     return SelfScheduled([out], schedule)
+
+
+def _finish(sch, block, tile_out, row_loops, tile_loop, window_loops, staging: str, output: str | None, big: bool,
+            ow: int) -> None:
+    """What both layouts' schedules share once their tile loops are placed: rows across threads (when `big`),
+    the window unrolled, each register tile copied out after its loop, the staging copy (padding or packing)
+    parallel and vectorized, and the `output` block (None where the tiles write it) scheduled by rows."""
+    rows = sch.fuse(*row_loops)
+    if big:
+        sch.parallel(rows)
+    for loop in window_loops:
+        sch.unroll(loop)
+    sch.reverse_compute_at(tile_out, tile_loop)
+    try_step(lambda: sch.vectorize(sch.get_loops(tile_out)[-1]))
+    sch.decompose_reduction(block, window_loops[0])
+    staging_loops = sch.get_loops(sch.get_sblock(staging))
+    outer = sch.fuse(*staging_loops[:3])
+    if big:
+        sch.parallel(outer)
+    try_step(lambda: sch.vectorize(staging_loops[-1]))
+    if output is not None:
+        schedule_rows(sch, output, big, ow % 4 == 0)
