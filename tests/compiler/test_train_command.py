@@ -168,7 +168,7 @@ def fake_trainer(monkeypatch):
 
     def compile_training(model, loss, optimizer, input_shapes, trainable, frozen, seed, devices, parallel,
                          micro_batches, schedule,
-                         sync_batchnorm, compression, topk_ratio):
+                         sync_batchnorm, compression, topk_ratio, auto_ps=False):
         assert loss == "cross_entropy" and input_shapes == {"x": (8, 4)}
         compiled.append((model, devices, parallel, micro_batches, schedule))
         return FakeTrainer(model, optimizer)
