@@ -23,6 +23,7 @@ from tessel.backends.cache import KernelCache
 from tessel.backends.lowering import LoweringError
 from tessel.backends.target import parse_target
 from tessel.backends.tvm_env import version as tvm_version
+from tessel.ir.float64_model import promote_to_float64
 from tessel.ir.onnx_import import bind_input_values, declared_shape, input_defaults, with_batch
 from tessel.passes.base import Pass
 from tessel.runtime.calibrate import load_link
@@ -96,8 +97,11 @@ class ModelSource:
 
 
 def load_model(model_or_path, options: CompileOptions) -> tuple[onnx.ModelProto, dict]:
-    """The ONNX model and its input shapes, re-batched when the options give a `batch`."""
+    """The ONNX model as compiled and its input shapes: re-batched when the options give a `batch`, in float64 with
+    precision "fp64"."""
     model = ir.load_model(model_or_path)
+    if options.precision == "fp64":
+        model = promote_to_float64(model)
     input_shapes = dict(options.input_shapes)
     if options.batch is not None:
         model = with_batch(model, options.batch)

@@ -111,7 +111,8 @@ def _compile_options(args: argparse.Namespace):
         profile=not args.no_profile, reprofile=args.reprofile, device_memory=args.device_memory,
         skip_passes=args.skip_pass, verify=args.verify, dump_after=args.dump_after, algo_select=args.algo_select,
         workspace_limit=args.workspace_limit, batch_policy=args.batch_policy, profile_budget=args.profile_budget,
-        conv_layout=args.conv_layout, keep_model=args.keep_model, jobs=args.jobs, allow_tf32=args.allow_tf32)
+        conv_layout=args.conv_layout, keep_model=args.keep_model, jobs=args.jobs, allow_tf32=args.allow_tf32,
+        precision=args.precision)
 
 
 def _check_writable_directory(output: Path) -> None:
@@ -311,6 +312,10 @@ def build_parser() -> argparse.ArgumentParser:
     compile_cmd.add_argument("--allow-tf32", action="store_true",
                              help="cuda (sm_80+): run convolutions on TF32 tensor cores (inputs rounded to a 10-bit "
                                   "mantissa, float32 sums; PyTorch's cuDNN default)")
+    compile_cmd.add_argument("--precision", default=CompileOptions.default("precision"),
+                             choices=CompileOptions.CHOICES["precision"],
+                             help="fp32 computes as the model is written; fp64 computes its float32 tensors in float64 "
+                                  "(CPU targets; for checking against a float64 reference)")
     compile_cmd.add_argument("--conv-layout", default=CompileOptions.default("conv_layout"),
                              choices=CompileOptions.CHOICES["conv_layout"],
                              help="activations between conv kernels: kept in NCHW[16]c (blocked) or NCHW")

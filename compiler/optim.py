@@ -159,10 +159,10 @@ class SGD:
         """The learning rate of step `step` (0-based)."""
         return self.schedule.lr(self.lr, step)
 
-    def step_scalars(self, step: int) -> dict[str, np.ndarray]:
-        """The step graph's scalar inputs for step `step` (0-based)."""
+    def step_scalars(self, step: int, dtype: str = "float32") -> dict[str, np.ndarray]:
+        """The step graph's scalar inputs for step `step` (0-based), in `dtype` (the graph's scalar type)."""
         values = {LR: self.lr_at(step), GRAD_COEF: 1.0 if step == 0 else 1.0 - self.dampening}
-        return {name: np.array(values[name], np.float32) for name in self.rule.scalars}
+        return {name: np.array(values[name], dtype) for name in self.rule.scalars}
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready description (see `optimizer_from_json`)."""
@@ -197,13 +197,14 @@ class AdamW:
         """The learning rate of step `step` (0-based)."""
         return self.schedule.lr(self.lr, step)
 
-    def step_scalars(self, step: int) -> dict[str, np.ndarray]:
-        """The step graph's scalar inputs for step `step` (0-based); PyTorch's step count is step + 1."""
+    def step_scalars(self, step: int, dtype: str = "float32") -> dict[str, np.ndarray]:
+        """The step graph's scalar inputs for step `step` (0-based), in `dtype` (the graph's scalar type);
+        PyTorch's step count is step + 1."""
         lr, t = self.lr_at(step), step + 1
         beta1, beta2 = self.betas
         values = {DECAY: 1.0 - lr * self.weight_decay, STEP_SIZE: lr / (1.0 - beta1 ** t),
                   BIAS_CORRECTION2_SQRT: math.sqrt(1.0 - beta2 ** t)}
-        return {name: np.array(values[name], np.float32) for name in self.rule.scalars}
+        return {name: np.array(values[name], dtype) for name in self.rule.scalars}
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready description (see `optimizer_from_json`)."""

@@ -22,6 +22,7 @@ from .sizes import parse_bytes
 
 ALGO_SELECT_MODES = ("off", "dp", "ilp")
 CONV_LAYOUTS = ("blocked", "nchw")
+PRECISIONS = ("fp32", "fp64")
 
 
 class CompileError(TesselError):
@@ -54,7 +55,8 @@ class CompileOptions:
     NCHW[16]c (blocked) or NCHW. keep_model: a copy of the model in the artifact (model.onnx; the weights are
     stored once otherwise). cache_dir: where kernels are cached (default: kernels/ under the cache root,
     $TESSEL_CACHE_DIR); jobs: kernels compiled at once. allow_tf32: cuda convolutions may run on TF32 tensor cores
-    (the target becomes cuda:sm_XX+tf32).
+    (the target becomes cuda:sm_XX+tf32). precision: "fp32" computes as the model is written; "fp64" computes
+    the model's float32 tensors in float64 (ir/float64_model.py; CPU targets), its float inputs and outputs too.
     """
 
     target: str = "llvm"
@@ -81,11 +83,12 @@ class CompileOptions:
     cache_dir: str | None = None
     jobs: int | None = None
     allow_tf32: bool = False
+    precision: str = "fp32"
 
     # The values an option may take, for the CLI's choices and the checks.
     CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({
         "placement": PLACEMENTS, "algo_select": ALGO_SELECT_MODES, "batch_policy": POLICIES,
-        "conv_layout": CONV_LAYOUTS, "skip_passes": PASS_NAMES, "dump_after": PASS_NAMES,
+        "conv_layout": CONV_LAYOUTS, "skip_passes": PASS_NAMES, "dump_after": PASS_NAMES, "precision": PRECISIONS,
     })
 
     def __post_init__(self) -> None:
@@ -114,7 +117,7 @@ class CompileOptions:
                 raise CompileError(f"{name}={value}: need at least one")
         if self.batch is not None and self.batch < 1:
             raise CompileError(f"--batch {self.batch}: must be at least 1")
-        for name in ("placement", "algo_select", "batch_policy", "conv_layout"):
+        for name in ("placement", "algo_select", "batch_policy", "conv_layout", "precision"):
             value = getattr(self, name)
             if value not in self.CHOICES[name]:
                 raise CompileError(f"--{name.replace('_', '-')} {value}: use one of {', '.join(self.CHOICES[name])}")
@@ -126,6 +129,8 @@ class CompileOptions:
             parse_pins(self.pins)
         except (ValueError, PlacementError) as exc:
             raise CompileError(str(exc)) from None
+        if self.precision == "fp64" and parse_target(self.target).kind != "llvm":
+            raise CompileError(f"--precision fp64 compiles for CPU targets (llvm); {self.target}'s kernels are float32")
         if self.algo_select != "off" and self.devices > 1:
             raise CompileError(f"--algo-select {self.algo_select} chooses kernels for one device; compile with --devices 1")
         choosing = self.workspace_limit is not None or self.profile_budget is not None or self.batch_policy != "powers-of-two"

@@ -23,6 +23,7 @@ from tessel.ir.errors import TesselError
 from tessel.passes.pipeline_schedule import SCHEDULES as PIPELINE_SCHEDULES
 
 from .arg_types import count_from
+from .options import PRECISIONS
 from .ps_command import add_ps_arguments, ps_mode, run_ps
 from .dp_training import compression_summary
 from .train_checkpoints import (completed_epochs, drop_after, drop_superseded, latest_checkpoint, prune,
@@ -88,6 +89,8 @@ def add_train_parser(commands, parents) -> None:
     train.add_argument("--sync-batchnorm", action="store_true", default=None,
                        help="with --devices N > 1: BatchNormalization normalises with the whole batch's statistics, "
                             "all-reduced (as torch.nn.SyncBatchNorm), not each worker's slice's")
+    train.add_argument("--precision", choices=PRECISIONS,
+                       help="fp32 (default) or fp64: the step computes the model's float32 tensors in float64")
     train.add_argument("-o", "--output", metavar="RUN_DIR", help="run directory to write")
     train.add_argument("--force", action="store_true", help="replace an existing run directory")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue that run from its last checkpoint")
@@ -107,7 +110,7 @@ _DEFAULTS = {"val": None, "loss": None, "label_smoothing": 0.0, "optimizer": "sg
              "nesterov": False, "weight_decay": None, "schedule": "constant", "warmup": 0, "base_batch": None,
              "batch": 64, "epochs": 10, "seed": 0, "trainable": None, "frozen": None,
              "devices": 1, "parallel": "data", "micro_batches": 1, "pipeline_schedule": "gpipe",
-             "sync_batchnorm": False, "compression": "none", "topk_ratio": 0.01}
+             "sync_batchnorm": False, "compression": "none", "topk_ratio": 0.01, "precision": "fp32"}
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -261,6 +264,7 @@ def _trainer(settings: RunSettings, run_dir: Path, data: Dataset, inputs, steps_
             frozen=settings.frozen, seed=settings.seed, devices=settings.devices, parallel=settings.parallel,
             micro_batches=settings.micro_batches, schedule=settings.pipeline_schedule,
             sync_batchnorm=settings.sync_batchnorm, compression=settings.compression, topk_ratio=settings.topk_ratio,
+            precision=settings.precision,
             auto_ps=settings.parallel == "auto")
     keep_until(run_dir, trainer.steps_done)
     return trainer, latest[0] if latest else None

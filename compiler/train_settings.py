@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tessel.ir.errors import TesselError
 
+from .options import PRECISIONS
 from .train_metrics import HOST_LOSSES
 
 MODEL_FILE = "model.onnx"  # the trained model a run writes into RUN_DIR
@@ -52,6 +53,7 @@ class RunSettings:
     sync_batchnorm: bool = False
     compression: str = "none"      # gradient compression (data parallel and parameter servers)
     topk_ratio: float = 0.01
+    precision: str = "fp32"
 
     def check(self, output_names: list[str]) -> "RunSettings":
         """Refuse settings that cannot train (one line each), the loss checked against the model's outputs;
@@ -92,6 +94,11 @@ class RunSettings:
             raise TrainSettingsError("--compression goes with --parallel data or ps on --devices 2 or more")
         if not 0 < self.topk_ratio <= 1:
             raise TrainSettingsError(f"--topk-ratio {self.topk_ratio}: give a value in (0, 1]")
+        if self.precision not in PRECISIONS:
+            raise TrainSettingsError(f"--precision {self.precision}: use one of {', '.join(PRECISIONS)}")
+        if self.precision != "fp32" and self.parallel == "ps":
+            raise TrainSettingsError("--precision fp64 trains on one worker, data-parallel or pipelined; parameter "
+                                     "servers exchange float32")
         parse_schedule(self.schedule)
         return self
 

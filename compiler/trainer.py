@@ -69,6 +69,7 @@ class Trainer:
             self._step.set_residuals(residuals)
         types = self._step.input_types
         self._masks = [(name, ratio, types[name].shape) for name, ratio in sorted(names.dropout_masks.items())]
+        self._scalar_dtype = next((types[name].dtype for name in optimizer.rule.scalars if name in types), "float32")
 
     @property
     def state(self) -> dict[str, np.ndarray]:
@@ -110,10 +111,10 @@ class Trainer:
         if self.names.label_input is not None:
             if labels is None:
                 raise InputError("this loss needs labels: step(inputs, labels)")
-            feeds[self.names.label_input] = labels
+            feeds[self.names.label_input] = _widened(labels, self._step.input_types[self.names.label_input])
         elif labels is not None:
             raise InputError("the model's own output is the loss: step(inputs) takes no labels")
-        feeds.update(self.optimizer.step_scalars(self.steps_done))
+        feeds.update(self.optimizer.step_scalars(self.steps_done, self._scalar_dtype))
         feeds.update(self.dropout_masks(self.steps_done))
         loss = float(self._step.run(feeds, copy=False)[self.names.loss_output])
         self.steps_done += 1
@@ -138,7 +139,7 @@ class Trainer:
 
     def _data(self, inputs: Mapping[str, np.ndarray], runner) -> Mapping[str, np.ndarray]:
         """The model's inputs, checked by name first (`runner`, the executor or session that runs them, checks their
-        types; its input types are looked up only to word an error)."""
+        types), float ones widened to the compiled type where that is exact (`_widened`)."""
         want = self.names.data_inputs
         missing, extra = [n for n in want if n not in inputs], [n for n in inputs if n not in want]
         if missing or extra:
@@ -147,7 +148,8 @@ class Trainer:
             types = runner.input_types
             takes = ", ".join(f"{n}: {types[n].spec()}" for n in want)
             raise InputError(f"inputs do not match the model ({'; '.join(problems)}); it takes {takes}")
-        return inputs
+        types = runner.input_types
+        return {name: _widened(value, types[name]) for name, value in inputs.items()}
 
     def save(self, directory: str | Path, force: bool = False) -> Path:
         """Write a checkpoint to `directory` (compiler/checkpoint.py); an existing non-empty one is refused unless
@@ -159,6 +161,15 @@ class Trainer:
     def export_onnx(self, path: str | Path) -> Path:
         """Write the model as given with its trained values (`export_state`)."""
         return export_state(self.model_bytes, self.state, self.names.parameters, path)
+
+
+def _widened(value, want) -> np.ndarray:
+    """`value` in the float type `want` (a TensorType) when it is a narrower float, which converts exactly (float32
+    data for a step compiled in float64); anything else as given, for the runner to check."""
+    if isinstance(value, np.ndarray) and value.dtype.kind == "f" and np.dtype(want.dtype).kind == "f" \
+            and value.dtype != np.dtype(want.dtype) and np.can_cast(value.dtype, want.dtype, "safe"):
+        return value.astype(want.dtype)
+    return value
 
 
 def export_state(model_bytes: bytes, state: Mapping[str, np.ndarray], parameters, path: str | Path) -> Path:

@@ -2,7 +2,7 @@
 
 The rules are plain descriptions (`SGDRule`, `AdamWRule`) with the constant
 hyperparameters; what changes from step to step (the learning rate, AdamW's bias
-corrections) enters as scalar float32 graph inputs named in `SCALARS`, which the
+corrections) enters as scalar graph inputs (float32, float64 for float64 parameters) named in `SCALARS`, which the
 host computes for each step (compiler/optim.py). Optimizer slots are persistent
 inputs named `<param>.momentum`, `<param>.exp_avg` and `<param>.exp_avg_sq`,
 zeros before the first step. Each parameter's update is ONE Tessel-domain op,
@@ -102,7 +102,9 @@ def add_updates(graph: Graph, rule: Rule, params: Mapping[str, tuple[Value, Valu
     taken = [name for name in rule.scalars if graph.lookup(name) is not None]
     if taken:
         raise ValueError(f"the graph already has a value named {taken[0]!r}, the optimizer's scalar input")
-    scalars = {name: graph.add_input(name, TensorType("float32", ())) for name in rule.scalars}
+    # The scalars are float64 where the parameters are (a step compiled in float64), float32 otherwise.
+    scalar_dtype = "float64" if any(param.type.dtype == "float64" for param, _ in params.values()) else "float32"
+    scalars = {name: graph.add_input(name, TensorType(scalar_dtype, ())) for name in rule.scalars}
     op_type, attrs = _update_op(rule)
     next_values: dict[str, Value] = {}
     slot_inputs: list[Value] = []

@@ -38,6 +38,8 @@ def test_options_are_frozen_and_normalized():
     ({"workspace_limit": "64MiB"}, "add --algo-select"),
     ({"algo_select": "dp", "devices": 2}, "chooses kernels for one device"),
     ({"batch": 0}, "--batch 0"),
+    ({"precision": "fp16"}, "--precision fp16: use one of fp32, fp64"),
+    ({"precision": "fp64", "target": "cuda:sm_80"}, "--precision fp64 compiles for CPU targets"),
     ({"fast": True}, "unknown compile option 'fast'"),
 ])
 def test_a_bad_option_is_one_compile_error(overrides, match):
@@ -56,8 +58,10 @@ def test_the_cli_takes_its_choices_and_defaults_from_the_options():
     compile_parser = build_parser()._subparsers._group_actions[0].choices["compile"]  # noqa: SLF001
     actions = {a.dest: a for a in compile_parser._actions}  # noqa: SLF001
     for flag, option in (("placement", "placement"), ("algo_select", "algo_select"), ("batch_policy", "batch_policy"),
-                         ("conv_layout", "conv_layout"), ("skip_pass", "skip_passes"), ("dump_after", "dump_after")):
+                         ("conv_layout", "conv_layout"), ("skip_pass", "skip_passes"), ("dump_after", "dump_after"),
+                         ("precision", "precision")):
         assert tuple(actions[flag].choices) == CompileOptions.CHOICES[option]
-    for flag in ("target", "devices", "placement", "microbatches", "conv_layout", "algo_select", "batch_policy"):
+    for flag in ("target", "devices", "placement", "microbatches", "conv_layout", "algo_select", "batch_policy",
+                 "precision"):
         assert actions[flag].default == CompileOptions.default(flag)
     assert CompileOptions.CHOICES["placement"] == CHOICES

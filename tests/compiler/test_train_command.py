@@ -52,6 +52,7 @@ def _train(files, *extra):
     (["--parallel", "auto", "--launcher", "torchrun"], "--parallel auto compares its alternatives on local workers"),
     (["--devices", "2", "--parallel", "pipeline", "--sync-batchnorm"], "--sync-batchnorm goes with data-parallel"),
     (["--devices", "2", "--parallel", "ps", "--ps-mode", "ssp"], "--ps-mode ssp needs --staleness S"),
+    (["--devices", "2", "--parallel", "ps", "--precision", "fp64"], "--precision fp64 trains on one worker"),
 ])
 def test_bad_settings_are_one_line(capsys, files, extra, expected):
     _refused(capsys, _train(files, *extra), expected)
@@ -168,9 +169,9 @@ def fake_trainer(monkeypatch):
 
     def compile_training(model, loss, optimizer, input_shapes, trainable, frozen, seed, devices, parallel,
                          micro_batches, schedule,
-                         sync_batchnorm, compression, topk_ratio, auto_ps=False):
+                         sync_batchnorm, compression, topk_ratio, precision="fp32", auto_ps=False):
         assert loss == "cross_entropy" and input_shapes == {"x": (8, 4)}
-        compiled.append((model, devices, parallel, micro_batches, schedule))
+        compiled.append((model, devices, parallel, micro_batches, schedule, precision))
         return FakeTrainer(model, optimizer)
 
     def load_training(directory):
@@ -260,9 +261,17 @@ def test_pipeline_flags_reach_the_compile_and_the_run_file(files, fake_trainer):
 
     assert main([str(a) for a in _train(files, "--epochs", "1", "--devices", "2", "--parallel", "pipeline",
                                         "--micro-batches", "4", "--pipeline-schedule", "1f1b")]) == 0
-    assert fake_trainer[0][1:] == (2, "pipeline", 4, "1f1b")
+    assert fake_trainer[0][1:] == (2, "pipeline", 4, "1f1b", "fp32")
     run = json.loads((files["run"] / "run.json").read_text())
     assert (run["parallel"], run["micro_batches"], run["pipeline_schedule"]) == ("pipeline", 4, "1f1b")
+
+
+def test_precision_reaches_the_compile_and_the_run_file(files, fake_trainer):
+    import json
+
+    assert main([str(a) for a in _train(files, "--epochs", "1", "--precision", "fp64")]) == 0
+    assert fake_trainer[0][-1] == "fp64"
+    assert json.loads((files["run"] / "run.json").read_text())["precision"] == "fp64"
 
 
 def test_ops_without_a_gradient_rule_are_named_in_one_line(capsys, files, tmp_path):

@@ -3,14 +3,16 @@ from the same weights, trained 20 steps on the same batches with SGD (momentum 0
 loss within 1e-4 relative of PyTorch's, every final weight and BatchNorm running statistic within 1e-3 relative
 (per tensor: |tessel - torch| / |torch| in the Frobenius norm).
 
-ResNet-18 at batch 4 is checked differently, because no float32 engine can follow another there: its steps are
-chaotic in float32 rounding. A pre-activation within rounding of zero (a ReLU's mask) or two near-equal values in
-a max-pool window route one element's gradient differently; the bias gradients, small sums that cancel, then
-differ by up to 1e-2 relative, and BatchNorm over a few values per channel amplifies the difference from step to
-step. Measured: PyTorch float32 against PyTorch float64 over these 20 steps differs by 2.7x in loss with SGD
-(lr 0.05) and 0.7x with AdamW (lr 1e-3), and still by 14% with SGD at lr 2e-4. So for ResNet-18 the step graph
-itself is checked in float64 against PyTorch float64 (every gradient within 1e-8, float32 rounding being 1e-4 here: the autodiff, exactly), and the
-compiled float32 step's first update against PyTorch float64 as loosely as PyTorch float32 itself would pass."""
+ResNet-18 at batch 4 is compared in float64 (precision "fp64": Tessel compiles the step in float64, PyTorch runs
+the model .double()), because no float32 engine can follow another there: its steps are chaotic in float32
+rounding. A pre-activation within rounding of zero (a ReLU's mask) or two near-equal values in a max-pool window
+route one element's gradient differently; the bias gradients, small sums that cancel, then differ by up to 1e-2
+relative, and BatchNorm over a few values per channel amplifies the difference from step to step. Measured:
+PyTorch float32 against PyTorch float64 over these 20 steps differs by 2.7x in loss with SGD (lr 0.05) and 0.7x
+with AdamW (lr 1e-3), and still by 14% with SGD at lr 2e-4; at 224x224 inputs by 43% (SGD, lr 0.05), 11% (AdamW,
+lr 1e-3) and 4.5e-4 (SGD, lr 2e-4). In float64 the same 20 steps follow PyTorch to rounding. The compiled float32
+step's first update is checked against PyTorch float64 as loosely as PyTorch float32 itself would pass, and the
+step graph in float64 against PyTorch float64 (every gradient within 1e-8: the autodiff, exactly)."""
 from __future__ import annotations
 
 import numpy as np
@@ -37,14 +39,17 @@ def _batches(spec: ModelSpec) -> list[tuple[np.ndarray, np.ndarray]]:
     return [spec.batch(rng) for _ in range(STEPS)]
 
 
-def _torch_run(model: torch.nn.Module, spec: ModelSpec, optimizer: str, batches) -> tuple[list[float], dict]:
-    """PyTorch's losses per step and its final weights and running statistics, by name."""
-    model.train()
+def _torch_run(model: torch.nn.Module, spec: ModelSpec, optimizer: str, batches,
+               dtype: torch.dtype = torch.float32) -> tuple[list[float], dict]:
+    """PyTorch's losses per step and its final weights and running statistics, by name, computing in `dtype`."""
+    model.to(dtype).train()
     opt = torch_optimizer(optimizer, model.parameters(), LR[optimizer])
     losses = []
     for x, y in batches:
         opt.zero_grad()
-        loss = torch_loss(spec.loss, model(torch.from_numpy(x)), torch.from_numpy(y))
+        labels = torch.from_numpy(y)
+        loss = torch_loss(spec.loss, model(torch.from_numpy(x).to(dtype)),
+                          labels.to(dtype) if labels.is_floating_point() else labels)
         loss.backward()
         opt.step()
         losses.append(loss.item())
@@ -53,11 +58,13 @@ def _torch_run(model: torch.nn.Module, spec: ModelSpec, optimizer: str, batches)
     return losses, state
 
 
-def _tessel_run(path, spec: ModelSpec, optimizer: str, batches, out, cache) -> tuple[list[float], dict]:
-    """Tessel's losses per step and the initializers of the model it exports after training."""
+def _tessel_run(path, spec: ModelSpec, optimizer: str, batches, out, cache,
+                precision: str = "fp32") -> tuple[list[float], dict]:
+    """Tessel's losses per step and the initializers of the model it exports after training (float32 batches:
+    a float64 step widens them itself)."""
     opt = optim.SGD(LR["sgd"], momentum=0.9) if optimizer == "sgd" else optim.AdamW(LR["adamw"])
     trainer = tessel.compile_training(str(path), loss=spec.loss, optimizer=opt, input_shapes={"x": spec.input_shape},
-                                      cache_dir=str(cache))
+                                      cache_dir=str(cache), precision=precision)
     losses = [trainer.step({"x": x}, y) for x, y in batches]
     trainer.export_onnx(str(out))
     return losses, {init.name: numpy_helper.to_array(init) for init in onnx.load(str(out)).graph.initializer}
@@ -67,24 +74,45 @@ def _relative(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.linalg.norm(got.astype(np.float64) - want) / max(np.linalg.norm(want), 1e-12))
 
 
+def _check_against_pytorch(name: str, optimizer: str, tmp_path, cache, precision: str = "fp32",
+                           loss_rtol: float = LOSS_RTOL, weight_rtol: float = WEIGHT_RTOL) -> None:
+    """Train model `name` STEPS steps in PyTorch and in Tessel from the same weights on the same batches (both in
+    float64 with precision "fp64"); compare every step's loss and every final weight and running statistic."""
+    spec = SPECS[name]
+    model = spec.model()
+    path = export(model, spec.input_shape, tmp_path / f"{name}.onnx")
+    batches = _batches(spec)
+    dtype = torch.float64 if precision == "fp64" else torch.float32
+    want_losses, want_state = _torch_run(model, spec, optimizer, batches, dtype)
+    got_losses, got_state = _tessel_run(path, spec, optimizer, batches, tmp_path / "trained.onnx", cache, precision)
+
+    np.testing.assert_allclose(got_losses, want_losses, rtol=loss_rtol, err_msg="per-step losses")
+    missing = sorted(set(want_state) - set(got_state) - {n for n in want_state if n.endswith("num_batches_tracked")})
+    assert not missing, f"not in the exported model: {missing}"
+    errors = {n: _relative(got_state[n], want_state[n]) for n in want_state if n in got_state}
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= weight_rtol, f"{worst}: relative error {errors[worst]:.2e} (all: {errors})"
+
+
 @pytest.mark.parametrize("name, optimizer", [
     pytest.param(name, optimizer, id=f"{name}-{optimizer}",
                  marks=() if (name, optimizer) in DEFAULT_RUN else pytest.mark.slow)
     for name in SPECS if name != "resnet18" for optimizer in ("sgd", "adamw")])
 def test_training_steps_match_pytorch(tmp_path, kernel_cache, name, optimizer):
-    spec = SPECS[name]
-    model = spec.model()
-    path = export(model, spec.input_shape, tmp_path / f"{name}.onnx")
-    batches = _batches(spec)
-    want_losses, want_state = _torch_run(model, spec, optimizer, batches)
-    got_losses, got_state = _tessel_run(path, spec, optimizer, batches, tmp_path / "trained.onnx", kernel_cache)
+    _check_against_pytorch(name, optimizer, tmp_path, kernel_cache)
 
-    np.testing.assert_allclose(got_losses, want_losses, rtol=LOSS_RTOL, err_msg="per-step losses")
-    missing = sorted(set(want_state) - set(got_state) - {n for n in want_state if n.endswith("num_batches_tracked")})
-    assert not missing, f"not in the exported model: {missing}"
-    errors = {n: _relative(got_state[n], want_state[n]) for n in want_state if n in got_state}
-    worst = max(errors, key=errors.get)
-    assert errors[worst] <= WEIGHT_RTOL, f"{worst}: relative error {errors[worst]:.2e} (all: {errors})"
+
+def test_float64_steps_match_pytorch_float64(tmp_path, kernel_cache):
+    """precision="fp64" compiles the step in float64: the MLP then follows PyTorch float64 to rounding."""
+    _check_against_pytorch("mlp", "sgd", tmp_path, kernel_cache, "fp64", loss_rtol=1e-12, weight_rtol=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_resnet18_steps_match_pytorch_in_float64(tmp_path, kernel_cache, optimizer):
+    """ResNet-18 at batch 4, 20 steps: the Done-when check itself, in the precision where it means something (the
+    module docstring says why float32 cannot). Measured tolerances are far inside the issue's 1e-4 and 1e-3."""
+    _check_against_pytorch("resnet18", optimizer, tmp_path, kernel_cache, "fp64")
 
 
 def _float64_gradients(spec: ModelSpec, x: np.ndarray, y: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
