@@ -7,8 +7,8 @@ vector without temporaries (numpy needed about ten whole-vector passes and as ma
 size: ResNet-18's 47 MB gradients took 0.2 s to encode with error feedback, and its time grew with the load).
 
 - `sums`: per segment, the number of non-negative elements, their sum and the sum of all (float64).
-- `pack`: the sign bits written into `bits`, each element replaced by what its
-  reconstruction value lost (element - value): the encoder's residual, in place.
+- `pack`: the sign bits written into `bits`, each element replaced by what its reconstruction value lost
+  (element - value): the encoder's residual, in place.
 - `decode` / `decode_add`: each element's reconstruction value written into, or added to, `out`.
 """
 from __future__ import annotations
@@ -169,7 +169,7 @@ class _Kernels:
         module.verify()
         module.triple, module.data_layout = machine.triple, str(machine.target_data)
         builder = llvm.create_pass_builder(machine, llvm.create_pipeline_tuning_options(speed_level=3))
-        builder.getModulePassManager().run(module, builder)  # O3: the loops are unrolled and vectorized
+        builder.getModulePassManager().run(module, builder)  # LLVM's O3 pipeline
         self._engine = llvm.create_mcjit_compiler(module, machine)
         self._engine.finalize_object()
         void_p, i64 = ctypes.c_void_p, ctypes.c_int64
@@ -187,29 +187,47 @@ def kernels() -> _Kernels:
     return _Kernels()
 
 
-def _address(array: np.ndarray) -> int:
-    """The data address of a C-contiguous array (a kernel reads or writes it directly)."""
-    assert array.flags.c_contiguous
+def _address(array: np.ndarray, dtype) -> int:
+    """The data address of a C-contiguous array of `dtype`, which a kernel reads or writes directly (ValueError
+    for any other array: a kernel would read the wrong memory)."""
+    if array.dtype != dtype or not array.flags.c_contiguous:
+        raise ValueError(f"a 1-bit kernel needs a contiguous {np.dtype(dtype)} array, not {array.dtype} "
+                         f"{'contiguous' if array.flags.c_contiguous else 'strided'}")
     return array.ctypes.data
+
+
+def _segments(bounds: np.ndarray, size: int, bit_bytes: int) -> tuple[int, int]:
+    """(segment count, address of `bounds`) once the segments are known to lie within a vector of `size`
+    elements whose sign bits take `bit_bytes` bytes (ValueError otherwise)."""
+    if bounds.size < 1 or bounds[0] != 0 or bounds[-1] > size or 8 * bit_bytes < bounds[-1]:
+        raise ValueError(f"1-bit segments ending at {bounds[-1] if bounds.size else None} do not fit a vector of "
+                         f"{size} elements with {bit_bytes} bytes of sign bits")
+    return bounds.size - 1, _address(bounds, np.int64)
 
 
 def segment_sums(vector: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per segment of float32 `vector`: (count of non-negative elements, their sum, the sum of all), float64 sums."""
-    count = bounds.size - 1
+    count, segments = _segments(bounds, vector.size, (vector.size + 7) // 8)
     counts, ups, alls = np.empty(count, np.int64), np.empty(count), np.empty(count)
-    kernels().sums(_address(vector), count, _address(bounds), _address(counts), _address(ups), _address(alls))
+    kernels().sums(_address(vector, np.float32), count, segments, _address(counts, np.int64),
+                   _address(ups, np.float64), _address(alls, np.float64))
     return counts, ups, alls
 
 
 def pack_signs(vector: np.ndarray, bounds: np.ndarray, means: np.ndarray, bits: np.ndarray) -> None:
     """Write `vector`'s sign bits (1: non-negative) into `bits`, and replace each element by itself minus its
     segment's reconstruction value (`means`, float32 pairs: non-negative, negative)."""
-    assert bits.size >= (vector.size + 7) // 8 and means.dtype == np.float32
-    kernels().pack(_address(vector), bounds.size - 1, _address(bounds), _address(means), _address(bits))
+    count, segments = _segments(bounds, vector.size, bits.size)
+    if means.size != 2 * count:
+        raise ValueError(f"1-bit means: {means.size} values for {count} segments")
+    kernels().pack(_address(vector, np.float32), count, segments, _address(means, np.float32),
+                   _address(bits, np.uint8))
 
 
 def unpack_values(bits: np.ndarray, bounds: np.ndarray, means: np.ndarray, out: np.ndarray, add: bool) -> None:
     """Each element's reconstruction value from its sign bit, written into `out` or, with `add`, added to it."""
-    assert bits.size >= (out.size + 7) // 8 and means.dtype == np.float32 and out.dtype == np.float32
+    count, segments = _segments(bounds, out.size, bits.size)
+    if means.size != 2 * count:
+        raise ValueError(f"1-bit means: {means.size} values for {count} segments")
     kernel = kernels().decode_add if add else kernels().decode
-    kernel(_address(bits), bounds.size - 1, _address(bounds), _address(means), _address(out))
+    kernel(_address(bits, np.uint8), count, segments, _address(means, np.float32), _address(out, np.float32))
