@@ -183,7 +183,7 @@ class _Kernels:
 
 @lru_cache(maxsize=1)
 def kernels() -> _Kernels:
-    """This process's compiled 1-bit kernels (compiled on first use, in tens of milliseconds)."""
+    """This process's compiled 1-bit kernels (compiled on first use: 0.3 to 1 s, so a codec compiles them when made)."""
     return _Kernels()
 
 

@@ -90,9 +90,12 @@ class OneBit:
     lossless = False
 
     def __init__(self, segments: Sequence[int]):
+        from .onebit_kernels import kernels
+
         self.count = len(segments)
         self.bounds = np.concatenate([[0], np.cumsum(segments, dtype=np.int64)]).astype(np.int64)
         self.sizes = np.diff(self.bounds)
+        kernels()  # compiled now (about a second on a loaded machine), before training, not in its first step
 
     def compress(self, vector: np.ndarray) -> np.ndarray:
         """The message for float32 `vector`, which becomes what the message lost (vector - decoded)."""
