@@ -1,8 +1,12 @@
 """ResNet-18 (batch 32, 2 workers) trained by a parameter server on an EMULATED slow link, with and without
 1-bit gradient compression, in the same run: seconds per step and bytes on the wire per step.
 
-    flock /tmp/tessel_heavy.lock python bench/ps_resnet18.py [--steps 4] [--link-gbit 1] [--repeats 2]
+    flock /tmp/tessel_heavy.lock python bench/ps_resnet18.py [--steps 4] [--link-gbit 1] [--repeats 5]
         [--baseline] [--job-dir DIR]
+
+Each repeat runs the configs once, in the given order in the 1st, 3rd, ... repeat and reversed in the others
+(A B, B A, ...), so that a load drifting during the run favours neither; the last table pairs each repeat's
+seconds per step, with the load average (1 minute) when the pair ended.
 
 The model is $TESSEL_MODELS/resnet18.onnx (224x224 images). The data are synthetic (a fixed set of normal
 random images and random labels, seeded): the bench measures the step's time, not the accuracy, which the
@@ -79,6 +83,17 @@ def run_config(directory: Path, base: PSJob, compression: str, steps: int, link_
             "allreduce_bytes": 2 * (job.workers - 1) / job.workers * 4 * floats}
 
 
+def _print_pairs(configs: list[str], pairs: list[tuple[dict[str, float], float]]) -> None:
+    """The emulated-link repeats side by side: each config's seconds per step, the last config's time over the
+    first's, and the load average when the pair ended."""
+    print(f"\n| pair | order | {' | '.join(f'{c} s/step' for c in configs)} | {configs[-1]} / {configs[0]} | load |")
+    print("|---" * (len(configs) + 4) + "|")
+    for index, (pair, load) in enumerate(pairs):
+        order = " then ".join(configs if index % 2 == 0 else configs[::-1])
+        print(f"| {index + 1} | {order} | {' | '.join(f'{pair[c]:.2f}' for c in configs)} | "
+              f"{pair[configs[-1]] / pair[configs[0]]:.2f} | {load:.1f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4, help="steps per config")
@@ -104,15 +119,22 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     emulated = (args.link_gbit, args.link_latency_ms / 1e3)
     links = [emulated] * args.repeats + ([(0.0, 0.0)] if args.baseline else [])
-    rows = []
-    for gbit, latency_s in links:
-        for compression in args.configs.split(","):
+    configs = args.configs.split(",")
+    rows, pairs = [], []
+    for repeat, (gbit, latency_s) in enumerate(links):
+        pair = {}
+        for compression in configs if repeat % 2 == 0 else configs[::-1]:
             row = run_config(directory, base, compression, args.steps, gbit, latency_s)
+            row["repeat"] = repeat
             rows.append(row)
+            pair[compression] = row["seconds"] / args.steps
             link = f"EMULATED {gbit:g} Gbit/s, {1e3 * latency_s:g} ms" if gbit else "loopback"
             print(f"| {compression} | {link} | {row['seconds'] / args.steps:.2f} | {row['push_bytes']:.0f} | "
                   f"{row['pull_bytes']:.0f} | {row['float32_push_bytes'] / row['push_bytes']:.1f}x | "
                   f"{row['losses'][-1]:.3f} |", flush=True)
+        if gbit:
+            pairs.append((pair, os.getloadavg()[0]))
+    _print_pairs(configs, pairs)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

@@ -49,8 +49,11 @@ class Server:
         # Compressed pulls send each worker the change since the weights it holds, which the server tracks.
         self.views = [self.weights.copy() for _ in range(job.workers)] if job.pull_codec != "none" else None
         self.pull_codec = make_codec(job.pull_codec, job.segments(shard), job.topk_ratio)
-        # The last compressed pull: (update count, the view it was encoded against, message, decoded change).
-        self.pull_cache: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
+        # Views are known equal by their ids: views with one id got the same messages from equal views.
+        self.view_ids, self.next_view_id = [0] * job.workers, 1
+        self.change = np.empty(self.size, np.float32) if self.views is not None else None
+        # The last compressed pull: (update count, id of the view it was encoded against, message, id after it).
+        self.pull_cache: tuple[int, int, np.ndarray, int] | None = None
         if job.start:
             self._resume()
 
@@ -64,6 +67,9 @@ class Server:
         self.weights = self._weights()
         if self.views is not None:
             self.views = views
+            self.view_ids = [next(k for k in range(w + 1) if np.array_equal(views[k], views[w]))
+                             for w in range(self.job.workers)]
+            self.next_view_id = self.job.workers
 
     def serve(self, inbox) -> None:
         """Answer the messages of `inbox` (runtime/ps_wire.RemoteInbox or LocalInbox) until every worker is done."""
@@ -71,7 +77,7 @@ class Server:
         while done < self.job.workers:
             worker, kind, clock, payload = inbox.get()
             if kind == PUSH:
-                self._push(worker, clock, self.codec.decode(payload, self.size))
+                self._push(worker, clock, payload)
             elif kind == PULL:
                 self.waiting.append((worker, clock))
             elif kind == DONE:
@@ -82,16 +88,18 @@ class Server:
         """The shard's parameters and optimizer slots."""
         return self.update.state()
 
-    def _push(self, worker: int, clock: int, gradient: np.ndarray) -> None:
-        """Take a worker's gradient of clock `clock`: sync sums it until all workers pushed, else applies it."""
+    def _push(self, worker: int, clock: int, message: np.ndarray) -> None:
+        """Take a worker's encoded gradient of clock `clock`: sync sums it until all workers pushed, else applies
+        it."""
         self.clocks[worker] = clock + 1
         if self.job.mode != "sync":
-            self._apply(gradient)
+            self._apply(self.codec.decode(message, self.size))
             return
-        self.pending += gradient
+        self.codec.decode_add(message, self.pending)
         self.pushed += 1
         if self.pushed == self.job.workers:
-            self._apply(self.pending / np.float32(self.job.workers))
+            self.pending /= np.float32(self.job.workers)
+            self._apply(self.pending)
             self.pending[:] = 0
             self.pushed = 0
 
@@ -132,15 +140,16 @@ class Server:
         """The compressed pull for `worker`: the change from the weights it holds to the current ones, encoded;
         its view then moves by what it will decode. Workers holding the same weights get the same message, so
         it is encoded once per update (in sync mode every worker's view is the same: one encode per step)."""
-        view = self.views[worker]
-        cached = self.pull_cache
-        if cached is not None and cached[0] == self.updates and np.array_equal(cached[1], view):
-            payload, decoded = cached[2], cached[3]
+        view, cached, base = self.views[worker], self.pull_cache, self.view_ids[worker]
+        if cached is not None and cached[:2] == (self.updates, base):
+            payload, self.view_ids[worker] = cached[2], cached[3]
         else:
-            before = view.copy()
-            payload, decoded = self.pull_codec.encode(self.weights - view)
-            self.pull_cache = (self.updates, before, payload, decoded)
-        view += decoded
+            np.subtract(self.weights, view, out=self.change)
+            payload = self.pull_codec.compress(self.change)
+            self.view_ids[worker] = self.next_view_id
+            self.next_view_id += 1
+            self.pull_cache = (self.updates, base, payload, self.view_ids[worker])
+        self.pull_codec.decode_add(payload, view)
         return payload
 
     def _weights(self) -> np.ndarray:

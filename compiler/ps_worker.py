@@ -122,11 +122,10 @@ class Worker:
         for shard in range(self.job.servers):
             self.wire.to_server(shard, PULL, clock)
             _, payload = self.wire.from_server(shard)
-            received = self.decoders[shard].decode(payload, self.sizes[shard])
             if self.job.pull_codec == "none":
-                self.weights[shard] = received.copy()
+                self.weights[shard] = self.decoders[shard].decode(payload, self.sizes[shard]).copy()
             else:
-                self.weights[shard] += received
+                self.decoders[shard].decode_add(payload, self.weights[shard])
             if not self.wire.is_local(shard):  # bytes on the wire: a colocated server's cross no link
                 self.bytes_pulled += 2 * HEADER_BYTES + payload.size
         for shard, names in enumerate(self.job.shards):

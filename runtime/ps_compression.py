@@ -1,10 +1,11 @@
 """Gradient compression with error feedback: 1-bit quantization (Seide et al., CNTK's 1-bit SGD) and top-k
 sparsification (Lin et al., Deep Gradient Compression).
 
-A codec turns a flat float32 vector made of segments (one per parameter) into bytes and back. `encode` returns
-the message and the vector the receiver will decode from it, so that the sender keeps what was lost: with error
-feedback (`ErrorFeedback`) that residual is added to the next vector before it is encoded, and nothing a
-gradient carries is dropped for good, only delayed.
+A codec turns a flat float32 vector made of segments (one per parameter) into bytes and back. `compress`
+returns the message and leaves in the vector what the message lost (the vector minus what the receiver decodes,
+`decode` or, added to a vector in place, `decode_add`): with error feedback (`ErrorFeedback`) that residual is
+added to the next vector before it is compressed, and nothing a gradient carries is dropped for good, only
+delayed.
 
 - 1-bit: each element becomes its sign bit; each segment sends two reconstruction values, the mean of its
   non-negative and the mean of its negative elements, as bfloat16 (the error feedback keeps their rounding too).
@@ -26,17 +27,18 @@ CODECS = ("none", "1bit", "topk")
 
 
 class Float32:
-    """No compression: the vector's float32 bytes."""
+    """No compression: the vector's float32 bytes. Nothing is lost, so `ErrorFeedback` sends a vector as it is."""
 
     name = "none"
-
-    def encode(self, vector: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(message bytes, what the receiver decodes)."""
-        return vector.view(np.uint8), vector
+    lossless = True
 
     def decode(self, message: np.ndarray, size: int) -> np.ndarray:
         """The vector of `size` floats a message carries."""
         return message.view(np.float32)[:size]
+
+    def decode_add(self, message: np.ndarray, out: np.ndarray) -> None:
+        """Add the vector a message carries to `out`."""
+        out += message.view(np.float32)[:out.size]
 
 
 def column_segments(shapes: Sequence[Sequence[int]]) -> list[int]:
@@ -79,92 +81,85 @@ def _from_bfloat16(values: np.ndarray) -> np.ndarray:
 class OneBit:
     """Sign bits and, per segment, the means of its non-negative and of its negative elements (bfloat16).
 
-    Consecutive segments of one size (a tensor's output channels) are handled as the rows of one matrix
-    (`_blocks`), so that encoding and decoding are a few whole-array numpy operations per tensor: ResNet-18's
-    11.7M gradients encode in about a tenth of the time a per-element segment index took.
+    The passes over the vector are native loops (runtime/onebit_kernels.py): the segments' sums, then the sign
+    bits written straight into the message while each element becomes its residual, in place; decoding writes
+    or adds each element's value in one pass.
     """
 
     name = "1bit"
+    lossless = False
 
     def __init__(self, segments: Sequence[int]):
-        self.count = len(segments)
-        self.blocks = _blocks(segments)
+        from .onebit_kernels import kernels
 
-    def encode(self, vector: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(message bytes, what the receiver decodes)."""
-        positive = vector >= 0
-        clipped = np.maximum(vector, 0)  # each row's sum of it is the sum of its non-negative elements
+        self.count = len(segments)
+        self.bounds = np.concatenate([[0], np.cumsum(segments, dtype=np.int64)]).astype(np.int64)
+        self.sizes = np.diff(self.bounds)
+        kernels()  # compiled now (about a second on a loaded machine), before training, not in its first step
+
+    def compress(self, vector: np.ndarray) -> np.ndarray:
+        """The message for float32 `vector`, which becomes what the message lost (vector - decoded)."""
+        from .onebit_kernels import pack_signs, segment_sums
+
+        ups, up_sums, all_sums = segment_sums(vector, self.bounds)
+        downs = self.sizes - ups
         means = np.zeros((self.count, 2))
-        for start, stop, rows, first in self.blocks:
-            ups = np.count_nonzero(positive[start:stop].reshape(rows, -1), axis=1)
-            up_sums = clipped[start:stop].reshape(rows, -1).sum(axis=1, dtype=np.float64)
-            down_sums = vector[start:stop].reshape(rows, -1).sum(axis=1, dtype=np.float64) - up_sums
-            np.divide(up_sums, ups, out=means[first:first + rows, 0], where=ups > 0)
-            downs = (stop - start) // rows - ups
-            np.divide(down_sums, downs, out=means[first:first + rows, 1], where=downs > 0)
+        np.divide(up_sums, ups, out=means[:, 0], where=ups > 0)
+        np.divide(all_sums - up_sums, downs, out=means[:, 1], where=downs > 0)
         coded = _to_bfloat16(means)
-        message = np.concatenate([coded.reshape(-1).view(np.uint8), np.packbits(positive)])
-        return message, self._values(_from_bfloat16(coded), positive)
+        header = 4 * self.count
+        message = np.empty(header + (vector.size + 7) // 8, np.uint8)
+        message[:header] = coded.reshape(-1).view(np.uint8)
+        pack_signs(vector, self.bounds, _from_bfloat16(coded), message[header:])
+        return message
 
     def decode(self, message: np.ndarray, size: int) -> np.ndarray:
         """The vector of `size` floats a message carries."""
+        vector = np.empty(size, np.float32)
+        self._unpack(message, vector, add=False)
+        return vector
+
+    def decode_add(self, message: np.ndarray, out: np.ndarray) -> None:
+        """Add the vector a message carries to float32 `out`."""
+        self._unpack(message, out, add=True)
+
+    def _unpack(self, message: np.ndarray, out: np.ndarray, add: bool) -> None:
+        from .onebit_kernels import unpack_values
+
         header = 4 * self.count
-        means = _from_bfloat16(message[:header].view(np.uint16).reshape(-1, 2))
-        positive = np.unpackbits(message[header:], count=size).view(bool)
-        return self._values(means, positive)
-
-    def _values(self, means: np.ndarray, positive: np.ndarray) -> np.ndarray:
-        """Each element's reconstruction value: its segment's positive or negative mean (negative mean plus, where
-        positive, the difference: two streaming passes, much faster than np.where's broadcast)."""
-        values = np.empty(positive.size, np.float32)
-        for start, stop, rows, first in self.blocks:
-            row = values[start:stop].reshape(rows, -1)
-            np.multiply(positive[start:stop].reshape(rows, -1), means[first:first + rows, :1] -
-                        means[first:first + rows, 1:], out=row)
-            row += means[first:first + rows, 1:]
-        return values
-
-
-def _blocks(segments: Sequence[int]) -> list[tuple[int, int, int, int]]:
-    """The runs of consecutive segments of one size: (first element, end, segments in the run, index of its
-    first segment)."""
-    blocks, start, index = [], 0, 0
-    while index < len(segments):
-        run = index
-        while run < len(segments) and segments[run] == segments[index]:
-            run += 1
-        stop = start + segments[index] * (run - index)
-        blocks.append((start, stop, run - index, index))
-        start, index = stop, run
-    return blocks
+        means = _from_bfloat16(np.ascontiguousarray(message[:header]).view(np.uint16))
+        unpack_values(message[header:], self.bounds, means, out, add)
 
 
 class TopK:
     """The ceil(ratio * n) elements of largest magnitude: int32 indices then float32 values."""
 
     name = "topk"
+    lossless = False
 
     def __init__(self, ratio: float):
         if not 0 < ratio <= 1:
             raise ValueError(f"top-k ratio must be in (0, 1], got {ratio}")
         self.ratio = ratio
 
-    def encode(self, vector: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(message bytes, what the receiver decodes)."""
+    def compress(self, vector: np.ndarray) -> np.ndarray:
+        """The message for float32 `vector`, whose sent elements become 0 (what the message lost stays)."""
         k = max(1, math.ceil(self.ratio * vector.size))
         indices = np.argpartition(np.abs(vector), vector.size - k)[vector.size - k:].astype(np.int32)
         values = vector[indices]
-        decoded = np.zeros_like(vector)
-        decoded[indices] = values
-        return np.concatenate([indices.view(np.uint8), values.view(np.uint8)]), decoded
+        vector[indices] = 0
+        return np.concatenate([indices.view(np.uint8), values.view(np.uint8)])
 
     def decode(self, message: np.ndarray, size: int) -> np.ndarray:
         """The vector of `size` floats a message carries."""
-        k = message.size // 8
-        indices, values = message[:4 * k].view(np.int32), message[4 * k:].view(np.float32)
         vector = np.zeros(size, np.float32)
-        vector[indices] = values
+        self.decode_add(message, vector)
         return vector
+
+    def decode_add(self, message: np.ndarray, out: np.ndarray) -> None:
+        """Add the vector a message carries to `out` (its indices are distinct)."""
+        k = message.size // 8
+        out[message[:4 * k].view(np.int32)] += message[4 * k:].view(np.float32)
 
 
 def make_codec(name: str, segments: Sequence[int], topk_ratio: float = 0.01):
@@ -186,11 +181,9 @@ class ErrorFeedback:
         self.residual = np.zeros(size, np.float32)
 
     def encode(self, vector: np.ndarray) -> np.ndarray:
-        """The message for `vector` plus the residual so far; the residual becomes what this message lost. The sum
-        is made in the old residual's buffer (the vectors are whole gradients, ResNet-18's 47 MB); the new
-        residual is a new array, since a message may be a view of that sum (float32)."""
-        corrected = self.residual
-        corrected += vector
-        message, decoded = self.codec.encode(corrected)
-        self.residual = corrected - decoded
-        return message
+        """The message for float32 `vector` plus the residual so far; the residual becomes, in place, what this
+        message lost. A lossless codec's message is `vector` itself (its residual stays zero)."""
+        if self.codec.lossless:
+            return vector.view(np.uint8)
+        self.residual += vector
+        return self.codec.compress(self.residual)
