@@ -3,35 +3,35 @@
     flock /tmp/tessel_heavy.lock python bench/train_distributed.py [MODEL ...] [--workers 2] [--repeats 2]
                                  [--steps S] [--image-size 224] [--batch 32] [--allreduce auto]
 
-For each model (bench/training_models.py; ResNet-18 at batch 32, the transformer block at batch 256 unless --batch
-says otherwise) both engines train with SGD (momentum 0.9) on the same batch, on 1 worker and on N workers
-(the batch split evenly), every worker with one thread (torch.set_num_threads(1), Tessel threads=1). Every timing
-run is a process of its own (DDP: N processes in a gloo group on 127.0.0.1); the runs alternate (DDP, Tessel,
-DDP, Tessel, ...) for --repeats rounds, each round's median step time (after warm-up) enters the median of the
-rounds. Tessel's steps are compiled once beforehand and loaded by each timing run, so compiles are not timed.
+For each model (bench/training_models.py; ResNet-18 at batch 32, the transformer block at batch 1024 unless --batch
+says otherwise: a step of tens of milliseconds, so that a time slice does not decide it) both engines train with SGD
+(momentum 0.9) on the same batch, on 1 worker and on N workers (the batch split evenly), every worker with one
+thread (torch.set_num_threads(1), Tessel threads=1). Every timing run is a process of its own (DDP: N processes in a
+gloo group on 127.0.0.1); the runs alternate (DDP, Tessel, DDP, Tessel, ...) for --repeats rounds, each round's
+median step time (after warm-up) enters the median of the rounds. Tessel's steps are compiled once beforehand and
+loaded by each timing run, so compiles are not timed.
 
-Tessel's predicted step time is its own cost model: the kernels' measured time for one replica's step (a
-one-worker compile at the replica's batch, timed kernel by kernel on the native host) plus the batch's delivery
-(the client writes each worker its slice in turn: a linear scatter over the link) and the gradient buckets' all-reduce under the α-β link measured first (runtime/calibrate.py's ping-pong and fit,
-not stored), each bucket all-reduced by the algorithm passes/data_parallel.py chooses (every algorithm's cost is
-printed) or, where the local workers all-reduce through shared memory (the default), at that all-reduce's own
-measured α-β (runtime/shared_reduce_link.py, measured first, not stored), issued as backward produces it (backward taken as the last 2/3 of the
-step's kernel time, its progress as the share of gradient bytes done) and overlapped with the rest of backward.
-The table gives the predicted and the measured time and the error, and how long each worker's threads waited
-for a core per step (runnable but not running, /proc/PID/task/*/schedstat; DDP: rank 0's): on a shared machine
-that is other programs' load, which the prediction cannot know and which a 2-vs-1 comparison must not contain.
+Tessel's predicted step time is the compiler's own (compiler/parallel_auto.py `predict_data`, what
+`--parallel auto` plans with), taken at compile time: every worker's program played out (compiler/step_timeline.py)
+with its kernels' times on one thread (the profile database's, measured on this machine; compiler/step_kernels.py),
+the host's measured round trip, the batch's slices, and each all-reduce at the α-β of the transport the workers use:
+the shared-memory all-reduce (runtime/shared_reduce_link.py) or gloo over the loopback link (runtime/calibrate.py),
+both measured first by this bench and not stored. Several workers profile their timed steps
+(runtime/step_profile.py): the predicted and the measured phases per worker (forward, backward, all-reduce beside
+them, waiting, update) are printed under the table. The table gives the predicted and the measured step and the
+error, and how long each worker's threads waited for a core per step (runnable but not running,
+/proc/PID/task/*/schedstat; DDP: rank 0's): on a shared machine that is other programs' load, which the prediction
+cannot know and which a 2-vs-1 comparison must not contain.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,14 +40,12 @@ if __package__ in (None, ""):
 
 from bench.train import _batch_spec, _median  # noqa: E402
 
-BENCH_MODELS = {"resnet18": 32, "transformer_block": 256}  # model -> whole batch
-BENCH_STEPS = {"resnet18": 3, "transformer_block": 30}  # model -> timed steps per run (ResNet-18's take seconds)
+BENCH_MODELS = {"resnet18": 32, "transformer_block": 1024}  # model -> whole batch
+BENCH_STEPS = {"resnet18": 5, "transformer_block": 20}  # model -> timed steps per run (ResNet-18's take seconds)
 DEFAULT_IMAGE_SIZE = 224
 LR, MOMENTUM = 0.01, 0.9
-WARMUP_STEPS = 2
+WARMUP_STEPS = 3
 WORKER_TIMEOUT_S = 1800
-# Share of a training step's kernel time spent in the forward pass (backward: about twice the forward's FLOPs).
-FORWARD_SHARE = 1 / 3
 
 
 def _export(name: str, batch: int, image_size: int, path: Path) -> Path:
@@ -62,9 +60,11 @@ def _export(name: str, batch: int, image_size: int, path: Path) -> Path:
     return path
 
 
-def compile_tessel(name: str, batch: int, image_size: int, workers: int, directory: Path, allreduce: str) -> dict:
-    """Compile the step (SGD with momentum) of `batch` on `workers` workers into `directory`; for several, the bytes
-    of each all-reduce in issue order."""
+def compile_tessel(name: str, batch: int, image_size: int, workers: int, directory: Path, allreduce: str,
+                   links: dict) -> dict:
+    """Compile the step (SGD with momentum) of `batch` on `workers` workers into `directory`, and the compiler's
+    prediction of its step time (`predicted_step`); for several workers, the bytes of each all-reduce in issue
+    order."""
     import tessel
     from tessel.backends.tvm_env import set_threads
 
@@ -76,12 +76,47 @@ def compile_tessel(name: str, batch: int, image_size: int, workers: int, directo
                                       input_shapes={"x": spec.input_shape}, devices=workers,
                                       **({"allreduce": allreduce} if workers > 1 else {}))
     result = {"compile_s": time.perf_counter() - started}
-    trainer.save(str(directory))
-    if workers > 1:
-        report = json.loads((Path(trainer.step_artifact.directory) / "reports" / "data_parallel.json").read_text())
-        result["buckets"] = [r["nbytes"] for r in report["allreduces"]]
-    trainer.close()
+    try:
+        result.update(predicted_step(trainer, workers, allreduce, links))
+        trainer.save(str(directory))
+        if workers > 1:
+            report = json.loads((Path(trainer.step_artifact.directory) / "reports" / "data_parallel.json").read_text())
+            result["buckets"] = [r["nbytes"] for r in report["allreduces"]]
+    finally:
+        trainer.close()
     return result
+
+
+def predicted_step(trainer, workers: int, allreduce: str, links: dict) -> dict:
+    """The compiler's own prediction of the step (compiler/parallel_auto.py `predict_data`, what `--parallel auto`
+    plans with): every worker's program played out with its kernels' times on one thread (the profile database's,
+    timed now where missing: compiler/step_kernels.py), the host's measured round trip, the batch's slices, and
+    the all-reduces at the shared-memory all-reduce's α-β (`links`["transport"], else the gloo link's)."""
+    from tessel.compiler.parallel_auto import Transport, predict_data
+    from tessel.compiler.step_kernels import kernel_times
+    from tessel.passes.machine import Link
+    from tessel.runtime.instructions import KernelCall, program_from_json
+
+    artifact = trainer.step_artifact
+    calls = [(key, i.node) for w in artifact.plan["workers"] for i in program_from_json(w["instructions"])
+             if isinstance(i, KernelCall) for key in i.kernel_keys()]
+    times = kernel_times(Path(artifact.directory), artifact.plan, calls, threads=1)
+    link = Link(*links["link"], measured=True)
+    transport = (Transport("shared memory", Link(*links["transport"], measured=True), "measured by this bench")
+                 if links.get("transport") else None)
+    alternative, timeline = predict_data(artifact, times, link, workers, allreduce, trainer.round_trip_s(),
+                                         transport)
+    return {"predicted_s": alternative.predicted_s, "kernels": alternative.kernels, "host_s": alternative.host_s,
+            "kernel_s": timeline.busy_s[0], "predicted_split": phase_seconds(timeline)}
+
+
+def phase_seconds(timeline) -> list[dict]:
+    """Seconds of each phase per worker in a step's timeline (compiler/step_timeline.py: forward, backward,
+    update, waiting; all-reduce: the reductions' spans beside the kernels), and the step's seconds."""
+    split = [{"step": timeline.step_s} for _ in timeline.busy_s]
+    for bar in timeline.bars:
+        split[bar.worker][bar.phase] = split[bar.worker].get(bar.phase, 0.0) + bar.finish_s - bar.start_s
+    return split
 
 
 def queued_seconds(pid: int) -> float:
@@ -116,26 +151,29 @@ def _batches(name: str, batch: int, image_size: int, count: int) -> list:
 
 def worker_tessel(name: str, batch: int, image_size: int, steps: int, directory: str) -> dict:
     """Tessel: the compiled step loaded from `directory`, here on one thread, or on the session's workers (each
-    with the cores shared among them: one on a 2-core machine, the one this bench is for). A one-worker step also
-    gives its kernels' seconds (timed call by call on the native host, `steps` runs)."""
-    import numpy as np
-
+    with the cores shared among them: one on a 2-core machine, the one this bench is for). Several workers profile
+    their steps (runtime/step_profile.py), and each timed step's measured phases per worker come back."""
     import tessel
     from tessel.backends.tvm_env import set_threads
+    from tessel.compiler.measured_step import measured_timeline
+    from tessel.runtime.step_profile import PROFILE_ENV
 
     set_threads(1)
+    os.environ[PROFILE_ENV] = "1"
     trainer = tessel.load_training(directory)
     batches = _batches(name, batch, image_size, 4)
+    profiles = []
+
+    def step(x, y):
+        trainer.step({"x": x}, y)
+        profiles.append(trainer.step_profile)
+
     try:
         pids = trainer._step._session.worker_pids if trainer.workers > 1 else None
-        result = _timed(lambda x, y: trainer.step({"x": x}, y), batches, steps, pids)
-        if trainer.workers == 1:
-            executor = trainer._step
-            x, labels = batches[0]
-            feeds = {"x": x, trainer.names.label_input: labels, **trainer.optimizer.step_scalars(0)}
-            types = executor.input_types
-            feeds = {k: np.asarray(a, dtype=str(types[k].dtype)).reshape(types[k].shape) for k, a in feeds.items()}
-            result["kernel_s"] = _median(executor.kernel_times(feeds, steps))
+        result = _timed(step, batches, steps, pids)
+        if trainer.workers > 1:
+            result["splits"] = [phase_seconds(measured_timeline(trainer.step_artifact.plan, profile))
+                                for profile in profiles[WARMUP_STEPS:]]
         return result
     finally:
         trainer.close()
@@ -230,65 +268,22 @@ def measure_transport(workers: int, repeat: int):
     return Link(fit.alpha, fit.beta, measured=True)
 
 
-def allreduce_seconds(bucket, transport) -> float:
-    """A bucket's all-reduce seconds: by the shared-memory all-reduce's fit when the workers run it, else by the
-    gloo link's algorithm."""
-    return transport.seconds(bucket.nbytes) if transport is not None else bucket.costs[bucket.algorithm]
-
-
-def predicted_seconds(kernel_s: float, buckets: list, link, workers: int, input_bytes: int, transport=None) -> float:
-    """Predicted data-parallel step time: the batch's slices delivered in turn, one replica's kernels, and each
-    bucket's all-reduce issued once backward produced it (progress taken as the share of gradient bytes done),
-    the link doing one at a time; the step ends when both the kernels and the last all-reduce are done."""
-    from tessel.passes.collectives import scatter_linear
-
-    total = sum(b.nbytes for b in buckets) or 1
-    done_bytes, link_free = 0, 0.0
-    for bucket in buckets:
-        done_bytes += bucket.nbytes
-        ready = kernel_s * (FORWARD_SHARE + (1 - FORWARD_SHARE) * done_bytes / total)
-        link_free = max(link_free, ready) + allreduce_seconds(bucket, transport)
-    return scatter_linear(link, workers, input_bytes) + max(kernel_s, link_free)
-
-
 def bench_model(name: str, batch: int, image_size: int, workers: int, repeats: int, steps: int, scratch: Path,
-                allreduce: str, link, transport=None) -> dict:
-    """Compile, then alternate the engines' timing runs; medians, ratios and Tessel's prediction."""
-    from tessel.passes.data_parallel import choose_allreduce
-
+                allreduce: str, links: dict) -> dict:
+    """Compile (with the compiler's predictions), then alternate the engines' timing runs; medians and ratios."""
     common = [name, str(batch), str(image_size), str(steps)]
-    plans = {}
-    for count in (1, workers):
-        plans[count] = _isolated(["compile", name, str(batch), str(image_size), str(count),
-                                  str(scratch / f"{name}_{count}"), allreduce])
-    _isolated(["compile", name, str(batch // workers), str(image_size), "1", str(scratch / f"{name}_replica"),
-               allreduce])
-    runs: dict[tuple[str, int], list[float]] = {}
-    queued: dict[tuple[str, int], list[float]] = {}
-    kernels: dict[int, list[float]] = {1: [], workers: []}
+    plans = {count: _isolated(["compile", name, str(batch), str(image_size), str(count),
+                               str(scratch / f"{name}_{count}"), allreduce, json.dumps(links)])
+             for count in (1, workers)}
+    runs: dict[tuple[str, int], list[dict]] = {}
     for _ in range(repeats):
         for count in (1, workers):
-            timed = _isolated(["ddp", *common], ranks=count)
-            runs.setdefault(("ddp", count), []).append(_median(timed["seconds"]))
-            queued.setdefault(("ddp", count), []).append(timed["queued_s"])
-            timed = _isolated(["tessel", *common, str(scratch / f"{name}_{count}")])
-            runs.setdefault(("tessel", count), []).append(_median(timed["seconds"]))
-            queued.setdefault(("tessel", count), []).append(timed["queued_s"])
-            if count == 1:
-                kernels[1].append(timed["kernel_s"])
-        # One replica's kernels: the one-worker step at the replica's batch (the same kernels as each worker's).
-        kernels[workers].append(_isolated(["tessel", name, str(batch // workers), str(image_size), str(steps),
-                                           str(scratch / f"{name}_replica")])["kernel_s"])
-    spec = _batch_spec(name, batch, image_size)
-    input_bytes = batch * (4 * math.prod(spec.input_shape[1:]) + 8)  # float32 samples, int64 labels
-    measured = {key: _median(values) for key, values in runs.items()}
-    buckets = [choose_allreduce(link, workers, nbytes, allreduce) for nbytes in plans[workers]["buckets"]]
-    predicted = {1: _median(kernels[1]),
-                 workers: predicted_seconds(_median(kernels[workers]), buckets, link, workers, input_bytes,
-                                            transport)}
-    return {"model": name, "batch": batch, "workers": workers, "measured": measured, "predicted": predicted,
-            "buckets": buckets, "link": link, "transport": transport,
-            "queued": {key: _median(values) for key, values in queued.items()}}
+            for engine in ("ddp", "tessel"):
+                argv = [engine, *common] + ([str(scratch / f"{name}_{count}")] if engine == "tessel" else [])
+                runs.setdefault((engine, count), []).append(_isolated(argv, ranks=count if engine == "ddp" else 1))
+    return {"model": name, "batch": batch, "workers": workers, "plans": plans, "runs": runs,
+            "measured": {key: _median([_median(r["seconds"]) for r in rounds]) for key, rounds in runs.items()},
+            "queued": {key: _median([r["queued_s"] for r in rounds]) for key, rounds in runs.items()}}
 
 
 def _table(results: list[dict]) -> str:
@@ -302,7 +297,7 @@ def _table(results: list[dict]) -> str:
                 scaling = m[(engine, 1)] / seconds
                 versus = m[("ddp", count)] / m[("tessel", count)]
                 if engine == "tessel":
-                    guess = r["predicted"][count]
+                    guess = r["plans"][count]["predicted_s"]
                     prediction = f"{1e3 * guess:.1f} | {100 * (guess - seconds) / seconds:+.1f}%"
                 else:
                     prediction = "- | -"
@@ -312,26 +307,33 @@ def _table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _allreduce_lines(results: list[dict]) -> str:
+def _split_lines(results: list[dict]) -> str:
+    """Per model: the compiler's predicted phases per worker, and the measured ones (median over the timed steps
+    of every round), with the client's step beside the workers' span (the rest: host, request and batch)."""
     lines = []
     for r in results:
-        link = r["link"]
-        transport = r["transport"]
-        lines.append(f"{r['model']}: link alpha {1e6 * link.alpha:.1f} us, beta {1e9 * link.beta:.3f} ns/byte; "
-                     f"{len(r['buckets'])} all-reduce(s) per step:")
-        lines += [f"  {bucket.describe()}" for bucket in r["buckets"]]
-        if transport is not None:
-            lines.append(f"  run through shared memory (alpha {1e6 * transport.alpha:.1f} us, beta "
-                         f"{1e9 * transport.beta:.3f} ns/byte): " + ", ".join(
-                             f"{1e3 * transport.seconds(b.nbytes):.3f} ms" for b in r["buckets"]))
+        plan = r["plans"][r["workers"]]
+        lines.append(f"{r['model']}: predicted {1e3 * plan['predicted_s']:.1f} ms ({plan['kernels']} kernel times, "
+                     f"host round trip {1e3 * plan['host_s']:.2f} ms); one worker: kernels "
+                     f"{1e3 * r['plans'][1]['kernel_s']:.1f} ms predicted")
+        lines.append("  predicted, per worker: " + "; ".join(_phases(w) for w in plan["predicted_split"]))
+        splits = [s for t in r["runs"][("tessel", r["workers"])] for s in t.get("splits", [])]
+        if splits:
+            merged = [{key: _median([s[w].get(key, 0.0) for s in splits]) for key in splits[0][w]}
+                      for w in range(len(splits[0]))]
+            lines.append("  measured (step profile), per worker: " + "; ".join(_phases(w) for w in merged))
     return "\n".join(lines)
+
+
+def _phases(split: dict) -> str:
+    return ", ".join(f"{key} {1e3 * value:.1f}" for key, value in split.items()) + " ms"
 
 
 def _worker_main(argv: list[str]) -> int:
     kind, name, batch, image_size, *rest = argv
     batch, image_size = int(batch), int(image_size)
     if kind == "compile":
-        result = compile_tessel(name, batch, image_size, int(rest[0]), Path(rest[1]), rest[2])
+        result = compile_tessel(name, batch, image_size, int(rest[0]), Path(rest[1]), rest[2], json.loads(rest[3]))
     elif kind == "ddp":
         result = worker_ddp(name, batch, image_size, int(rest[0]))
     else:
@@ -363,6 +365,8 @@ def main(argv=None) -> int:
         return 2
     link = measure_link(args.link_repeats)
     transport = measure_transport(args.workers, args.link_repeats)
+    links = {"link": [link.alpha, link.beta],
+             "transport": [transport.alpha, transport.beta] if transport is not None else None}
     results = []
     with tempfile.TemporaryDirectory(prefix="tessel-dp-bench-") as scratch:
         for name in args.models:
@@ -372,14 +376,16 @@ def main(argv=None) -> int:
                 return 2
             results.append(bench_model(name, batch, args.image_size, args.workers, args.repeats,
                                        args.steps or BENCH_STEPS[name],
-                                       Path(scratch), args.allreduce, link, transport))
+                                       Path(scratch), args.allreduce, links))
     print(_table(results))
-    print(_allreduce_lines(results))
+    print(_split_lines(results))
+    for r in results:
+        buckets = r["plans"][args.workers]["buckets"]
+        print(f"{r['model']}: {len(buckets)} all-reduce(s) a step, {sum(buckets) / 2**20:.2f} MiB in all")
     if args.json:
-        print(json.dumps([{**r, "measured": {f"{e}_{n}": s for (e, n), s in r["measured"].items()},
+        print(json.dumps([{**r, "links": links, "measured": {f"{e}_{n}": s for (e, n), s in r["measured"].items()},
                            "queued": {f"{e}_{n}": s for (e, n), s in r["queued"].items()},
-                           "buckets": [asdict(b) for b in r["buckets"]], "link": asdict(r["link"]),
-                           "transport": asdict(r["transport"]) if r["transport"] else None}
+                           "runs": {f"{e}_{n}": runs for (e, n), runs in r["runs"].items()}}
                           for r in results]))
     return 0
 
