@@ -25,8 +25,12 @@ MATMUL_PANEL = 16
 DEPTHWISE_BLOCK = "tessel_depthwise_block"
 # The grouped kernel's (rows, R, S): the row tile of its packed weights and the kernel window the packing flattened.
 GROUPED_LAYOUT = "tessel_grouped_layout"
-# An LSTM/GRU kernel's W and R arrive transposed to (dirs, n, gate rows) (backends/lowering/rnn.py).
+# An LSTM/GRU kernel's W and R arrive transposed to (dirs, n, gate rows + RNN_ROW_PAD) (backends/lowering/rnn.py).
 RNN_TRANSPOSED = "tessel_rnn_transposed"
+# Unused floats after each row of a transposed RNN weight. The products walk a block of gate columns down all n
+# rows; rows of 1024 floats (lstm_tagger's 4 × 256 gates) are 4 KiB apart and fall into the same few L1 sets,
+# so the block was evicted as it was read.
+RNN_ROW_PAD = 16
 # Time steps × batch rows from which the recurrence reads its weights transposed (measured: 100 steps of
 # gru_classifier run 1.4-2x faster transposed, 1 step of silero_vad's LSTM 35x faster as dot products).
 RNN_TRANSPOSE_MIN_ROWS = 8
@@ -144,8 +148,15 @@ def _plan_rnn_packing(input_types: Sequence[TensorType | None], constants: Seque
         return None
     if not rnn_reads_transposed(input_types[0]):
         return None
-    return Packing(((RNN_TRANSPOSED, 1),), {index: np.ascontiguousarray(constants[index].transpose(0, 2, 1))
-                                           for index in (1, 2)})
+    return Packing(((RNN_TRANSPOSED, 1),), {index: pack_rnn_weight(constants[index]) for index in (1, 2)})
+
+
+def pack_rnn_weight(weight: np.ndarray) -> np.ndarray:
+    """(dirs, gate rows, n) → (dirs, n, gate rows + RNN_ROW_PAD), the pad zero."""
+    dirs, rows, n = weight.shape
+    packed = np.zeros((dirs, n, rows + RNN_ROW_PAD), weight.dtype)
+    packed[:, :, :rows] = weight.transpose(0, 2, 1)
+    return packed
 
 
 def plan_packing(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[TensorType | None],

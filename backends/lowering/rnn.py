@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from ..cpu.packing import RNN_TRANSPOSED, rnn_reads_transposed
+from ..cpu.packing import RNN_ROW_PAD, RNN_TRANSPOSED, rnn_reads_transposed
 from ..tvm_env import tvm
 from .context import LowerContext
 
@@ -62,7 +62,8 @@ def _vector_loop(extent: int, vectorize: bool = True):
 
 @dataclass(frozen=True)
 class _Weights:
-    """A weight tensor of shape [dirs, rows, n] (W or R), and its transpose [dirs, n, rows] when the kernel made one."""
+    """A weight tensor of shape [dirs, rows, n] (W or R), and its transpose [dirs, n, rows + RNN_ROW_PAD] when the kernel
+    reads one."""
 
     tensor: object
     transposed: object
@@ -197,8 +198,8 @@ def _recurrent(ctx: LowerContext, gates: int):
     steps, batch, width = (x_type.shape[1], x_type.shape[0], x_type.shape[2]) if layout else x_type.shape
     # Constant weights arrive transposed (backends/cpu/packing.py); others are transposed here on every call.
     packed = bool(ctx.attr(RNN_TRANSPOSED, 0))
-    dirs, gh = (w_type.shape[0], w_type.shape[2]) if packed else w_type.shape[:2]
     hidden = ctx.attr("hidden_size")
+    dirs, gh = w_type.shape[0], gates * hidden
     clip = ctx.attr("clip")
     reverse_only = ctx.attr("direction", "forward") == "reverse"
     lbr = ctx.attr("linear_before_reset", 0)
@@ -219,8 +220,8 @@ def _recurrent(ctx: LowerContext, gates: int):
             if packed:
                 wt, rt = W, R
             else:
-                wt = T.alloc_buffer((dirs, width, gh), "float32") if transpose else None
-                rt = T.alloc_buffer((dirs, hidden, gh), "float32") if transpose else None
+                wt = T.alloc_buffer((dirs, width, gh + RNN_ROW_PAD), "float32") if transpose else None
+                rt = T.alloc_buffer((dirs, hidden, gh + RNN_ROW_PAD), "float32") if transpose else None
             gx = T.alloc_buffer((dirs, steps, batch, gh), "float32")
             acc = T.alloc_buffer((dirs, batch, gh), "float32")
             h = T.alloc_buffer((dirs, batch, hidden), "float32")
