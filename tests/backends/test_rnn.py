@@ -31,7 +31,7 @@ def _recurrent_model(op: str, direction: str, steps: int, hidden: int = HIDDEN, 
     ("GRU", "forward", {}),
     ("GRU", "reverse", {"linear_before_reset": 1}),
 ])
-@pytest.mark.parametrize("steps", [1, 6])  # 2 and 12 rows of steps × batch: below and above TRANSPOSE_MIN_ROWS
+@pytest.mark.parametrize("steps", [1, 6])  # 2 and 12 rows of steps × batch: below and above RNN_TRANSPOSE_MIN_ROWS
 def test_vectorized_recurrences_equal_onnxruntime(op, direction, attrs, steps, kernel_cache):
     from tessel.backends.cpu.packing import RNN_TRANSPOSE_MIN_ROWS
 
