@@ -1,7 +1,7 @@
 """Compile-time weight packing for the fast conv and matmul kernels.
 
 Conv weights (K, C, R, S) become (K/ocb, C/icb, R, S, icb, ocb) and constant
-matmul weights (K, N) become (N/nb, K, nb), the layouts the register-tiled
+matmul weights (K, N) become (⌈N/nb⌉, K, nb), the layouts the register-tiled
 schedules read contiguously; depthwise and grouped conv weights get their
 kernels' layouts (depthwise_conv.py, grouped_conv.py). The compiler applies `plan_packing` to the
 node's constant inputs once; the kernel then receives the packed array.
@@ -69,9 +69,18 @@ def pack_conv_weight(weight: np.ndarray, icb: int, ocb: int) -> np.ndarray:
 
 
 def pack_matmul_weight(weight: np.ndarray, block: int) -> np.ndarray:
-    """(K, N) → (N/nb, K, nb)."""
+    """(K, N) → (⌈N/nb⌉, K, nb), zero-padding the columns up to whole panels."""
     k, n = weight.shape
-    return np.ascontiguousarray(weight.reshape(k, n // block, block).transpose(1, 0, 2))
+    padded = np.zeros((k, -(-n // block) * block), weight.dtype)
+    padded[:, :n] = weight
+    return np.ascontiguousarray(padded.reshape(k, -1, block).transpose(1, 0, 2))
+
+
+def matmul_packs(columns: int) -> bool:
+    """Whether a constant (K, N) matmul weight is packed: N of at least one panel (a partial last panel is
+    zero-padded: ppocr_v4_rec's 120 × 6625 classifier ran the generic kernel at 1 GFLOP/s), not narrower
+    ones, whose padding would multiply the work."""
+    return columns >= MATMUL_PANEL
 
 
 def depthwise_block(channels: int) -> int:
@@ -196,11 +205,10 @@ def plan_packing(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[T
             weight = weight.transpose(0, 1, 3, 2)
         return Packing(((CONV_BLOCKS, (icb, ocb, swap)),), {1: pack_conv_weight(weight, icb, ocb)})
     if op_type == "MatMul" and constants[1] is not None and input_types[1].rank == 2 and input_types[0].rank >= 2:
-        n = input_types[1].shape[1]
-        if n % MATMUL_PANEL == 0:
+        if matmul_packs(input_types[1].shape[1]):
             return Packing(((MATMUL_BLOCK, MATMUL_PANEL),), {1: pack_matmul_weight(constants[1], MATMUL_PANEL)})
     if op_type == "Gemm" and constants[1] is not None and not attrs.get("transA", 0):
         weight = constants[1].T if attrs.get("transB", 0) else constants[1]
-        if weight.shape[1] % MATMUL_PANEL == 0:
+        if matmul_packs(weight.shape[1]):
             return Packing(((MATMUL_BLOCK, MATMUL_PANEL),), {1: pack_matmul_weight(np.ascontiguousarray(weight), MATMUL_PANEL)})
     return None
