@@ -129,7 +129,7 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
 
 
 def matmul_packed(ctx: LowerContext, trans_a: bool = False, alpha: float = 1.0, beta: float = 1.0):
-    """A (..., M, K) times B packed as (N/nb, K, nb); optional bias C (Gemm)."""
+    """A (..., M, K) times B packed as (⌈N/nb⌉, K, nb) (the last panel zero-padded); optional bias C (Gemm)."""
     a, bp = ctx.input(0), ctx.input(1)
     c = ctx.input(2) if ctx.op_type == "Gemm" else None
     nb = ctx.attr(MATMUL_BLOCK)
@@ -153,17 +153,18 @@ def matmul_packed(ctx: LowerContext, trans_a: bool = False, alpha: float = 1.0, 
         return a[tuple(reversed(index)) + (kk,)]
 
     k = te.reduce_axis((0, depth), "k")
-    product = te.compute((rows, cols), lambda i, j: te.sum(a_at(i, k) * bp[j // nb, k, j % nb], axis=k), name="matmul_packed")
+    # Whole panels: the padded columns' sums land in the intermediate product and are never read.
+    product = te.compute((rows, int(bp.shape[0]) * nb), lambda i, j: te.sum(a_at(i, k) * bp[j // nb, k, j % nb], axis=k), name="matmul_packed")
 
     def finish(i, j):
         value = product[i, j]
         if alpha != 1.0:
-            value = value * tir.const(alpha, value.dtype)
+            value = value * tir.const(alpha, product.dtype)
         if c is not None:
             c_dims = [int(d) for d in c.shape]
             ci = [0 if d == 1 else idx for d, idx in zip(c_dims, [i, j][2 - len(c_dims):])]
             term = c[tuple(ci)] if c_dims else c[()]
-            value = value + (term * tir.const(beta, value.dtype) if beta != 1.0 else term)
+            value = value + (term * tir.const(beta, product.dtype) if beta != 1.0 else term)
         return value
 
     flat = te.compute((rows, cols), finish, name="matmul_out")
@@ -200,7 +201,7 @@ def matmul_packed(ctx: LowerContext, trans_a: bool = False, alpha: float = 1.0, 
             sch.compute_inline(tail)
             tail = sch.get_sblock("matmul_result")
         fused = sch.fuse(*sch.get_loops(tail))
-        outer, inner = sch.split(fused, [None, nb])
+        outer, inner = sch.split(fused, [None, next(f for f in (nb, 8, 4, 2, 1) if rows * cols % f == 0)])
         sch.vectorize(inner)
         if rows * cols >= MIN_PARALLEL_WORK:
             sch.parallel(outer)

@@ -1,7 +1,7 @@
 """Compile-time weight packing for the fast conv and matmul kernels.
 
 Conv weights (K, C, R, S) become (K/ocb, C/icb, R, S, icb, ocb) and constant
-matmul weights (K, N) become (N/nb, K, nb), the layouts the register-tiled
+matmul weights (K, N) become (⌈N/nb⌉, K, nb), the layouts the register-tiled
 schedules read contiguously; depthwise and grouped conv weights get their
 kernels' layouts (depthwise_conv.py, grouped_conv.py). The compiler applies `plan_packing` to the
 node's constant inputs once; the kernel then receives the packed array.
@@ -25,6 +25,15 @@ MATMUL_PANEL = 16
 DEPTHWISE_BLOCK = "tessel_depthwise_block"
 # The grouped kernel's (rows, R, S): the row tile of its packed weights and the kernel window the packing flattened.
 GROUPED_LAYOUT = "tessel_grouped_layout"
+# An LSTM/GRU kernel's W and R arrive transposed to (dirs, n, gate rows + RNN_ROW_PAD) (backends/lowering/rnn.py).
+RNN_TRANSPOSED = "tessel_rnn_transposed"
+# Unused floats after each row of a transposed RNN weight. The products walk a block of gate columns down all n
+# rows; rows of 1024 floats (lstm_tagger's 4 × 256 gates) are 4 KiB apart and fall into the same few L1 sets,
+# so the block was evicted as it was read.
+RNN_ROW_PAD = 16
+# Time steps × batch rows from which the recurrence reads its weights transposed (measured: 100 steps of
+# gru_classifier run 1.4-2x faster transposed, 1 step of silero_vad's LSTM 35x faster as dot products).
+RNN_TRANSPOSE_MIN_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -60,9 +69,18 @@ def pack_conv_weight(weight: np.ndarray, icb: int, ocb: int) -> np.ndarray:
 
 
 def pack_matmul_weight(weight: np.ndarray, block: int) -> np.ndarray:
-    """(K, N) → (N/nb, K, nb)."""
+    """(K, N) → (⌈N/nb⌉, K, nb), zero-padding the columns up to whole panels."""
     k, n = weight.shape
-    return np.ascontiguousarray(weight.reshape(k, n // block, block).transpose(1, 0, 2))
+    padded = np.zeros((k, -(-n // block) * block), weight.dtype)
+    padded[:, :n] = weight
+    return np.ascontiguousarray(padded.reshape(k, -1, block).transpose(1, 0, 2))
+
+
+def matmul_packs(columns: int) -> bool:
+    """Whether a constant (K, N) matmul weight is packed: N of at least one panel (a partial last panel is
+    zero-padded: ppocr_v4_rec's 120 × 6625 classifier ran the generic kernel at 1 GFLOP/s), not narrower
+    ones, whose padding would multiply the work."""
+    return columns >= MATMUL_PANEL
 
 
 def depthwise_block(channels: int) -> int:
@@ -127,14 +145,39 @@ def _plan_grouped_packing(attrs: Mapping[str, Any], algorithm: str, input_type: 
     return None
 
 
+def rnn_reads_transposed(x_type: TensorType) -> bool:
+    """Whether an LSTM/GRU over input `x_type` ([steps, batch, width] or batch-first) reads Wᵀ and Rᵀ."""
+    return x_type.shape[0] * x_type.shape[1] >= RNN_TRANSPOSE_MIN_ROWS
+
+
+def _plan_rnn_packing(input_types: Sequence[TensorType | None], constants: Sequence[np.ndarray | None]) -> Packing | None:
+    """Constant W and R of a recurrence long enough to read them transposed, transposed once here instead of on
+    every call (lstm_tagger's kernels spent about a third of their time on it)."""
+    if constants[1] is None or constants[2] is None or input_types[0].dtype != "float32":
+        return None
+    if not rnn_reads_transposed(input_types[0]):
+        return None
+    return Packing(((RNN_TRANSPOSED, 1),), {index: pack_rnn_weight(constants[index]) for index in (1, 2)})
+
+
+def pack_rnn_weight(weight: np.ndarray) -> np.ndarray:
+    """(dirs, gate rows, n) → (dirs, n, gate rows + RNN_ROW_PAD), the pad zero."""
+    dirs, rows, n = weight.shape
+    packed = np.zeros((dirs, n, rows + RNN_ROW_PAD), weight.dtype)
+    packed[:, :, :rows] = weight.transpose(0, 2, 1)
+    return packed
+
+
 def plan_packing(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[TensorType | None],
                  constants: Sequence[np.ndarray | None]) -> Packing | None:
     """How to pack this node's constant weights for a fast kernel, or None to use the generic one.
 
     The packed algorithms (conv "nchwc" and "direct", matmul "packed"; the defaults) pack weights;
     conv "winograd" transforms them. A depthwise conv's "nchwc" and a grouped conv's "grouped_gemm"
-    (their defaults) pack them for their own kernels.
+    (their defaults) pack them for their own kernels. LSTM and GRU weights are transposed.
     """
+    if op_type in ("LSTM", "GRU"):
+        return _plan_rnn_packing(input_types, constants)
     algorithm = attrs.get(ALGORITHM, "nchwc" if op_type == "Conv" else "packed")
     if op_type == "Conv" and attrs.get("group", 1) != 1:
         if constants[1] is None or not input_types or input_types[0] is None or input_types[0].dtype != "float32":
@@ -162,11 +205,10 @@ def plan_packing(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[T
             weight = weight.transpose(0, 1, 3, 2)
         return Packing(((CONV_BLOCKS, (icb, ocb, swap)),), {1: pack_conv_weight(weight, icb, ocb)})
     if op_type == "MatMul" and constants[1] is not None and input_types[1].rank == 2 and input_types[0].rank >= 2:
-        n = input_types[1].shape[1]
-        if n % MATMUL_PANEL == 0:
+        if matmul_packs(input_types[1].shape[1]):
             return Packing(((MATMUL_BLOCK, MATMUL_PANEL),), {1: pack_matmul_weight(constants[1], MATMUL_PANEL)})
     if op_type == "Gemm" and constants[1] is not None and not attrs.get("transA", 0):
         weight = constants[1].T if attrs.get("transB", 0) else constants[1]
-        if weight.shape[1] % MATMUL_PANEL == 0:
+        if matmul_packs(weight.shape[1]):
             return Packing(((MATMUL_BLOCK, MATMUL_PANEL),), {1: pack_matmul_weight(np.ascontiguousarray(weight), MATMUL_PANEL)})
     return None

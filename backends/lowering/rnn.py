@@ -5,8 +5,9 @@ sequence doing only the recurrent matrix-vector product and the gate
 arithmetic. Directions of a bidirectional layer run in parallel.
 
 The products take one of two forms (`_matvec`). Over many steps the kernel
-first transposes W and R, then each product is multiply-adds vectorized along
-the gate rows; over a few steps that transpose costs more than all the products
+reads W and R transposed (constants transposed at compile time,
+backends/cpu/packing.py; others by the kernel first), then each product is
+multiply-adds vectorized along the gate rows; over a few steps that transpose costs more than all the products
 (silero_vad's one-step LSTM: 2 ms of its 2.06), so the products read the
 weights in their ONNX layout, as dot products vectorized along each row.
 The transposed form walks the gate rows in blocks of up to BLOCK lanes whose
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+from ..cpu.packing import RNN_ROW_PAD, RNN_TRANSPOSED, rnn_reads_transposed
 from ..tvm_env import tvm
 from .context import LowerContext
 
@@ -29,9 +31,6 @@ from tvm.script.ir_builder import IRBuilder  # noqa: E402
 from tvm.script.ir_builder import tirx as T  # noqa: E402
 
 LANES = 16
-# Time steps × batch rows from which transposing the weights once pays for itself (measured: 100 steps of
-# gru_classifier run 1.4-2x faster transposed, 1 step of silero_vad's LSTM 35x faster as dot products).
-TRANSPOSE_MIN_ROWS = 8
 # Gate rows whose running sums one product keeps in registers (8 AVX2 or 4 AVX-512 registers). Measured on
 # gru_classifier's GRU (AVX-512): 32 rows 0.39 ms, 64 0.29, 128 0.29 (and 128 would spill on AVX2).
 BLOCK = 64
@@ -63,7 +62,8 @@ def _vector_loop(extent: int, vectorize: bool = True):
 
 @dataclass(frozen=True)
 class _Weights:
-    """A weight tensor of shape [dirs, rows, n] (W or R), and its transpose [dirs, n, rows] when the kernel made one."""
+    """A weight tensor of shape [dirs, rows, n] (W or R), and its transpose [dirs, n, rows + RNN_ROW_PAD] when the kernel
+    reads one."""
 
     tensor: object
     transposed: object
@@ -196,8 +196,10 @@ def _recurrent(ctx: LowerContext, gates: int):
     layout = ctx.attr("layout", 0)
     x_type, w_type = ctx.input_types[0], ctx.input_types[1]
     steps, batch, width = (x_type.shape[1], x_type.shape[0], x_type.shape[2]) if layout else x_type.shape
-    dirs, gh, _ = w_type.shape
+    # Constant weights arrive transposed (backends/cpu/packing.py); others are transposed here on every call.
+    packed = bool(ctx.attr(RNN_TRANSPOSED, 0))
     hidden = ctx.attr("hidden_size")
+    dirs, gh = w_type.shape[0], gates * hidden
     clip = ctx.attr("clip")
     reverse_only = ctx.attr("direction", "forward") == "reverse"
     lbr = ctx.attr("linear_before_reset", 0)
@@ -214,9 +216,12 @@ def _recurrent(ctx: LowerContext, gates: int):
             bias = args.get(3)
             h0, c0 = args.get(5), args.get(6) if gates == 4 else None
             part = T.alloc_buffer((dirs, LANES), "float32")
-            transpose = steps * batch >= TRANSPOSE_MIN_ROWS
-            wt = T.alloc_buffer((dirs, width, gh), "float32") if transpose else None
-            rt = T.alloc_buffer((dirs, hidden, gh), "float32") if transpose else None
+            transpose = rnn_reads_transposed(x_type)
+            if packed:
+                wt, rt = W, R
+            else:
+                wt = T.alloc_buffer((dirs, width, gh + RNN_ROW_PAD), "float32") if transpose else None
+                rt = T.alloc_buffer((dirs, hidden, gh + RNN_ROW_PAD), "float32") if transpose else None
             gx = T.alloc_buffer((dirs, steps, batch, gh), "float32")
             acc = T.alloc_buffer((dirs, batch, gh), "float32")
             h = T.alloc_buffer((dirs, batch, hidden), "float32")
@@ -234,7 +239,7 @@ def _recurrent(ctx: LowerContext, gates: int):
                 # Each direction's own block sums: declared inside its (parallel) loop, on the stack.
                 block = None if ctx.gpu else T.alloc_buffer((BLOCK,), "float32")
                 w_weights, r_weights = _Weights(W, wt, part, block), _Weights(R, rt, part, block)
-                if transpose:
+                if transpose and not packed:
                     _transpose(W, wt, d, gh, width, not ctx.gpu)
                     _transpose(R, rt, d, gh, hidden, not ctx.gpu)
 

@@ -1,6 +1,6 @@
 """LSTM and GRU kernels equal onnxruntime in both forms of their products (few steps: row dot products of 16 lanes
-and a tail; many: transposed weights), at vectorized sizes, and at sizes that no vector block divides with gates
-driven into saturation."""
+and a tail; many: transposed weights, at compile time when they are constants, else in the kernel), at vectorized
+sizes, and at sizes that no vector block divides with gates driven into saturation."""
 from __future__ import annotations
 
 import numpy as np
@@ -31,11 +31,11 @@ def _recurrent_model(op: str, direction: str, steps: int, hidden: int = HIDDEN, 
     ("GRU", "forward", {}),
     ("GRU", "reverse", {"linear_before_reset": 1}),
 ])
-@pytest.mark.parametrize("steps", [1, 6])  # 2 and 12 rows of steps × batch: below and above TRANSPOSE_MIN_ROWS
+@pytest.mark.parametrize("steps", [1, 6])  # 2 and 12 rows of steps × batch: below and above RNN_TRANSPOSE_MIN_ROWS
 def test_vectorized_recurrences_equal_onnxruntime(op, direction, attrs, steps, kernel_cache):
-    from tessel.backends.lowering.rnn import TRANSPOSE_MIN_ROWS
+    from tessel.backends.cpu.packing import RNN_TRANSPOSE_MIN_ROWS
 
-    assert BATCH < TRANSPOSE_MIN_ROWS <= 6 * BATCH
+    assert BATCH < RNN_TRANSPOSE_MIN_ROWS <= 6 * BATCH
     original = _recurrent_model(op, direction, steps, **attrs)
     feeds = {"x": np.random.default_rng(1).standard_normal((steps, BATCH, WIDTH)).astype(np.float32)}
     outputs = compile(original, cache_dir=kernel_cache).run(feeds)
@@ -58,5 +58,36 @@ def test_input_projection_in_column_tiles_equals_onnxruntime(kernel_cache):
     width = PROJECTION_TILE_K + 8  # a full tile of Wᵀ columns, then a partial one adding into the first's sums
     original = _recurrent_model("GRU", "forward", 6, width=width)
     feeds = {"x": np.random.default_rng(3).standard_normal((6, BATCH, width)).astype(np.float32)}
+    outputs = compile(original, cache_dir=kernel_cache).run(feeds)
+    assert_matches_onnxruntime(outputs, run_onnxruntime(original, feeds))
+
+
+@pytest.mark.parametrize("steps,transposed", [(1, False), (6, True)])
+def test_constant_weights_are_transposed_at_compile_time(steps, transposed):
+    from tessel.backends.cpu.packing import RNN_TRANSPOSED, plan_packing
+    from tessel.ir.types import TensorType
+
+    model = _recurrent_model("LSTM", "bidirectional", steps)
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    constants = [None, weights["W"], weights["R"], weights["B"]]
+    types = [TensorType.of(np.zeros((steps, BATCH, WIDTH), np.float32))] + [TensorType.of(c) for c in constants[1:]]
+    packing = plan_packing("LSTM", {"hidden_size": HIDDEN}, types, constants)
+    if not transposed:
+        assert packing is None
+        return
+    assert packing.attrs == ((RNN_TRANSPOSED, 1),)
+    rows = weights["R"].shape[1]
+    np.testing.assert_array_equal(packing.arrays[2][1, :, :rows], weights["R"][1].T)
+    assert not packing.arrays[2][:, :, rows:].any()  # the row pad
+
+
+def test_runtime_weights_transposed_in_the_kernel_equal_onnxruntime(kernel_cache):
+    # W and R as graph inputs: no compile-time transpose, the kernel transposes them on every call.
+    original = _recurrent_model("LSTM", "forward", 6)
+    weights = {t.name: numpy_helper.to_array(t) for t in original.graph.initializer if t.name in ("W", "R")}
+    del original.graph.initializer[:2]
+    original.graph.input.extend(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(array.shape))
+                                for name, array in weights.items())
+    feeds = {"x": np.random.default_rng(4).standard_normal((6, BATCH, WIDTH)).astype(np.float32), **weights}
     outputs = compile(original, cache_dir=kernel_cache).run(feeds)
     assert_matches_onnxruntime(outputs, run_onnxruntime(original, feeds))
