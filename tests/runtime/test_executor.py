@@ -77,6 +77,16 @@ def test_profile_times_every_step(kernel_cache):
     assert all(ms >= 0 for _, _, ms in rows)
 
 
+def test_profile_reduces_each_step_s_samples_with_the_statistic(kernel_cache):
+    """The placement's node times take each step's fastest sample (runtime/profile.py): the statistic sees all runs."""
+    from tessel.runtime.executor import Executor
+
+    artifact = compile(_if_model(), cache_dir=kernel_cache)
+    rows = Executor(artifact.directory).profile({"x": np.ones((2, 3), np.float32), "c": np.array(True)}, runs=4,
+                                                statistic=len)
+    assert rows and {ms for _, _, ms in rows} == {4.0}
+
+
 def test_profile_starts_every_pass_from_the_inputs(kernel_cache):
     """silero_vad's sample rate decides its If; the arena reuses the rate's bytes later in the run, so a profile
     pass that did not write the inputs again took the branch that cannot run."""
