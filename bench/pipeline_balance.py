@@ -48,6 +48,7 @@ def stages(pipeline_dir: str) -> dict[str, int]:
 
 
 def main() -> None:
+    """Print the pipeline artifact's stages by measured kernel times beside the placement's, and the best cut."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("pipeline", help="the pipeline artifact (two or more workers)")
     parser.add_argument("microbatched", help="the same model on one device, at the pipeline's micro-batch size")

@@ -96,9 +96,9 @@ class RunSettings:
             raise TrainSettingsError(f"--topk-ratio {self.topk_ratio}: give a value in (0, 1]")
         if self.precision not in PRECISIONS:
             raise TrainSettingsError(f"--precision {self.precision}: use one of {', '.join(PRECISIONS)}")
-        if self.precision != "fp32" and self.parallel == "ps":
+        if self.precision != "fp32" and (self.parallel == "ps" or self.compression != "none"):
             raise TrainSettingsError("--precision fp64 trains on one worker, data-parallel or pipelined; parameter "
-                                     "servers exchange float32")
+                                     "servers and --compression exchange float32")
         parse_schedule(self.schedule)
         return self
 

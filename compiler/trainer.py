@@ -22,6 +22,7 @@ import numpy as np
 
 from tessel.backends.target import parse_target
 from tessel.ir import from_onnx
+from tessel.ir import load_model as read_model
 from tessel.ir.onnx_import import with_batch
 from tessel.passes.base import Pass
 from tessel.passes.data_parallel import GradientCompression, bucket_bytes_for
@@ -68,7 +69,7 @@ class Trainer:
         if residuals:
             self._step.set_residuals(residuals)
         types = self._step.input_types
-        self._masks = [(name, ratio, types[name].shape) for name, ratio in sorted(names.dropout_masks.items())]
+        self._masks = [(name, ratio, types[name]) for name, ratio in sorted(names.dropout_masks.items())]
         self._scalar_dtype = next((types[name].dtype for name in optimizer.rule.scalars if name in types), "float32")
 
     @property
@@ -122,12 +123,16 @@ class Trainer:
 
     def dropout_masks(self, step: int) -> dict[str, np.ndarray]:
         """The dropout masks of step `step`: keep with probability 1 - p, scaled by 1 / (1 - p), drawn from
-        numpy's Generator seeded by (seed, step), so a resumed run draws the same masks."""
+        numpy's Generator seeded by (seed, step), so a resumed run draws the same masks; each in its input's type
+        (float64 in a step compiled in float64)."""
         if not self._masks:
             return {}
         rng = np.random.default_rng([self.seed, step])
-        return {name: (rng.random(shape, dtype=np.float32) >= ratio).astype(np.float32) / np.float32(1 - ratio)
-                for name, ratio, shape in self._masks}
+        masks = {}
+        for name, ratio, mask_type in self._masks:
+            dtype = np.dtype(mask_type.dtype)
+            masks[name] = (rng.random(mask_type.shape, dtype=np.float32) >= ratio).astype(dtype) / dtype.type(1 - ratio)
+        return masks
 
     def evaluate(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The model's outputs on `inputs` with the current state (inference semantics: running statistics for
@@ -164,11 +169,11 @@ class Trainer:
 
 
 def _widened(value, want) -> np.ndarray:
-    """`value` in the float type `want` (a TensorType) when it is a narrower float, which converts exactly (float32
-    data for a step compiled in float64); anything else as given, for the runner to check."""
-    if isinstance(value, np.ndarray) and value.dtype.kind == "f" and np.dtype(want.dtype).kind == "f" \
-            and value.dtype != np.dtype(want.dtype) and np.can_cast(value.dtype, want.dtype, "safe"):
-        return value.astype(want.dtype)
+    """`value` in float64 when `want` (a TensorType) is float64 and `value` a narrower float, which converts exactly
+    (float32 data for a step compiled with precision "fp64"); anything else as given, for the runner to check."""
+    if isinstance(value, np.ndarray) and want.dtype == "float64" and value.dtype.kind == "f" \
+            and value.dtype.itemsize < 8:
+        return value.astype(np.float64)
     return value
 
 
@@ -236,9 +241,12 @@ def compile_training(model, loss: str | LossSpec, optimizer: Optimizer,
     """
     if compression != "none" and parallel != "data":
         raise CompileError(f"gradient compression goes with data-parallel training, not {parallel}")
+    if compression != "none" and options.get("precision") == "fp64":
+        raise CompileError("gradient compression exchanges float32; it does not go with precision fp64")
     if parallel == "auto":
         from .parallel_auto import compile_auto
 
+        auto_ps = auto_ps and options.get("precision", "fp32") == "fp32"  # parameter servers exchange float32
         training = dict(loss=loss, optimizer=optimizer, input_shapes=input_shapes, trainable=trainable, frozen=frozen,
                         seed=seed, label_smoothing=label_smoothing, bucket_bytes=bucket_bytes)
         return compile_auto(compile_training, model, training, options, micro_batches, allreduce, sync_batchnorm,
@@ -308,8 +316,10 @@ def compile_step(step_graph: StepGraph, source: ModelSource, loss: str | LossSpe
     eval_state = PersistentState({n: step_graph.state[n] for n in eval_names}, {})
     evaluation = compile_graph(step_graph.eval_graph, options, machine,
                                ModelSource(source.name, source.model, source.origin, {}, 0.0), state=eval_state)
-    return Trainer(step, evaluation, StepNames.of(step_graph, loss), optimizer, seed,
-                   source.model.SerializeToString())
+    # The model as given (not re-batched, not promoted to float64) where it is known: export_onnx writes the trained
+    # values into it.
+    given = source.model if source.origin is None else read_model(source.origin)
+    return Trainer(step, evaluation, StepNames.of(step_graph, loss), optimizer, seed, given.SerializeToString())
 
 
 def data_parallel_workers(options: CompileOptions) -> int:

@@ -678,7 +678,7 @@ class Executor:
         return outputs
 
     def profile(self, inputs: Mapping[str, np.ndarray], runs: int = 5,
-                statistic=np.median) -> list[tuple[str, str, float]]:
+                statistic: Callable[[list[float]], float] = np.median) -> list[tuple[str, str, float]]:
         """(node, op, milliseconds) per top-level instruction, slowest first: `statistic` (default the median) of
         its `runs` samples."""
         self.run(inputs)

@@ -14,7 +14,7 @@ size: ResNet-18's 47 MB gradients took 0.2 s to encode with error feedback, and 
 from __future__ import annotations
 
 import ctypes
-from functools import lru_cache
+import threading
 
 import numpy as np
 
@@ -181,10 +181,18 @@ class _Kernels:
         self.decode_add = five(self._engine.get_function_address("decode_add"))
 
 
-@lru_cache(maxsize=1)
+_compiled: list[_Kernels] = []
+_compiling = threading.Lock()
+
+
 def kernels() -> _Kernels:
-    """This process's compiled 1-bit kernels (compiled on first use: 0.3 to 1 s, so a codec compiles them when made)."""
-    return _Kernels()
+    """This process's compiled 1-bit kernels (compiled on first use: 0.3 to 1 s, so a codec compiles them when made).
+    Compiled once under a lock: a second copy made by a racing thread could be freed, machine code and all, while a
+    kernel taken from it runs."""
+    with _compiling:
+        if not _compiled:
+            _compiled.append(_Kernels())
+        return _compiled[0]
 
 
 def _address(array: np.ndarray, dtype) -> int:
@@ -198,8 +206,9 @@ def _address(array: np.ndarray, dtype) -> int:
 
 def _segments(bounds: np.ndarray, size: int, bit_bytes: int) -> tuple[int, int]:
     """(segment count, address of `bounds`) once the segments are known to lie within a vector of `size`
-    elements whose sign bits take `bit_bytes` bytes (ValueError otherwise)."""
-    if bounds.size < 1 or bounds[0] != 0 or bounds[-1] > size or 8 * bit_bytes < bounds[-1]:
+    elements whose sign bits take `bit_bytes` bytes, in order (ValueError otherwise)."""
+    if bounds.size < 1 or bounds[0] != 0 or bounds[-1] > size or 8 * bit_bytes < bounds[-1] \
+            or np.any(np.diff(bounds) < 0):
         raise ValueError(f"1-bit segments ending at {bounds[-1] if bounds.size else None} do not fit a vector of "
                          f"{size} elements with {bit_bytes} bytes of sign bits")
     return bounds.size - 1, _address(bounds, np.int64)

@@ -101,6 +101,8 @@ class OneBit:
         """The message for float32 `vector`, which becomes what the message lost (vector - decoded)."""
         from .onebit_kernels import pack_signs, segment_sums
 
+        if vector.size != self.bounds[-1]:  # else the message's last sign bytes would go out unwritten
+            raise ValueError(f"1-bit codec for {self.bounds[-1]} floats given {vector.size}")
         ups, up_sums, all_sums = segment_sums(vector, self.bounds)
         downs = self.sizes - ups
         means = np.zeros((self.count, 2))

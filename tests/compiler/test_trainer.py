@@ -4,6 +4,7 @@ checkpoints, ONNX export."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import helper
@@ -172,3 +173,16 @@ def test_device_memory_adds_recomputation_to_the_step_and_refuses_a_step_that_ca
 def test_a_checkpoint_records_the_loss_kind():
     assert StepNames.of(linear_step_graph(), "mse").loss == "mse"
     assert StepNames.of(linear_step_graph(), LossSpec.parse("cross_entropy", 0.1)).loss == "cross_entropy"
+
+
+def test_a_float64_step_trains_with_dropout_and_exports_the_model_as_given(classifier, kernel_cache, tmp_path):
+    trainer = tessel.compile_training(_classifier(), loss="cross_entropy", optimizer=tessel.optim.SGD(lr=0.2),
+                                      input_shapes={"x": (8, 4)}, seed=5, cache_dir=kernel_cache, precision="fp64")
+    (name, mask), = trainer.dropout_masks(0).items()
+    assert mask.dtype == np.float64
+    np.testing.assert_array_equal(mask > 0, classifier.dropout_masks(0)[name] > 0)  # the same draws
+    inputs, labels = _classes(0)  # float32 data, widened by the step
+    losses = [trainer.step(inputs, labels) for _ in range(10)]
+    assert losses[-1] < losses[0] and trainer.state["W"].dtype == np.float64
+    exported = onnx.load(str(trainer.export_onnx(tmp_path / "trained.onnx")))
+    assert {init.name: init.data_type for init in exported.graph.initializer}["W"] == onnx.TensorProto.FLOAT

@@ -70,13 +70,19 @@ def _torch_run(model: torch.nn.Module, spec: ModelSpec, optimizer: str, lr: floa
 def _tessel_run(path, spec: ModelSpec, optimizer: str, lr: float, batches, out, cache,
                 precision: str = "fp32") -> tuple[list[float], dict]:
     """Tessel's losses per step and the initializers of the model it exports after training (float32 batches:
-    a float64 step widens them itself)."""
+    a float64 step widens them itself). The export is the model as given, in float32; a float64 step's values are
+    compared as the step holds them, those of the export with the names it has."""
     opt = optim.SGD(lr, momentum=0.9) if optimizer == "sgd" else optim.AdamW(lr)
     trainer = tessel.compile_training(str(path), loss=spec.loss, optimizer=opt, input_shapes={"x": spec.input_shape},
                                       cache_dir=str(cache), precision=precision)
     losses = [trainer.step({"x": x}, y) for x, y in batches]
     trainer.export_onnx(str(out))
-    return losses, {init.name: numpy_helper.to_array(init) for init in onnx.load(str(out)).graph.initializer}
+    exported = {init.name: numpy_helper.to_array(init) for init in onnx.load(str(out)).graph.initializer}
+    assert {array.dtype for array in exported.values()} <= {np.dtype(np.float32), np.dtype(np.int64)}
+    if precision == "fp64":
+        state = trainer.state
+        return losses, {name: state.get(name, value) for name, value in exported.items()}
+    return losses, exported
 
 
 def _relative(got: np.ndarray, want: np.ndarray) -> float:

@@ -61,3 +61,19 @@ def test_subgraphs_are_promoted_too():
     assert branches["else_branch"].output[0].type.tensor_type.elem_type == TensorProto.DOUBLE
     out = ort.InferenceSession(promoted.SerializeToString()).run(None, {"cond": np.array(False)})[0]
     assert out.dtype == np.float64 and out[0] == 2.0
+
+
+def test_float32_that_a_node_makes_without_saying_so_is_promoted():
+    nodes = [helper.make_node("Constant", [], ["c"], value_float=1.5),
+             helper.make_node("Constant", [], ["cs"], value_floats=[1.0, 2.0]),
+             helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("ConstantOfShape", ["shape"], ["zeros"]),
+             helper.make_node("Add", ["x", "c"], ["a"]),
+             helper.make_node("Add", ["a", "cs"], ["b"]),
+             helper.make_node("Add", ["b", "zeros"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    promoted = promote_to_float64(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    onnx.checker.check_model(promoted, full_check=True)
+    out = ort.InferenceSession(promoted.SerializeToString()).run(None, {"x": np.float64([1.0, -1.0])})[0]
+    assert out.dtype == np.float64 and out.tolist() == [3.5, 2.5]

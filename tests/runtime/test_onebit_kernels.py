@@ -16,6 +16,8 @@ def test_sums_count_and_add_each_segments_non_negative_and_all_elements():
 
 @pytest.mark.parametrize("call, message", [
     (lambda v, b, m, o: segment_sums(v, np.array([0, 9])), "do not fit a vector of 8"),
+    (lambda v, b, m, o: segment_sums(v, np.array([0, 100, 8])), "do not fit a vector of 8"),
+    (lambda v, b, m, o: segment_sums(v, np.array([0, -5, 8])), "do not fit a vector of 8"),
     (lambda v, b, m, o: pack_signs(v, np.array([0, 8]), m, b[:0]), "with 0 bytes of sign bits"),
     (lambda v, b, m, o: pack_signs(v.astype(np.float64), np.array([0, 8]), m, b),
      "contiguous float32 array, not float64"),

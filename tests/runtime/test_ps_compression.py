@@ -45,6 +45,11 @@ def test_one_bit_sends_signs_and_each_segments_two_means():
     assert decoded[:600].sum() == pytest.approx(first.sum(), abs=2 ** -8 * float(np.abs(first).sum()))
 
 
+def test_one_bit_refuses_a_vector_its_segments_do_not_cover():
+    with pytest.raises(ValueError, match="1-bit codec for 1000 floats given 1008"):
+        OneBit([600, 400]).compress(_vector(1008))
+
+
 def test_one_bit_matches_numpy_on_segments_of_any_size():
     segments = [13, 0, 5, 5, 5, 1, 970, 3]  # empty, single and odd-sized segments, a partial last byte
     vector = _vector(sum(segments), seed=3)
