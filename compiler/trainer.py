@@ -24,6 +24,7 @@ from tessel.backends.target import parse_target
 from tessel.ir import from_onnx
 from tessel.ir import load_model as read_model
 from tessel.ir.onnx_import import with_batch
+from tessel.ir.types import TensorType
 from tessel.passes.base import Pass
 from tessel.passes.data_parallel import GradientCompression, bucket_bytes_for
 from tessel.passes.loss import LossSpec
@@ -68,7 +69,9 @@ class Trainer:
             self._step.set_state(state)
         if residuals:
             self._step.set_residuals(residuals)
-        types = self._step.input_types
+        # Looked up once: the step reads them for every batch (widening, masks, scalars).
+        types = self._step_types = self._step.input_types
+        self._eval_types = self._eval.input_types
         self._masks = [(name, ratio, types[name]) for name, ratio in sorted(names.dropout_masks.items())]
         self._scalar_dtype = next((types[name].dtype for name in optimizer.rule.scalars if name in types), "float32")
 
@@ -108,11 +111,11 @@ class Trainer:
 
     def step(self, inputs: Mapping[str, np.ndarray], labels: np.ndarray | None = None) -> float:
         """Run one training step on a batch (`inputs` by the model's input names) and its labels; the loss."""
-        feeds = dict(self._data(inputs, self._step))
+        feeds = dict(self._data(inputs, self._step_types))
         if self.names.label_input is not None:
             if labels is None:
                 raise InputError("this loss needs labels: step(inputs, labels)")
-            feeds[self.names.label_input] = _widened(labels, self._step.input_types[self.names.label_input])
+            feeds[self.names.label_input] = _widened(labels, self._step_types[self.names.label_input])
         elif labels is not None:
             raise InputError("the model's own output is the loss: step(inputs) takes no labels")
         feeds.update(self.optimizer.step_scalars(self.steps_done, self._scalar_dtype))
@@ -139,21 +142,19 @@ class Trainer:
         BatchNormalization, no dropout)."""
         state = self._step.state()
         self._eval.set_state({name: state[name] for name in self._eval.state_names})
-        outputs = self._eval.run(dict(self._data(inputs, self._eval)))
+        outputs = self._eval.run(dict(self._data(inputs, self._eval_types)))
         return {name: outputs[name] for name in self.names.model_outputs}
 
-    def _data(self, inputs: Mapping[str, np.ndarray], runner) -> Mapping[str, np.ndarray]:
-        """The model's inputs, checked by name first (`runner`, the executor or session that runs them, checks their
-        types), float ones widened to the compiled type where that is exact (`_widened`)."""
+    def _data(self, inputs: Mapping[str, np.ndarray], types: Mapping[str, TensorType]) -> Mapping[str, np.ndarray]:
+        """The model's inputs, checked by name first (the runner checks their `types`, the runner's input types),
+        float ones widened to the compiled type where that is exact (`_widened`)."""
         want = self.names.data_inputs
         missing, extra = [n for n in want if n not in inputs], [n for n in inputs if n not in want]
         if missing or extra:
             problems = ([f"missing {', '.join(map(repr, missing))}"] if missing else []) + \
                        ([f"unknown {', '.join(map(repr, extra))}"] if extra else [])
-            types = runner.input_types
             takes = ", ".join(f"{n}: {types[n].spec()}" for n in want)
             raise InputError(f"inputs do not match the model ({'; '.join(problems)}); it takes {takes}")
-        types = runner.input_types
         return {name: _widened(value, types[name]) for name, value in inputs.items()}
 
     def save(self, directory: str | Path, force: bool = False) -> Path:
