@@ -20,9 +20,10 @@ def carries_fatbin(library) -> bool:
     return FATBIN_MAGIC in library.read_bytes()
 
 
-# The largest models take about a minute each through nvcc: `pytest -m slow` builds them, the rest cover the same
-# op kinds (convolutions, RNNs, attention) in the default run.
-SLOW_CUDA_BUILDS = {"topology_densenet121", "ppocr_v4_det", "yolov8n_320", "topology_inception_v1", "topology_inception_v2"}
+# The largest models take 20 s to a minute each through nvcc: `pytest -m slow` builds them, the rest cover the same
+# op kinds (plain, grouped and depthwise convolutions, RNNs, attention) in the default run.
+SLOW_CUDA_BUILDS = {"topology_densenet121", "ppocr_v4_det", "yolov8n_320", "topology_inception_v1", "topology_inception_v2",
+                    "topology_resnet50", "ppocr_v4_rec", "topology_vgg19"}
 
 
 @needs_nvcc

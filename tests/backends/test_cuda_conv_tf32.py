@@ -42,6 +42,9 @@ def test_fragment_layouts_are_the_ptx_m16n8k8_tf32_ones():
             assert mma.b_element(lane, register) == b[(lane, register)]
 
 
+# Importing TVM's CUDA tensor intrinsics parses every one of them (20 s to a minute on two cores): the tests that
+# need them run with `pytest -m slow`.
+@pytest.mark.slow
 def test_accumulator_layout_is_the_one_tvms_fill_and_store_use():
     from tvm.s_tir.tensor_intrin.cuda import shared_16x16_to_ldmatrix_32x8_layout
 
@@ -70,6 +73,7 @@ def test_unscheduled_kernel_is_the_conv_of_tf32_rounded_inputs(name, config):
     assert not np.allclose(_round_tf32(x), x)  # the rounding is there to be seen
 
 
+@pytest.mark.slow  # imports TVM's CUDA tensor intrinsics, as above
 def test_schedule_compiles_to_tf32_mma_with_every_fragment_in_registers():
     config = MmaConfig(128, 128, 32, 2, 2, 2)
     mod = tvm()

@@ -29,7 +29,8 @@ def _model(name):
     return next(m for m in POSITIVE if m.name == name)
 
 
-@pytest.mark.parametrize("name", ["resnet18", "yolov8n_320"])
+# YOLOv8n takes about a minute on two cores: `pytest -m slow` runs it; ResNet-18 covers the same path here.
+@pytest.mark.parametrize("name", ["resnet18", pytest.param("yolov8n_320", marks=pytest.mark.slow)])
 def test_micro_batched_models_at_batch_8_equal_onnxruntime(name, kernel_cache):
     model = _model(name)
     # No profiling (a budget of 0 s): estimated times keep this test fast; the kernels run for real.
