@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..lowering.context import FLAT_LOOPS_ATTR
+from ..lowering.context import FLAT_LOOPS_ATTR, MIN_PARALLEL_WORK
 from ..lowering.index_checks import CHECK_ATTR, IndexCheck, add_index_checks
 from ..tvm_env import tvm
 
@@ -19,9 +19,10 @@ _tvm = tvm()
 s_tir = _tvm.s_tir
 
 VECTOR_LANES = (16, 8, 4)
-# A parallel region costs more than it saves on less work than this (loop iterations × reduction length).
 MIN_PARALLEL_EXTENT = 2
-MIN_PARALLEL_WORK = 16384
+# A reduction along a contiguous row at least this long accumulates in this many vector lanes.
+ROW_REDUCTION_MIN = 64
+REDUCTION_LANES = 16
 # Pooling rows up to this long with no vector width dividing them accumulate a whole row at once.
 MAX_ROW_TILE = 32
 
@@ -190,11 +191,16 @@ def _schedule_reduction(sch, block) -> None:
         return
     spatial = [loop for loop, is_reduce in zip(loops, kinds) if not is_reduce]
     reduce = [loop for loop, is_reduce in zip(loops, kinds) if is_reduce]
-    if not spatial:
-        return
     work = 1
     for loop in loops:
         work *= _extent(sch, loop)
+    if try_step(lambda: sch.reorder(*spatial, *reduce)) and _reads_rows(sch, reduce[-1]):
+        # Rows reduced along their contiguous last axis: vector lanes split each row, not across rows.
+        try_step(lambda: _parallel(sch, spatial, work))
+        try_step(lambda: _vectorize_row_reduction(sch, block, reduce[-1]))
+        return
+    if not spatial:
+        return
     last = spatial[-1]
     extent = _extent(sch, last)
     lanes = _lanes_for(extent)
@@ -226,6 +232,53 @@ def _schedule_reduction(sch, block) -> None:
         return
     if try_step(lambda: sch.reorder(*spatial, *reduce)):
         try_step(lambda: _parallel(sch, spatial, work))
+
+
+def _innermost_block(sch, loop):
+    """The block `loop` directly holds and the block iterator bound to `loop` alone (None, None if neither)."""
+    realize = sch.get(loop).body
+    if not hasattr(realize, "iter_values"):
+        return None, None
+    loop_var = sch.get(loop).loop_var
+    for iter_var, value in zip(realize.block.iter_vars, realize.iter_values):
+        if value.same_as(loop_var):
+            return realize.block, iter_var.var
+    return None, None
+
+
+def _uses(expr, var) -> bool:
+    return any(v.same_as(var) for v in _tvm.tirx.analysis.undefined_vars(expr))
+
+
+def _reads_rows(sch, loop) -> bool:
+    """Whether `loop`, a block's innermost (reduction) loop, walks the last axis of every buffer the block
+    reads with it, and runs long enough to fill the vector lanes several times: its reads are then rows."""
+    if _extent(sch, loop) < ROW_REDUCTION_MIN:
+        return False
+    block, var = _innermost_block(sch, loop)
+    if var is None:
+        return False
+    used = [[_uses(r.min, var) for r in region.region] for region in block.reads]
+    return any(axes[-1] for axes in used) and not any(any(axes[:-1]) for axes in used)
+
+
+def _vectorize_row_reduction(sch, block, loop) -> None:
+    """Split a row reduction into REDUCTION_LANES partial results that accumulate in vector lanes (rfactor),
+    then reduce the lanes once per row: without fast-math LLVM keeps a scalar sum or max in order, one
+    element per add latency. A row length no lane count divides runs its last partial vector apart, so the
+    main loop carries no predicate."""
+    extent = _extent(sch, loop)
+    outer, lane = sch.split(loop, [None, REDUCTION_LANES])
+    factor_axis = len(sch.get(block).writes[0].region)
+    partial = sch.rfactor(lane, factor_axis)
+    init = sch.decompose_reduction(partial, sch.get_loops(partial)[-2])
+    try_step(lambda: sch.vectorize(sch.get_loops(init)[-1]))
+    if extent % REDUCTION_LANES == 0:
+        try_step(lambda: sch.vectorize(sch.get_loops(partial)[-1]))
+        return
+    whole, _ = sch.loop_partition(sch.get_loops(partial)[-2], [extent // REDUCTION_LANES, None])
+    for child in sch.get_child_blocks(whole):
+        try_step(lambda c=child: sch.vectorize(sch.get_loops(c)[-1]))
 
 
 def schedule_around(func, anchor_schedule, anchor_blocks: frozenset[str]):

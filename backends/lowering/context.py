@@ -13,6 +13,9 @@ from tessel.ir.types import TensorType
 # A block annotation: the block is elementwise over buffers of one shape (no broadcasting), so a schedule may run
 # all its loops as one flat loop (vectorized whatever the innermost axis' length).
 FLAT_LOOPS_ATTR = "tessel_flat_loops"
+# A parallel region costs more than it saves on less work than this (loop iterations × reduction length); shared
+# by the CPU schedules and the rules that write their own loops.
+MIN_PARALLEL_WORK = 16384
 
 
 class LoweringError(TesselError):

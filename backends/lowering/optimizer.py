@@ -15,9 +15,8 @@ import math
 
 from tessel.ir.optimizer_ops import adamw_update, sgd_update
 
-from ..cpu.schedule import MIN_PARALLEL_WORK
 from ..tvm_env import tvm
-from .context import LowerContext
+from .context import MIN_PARALLEL_WORK, LowerContext
 from .rnn import PrimFuncResult
 
 _tvm = tvm()

@@ -157,8 +157,9 @@ def _softmax(log: bool):
         axis = axis + rank if axis < 0 else axis
         if log:
             return [log_softmax(x, axis)]
-        shifted = topi.subtract(x, topi.max(x, axis, True))
-        return [topi.divide(_exp(shifted), _wide_sum(_exp(shifted), axis))]
+        # One exp, stored (it feeds the sum) and read back by the division, instead of one per use.
+        exps = _exp(topi.subtract(x, topi.max(x, axis, True)))
+        return [topi.divide(exps, _wide_sum(exps, axis))]
 
     return rule
 

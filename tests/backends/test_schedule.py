@@ -1,0 +1,72 @@
+"""The generic CPU schedule's row reductions: lanes split each row (rfactor), and the results equal onnxruntime."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tessel.backends.cpu import schedule as cpu_schedule
+from tessel.backends.tvm_env import tvm
+from tessel.compiler.api import compile
+from tests.conftest import run_onnxruntime
+from tests.ir.helpers import model
+
+ROWS = 5
+
+
+def _reduce_model(op: str, cols: int, axis: int) -> onnx.ModelProto:
+    shape = [ROWS, 3, cols]
+    if op in ("Softmax", "LogSoftmax"):
+        node = helper.make_node(op, ["x"], ["y"], axis=axis)
+        out_shape = shape
+        initializers = []
+    else:
+        node = helper.make_node(op, ["x", "axes"], ["y"], keepdims=1)
+        out_shape = [1 if k == axis % 3 else d for k, d in enumerate(shape)]
+        initializers = [("axes", np.array([axis], np.int64))]
+    return model([node], [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, out_shape)], initializers)
+
+
+# Row lengths: no lane count divides 6625 or 1001 (a partial last vector), 16 divides 1024; 64 is the shortest row
+# that takes the lanes. axis 1 is not a row (its elements are `cols` apart): the old schedule serves it.
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMax", "ReduceMin", "ReduceMean", "ReduceLogSumExp", "Softmax",
+                                "LogSoftmax"])
+@pytest.mark.parametrize("cols,axis", [(6625, -1), (1001, -1), (1024, -1), (64, -1), (1001, 1)])
+def test_row_reductions_equal_onnxruntime(op, cols, axis, tmp_path, kernel_cache):
+    path = tmp_path / "reduce.onnx"
+    onnx.save(_reduce_model(op, cols, axis), path)
+    x = np.random.default_rng(cols).standard_normal((ROWS, 3, cols)).astype(np.float32) * 4
+    x[1, 2, cols // 2] = 30.0  # one large value: the max and the softmax see it from inside a lane
+    artifact = compile(str(path), cache_dir=kernel_cache)
+    got = artifact.executor().run({"x": x})["y"]
+    # Sums that cancel keep the rounding of their order (lanes here, onnxruntime's own there): held to the terms'
+    # magnitude.
+    atol = 1e-6 * float(np.abs(x).sum(axis).max()) if op == "ReduceSum" else 1e-6
+    np.testing.assert_allclose(got, run_onnxruntime(str(path), {"x": x})[0], rtol=2e-5, atol=atol)
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceSum"])
+def test_a_nan_anywhere_in_a_row_reaches_its_result(op, tmp_path, kernel_cache):
+    path = tmp_path / "reduce.onnx"
+    onnx.save(_reduce_model(op, 1001, -1), path)
+    x = np.ones((ROWS, 3, 1001), np.float32)
+    x[0, 0, 5], x[2, 1, 1000] = np.nan, np.nan  # one in a whole vector, one in the partial last vector
+    got = compile(str(path), cache_dir=kernel_cache).executor().run({"x": x})["y"]
+    assert np.isnan(got[0, 0, 0]) and np.isnan(got[2, 1, 0])
+    assert np.isfinite(np.delete(got.reshape(-1), [0, 2 * 3 + 1])).all()
+
+
+def _scheduled_script(cols: int, axis: int) -> str:
+    mod = tvm()
+    x = mod.te.placeholder((ROWS, cols), "float32", name="x")
+    func = mod.te.create_prim_func([x, mod.topi.sum(x, axis, True)])
+    return cpu_schedule.schedule(func).script()
+
+
+def test_a_row_sum_accumulates_in_vector_lanes_and_a_column_sum_does_not():
+    row = _scheduled_script(6625, 1)
+    assert f"x_red_rf = T.sblock_alloc_buffer(({ROWS}, 1, {cpu_schedule.REDUCTION_LANES}))" in row
+    assert f"T.grid({6625 // cpu_schedule.REDUCTION_LANES}, {cpu_schedule.REDUCTION_LANES})" in row  # no tail in it
+    assert "_rf" not in _scheduled_script(6625, 0)
+    assert "_rf" not in _scheduled_script(cpu_schedule.ROW_REDUCTION_MIN - 1, 1)
