@@ -152,6 +152,8 @@ def _schedule_spatial(sch, block) -> None:
             try_step(lambda: sch.vectorize(inner))
         if work >= MIN_PARALLEL_WORK:
             try_step(lambda: sch.parallel(sch.fuse(*loops[:-1])))
+        if last_lanes is None and extents[-1] >= 2 * VECTOR_LANES[0]:
+            try_step(lambda: _vectorize_whole_vectors(sch, loops[-1], extents[-1]))
         return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     lanes = _lanes_for(work)
@@ -162,6 +164,19 @@ def _schedule_spatial(sch, block) -> None:
             try_step(lambda: sch.parallel(outer))
     elif work >= MIN_PARALLEL_WORK:
         try_step(lambda: sch.parallel(fused))
+
+
+def _vectorize_whole_vectors(sch, loop, extent: int) -> None:
+    """Vectorize a row no lane count divides: its whole vectors run apart from the last few elements.
+
+    LLVM would vectorize the plain loop only where it can prove the buffers apart, which it cannot for
+    two buffers the kernel allocates itself (a fused producer's result read by the next stage).
+    """
+    lanes = VECTOR_LANES[0]
+    whole, _ = sch.loop_partition(loop, [extent - extent % lanes, None])
+    for child in sch.get_child_blocks(whole):
+        _, vector = sch.split(sch.get_loops(child)[-1], [None, lanes])
+        sch.vectorize(vector)
 
 
 def _schedule_flat(sch, loops, work: int) -> None:

@@ -70,3 +70,23 @@ def test_a_row_sum_accumulates_in_vector_lanes_and_a_column_sum_does_not():
     assert f"T.grid({6625 // cpu_schedule.REDUCTION_LANES}, {cpu_schedule.REDUCTION_LANES})" in row  # no tail in it
     assert "_rf" not in _scheduled_script(6625, 0)
     assert "_rf" not in _scheduled_script(cpu_schedule.ROW_REDUCTION_MIN - 1, 1)
+
+
+def test_a_fused_bias_and_softmax_over_an_odd_row_equals_onnxruntime(tmp_path, kernel_cache):
+    cols = 1001
+    nodes = [helper.make_node("Add", ["x", "bias"], ["s"]), helper.make_node("Softmax", ["s"], ["y"], axis=-1)]
+    rng = np.random.default_rng(3)
+    path = tmp_path / "bias_softmax.onnx"
+    onnx.save(model(nodes, [("x", TensorProto.FLOAT, [1, 40, cols])], [("y", TensorProto.FLOAT, [1, 40, cols])],
+                    [("bias", rng.standard_normal(cols).astype(np.float32))]), path)
+    x = rng.standard_normal((1, 40, cols)).astype(np.float32) * 4
+    got = compile(str(path), cache_dir=kernel_cache).executor().run({"x": x})["y"]
+    np.testing.assert_allclose(got, run_onnxruntime(str(path), {"x": x})[0], rtol=2e-5, atol=1e-6)
+
+
+def test_an_elementwise_row_no_lane_count_divides_runs_whole_vectors_then_its_tail():
+    mod = tvm()
+    x = mod.te.placeholder((ROWS, 1001), "float32", name="x")
+    b = mod.te.placeholder((1001,), "float32", name="b")
+    script = cpu_schedule.schedule(mod.te.create_prim_func([x, b, mod.topi.add(x, b)])).script()
+    assert "in T.vectorized(16)" in script and "range(992, 1001)" in script  # 62 vectors of 16, then 9
