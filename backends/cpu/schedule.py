@@ -209,7 +209,8 @@ def _schedule_reduction(sch, block) -> None:
     work = 1
     for loop in loops:
         work *= _extent(sch, loop)
-    if try_step(lambda: sch.reorder(*spatial, *reduce)) and _reads_rows(sch, reduce[-1]):
+    if (try_step(lambda: sch.reorder(*spatial, *reduce)) and _reads_rows(sch, reduce[-1])
+            and _rfactor_applies(sch, block)):
         # Rows reduced along their contiguous last axis: vector lanes split each row, not across rows.
         try_step(lambda: _parallel(sch, spatial, work))
         try_step(lambda: _vectorize_row_reduction(sch, block, reduce[-1]))
@@ -275,6 +276,16 @@ def _reads_rows(sch, loop) -> bool:
         return False
     used = [[_uses(r.min, var) for r in region.region] for region in block.reads]
     return any(axes[-1] for axes in used) and not any(any(axes[:-1]) for axes in used)
+
+
+def _rfactor_applies(sch, block) -> bool:
+    """Whether TVM can rfactor the block's innermost loop, tried on a copy: rfactor knows only the reducers in
+    its registry (sum, product, min, max, ...), not a NaN-keeping select, and a failed try would leave the loop
+    split with a predicate in it."""
+    trial = s_tir.Schedule(sch.mod)
+    copy = trial.get_sblock(sch.get(block).name_hint)
+    _, lane = trial.split(trial.get_loops(copy)[-1], [None, REDUCTION_LANES])
+    return try_step(lambda: trial.rfactor(lane, len(trial.get(copy).writes[0].region)))
 
 
 def _vectorize_row_reduction(sch, block, loop) -> None:

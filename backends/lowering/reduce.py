@@ -44,8 +44,14 @@ def highest(dtype):
     return tir.const(float("inf"), dtype) if str(dtype).startswith("float") else tir.max_value(dtype)
 
 
-NAN_MAX = te.comm_reducer(_nan_keeping(lambda a, b: a > b), lowest, name="nan_max")
-NAN_MIN = te.comm_reducer(_nan_keeping(lambda a, b: a < b), highest, name="nan_min")
+_NAN_MAX_COMBINE = _nan_keeping(lambda a, b: a > b)
+_NAN_MIN_COMBINE = _nan_keeping(lambda a, b: a < b)
+NAN_MAX = te.comm_reducer(_NAN_MAX_COMBINE, lowest, name="nan_max")
+NAN_MIN = te.comm_reducer(_NAN_MIN_COMBINE, highest, name="nan_min")
+_COMBINES = {NAN_MAX: _NAN_MAX_COMBINE, NAN_MIN: _NAN_MIN_COMBINE}
+# A last axis at least this long reduces in LANES interleaved partial results (a vector of them), then across them.
+LANE_SPLIT_MIN = 64
+LANES = 16
 _BF16 = {
     NAN_MAX: te.comm_reducer(_self_unequal_keeping(lambda a, b: a > b), lowest, name="nan_max_bf16"),
     NAN_MIN: te.comm_reducer(_self_unequal_keeping(lambda a, b: a < b), highest, name="nan_min_bf16"),
@@ -60,6 +66,8 @@ def nan_reduce(reducer, x, axes: list[int] | None, keep: bool):
         reducer = _BF16[reducer]
     rank = len(x.shape)
     axes = list(range(rank)) if axes is None else axes
+    if reducer in _COMBINES and axes == [rank - 1] and int(x.shape[-1]) >= LANE_SPLIT_MIN:
+        return _lane_split_last(reducer, x, keep)
     reduce_axes = {a: te.reduce_axis((0, x.shape[a]), name=f"r{a}") for a in axes}
     kept = [d for d in range(rank) if d not in reduce_axes]
 
@@ -70,6 +78,28 @@ def nan_reduce(reducer, x, axes: list[int] | None, keep: bool):
 
     shape = [1 if d in reduce_axes else x.shape[d] for d in range(rank)] if keep else [x.shape[d] for d in kept]
     return te.compute(shape, body, name="nan_reduce")
+
+
+def _lane_split_last(reducer, x, keep: bool):
+    """`reducer` over the last axis as LANES partial results, element j of a row going to partial j % LANES, then
+    across the partials and the row's last few elements. Schedules vectorize the partials over their lane
+    axis; TVM's rfactor, which would split the lanes off in a schedule, does not know a NaN-keeping select."""
+    lead = [int(d) for d in x.shape[:-1]]
+    length = int(x.shape[-1])
+    whole, rest = divmod(length, LANES)
+    c = te.reduce_axis((0, whole), name="rc")
+    partial = te.compute(lead + [LANES], lambda *i: reducer(x[i[:-1] + (c * LANES + i[-1],)], axis=c),
+                         name="nan_reduce_lanes")
+    lane = te.reduce_axis((0, LANES), name="rl")
+    rows = te.compute(lead, lambda *i: reducer(partial[i + (lane,)], axis=lane), name="nan_reduce_rows")
+    if rest:
+        t = te.reduce_axis((0, rest), name="rt")
+        tail = te.compute(lead, lambda *i: reducer(x[i + (whole * LANES + t,)], axis=t), name="nan_reduce_tail")
+        combine = _COMBINES[reducer]
+        rows = te.compute(lead, lambda *i: combine(rows[i], tail[i]), name="nan_reduce_join")
+    if not keep:
+        return rows
+    return te.compute(lead + [1], lambda *i: rows[i[:-1]], name="nan_reduce")
 
 
 def _reduce(combine):
