@@ -92,7 +92,7 @@ def run_ps(settings: RunSettings, run_dir: Path, data: Dataset, val: Dataset | N
     settings.save(run_dir)
     result = run_job(run_dir / PS_DIR)
     mode, staleness = job.mode, job.staleness
-    state = {**result.parameters, **result.statistics}
+    state = result.model
     seconds = max(report["seconds"] for report in result.reports)
     pushed = float(np.mean([report["bytes_pushed"] for report in result.reports])) / steps
     pulled = float(np.mean([report["bytes_pulled"] for report in result.reports])) / steps

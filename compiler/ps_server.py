@@ -4,7 +4,8 @@ The server answers messages in arrival order (runtime/ps_job.py), read from an i
 wire (runtime/ps_wire.py), in a process of its own or as a thread of a worker's (colocated). Consistency models:
 - sync (BSP): the gradients of one clock from every worker are averaged, then applied as one update; a pull
   at clock c waits until c updates are applied, so every worker computes step c on the same weights (the
-  result of data-parallel all-reduce training).
+  result of data-parallel all-reduce training). The gradients are added in rank order whatever order they
+  arrive in (`RankOrderSum`), so a sync run's result does not depend on which worker's push came first.
 - async (Downpour): every push is applied as it arrives, every pull answered at once.
 - ssp (stale synchronous parallel, staleness s): pushes applied as they arrive; a pull at clock c waits until
   the slowest worker has pushed c - s gradients, so no worker runs more than s steps ahead of the slowest.
@@ -22,6 +23,38 @@ from tessel.runtime.ps_job import DONE, PULL, PUSH, WEIGHTS, PSJob, flatten, unf
 from tessel.runtime.ps_wire import Wire
 
 from .ps_checkpoint import partial_dir, read_shard, write_shard
+
+
+class RankOrderSum:
+    """The mean of one clock's encoded gradients from `workers` workers, added in rank order (worker 0's first)
+    whatever order they arrive in: float addition is not associative, so a sum in arrival order would make a
+    synchronous run's weights depend on the processes' timing. A push is decoded as soon as every lower rank's
+    is in; until then it is held."""
+
+    def __init__(self, codec, size: int, workers: int):
+        self.codec, self.workers = codec, workers
+        self.total = np.zeros(size, np.float32)
+        self.held: dict[int, np.ndarray] = {}  # pushes waiting for a lower rank's
+        self.added = 0                          # workers 0 .. added-1 are in the sum
+
+    def add(self, worker: int, message: np.ndarray) -> np.ndarray | None:
+        """Take `worker`'s message; the mean of the clock's gradients once every worker's is in (valid until the
+        next `add`), else None."""
+        if worker < self.added or worker in self.held:
+            raise ValueError(f"worker {worker} pushed twice in one synchronous clock")
+        self.held[worker] = message
+        while self.added in self.held:
+            self.codec.decode_add(self.held.pop(self.added), self.total)
+            self.added += 1
+        if self.added < self.workers:
+            return None
+        self.total /= np.float32(self.workers)
+        self.added = 0
+        return self.total
+
+    def clear(self) -> None:
+        """Start the next clock's sum (after the mean `add` returned has been used)."""
+        self.total[:] = 0
 
 
 class Server:
@@ -43,8 +76,7 @@ class Server:
         self.updates = 0
         self.waiting: list[tuple[int, int]] = []  # pulls not answered yet: (worker, clock)
         self.saved = job.start                     # the newest checkpoint clock written
-        self.pending = np.zeros(self.size, np.float32)  # sync: the sum of this clock's gradients so far
-        self.pushed = 0                                  # sync: how many of them
+        self.pending = RankOrderSum(self.codec, self.size, job.workers)  # sync: this clock's gradients so far
         self.weights = self._weights()
         # Compressed pulls send each worker the change since the weights it holds, which the server tracks.
         self.views = [self.weights.copy() for _ in range(job.workers)] if job.pull_codec != "none" else None
@@ -95,13 +127,10 @@ class Server:
         if self.job.mode != "sync":
             self._apply(self.codec.decode(message, self.size))
             return
-        self.codec.decode_add(message, self.pending)
-        self.pushed += 1
-        if self.pushed == self.job.workers:
-            self.pending /= np.float32(self.job.workers)
-            self._apply(self.pending)
-            self.pending[:] = 0
-            self.pushed = 0
+        mean = self.pending.add(worker, message)
+        if mean is not None:
+            self._apply(mean)
+            self.pending.clear()
 
     def _apply(self, gradient: np.ndarray) -> None:
         """One optimizer update of the shard."""

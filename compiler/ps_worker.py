@@ -140,6 +140,11 @@ class Worker:
             if not self.wire.is_local(shard):
                 self.bytes_pushed += HEADER_BYTES + message.size
 
+    def parameters(self) -> dict[str, np.ndarray]:
+        """The weights this worker holds, by parameter name."""
+        return {name: array for shard, names in enumerate(self.job.shards)
+                for name, array in unflatten(self.weights[shard], names, self.job.shapes).items()}
+
     def statistics(self) -> dict[str, np.ndarray]:
         """The worker's state other than the parameters: its BatchNormalization running statistics."""
         parameters = set(self.job.parameters)

@@ -14,9 +14,12 @@ import pytest
 
 import tessel
 from bench.training_models import SPECS, export
+from tessel.compiler.ps_checkpoint import read_shard
 from tessel.compiler.ps_launch import PSFailure, run_job
 from tessel.compiler.ps_training import prepare_job
-from tessel.compiler.train_checkpoints import mid_epoch_steps
+from tessel.compiler.train_checkpoints import mid_epoch_steps, step_checkpoint_dir
+from tessel.runtime.ps_compression import make_codec
+from tessel.runtime.ps_job import flatten, unflatten
 from tests.compiler.train_fixtures import assert_resume_refused
 
 STEPS, BATCH = 8, 16
@@ -52,11 +55,28 @@ def test_a_compressed_or_ssp_job_resumes_from_its_newest_checkpoint(compiled, tm
     for before, after in zip(stopped.reports, resumed.reports):
         assert len(after["losses"]) == STEPS
         np.testing.assert_array_equal(after["losses"][:6], before["losses"])
-    if job.mode == "sync":  # two workers: the averaged gradients do not depend on the order pushes arrive in
+    if job.mode == "sync":  # deterministic: the servers add pushes in rank order
         for name, value in whole.parameters.items():
             np.testing.assert_array_equal(resumed.parameters[name], value, err_msg=name)
         for name, value in whole.slots.items():
             np.testing.assert_array_equal(resumed.slots[name], value, err_msg=name)
+        for name, value in whole.model.items():
+            np.testing.assert_array_equal(resumed.model[name], value, err_msg=name)
+    # The model: with compressed pulls the weights worker 0 holds, not the servers'. The final checkpoint has the
+    # servers' weights and worker 0's view before the final pull, which moves the view by the decoded change.
+    held = {}
+    for shard, names in enumerate(job.shards):
+        state, views, _ = read_shard(step_checkpoint_dir(tmp_path / "whole", STEPS), shard, job.workers)
+        view = views[0] if views is not None else flatten(state, names)
+        if views is not None:
+            codec = make_codec(job.pull_codec, job.segments(shard), job.topk_ratio)
+            codec.decode_add(codec.compress(flatten(state, names) - view), view)
+        held.update(unflatten(view, names, job.shapes))
+    expected = held if job.compression != "none" else whole.parameters
+    for name in job.parameters:
+        np.testing.assert_array_equal(whole.model[name], expected[name], err_msg=name)
+    if job.compression != "none":
+        assert any(not np.array_equal(whole.parameters[name], held[name]) for name in job.parameters)
 
 
 @pytest.mark.slow

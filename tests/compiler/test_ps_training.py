@@ -14,10 +14,12 @@ import pytest
 import tessel
 from bench.training_models import SPECS, export
 from tessel.compiler.options import CompileError
+from tessel.compiler.ps_server import Server
 from tessel.compiler.ps_training import build_server_graph, prepare_job, shard_parameters
 from tessel.compiler.train_checkpoints import mid_epoch_steps
 from tessel.compiler.train_data import Dataset
-from tessel.runtime.ps_job import PSJob
+from tessel.runtime.ps_compression import ErrorFeedback, make_codec
+from tessel.runtime.ps_job import DONE, PUSH, PSJob
 from tessel.compiler.ps_launch import PSFailure, run_job
 from tests.compiler.train_fixtures import assert_resume_refused
 
@@ -156,6 +158,31 @@ def _child(name: str):
             return found[0]
         time.sleep(0.05)
     raise AssertionError(f"no process {name!r} started")
+
+@pytest.mark.parametrize("compression", ["none", "1bit"])
+def test_a_synchronous_server_ends_with_the_same_weights_whatever_order_pushes_arrive_in(mlp_job, compression):
+    # 4 workers (the server program does not depend on their number): two floats add up the same in either order.
+    directory, job = mlp_job[3], replace(mlp_job[4], compression=compression, workers=4)
+    size = sum(job.sizes(0))
+    rng = np.random.default_rng(0)
+    # Gradients of very different magnitudes per worker, so that float32 sums in arrival order would differ.
+    scales = 10.0 ** np.array([4, -3, -4, -3])  # the small ones near half a unit in the last place of the big
+    gradients = [[(rng.standard_normal(size) * scale).astype(np.float32) for scale in scales] for _ in range(4)]
+    encoders = [ErrorFeedback(make_codec(compression, job.segments(0)), size) for _ in range(job.workers)]
+    pushes = [[(w, PUSH, clock, encoders[w].encode(g)) for w, g in enumerate(clock_gradients)]
+              for clock, clock_gradients in enumerate(gradients)]
+    decoded = [encoders[0].codec.decode(message, size) for *_, message in pushes[0]]
+    assert not np.array_equal(sum(decoded, np.zeros(size, np.float32)), sum(decoded[::-1], np.zeros(size, np.float32)))
+    states = []
+    for reverse in (False, True):
+        inbox = [message for clock in pushes for message in (clock[::-1] if reverse else clock)]
+        inbox += [(w, DONE, 0, None) for w in range(job.workers)]
+        server = Server(job, directory, 0, wire=None)  # answers no pull: needs no wire
+        server.serve(type("Inbox", (), {"get": lambda self: inbox.pop(0)})())
+        assert server.updates == len(gradients)
+        states.append(server.state())
+    for name, value in states[0].items():
+        np.testing.assert_array_equal(states[1][name], value, err_msg=name)
 
 
 @pytest.mark.slow
