@@ -1,8 +1,15 @@
 """Seconds of each kernel a multi-worker step artifact calls, for predicting its step time
-(compiler/step_timeline.py): measured on this machine where the profile database has it (runtime/profile_db.py),
-else timed now in a fresh process (`python -m tessel.compiler.step_kernels`: TVM fixes its thread pool when first
-imported, and each worker runs its kernels on its share of the cores), else a FLOP/byte roofline estimate of the
-node that calls it (the artifact's graph.json), marked estimated.
+(compiler/step_timeline.py), measured on this machine where possible and kept in the profile database
+(runtime/profile_db.py).
+
+A kernel's time is first its time inside the step: every worker's program run, transfers and collectives left out,
+with each kernel call timed where the program makes it, on the step's own buffers (runtime/executor.py
+`kernel_site_seconds`). A kernel timed on its own, call after call, finds its data in the caches; in the step the
+kernels before it have evicted them, and the step's forward and backward take longer than those times add up to
+(ResNet-18 at batch 32 on one core: 16% longer). Where the step could not be timed: the kernel's time on its own,
+else a FLOP/byte roofline estimate of the node that calls it (the artifact's graph.json), marked estimated.
+Both timings run in a fresh process (`python -m tessel.compiler.step_kernels`: TVM fixes its thread pool when first
+imported, and each worker runs its kernels on its share of the cores).
 """
 from __future__ import annotations
 
@@ -16,14 +23,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
+import numpy as np
+
 from tessel import IMPORT_ROOT
 from tessel.ir.costs import bytes_moved, flops
-from tessel.ir.types import TensorType
+from tessel.ir.types import TensorType, numpy_dtype
+from tessel.runtime.instructions import KernelCall, program_from_json
 from tessel.runtime.profile_db import ESTIMATE_BYTES_PER_S, ESTIMATE_FLOPS_PER_S, ProfileDB
 
 _log = logging.getLogger("tessel.compile")
 
 TIMING_RUNS = 7
+# Timed runs of a whole step program (after one untimed): a step takes up to seconds, and its kernels' times vary
+# less between runs than a lone kernel's.
+STEP_RUNS = 3
 
 
 @dataclass(frozen=True)
@@ -37,18 +50,25 @@ class KernelTime:
 def kernel_times(directory: Path, plan: Mapping, calls: Iterable[tuple[str, str]], threads: int,
                  measure: bool = True) -> dict[str, KernelTime]:
     """Each kernel of `calls` ((kernel key, calling node) pairs of the artifact in `directory` with `plan`) by key:
-    the profile database's time with `threads` threads, timed now when missing and `measure`, else estimated."""
+    the profile database's time with `threads` threads inside the step, else on its own (each timed now when
+    missing and `measure`), else estimated."""
     calls = dict((kernel, node) for kernel, node in calls)
     db = ProfileDB()
-    missing = [k for k in calls if db.get(k, threads) is None]
+    if measure and any(db.get(k, threads, in_step=True) is None for k in _always_called(plan) & calls.keys()):
+        timed = _time_in_fresh_process(directory, plan, [], threads)
+        if timed:
+            db.put({ProfileDB.key(kernel, threads, in_step=True): ms for kernel, ms in timed.items()})
+    missing = [k for k in calls if db.get(k, threads, in_step=True) is None and db.get(k, threads) is None]
     if missing and measure:
-        measured = _time_in_fresh_process(directory, plan, missing, threads)
-        if measured:
-            db.put({ProfileDB.key(kernel, threads): ms for kernel, ms in measured.items()})
-    estimates = _node_estimates(directory) if any(db.get(k, threads) is None for k in calls) else {}
+        timed = _time_in_fresh_process(directory, plan, missing, threads)
+        if timed:
+            db.put({ProfileDB.key(kernel, threads): ms for kernel, ms in timed.items()})
+    measured = {k: db.get(k, threads, in_step=True) for k in calls}
+    measured = {k: db.get(k, threads) if ms is None else ms for k, ms in measured.items()}
+    estimates = _node_estimates(directory) if None in measured.values() else {}
     times = {}
     for kernel, node in calls.items():
-        ms = db.get(kernel, threads)
+        ms = measured[kernel]
         if ms is not None:
             times[kernel] = KernelTime(ms / 1e3, True)
         else:
@@ -56,13 +76,29 @@ def kernel_times(directory: Path, plan: Mapping, calls: Iterable[tuple[str, str]
     return times
 
 
+def _always_called(plan: Mapping) -> set[str]:
+    """The kernels every run of the step's programs calls, which timing the step gives times of."""
+    return set().union(*(_called(worker) for worker in plan["workers"]))
+
+
+def _called(worker: Mapping) -> set[str]:
+    """The kernels every run of a worker's program calls: its top-level kernel calls' (a call in pieces calls its
+    pieces' kernels)."""
+    return {key for call in program_from_json(worker["instructions"])
+            if isinstance(call, KernelCall) and not call.runs_at_load
+            for key in ([piece.kernel for piece in call.pieces] if call.pieces else [call.kernel])}
+
+
 def _time_in_fresh_process(directory: Path, plan: Mapping, kernels: list[str], threads: int) -> dict[str, float]:
-    """Median milliseconds of `kernels`, timed by this module's `main` with `threads` TVM threads; {} (with a note)
-    when that process fails."""
+    """Median milliseconds of `kernels` each timed on its own, or with no `kernels` every kernel the step's
+    programs call timed inside them, by this module's `main` with `threads` TVM threads; {} (with a note) when
+    that process fails."""
     with tempfile.TemporaryDirectory(prefix="tessel-kernels-") as scratch:
         request, out = Path(scratch) / "kernels.json", Path(scratch) / "times.json"
-        request.write_text(json.dumps({k: {"file": str(Path(directory) / plan["kernels"][k]["file"]),
-                                           "signature": plan["kernels"][k]["signature"]} for k in kernels}))
+        request.write_text(json.dumps({"step": str(directory)} if not kernels else
+                                      {"kernels": {k: {"file": str(Path(directory) / plan["kernels"][k]["file"]),
+                                                       "signature": plan["kernels"][k]["signature"]}
+                                                   for k in kernels}}))
         done = subprocess.run([sys.executable, "-m", "tessel.compiler.step_kernels", str(request), str(out),
                                "--threads", str(threads)], capture_output=True, text=True, cwd=IMPORT_ROOT)
         if done.returncode != 0:
@@ -89,8 +125,39 @@ def _signature_estimate(kernel: Mapping) -> float:
     return sum(TensorType.parse(t).nbytes for t in kernel["signature"]) / ESTIMATE_BYTES_PER_S
 
 
+def step_kernel_ms(directory: Path, runs: int = STEP_RUNS) -> dict[str, float]:
+    """Milliseconds per call of every kernel the step artifact in `directory` calls, timed inside its workers'
+    programs (the mean over a kernel's call sites of each site's median over `runs` runs): each worker's program
+    whose kernels no earlier one had, its inputs and the values other workers would send it filled with data of
+    their types (random floats, zero integers: valid indices and labels)."""
+    from tessel.runtime.executor import Executor
+
+    plan = json.loads((Path(directory) / "plan.json").read_text())
+    rng = np.random.default_rng(0)
+    sites: dict[str, list[float]] = {}
+    for worker, program in enumerate(plan["workers"]):
+        if _called(program) <= sites.keys():
+            continue  # a data-parallel replica calls the kernels of the one before
+        executor = Executor(directory, worker=worker, kernels_only=True)
+        names = list(executor.input_types) + executor.received_values()
+        values = {name: _filler(TensorType.parse(program["values"][name]), rng) for name in names}
+        for kernel, seconds in executor.kernel_site_seconds(values, runs):
+            sites.setdefault(kernel, []).append(seconds)
+        del executor  # its arena before the next worker's
+    return {kernel: 1e3 * float(np.mean(seconds)) for kernel, seconds in sites.items()}
+
+
+def _filler(t: TensorType, rng: np.random.Generator) -> np.ndarray:
+    """Data of type `t` to time kernels on: standard normal floats (no denormals, no NaN), else zeros."""
+    dtype = np.dtype(numpy_dtype(t.dtype))
+    if np.issubdtype(dtype, np.floating):
+        return rng.standard_normal(t.shape).astype(dtype)
+    return np.zeros(t.shape, dtype)
+
+
 def main(argv=None) -> int:
-    """Time the kernels a JSON file lists ({key: {file, signature}}) and write key → median milliseconds."""
+    """Time the kernels a JSON file lists ({"kernels": {key: {file, signature}}}), or those of a step ({"step":
+    directory}), and write key → median milliseconds."""
     parser = argparse.ArgumentParser(prog="python -m tessel.compiler.step_kernels", description=main.__doc__)
     parser.add_argument("request")
     parser.add_argument("out")
@@ -100,8 +167,12 @@ def main(argv=None) -> int:
     from tessel.runtime.profile import time_library
 
     set_threads(args.threads)
+    request = json.loads(Path(args.request).read_text())
+    if "step" in request:
+        Path(args.out).write_text(json.dumps(step_kernel_ms(Path(request["step"]))))
+        return 0
     times = {}
-    for key, kernel in json.loads(Path(args.request).read_text()).items():
+    for key, kernel in request["kernels"].items():
         types = [TensorType.parse(t) for t in kernel["signature"]]
         ms = time_library(Path(kernel["file"]), types, TIMING_RUNS)
         if ms is not None:
