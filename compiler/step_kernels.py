@@ -4,11 +4,11 @@
 
 A kernel's time is first its time inside the step: every worker's program run, transfers and collectives left out,
 with each kernel call timed where the program makes it, on the step's own buffers (runtime/executor.py
-`kernel_site_seconds`). A kernel timed on its own, call after call, finds its data in the caches; in the step the
-kernels before it have evicted them, and the step's forward and backward take longer than those times add up to
-(ResNet-18 at batch 32 on one core: 16% longer). Where the step could not be timed: the kernel's time on its own,
+`kernel_site_seconds`), the workers' programs all at once as in a step. A kernel timed on its own, call after call,
+finds its data in the caches; in the step the kernels before it have evicted them, and the step's forward and
+backward take longer than those times add up to. Where the step could not be timed: the kernel's time on its own,
 else a FLOP/byte roofline estimate of the node that calls it (the artifact's graph.json), marked estimated.
-Both timings run in a fresh process (`python -m tessel.compiler.step_kernels`: TVM fixes its thread pool when first
+Timings run in fresh processes (`python -m tessel.compiler.step_kernels`: TVM fixes its thread pool when first
 imported, and each worker runs its kernels on its share of the cores).
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ import logging
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -37,6 +38,8 @@ TIMING_RUNS = 7
 # Timed runs of a whole step program (after one untimed): a step takes up to seconds, and its kernels' times vary
 # less between runs than a lone kernel's.
 STEP_RUNS = 3
+# How long a worker timing its program waits for the others to load before it starts alone.
+BARRIER_TIMEOUT_S = 600
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ def kernel_times(directory: Path, plan: Mapping, calls: Iterable[tuple[str, str]
     calls = dict((kernel, node) for kernel, node in calls)
     db = ProfileDB()
     if measure and any(db.get(k, threads, in_step=True) is None for k in _always_called(plan) & calls.keys()):
-        timed = _time_in_fresh_process(directory, plan, [], threads)
+        timed = time_step(directory, plan, threads)
         if timed:
             db.put({ProfileDB.key(kernel, threads, in_step=True): ms for kernel, ms in timed.items()})
     missing = [k for k in calls if db.get(k, threads, in_step=True) is None and db.get(k, threads) is None]
@@ -77,35 +80,67 @@ def kernel_times(directory: Path, plan: Mapping, calls: Iterable[tuple[str, str]
 
 
 def _always_called(plan: Mapping) -> set[str]:
-    """The kernels every run of the step's programs calls, which timing the step gives times of."""
-    return set().union(*(_called(worker) for worker in plan["workers"]))
-
-
-def _called(worker: Mapping) -> set[str]:
-    """The kernels every run of a worker's program calls: its top-level kernel calls' (a call in pieces calls its
-    pieces' kernels)."""
-    return {key for call in program_from_json(worker["instructions"])
+    """The kernels every run of the step's programs calls, which timing the step gives times of: their top-level
+    kernel calls' (a call in pieces calls its pieces' kernels)."""
+    return {key for worker in plan["workers"] for call in program_from_json(worker["instructions"])
             if isinstance(call, KernelCall) and not call.runs_at_load
             for key in ([piece.kernel for piece in call.pieces] if call.pieces else [call.kernel])}
 
 
 def _time_in_fresh_process(directory: Path, plan: Mapping, kernels: list[str], threads: int) -> dict[str, float]:
-    """Median milliseconds of `kernels` each timed on its own, or with no `kernels` every kernel the step's
-    programs call timed inside them, by this module's `main` with `threads` TVM threads; {} (with a note) when
-    that process fails."""
+    """Median milliseconds of `kernels` each timed on its own, by this module's `main` with `threads` TVM threads;
+    {} (with a note) when that process fails."""
     with tempfile.TemporaryDirectory(prefix="tessel-kernels-") as scratch:
         request, out = Path(scratch) / "kernels.json", Path(scratch) / "times.json"
-        request.write_text(json.dumps({"step": str(directory)} if not kernels else
-                                      {"kernels": {k: {"file": str(Path(directory) / plan["kernels"][k]["file"]),
+        request.write_text(json.dumps({"kernels": {k: {"file": str(Path(directory) / plan["kernels"][k]["file"]),
                                                        "signature": plan["kernels"][k]["signature"]}
                                                    for k in kernels}}))
-        done = subprocess.run([sys.executable, "-m", "tessel.compiler.step_kernels", str(request), str(out),
-                               "--threads", str(threads)], capture_output=True, text=True, cwd=IMPORT_ROOT)
+        done = _run_main(request, out, threads)
         if done.returncode != 0:
-            _log.info("note: kernels not timed (status %d), their times are estimates: %s", done.returncode,
-                      done.stderr.strip().splitlines()[-1:] or "")
+            _note(done)
             return {}
         return json.loads(out.read_text())
+
+
+def time_step(directory: Path, plan: Mapping, threads: int, runs: int = STEP_RUNS) -> dict[str, float]:
+    """Milliseconds per call of every kernel the step's programs call, timed inside them: each worker's program in
+    a fresh process of its own with `threads` TVM threads, all at once (as the workers share the machine's caches
+    and memory in a step), from when all have loaded (`worker_kernel_sites`); a kernel's time is the mean over its
+    call sites in every worker. {} (with a note) when a process fails."""
+    with tempfile.TemporaryDirectory(prefix="tessel-step-") as scratch:
+        barrier, workers = Path(scratch), len(plan["workers"])
+        runs_out = []
+        for worker in range(workers):
+            request, out = barrier / f"request{worker}.json", barrier / f"sites{worker}.json"
+            request.write_text(json.dumps({"step": str(directory), "worker": worker, "runs": runs,
+                                           "barrier": str(barrier), "workers": workers}))
+            runs_out.append((_start_main(request, out, threads), out))
+        sites: dict[str, list[float]] = {}
+        for process, out in runs_out:
+            _, stderr = process.communicate()
+            if process.returncode != 0:
+                _note(subprocess.CompletedProcess(process.args, process.returncode, "", stderr))
+                return {}
+            for kernel, ms in json.loads(out.read_text()):
+                sites.setdefault(kernel, []).append(ms)
+    return {kernel: float(np.mean(ms)) for kernel, ms in sites.items()}
+
+
+def _start_main(request: Path, out: Path, threads: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tessel.compiler.step_kernels", str(request), str(out),
+                             "--threads", str(threads)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, cwd=IMPORT_ROOT)
+
+
+def _run_main(request: Path, out: Path, threads: int) -> subprocess.CompletedProcess:
+    process = _start_main(request, out, threads)
+    _, stderr = process.communicate()
+    return subprocess.CompletedProcess(process.args, process.returncode, "", stderr)
+
+
+def _note(done: subprocess.CompletedProcess) -> None:
+    _log.info("note: kernels not timed (status %d), their times are estimates: %s", done.returncode,
+              done.stderr.strip().splitlines()[-1:] or "")
 
 
 def _node_estimates(directory: Path) -> dict[str, float]:
@@ -125,26 +160,30 @@ def _signature_estimate(kernel: Mapping) -> float:
     return sum(TensorType.parse(t).nbytes for t in kernel["signature"]) / ESTIMATE_BYTES_PER_S
 
 
-def step_kernel_ms(directory: Path, runs: int = STEP_RUNS) -> dict[str, float]:
-    """Milliseconds per call of every kernel the step artifact in `directory` calls, timed inside its workers'
-    programs (the mean over a kernel's call sites of each site's median over `runs` runs): each worker's program
-    whose kernels no earlier one had, its inputs and the values other workers would send it filled with data of
-    their types (random floats, zero integers: valid indices and labels)."""
+def worker_kernel_sites(directory: Path, worker: int, runs: int = STEP_RUNS,
+                        barrier: tuple[Path, int] | None = None) -> list[tuple[str, float]]:
+    """(kernel key, milliseconds) of each kernel call of worker `worker`'s program of the step artifact in
+    `directory`, in program order, timed inside the program (runtime/executor.py `kernel_site_seconds`, the median
+    of `runs` runs): its inputs and the values other workers would send it filled with data of their types (random
+    floats, zero integers: valid indices and labels). With `barrier` (a directory, and how many workers time at
+    once) the runs start when every worker has loaded."""
     from tessel.runtime.executor import Executor
 
-    plan = json.loads((Path(directory) / "plan.json").read_text())
-    rng = np.random.default_rng(0)
-    sites: dict[str, list[float]] = {}
-    for worker, program in enumerate(plan["workers"]):
-        if _called(program) <= sites.keys():
-            continue  # a data-parallel replica calls the kernels of the one before
-        executor = Executor(directory, worker=worker, kernels_only=True)
-        names = list(executor.input_types) + executor.received_values()
-        values = {name: _filler(TensorType.parse(program["values"][name]), rng) for name in names}
-        for kernel, seconds in executor.kernel_site_seconds(values, runs):
-            sites.setdefault(kernel, []).append(seconds)
-        del executor  # its arena before the next worker's
-    return {kernel: 1e3 * float(np.mean(seconds)) for kernel, seconds in sites.items()}
+    executor = Executor(directory, worker=worker, kernels_only=True)
+    rng = np.random.default_rng(worker)
+    values = {name: _filler(TensorType.parse(executor.plan["values"][name]), rng)
+              for name in list(executor.input_types) + executor.received_values()}
+    if barrier is not None:
+        _wait_for_all(*barrier, worker)
+    return [(kernel, 1e3 * seconds) for kernel, seconds in executor.kernel_site_seconds(values, runs)]
+
+
+def _wait_for_all(directory: Path, workers: int, worker: int) -> None:
+    """Say this worker is ready in `directory`, then wait (at most BARRIER_TIMEOUT_S) until all `workers` are."""
+    (Path(directory) / f"ready{worker}").touch()
+    deadline = time.monotonic() + BARRIER_TIMEOUT_S
+    while time.monotonic() < deadline and sum(1 for _ in Path(directory).glob("ready*")) < workers:
+        time.sleep(0.01)
 
 
 def _filler(t: TensorType, rng: np.random.Generator) -> np.ndarray:
@@ -156,8 +195,9 @@ def _filler(t: TensorType, rng: np.random.Generator) -> np.ndarray:
 
 
 def main(argv=None) -> int:
-    """Time the kernels a JSON file lists ({"kernels": {key: {file, signature}}}), or those of a step ({"step":
-    directory}), and write key → median milliseconds."""
+    """Time the kernels a JSON file lists ({"kernels": {key: {file, signature}}}) and write key → median
+    milliseconds; or a step's worker ({"step": directory, "worker", "runs", "barrier", "workers"}) and write its
+    (kernel key, milliseconds) per call site."""
     parser = argparse.ArgumentParser(prog="python -m tessel.compiler.step_kernels", description=main.__doc__)
     parser.add_argument("request")
     parser.add_argument("out")
@@ -169,7 +209,9 @@ def main(argv=None) -> int:
     set_threads(args.threads)
     request = json.loads(Path(args.request).read_text())
     if "step" in request:
-        Path(args.out).write_text(json.dumps(step_kernel_ms(Path(request["step"]))))
+        sites = worker_kernel_sites(Path(request["step"]), request["worker"], request["runs"],
+                                    (Path(request["barrier"]), request["workers"]))
+        Path(args.out).write_text(json.dumps(sites))
         return 0
     times = {}
     for key, kernel in request["kernels"].items():
