@@ -114,11 +114,28 @@ def predicted_step(trainer, workers: int, allreduce: str, links: dict) -> dict:
 
 def phase_seconds(timeline) -> list[dict]:
     """Seconds of each phase per worker in a step's timeline (compiler/step_timeline.py: forward, backward,
-    update, waiting; all-reduce: the reductions' spans beside the kernels), and the step's seconds."""
+    update, waiting; the bars beside the kernels, all-reduces: how long at least one was in flight, not the sum of
+    their overlapping spans), and the step's seconds."""
     split = [{"step": timeline.step_s} for _ in timeline.busy_s]
+    beside: dict[tuple[int, str], list[tuple[float, float]]] = {}
     for bar in timeline.bars:
-        split[bar.worker][bar.phase] = split[bar.worker].get(bar.phase, 0.0) + bar.finish_s - bar.start_s
+        if bar.comm:
+            beside.setdefault((bar.worker, bar.phase), []).append((bar.start_s, bar.finish_s))
+        else:
+            split[bar.worker][bar.phase] = split[bar.worker].get(bar.phase, 0.0) + bar.finish_s - bar.start_s
+    for (worker, phase), spans in beside.items():
+        split[worker][phase] = _covered_seconds(spans)
     return split
+
+
+def _covered_seconds(spans: list[tuple[float, float]]) -> float:
+    """Seconds the union of the (start, finish) spans covers."""
+    total, end = 0.0, float("-inf")
+    for start, finish in sorted(spans):
+        if finish > end:
+            total += finish - max(start, end)
+            end = finish
+    return total
 
 
 def queued_seconds(pid: int) -> float:
