@@ -11,7 +11,7 @@ import pytest
 import tessel
 from bench.training_models import SPECS, export
 from tessel.compiler import step_kernels
-from tessel.compiler.step_kernels import _always_called, kernel_times, worker_kernel_sites
+from tessel.compiler.step_kernels import _always_called, kernel_times, time_step, worker_kernel_sites
 from tessel.runtime.errors import ArtifactError, ExecutionError
 from tessel.runtime.executor import Executor
 from tessel.runtime.instructions import AllReduce, KernelCall, program_from_json
@@ -59,10 +59,16 @@ def test_a_kernels_only_executor_fills_what_other_workers_send_and_never_transfe
         executor.run(feeds)
 
 
+def _in_this_process(directory, plan, threads, runs=2):
+    """time_step's times, each worker timed here in turn (no fresh processes: a default test stays fast)."""
+    sites = [site for worker in range(len(plan["workers"])) for site in worker_kernel_sites(directory, worker, runs)]
+    return {kernel: float(np.mean([ms for k, ms in sites if k == kernel])) for kernel, _ in sites}
+
+
 def test_prediction_times_come_from_inside_the_step_and_are_kept(replicas, tmp_path, monkeypatch):
     directory, plan = replicas
     monkeypatch.setenv("TESSEL_CACHE_DIR", str(tmp_path))
-    # Both workers' programs timed at once, each in a process of its own; every kernel they call gets a time.
+    monkeypatch.setattr(step_kernels, "time_step", _in_this_process)
     first = kernel_times(directory, plan, _calls(plan), threads=1)
     db = ProfileDB()
     assert all(db.get(k, 1, in_step=True) > 0 for k in _always_called(plan))
@@ -70,6 +76,14 @@ def test_prediction_times_come_from_inside_the_step_and_are_kept(replicas, tmp_p
     # A kernel's time on its own does not replace its time inside the step; nothing is timed again.
     some = next(iter(_always_called(plan)))
     db.put({ProfileDB.key(some, 1): 1e3})
+    monkeypatch.setattr(step_kernels, "time_step", lambda *args: pytest.fail("timed again"))
     monkeypatch.setattr(step_kernels, "_time_in_fresh_process", lambda *args: pytest.fail("timed again"))
     again = kernel_times(directory, plan, _calls(plan), threads=1)
     assert again == first and again[some].seconds == pytest.approx(db.get(some, 1, in_step=True) / 1e3)
+
+
+@pytest.mark.slow
+def test_the_workers_programs_are_timed_at_once_each_in_a_fresh_process(replicas):
+    directory, plan = replicas
+    times = time_step(directory, plan, threads=1, runs=2)
+    assert set(times) == _always_called(plan) and all(ms > 0 for ms in times.values())
