@@ -13,7 +13,8 @@ loaded by each timing run, so compiles are not timed.
 
 Tessel's predicted step time is the compiler's own (compiler/parallel_auto.py `predict_data`, what
 `--parallel auto` plans with), taken at compile time: every worker's program played out (compiler/step_timeline.py)
-with its kernels' times on one thread (the profile database's, measured on this machine; compiler/step_kernels.py),
+with its kernels' times on one thread (measured on this machine inside the step's programs, all workers at once, and
+kept in the profile database; compiler/step_kernels.py),
 the host's measured round trip, the batch's slices, and each all-reduce at the α-β of the transport the workers use:
 the shared-memory all-reduce (runtime/shared_reduce_link.py) or gloo over the loopback link (runtime/calibrate.py),
 both measured first by this bench and not stored. Several workers profile their timed steps
@@ -89,9 +90,10 @@ def compile_tessel(name: str, batch: int, image_size: int, workers: int, directo
 
 def predicted_step(trainer, workers: int, allreduce: str, links: dict) -> dict:
     """The compiler's own prediction of the step (compiler/parallel_auto.py `predict_data`, what `--parallel auto`
-    plans with): every worker's program played out with its kernels' times on one thread (the profile database's,
-    timed now where missing: compiler/step_kernels.py), the host's measured round trip, the batch's slices, and
-    the all-reduces at the shared-memory all-reduce's α-β (`links`["transport"], else the gloo link's)."""
+    plans with): every worker's program played out with its kernels' times on one thread (timed inside the step's
+    programs where the profile database lacks them: compiler/step_kernels.py), the host's measured round trip, the
+    batch's slices, and the all-reduces at the shared-memory all-reduce's α-β (`links`["transport"], else the gloo
+    link's)."""
     from tessel.compiler.parallel_auto import Transport, predict_data
     from tessel.compiler.step_kernels import kernel_times
     from tessel.passes.machine import Link
@@ -112,11 +114,28 @@ def predicted_step(trainer, workers: int, allreduce: str, links: dict) -> dict:
 
 def phase_seconds(timeline) -> list[dict]:
     """Seconds of each phase per worker in a step's timeline (compiler/step_timeline.py: forward, backward,
-    update, waiting; all-reduce: the reductions' spans beside the kernels), and the step's seconds."""
+    update, waiting; the bars beside the kernels, all-reduces: how long at least one was in flight, not the sum of
+    their overlapping spans), and the step's seconds."""
     split = [{"step": timeline.step_s} for _ in timeline.busy_s]
+    beside: dict[tuple[int, str], list[tuple[float, float]]] = {}
     for bar in timeline.bars:
-        split[bar.worker][bar.phase] = split[bar.worker].get(bar.phase, 0.0) + bar.finish_s - bar.start_s
+        if bar.comm:
+            beside.setdefault((bar.worker, bar.phase), []).append((bar.start_s, bar.finish_s))
+        else:
+            split[bar.worker][bar.phase] = split[bar.worker].get(bar.phase, 0.0) + bar.finish_s - bar.start_s
+    for (worker, phase), spans in beside.items():
+        split[worker][phase] = _covered_seconds(spans)
     return split
+
+
+def _covered_seconds(spans: list[tuple[float, float]]) -> float:
+    """Seconds the union of the (start, finish) spans covers."""
+    total, end = 0.0, float("-inf")
+    for start, finish in sorted(spans):
+        if finish > end:
+            total += finish - max(start, end)
+            end = finish
+    return total
 
 
 def queued_seconds(pid: int) -> float:

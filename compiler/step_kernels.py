@@ -1,8 +1,15 @@
 """Seconds of each kernel a multi-worker step artifact calls, for predicting its step time
-(compiler/step_timeline.py): measured on this machine where the profile database has it (runtime/profile_db.py),
-else timed now in a fresh process (`python -m tessel.compiler.step_kernels`: TVM fixes its thread pool when first
-imported, and each worker runs its kernels on its share of the cores), else a FLOP/byte roofline estimate of the
-node that calls it (the artifact's graph.json), marked estimated.
+(compiler/step_timeline.py), measured on this machine where possible and kept in the profile database
+(runtime/profile_db.py).
+
+A kernel's time is first its time inside the step: every worker's program run, transfers and collectives left out,
+with each kernel call timed where the program makes it, on the step's own buffers (runtime/executor.py
+`kernel_site_seconds`), the workers' programs all at once as in a step. A kernel timed on its own, call after call,
+finds its data in the caches; in the step the kernels before it have evicted them, and the step's forward and
+backward take longer than those times add up to. Where the step could not be timed: the kernel's time on its own,
+else a FLOP/byte roofline estimate of the node that calls it (the artifact's graph.json), marked estimated.
+Timings run in fresh processes (`python -m tessel.compiler.step_kernels`: TVM fixes its thread pool when first
+imported, and each worker runs its kernels on its share of the cores).
 """
 from __future__ import annotations
 
@@ -12,18 +19,27 @@ import logging
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
+import numpy as np
+
 from tessel import IMPORT_ROOT
 from tessel.ir.costs import bytes_moved, flops
-from tessel.ir.types import TensorType
+from tessel.ir.types import TensorType, numpy_dtype
+from tessel.runtime.instructions import KernelCall, program_from_json
 from tessel.runtime.profile_db import ESTIMATE_BYTES_PER_S, ESTIMATE_FLOPS_PER_S, ProfileDB
 
 _log = logging.getLogger("tessel.compile")
 
 TIMING_RUNS = 7
+# Timed runs of a whole step program (after one untimed): a step takes up to seconds, and its kernels' times vary
+# less between runs than a lone kernel's.
+STEP_RUNS = 3
+# How long a worker timing its program waits for the others to load before it starts alone.
+BARRIER_TIMEOUT_S = 600
 
 
 @dataclass(frozen=True)
@@ -37,18 +53,25 @@ class KernelTime:
 def kernel_times(directory: Path, plan: Mapping, calls: Iterable[tuple[str, str]], threads: int,
                  measure: bool = True) -> dict[str, KernelTime]:
     """Each kernel of `calls` ((kernel key, calling node) pairs of the artifact in `directory` with `plan`) by key:
-    the profile database's time with `threads` threads, timed now when missing and `measure`, else estimated."""
+    the profile database's time with `threads` threads inside the step, else on its own (each timed now when
+    missing and `measure`), else estimated."""
     calls = dict((kernel, node) for kernel, node in calls)
     db = ProfileDB()
-    missing = [k for k in calls if db.get(k, threads) is None]
+    if measure and any(db.get(k, threads, in_step=True) is None for k in _always_called(plan) & calls.keys()):
+        timed = time_step(directory, plan, threads)
+        if timed:
+            db.put({ProfileDB.key(kernel, threads, in_step=True): ms for kernel, ms in timed.items()})
+    missing = [k for k in calls if db.get(k, threads, in_step=True) is None and db.get(k, threads) is None]
     if missing and measure:
-        measured = _time_in_fresh_process(directory, plan, missing, threads)
-        if measured:
-            db.put({ProfileDB.key(kernel, threads): ms for kernel, ms in measured.items()})
-    estimates = _node_estimates(directory) if any(db.get(k, threads) is None for k in calls) else {}
+        timed = _time_in_fresh_process(directory, plan, missing, threads)
+        if timed:
+            db.put({ProfileDB.key(kernel, threads): ms for kernel, ms in timed.items()})
+    measured = {k: db.get(k, threads, in_step=True) for k in calls}
+    measured = {k: db.get(k, threads) if ms is None else ms for k, ms in measured.items()}
+    estimates = _node_estimates(directory) if None in measured.values() else {}
     times = {}
     for kernel, node in calls.items():
-        ms = db.get(kernel, threads)
+        ms = measured[kernel]
         if ms is not None:
             times[kernel] = KernelTime(ms / 1e3, True)
         else:
@@ -56,20 +79,68 @@ def kernel_times(directory: Path, plan: Mapping, calls: Iterable[tuple[str, str]
     return times
 
 
+def _always_called(plan: Mapping) -> set[str]:
+    """The kernels every run of the step's programs calls, which timing the step gives times of: their top-level
+    kernel calls' (a call in pieces calls its pieces' kernels)."""
+    return {key for worker in plan["workers"] for call in program_from_json(worker["instructions"])
+            if isinstance(call, KernelCall) and not call.runs_at_load
+            for key in ([piece.kernel for piece in call.pieces] if call.pieces else [call.kernel])}
+
+
 def _time_in_fresh_process(directory: Path, plan: Mapping, kernels: list[str], threads: int) -> dict[str, float]:
-    """Median milliseconds of `kernels`, timed by this module's `main` with `threads` TVM threads; {} (with a note)
-    when that process fails."""
+    """Median milliseconds of `kernels` each timed on its own, by this module's `main` with `threads` TVM threads;
+    {} (with a note) when that process fails."""
     with tempfile.TemporaryDirectory(prefix="tessel-kernels-") as scratch:
         request, out = Path(scratch) / "kernels.json", Path(scratch) / "times.json"
-        request.write_text(json.dumps({k: {"file": str(Path(directory) / plan["kernels"][k]["file"]),
-                                           "signature": plan["kernels"][k]["signature"]} for k in kernels}))
-        done = subprocess.run([sys.executable, "-m", "tessel.compiler.step_kernels", str(request), str(out),
-                               "--threads", str(threads)], capture_output=True, text=True, cwd=IMPORT_ROOT)
+        request.write_text(json.dumps({"kernels": {k: {"file": str(Path(directory) / plan["kernels"][k]["file"]),
+                                                       "signature": plan["kernels"][k]["signature"]}
+                                                   for k in kernels}}))
+        done = _run_main(request, out, threads)
         if done.returncode != 0:
-            _log.info("note: kernels not timed (status %d), their times are estimates: %s", done.returncode,
-                      done.stderr.strip().splitlines()[-1:] or "")
+            _note(done)
             return {}
         return json.loads(out.read_text())
+
+
+def time_step(directory: Path, plan: Mapping, threads: int, runs: int = STEP_RUNS) -> dict[str, float]:
+    """Milliseconds per call of every kernel the step's programs call, timed inside them: each worker's program in
+    a fresh process of its own with `threads` TVM threads, all at once (as the workers share the machine's caches
+    and memory in a step), from when all have loaded (`worker_kernel_sites`); a kernel's time is the mean over its
+    call sites in every worker. {} (with a note) when a process fails."""
+    with tempfile.TemporaryDirectory(prefix="tessel-step-") as scratch:
+        barrier, workers = Path(scratch), len(plan["workers"])
+        runs_out = []
+        for worker in range(workers):
+            request, out = barrier / f"request{worker}.json", barrier / f"sites{worker}.json"
+            request.write_text(json.dumps({"step": str(directory), "worker": worker, "runs": runs,
+                                           "barrier": str(barrier), "workers": workers}))
+            runs_out.append((_start_main(request, out, threads), out))
+        sites: dict[str, list[float]] = {}
+        for process, out in runs_out:
+            _, stderr = process.communicate()
+            if process.returncode != 0:
+                _note(subprocess.CompletedProcess(process.args, process.returncode, "", stderr))
+                return {}
+            for kernel, ms in json.loads(out.read_text()):
+                sites.setdefault(kernel, []).append(ms)
+    return {kernel: float(np.mean(ms)) for kernel, ms in sites.items()}
+
+
+def _start_main(request: Path, out: Path, threads: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tessel.compiler.step_kernels", str(request), str(out),
+                             "--threads", str(threads)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, cwd=IMPORT_ROOT)
+
+
+def _run_main(request: Path, out: Path, threads: int) -> subprocess.CompletedProcess:
+    process = _start_main(request, out, threads)
+    _, stderr = process.communicate()
+    return subprocess.CompletedProcess(process.args, process.returncode, "", stderr)
+
+
+def _note(done: subprocess.CompletedProcess) -> None:
+    _log.info("note: kernels not timed (status %d), their times are estimates: %s", done.returncode,
+              done.stderr.strip().splitlines()[-1:] or "")
 
 
 def _node_estimates(directory: Path) -> dict[str, float]:
@@ -89,8 +160,44 @@ def _signature_estimate(kernel: Mapping) -> float:
     return sum(TensorType.parse(t).nbytes for t in kernel["signature"]) / ESTIMATE_BYTES_PER_S
 
 
+def worker_kernel_sites(directory: Path, worker: int, runs: int = STEP_RUNS,
+                        barrier: tuple[Path, int] | None = None) -> list[tuple[str, float]]:
+    """(kernel key, milliseconds) of each kernel call of worker `worker`'s program of the step artifact in
+    `directory`, in program order, timed inside the program (runtime/executor.py `kernel_site_seconds`, the median
+    of `runs` runs): its inputs and the values other workers would send it filled with data of their types (random
+    floats, zero integers: valid indices and labels). With `barrier` (a directory, and how many workers time at
+    once) the runs start when every worker has loaded."""
+    from tessel.runtime.executor import Executor
+
+    executor = Executor(directory, worker=worker, kernels_only=True)
+    rng = np.random.default_rng(worker)
+    values = {name: _filler(TensorType.parse(executor.plan["values"][name]), rng)
+              for name in list(executor.input_types) + executor.received_values()}
+    if barrier is not None:
+        _wait_for_all(*barrier, worker)
+    return [(kernel, 1e3 * seconds) for kernel, seconds in executor.kernel_site_seconds(values, runs)]
+
+
+def _wait_for_all(directory: Path, workers: int, worker: int) -> None:
+    """Say this worker is ready in `directory`, then wait (at most BARRIER_TIMEOUT_S) until all `workers` are."""
+    (Path(directory) / f"ready{worker}").touch()
+    deadline = time.monotonic() + BARRIER_TIMEOUT_S
+    while time.monotonic() < deadline and sum(1 for _ in Path(directory).glob("ready*")) < workers:
+        time.sleep(0.01)
+
+
+def _filler(t: TensorType, rng: np.random.Generator) -> np.ndarray:
+    """Data of type `t` to time kernels on: standard normal floats (no denormals, no NaN), else zeros."""
+    dtype = np.dtype(numpy_dtype(t.dtype))
+    if np.issubdtype(dtype, np.floating):
+        return rng.standard_normal(t.shape).astype(dtype)
+    return np.zeros(t.shape, dtype)
+
+
 def main(argv=None) -> int:
-    """Time the kernels a JSON file lists ({key: {file, signature}}) and write key → median milliseconds."""
+    """Time the kernels a JSON file lists ({"kernels": {key: {file, signature}}}) and write key → median
+    milliseconds; or a step's worker ({"step": directory, "worker", "runs", "barrier", "workers"}) and write its
+    (kernel key, milliseconds) per call site."""
     parser = argparse.ArgumentParser(prog="python -m tessel.compiler.step_kernels", description=main.__doc__)
     parser.add_argument("request")
     parser.add_argument("out")
@@ -100,8 +207,14 @@ def main(argv=None) -> int:
     from tessel.runtime.profile import time_library
 
     set_threads(args.threads)
+    request = json.loads(Path(args.request).read_text())
+    if "step" in request:
+        sites = worker_kernel_sites(Path(request["step"]), request["worker"], request["runs"],
+                                    (Path(request["barrier"]), request["workers"]))
+        Path(args.out).write_text(json.dumps(sites))
+        return 0
     times = {}
-    for key, kernel in json.loads(Path(args.request).read_text()).items():
+    for key, kernel in request["kernels"].items():
         types = [TensorType.parse(t) for t in kernel["signature"]]
         ms = time_library(Path(kernel["file"]), types, TIMING_RUNS)
         if ms is not None:

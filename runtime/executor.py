@@ -47,12 +47,14 @@ class Executor:
     """Runs one worker's program of an artifact directory: llvm kernels on host memory, cuda kernels on GPU memory."""
 
     def __init__(self, directory: str | Path, threads: int | None = None, worker: int = 0, comm=None,
-                 memory_device: str | None = None, host: str = "native", device: int = 0):
+                 memory_device: str | None = None, host: str = "native", device: int = 0, kernels_only: bool = False):
         """`worker` picks the program of a multi-worker artifact; `comm` (runtime/comm.py) carries its transfers
         and collectives. `memory_device` ("cpu", "cuda") puts the buffers in TVM memory on that device; by
         default host numpy memory for llvm artifacts and the GPU for cuda ones. `host` ("native", "python")
         picks what runs the instructions; buffers outside host memory always run on the python host
-        (`self.host` says which one runs). `device`: the index of that device (a worker's GPU)."""
+        (`self.host` says which one runs). `device`: the index of that device (a worker's GPU). `kernels_only`
+        loads a worker's program without `comm` only to time its kernels (`kernel_site_seconds`): its transfers
+        and collectives raise if run, those at load time are left out."""
         from tessel.backends.tvm_env import set_threads, tvm
 
         if host not in HOSTS:
@@ -71,6 +73,7 @@ class Executor:
         self.worker = worker
         self.instructions = program_from_json(self.plan["instructions"])
         self._comm = comm
+        self._kernels_only = kernels_only
         self._arriving: dict[str, tuple[np.ndarray, Callable[[], None]]] = {}
         memory = self.plan.get("memory", {"arena_bytes": 0, "offsets": {}})
         # One arena holds every activation at its planned offset: no allocation per run.
@@ -86,7 +89,8 @@ class Executor:
         self._top_receives = {id(i) for i in self.instructions if isinstance(i, Recv) and not i.runs_at_load}
         self._early: list[EarlyReceive] = []
         # Instructions that read only weights run once, now; the others on every run.
-        for op in self._bind([i for i in self.instructions if i.runs_at_load]):
+        at_load = [i for i in self.instructions if i.runs_at_load and (not kernels_only or native_able(i))]
+        for op in self._bind(at_load):
             op()
         self.run_instructions = [i for i in self.instructions if not i.runs_at_load]
         # Asynchronous all-reduces started and not yet waited for: result name -> its wait.
@@ -232,6 +236,8 @@ class Executor:
                 raise ExecutionError(message)
 
             return fail
+        if self._comm is None and self._kernels_only:
+            return _refused(instruction)
         if self._comm is None:
             raise ArtifactError(f"{self.directory}: worker {self.worker} exchanges tensors with other workers; "
                                 "run it with its workers (tessel run DIR, or Artifact.run)")
@@ -594,6 +600,34 @@ class Executor:
             totals.append(int(self._timed.kernel_ns.sum()) / 1e9)
         return totals
 
+    def received_values(self) -> list[str]:
+        """The values the run's transfers and collectives write: what other workers bring (a reduction's result
+        included)."""
+        return sorted({name for i in self.run_instructions if not native_able(i) for name in i.writes()
+                       if name in self._types})
+
+    def kernel_site_seconds(self, values: Mapping[str, np.ndarray], runs: int = 3) -> list[tuple[str, float]]:
+        """(kernel key, seconds) of each kernel call of the run program in program order (a call in pieces: one
+        per piece), the median of `runs` timed runs after an untimed one: every kernel timed where the step calls
+        it, on the step's own buffers, after the kernels before it (not the same kernel again and again, its data
+        left in the caches). Transfers and collectives do not run: `values` (by name: the inputs and
+        `received_values`) are written into their buffers before each run."""
+        timed = NativeHost([[i for i in self.run_instructions if native_able(i)]], self._buffer, self._entries,
+                           timed=True)
+        writes = [(self._buffer(name), np.asarray(array)) for name, array in values.items()]
+        samples = []
+        for _ in range(runs + 1):
+            for buffer, array in writes:
+                buffer[...] = array
+            timed.kernel_ns[:] = 0
+            status = timed.run(0)
+            if status:
+                raise self._native_error(timed, status)
+            samples.append(timed.kernel_ns.copy())
+        seconds = np.median(np.stack(samples[1:]), axis=0) / 1e9
+        # A site that took no time did not run (a branch not taken).
+        return [(site.kernel, float(s)) for site, s in zip(timed.sites, seconds) if site.kernel and s > 0]
+
     def kernel_profile(self, inputs: Mapping[str, np.ndarray], runs: int = 20) -> list[tuple[str, str, float]]:
         """(node, op, mean microseconds per run) of each kernel call site of the native program, slowest first."""
         self.kernel_times(inputs, 1)
@@ -718,6 +752,16 @@ class Executor:
 
 def _nothing() -> None:
     return None
+
+
+def _refused(instruction: Instruction) -> Op:
+    """What a transfer or collective of a kernels-only executor does when run: refuse."""
+
+    def refuse() -> None:
+        raise ExecutionError(f"{type(instruction).__name__} at node {instruction.node!r}: this executor only times "
+                             "its kernels (kernels_only)")
+
+    return refuse
 
 
 def _host_or_device(value, memory):

@@ -39,10 +39,12 @@ def native_able(instruction: Instruction) -> bool:
 
 @dataclass(frozen=True)
 class Site:
-    """Where a segment can stop: a kernel call (`arg_names` its piece's or its own inputs) or a Fail."""
+    """Where a segment can stop: a kernel call (`arg_names` its piece's or its own inputs, `kernel` the key of the
+    kernel it calls) or a Fail."""
 
     instruction: Instruction
     arg_names: tuple[str, ...] = ()
+    kernel: str = ""
 
 
 @dataclass
@@ -139,12 +141,12 @@ class NativeHost:
     def _plan_call(self, call: KernelCall) -> list[_Call]:
         if not call.pieces:
             arrays = [self._buffer(n) for n in call.inputs + call.outputs]
-            return [self._add_call(call.kernel, arrays, Site(call, call.inputs))]
+            return [self._add_call(call.kernel, arrays, Site(call, call.inputs, call.kernel))]
         calls = []
         for piece in call.pieces:
             sliced, start, stop = set(piece.sliced), piece.start, piece.start + piece.size
             arrays = [self._buffer(n)[start:stop] if n in sliced else self._buffer(n) for n in piece.inputs + call.outputs]
-            calls.append(self._add_call(piece.kernel, arrays, Site(call, piece.inputs)))
+            calls.append(self._add_call(piece.kernel, arrays, Site(call, piece.inputs, piece.kernel)))
         return calls
 
     def _add_call(self, kernel: str, arrays: list[np.ndarray], site: Site) -> _Call:

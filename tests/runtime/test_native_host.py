@@ -8,6 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tessel.compiler.api import compile
 from tessel.runtime.errors import ExecutionError
 from tessel.runtime.executor import Executor
+from tessel.runtime.instructions import KernelCall, walk
 from tests.conftest import POSITIVE, assert_matches_onnxruntime, run_onnxruntime
 from tests.ir.helpers import F, model
 
@@ -125,6 +126,17 @@ def test_kernel_times_time_the_kernels_alone(nested_if):
     assert {node for node, _, _ in rows} == {"fused_Relu_0", "Neg_0", "Abs_0"} and all(us >= 0 for _, _, us in rows)
     with pytest.raises(Exception, match="native host"):
         Executor(artifact.directory, host="python").kernel_times(feeds)
+
+
+def test_kernel_site_seconds_time_the_calls_the_run_makes(nested_if):
+    _, artifact = nested_if
+    executor = Executor(artifact.directory)
+    nodes = {i.kernel: i.node for i in walk(executor.run_instructions) if isinstance(i, KernelCall)}
+    x = np.ones((2, 3), np.float32)
+    for c, d, ran in ((True, True, "fused_Relu_0"), (False, False, "Abs_0")):
+        sites = executor.kernel_site_seconds({"x": x, "c": np.array(c), "d": np.array(d)}, runs=3)
+        # Only the branch taken runs: the others' kernels are not in the times.
+        assert [nodes[kernel] for kernel, _ in sites] == [ran] and sites[0][1] > 0
 
 
 def test_an_unknown_host_is_refused(nested_if):

@@ -23,3 +23,11 @@ def test_the_database_lives_in_the_cache_root(tmp_path, monkeypatch):
     assert db.path == tmp_path / "cache" / "profiles.json"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
     assert ProfileDB().get("k", 1) == 2.0
+
+
+def test_a_time_inside_a_step_is_kept_apart_from_the_time_on_its_own(tmp_path):
+    db = ProfileDB(tmp_path / "profiles.json")
+    db.put({ProfileDB.key("k", 1, in_step=True): 3.0})
+    assert db.get("k", 1) is None and db.get("k", 1, in_step=True) == 3.0
+    db.put({ProfileDB.key("k", 1): 2.0})
+    assert ProfileDB(db.path).get("k", 1) == 2.0 and ProfileDB(db.path).get("k", 1, in_step=True) == 3.0
