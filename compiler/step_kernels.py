@@ -106,36 +106,64 @@ def time_step(directory: Path, plan: Mapping, threads: int, runs: int = STEP_RUN
     """Milliseconds per call of every kernel the step's programs call, timed inside them: each worker's program in
     a fresh process of its own with `threads` TVM threads, all at once (as the workers share the machine's caches
     and memory in a step), from when all have loaded (`worker_kernel_sites`); a kernel's time is the mean over its
-    call sites in every worker. {} (with a note) when a process fails."""
+    call sites in every worker. {} (with a note) when a process fails: the others are stopped then, not left
+    waiting at the barrier for it."""
     with tempfile.TemporaryDirectory(prefix="tessel-step-") as scratch:
         barrier, workers = Path(scratch), len(plan["workers"])
-        runs_out = []
-        for worker in range(workers):
-            request, out = barrier / f"request{worker}.json", barrier / f"sites{worker}.json"
-            request.write_text(json.dumps({"step": str(directory), "worker": worker, "runs": runs,
-                                           "barrier": str(barrier), "workers": workers}))
-            runs_out.append((_start_main(request, out, threads), out))
-        sites: dict[str, list[float]] = {}
-        for process, out in runs_out:
-            _, stderr = process.communicate()
-            if process.returncode != 0:
-                _note(subprocess.CompletedProcess(process.args, process.returncode, "", stderr))
+        started: list[tuple[subprocess.Popen, Path]] = []
+        try:
+            for worker in range(workers):
+                request, out = barrier / f"request{worker}.json", barrier / f"sites{worker}.json"
+                request.write_text(json.dumps({"step": str(directory), "worker": worker, "runs": runs,
+                                               "barrier": str(barrier), "workers": workers}))
+                started.append((_start_main(request, out, threads), out))
+            failed = _first_failure(started)
+            if failed is not None:
+                _note(failed)
                 return {}
-            for kernel, ms in json.loads(out.read_text()):
-                sites.setdefault(kernel, []).append(ms)
+            sites: dict[str, list[float]] = {}
+            for _, out in started:
+                for kernel, ms in json.loads(out.read_text()):
+                    sites.setdefault(kernel, []).append(ms)
+        finally:
+            for process, _ in started:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
     return {kernel: float(np.mean(ms)) for kernel, ms in sites.items()}
 
 
+def _first_failure(started: list[tuple[subprocess.Popen, Path]]) -> subprocess.CompletedProcess | None:
+    """Wait until every process has ended; the first that failed (its status and stderr) as soon as one does."""
+    pending = list(started)
+    while pending:
+        for process, out in list(pending):
+            if process.poll() is None:
+                continue
+            pending.remove((process, out))
+            if process.returncode != 0:
+                return subprocess.CompletedProcess(process.args, process.returncode, "", _stderr_of(out).read_text())
+        time.sleep(0.02)
+    return None
+
+
+def _stderr_of(out: Path) -> Path:
+    """Where `_start_main` sends the stderr of the process that writes `out`."""
+    return out.with_suffix(".stderr")
+
+
 def _start_main(request: Path, out: Path, threads: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tessel.compiler.step_kernels", str(request), str(out),
-                             "--threads", str(threads)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, cwd=IMPORT_ROOT)
+    # stderr goes to a file: a pipe nobody reads while the others are waited for could fill and stall the process.
+    with open(_stderr_of(out), "w") as errors:
+        return subprocess.Popen([sys.executable, "-m", "tessel.compiler.step_kernels", str(request), str(out),
+                                 "--threads", str(threads)], stdout=subprocess.DEVNULL, stderr=errors, text=True,
+                                cwd=IMPORT_ROOT)
 
 
 def _run_main(request: Path, out: Path, threads: int) -> subprocess.CompletedProcess:
     process = _start_main(request, out, threads)
-    _, stderr = process.communicate()
-    return subprocess.CompletedProcess(process.args, process.returncode, "", stderr)
+    process.wait()
+    return subprocess.CompletedProcess(process.args, process.returncode, "", _stderr_of(out).read_text())
 
 
 def _note(done: subprocess.CompletedProcess) -> None:

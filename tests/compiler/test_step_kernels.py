@@ -87,3 +87,24 @@ def test_the_workers_programs_are_timed_at_once_each_in_a_fresh_process(replicas
     directory, plan = replicas
     times = time_step(directory, plan, threads=1, runs=2)
     assert set(times) == _always_called(plan) and all(ms > 0 for ms in times.values())
+
+
+def test_a_worker_that_fails_stops_the_others_at_once(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    import time
+
+    started = []
+
+    def start(request, out, threads):
+        # Worker 0 would wait at the barrier for minutes; worker 1 fails at once.
+        code = "import time; time.sleep(120)" if "request0" in str(request) else "import sys; sys.exit('no luck')"
+        with open(step_kernels._stderr_of(out), "w") as errors:
+            started.append(subprocess.Popen([sys.executable, "-c", code], stderr=errors))
+        return started[-1]
+
+    monkeypatch.setattr(step_kernels, "_start_main", start)
+    begin = time.monotonic()
+    assert time_step(tmp_path, {"workers": [{}, {}]}, threads=1) == {}
+    assert time.monotonic() - begin < 30
+    assert all(p.poll() is not None for p in started)  # the waiting one was stopped, nothing left behind
