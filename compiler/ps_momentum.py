@@ -4,10 +4,12 @@
 Uncompressed, the servers' momentum of the workers' mean gradient is the mean of momenta each worker keeps of its
 own gradient (the momentum is linear), so either side may hold it. Compressed, they differ: with the momentum on
 the servers, error feedback delays parts of each gradient by a few steps and the momentum then adds the delayed
-parts up again, late (on the digits CNN, 4 workers, 1-bit, 1.37 points of test accuracy behind uncompressed over
-seeds 0-21, one seed unstable). With momentum correction each worker adds its gradient to its own momentum
-buffer, u = m * u + g, and compresses u with error feedback; the servers apply plain SGD to the decoded mean, so
-what error feedback delays is the momentum's own output, which is not added up again.
+parts up again, late. With momentum correction each worker adds its gradient to its own momentum buffer,
+u = m * u + g, and compresses u with error feedback; the servers apply plain SGD to the decoded mean, so what
+error feedback delays is the momentum's own output, which is not added up again. On the digits CNN
+(bench/ps_digits.py: 4 workers, 2 servers, sync, 1-bit, 220 steps, seeds 0-21 paired with uncompressed runs) the
+model's test accuracy went from 1.37 points behind uncompressed on average (one seed at 88%) to 0.23 ahead
+(median 0.28, standard error 0.35, lowest 94.2%).
 
 The worker's step follows torch.optim.SGD: weight decay (on the weights the worker holds) is added to the gradient
 before the momentum, dampening and Nesterov as torch has them; the server's SGD keeps only the learning rate and its
