@@ -4,11 +4,13 @@ for each consistency model and compression, and the synchronous PS against data-
     python bench/ps_digits.py [--workers 4] [--servers 2] [--epochs 5] [--compare-dp] [--configs sync,async,...]
         [--seeds 0,1,2]
 
-A config is `sync`, `async`, `ssp<s>` (bounded staleness s), optionally followed by `+1bit` or `+topk`. Every
-config runs the same compiled programs (one compile per seed; only the job settings change). The test accuracy
-is the job's model (compiler/ps_launch.model_parameters: with compressed pulls, worker 0's weights); the
-servers' weights with the same statistics are shown beside it. Seconds are the slowest
-worker's training loop (process start and TVM/torch imports excluded); bytes are per worker per step, headers
+A config is `sync`, `async`, `ssp<s>` (bounded staleness s), optionally followed by `+1bit` or `+topk`. The
+configs run the same compiled programs (only the job settings change), but for the servers' update: with
+compression the workers keep SGD's momentum and the servers apply plain SGD (momentum correction,
+compiler/ps_momentum.py; `--server-momentum` keeps it on the servers), so a seed compiles once per kind used.
+The test accuracy is the job's model (compiler/ps_launch.model_parameters: with compressed pulls, worker 0's
+weights); the servers' weights with the same statistics are shown beside it. Seconds are the slowest worker's
+training loop (process start and TVM/torch imports excluded); bytes are per worker per step, headers
 included; "vs float32" compares the gradient pushes with float32 pushes of the same gradients.
 `--link-gbit G --link-latency-ms L` emulates a slow link (runtime/ps_job.throttle: each sender waits L plus
 the message's time at G Gbit/s), reported as emulated.
@@ -161,6 +163,8 @@ def main() -> None:
     parser.add_argument("--link-gbit", type=float, default=0.0, help="emulated link bandwidth, Gbit/s (0: none)")
     parser.add_argument("--link-latency-ms", type=float, default=0.0, help="emulated latency per message")
     parser.add_argument("--seeds", default="0", help="comma-separated seeds (initialisation and batch order)")
+    parser.add_argument("--server-momentum", action="store_true",
+                        help="with compression, keep SGD's momentum on the servers (no momentum correction)")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--json", default=None, help="write the rows here")
     args = parser.parse_args()
@@ -180,10 +184,18 @@ def main() -> None:
             seed_dir.mkdir()
             model, train, test = digits(seed_dir, init_seed=seed)
             steps = args.epochs * (len(train["labels"]) // BATCH)
-            job_dir = seed_dir / "job"
-            base = prepare_job(str(model), "cross_entropy", tessel.optim.SGD(lr=LR, momentum=MOMENTUM), train,
-                               job_dir, workers=args.workers, servers=args.servers, batch=BATCH, steps=steps,
-                               seed=seed, **options)
+            jobs: dict[bool, tuple[Path, PSJob]] = {}  # by momentum correction
+
+            def job_for(config: str) -> tuple[Path, PSJob]:
+                """The compiled job a config runs on: with or without momentum correction."""
+                corrected = parse_config(config)["compression"] != "none" and not args.server_momentum
+                if corrected not in jobs:
+                    job_dir = seed_dir / f"job{int(corrected)}"
+                    jobs[corrected] = job_dir, prepare_job(
+                        str(model), "cross_entropy", tessel.optim.SGD(lr=LR, momentum=MOMENTUM), train, job_dir,
+                        workers=args.workers, servers=args.servers, batch=BATCH, steps=steps, seed=seed,
+                        momentum_correction=corrected, **options)
+                return jobs[corrected]
             print(f"digits CNN (seed {seed}), {args.workers} workers, {args.servers} servers, global batch {BATCH}, "
                   f"{steps} steps per worker, SGD lr {LR} momentum {MOMENTUM}"
                   + (f"; EMULATED link {args.link_gbit:g} Gbit/s, {args.link_latency_ms:g} ms per message"
@@ -192,6 +204,7 @@ def main() -> None:
                   "| push vs float32 |")
             print("|---|---|---|---|---|---|---|---|---|")
             for config in args.configs.split(","):
+                job_dir, base = job_for(config)
                 row = run_config(job_dir, base, config, test, args.async_lr or LR / args.workers, link,
                                  args.topk_ratio)
                 rows.append({**row, "seed": seed})

@@ -1,9 +1,9 @@
 """Checkpoints of a parameter-server job: RUN_DIR/checkpoints/step_S (S: the steps every worker has done), a
 consistent cut of every rank's state, which a job with `start = S` resumes from.
 
-At a checkpoint clock S (PSJob.checkpoints_at) every worker writes its part (worker<r>.npz: the weights it holds
-and its error-feedback residuals; worker<r>_statistics.npz: its BatchNormalization statistics; worker<r>.json:
-its losses and bytes so far), then pulls. A server answers the pulls of clock S only once all workers have sent
+At a checkpoint clock S (PSJob.checkpoints_at) every worker writes its part (worker<r>.npz: the weights it holds,
+its error-feedback residuals and, with momentum correction, its momentum buffers; worker<r>_statistics.npz: its
+BatchNormalization statistics; worker<r>.json: its losses and bytes so far), then pulls. A server answers the pulls of clock S only once all workers have sent
 theirs (so in every mode all workers have pushed exactly S gradients and written their part), and before it
 answers it writes its shard (shard<s>.npz: parameters and optimizer slots; shard<s>_views.npz: with compressed
 pulls, the weights each worker holds; shard<s>.json: its update count). Once every server has answered worker 0,
@@ -44,23 +44,26 @@ def finish(run_dir: str | Path, steps: int) -> None:
 
 
 def write_worker(directory: Path, rank: int, weights: list[np.ndarray], residuals: list[np.ndarray],
-                 statistics: dict[str, np.ndarray], report: dict) -> None:
-    """A worker's part: the weights it holds and its residuals (one each per shard), statistics and report."""
+                 momenta: list[np.ndarray], statistics: dict[str, np.ndarray], report: dict) -> None:
+    """A worker's part: the weights it holds, its residuals and momentum buffers (one each per shard; no
+    momenta without momentum correction), statistics and report."""
     np.savez(directory / f"worker{rank}.npz", **{f"weights{s}": w for s, w in enumerate(weights)},
-             **{f"residual{s}": r for s, r in enumerate(residuals)})
+             **{f"residual{s}": r for s, r in enumerate(residuals)},
+             **{f"momentum{s}": m for s, m in enumerate(momenta)})
     np.savez(directory / f"worker{rank}_statistics.npz", **statistics)
     (directory / f"worker{rank}.json").write_text(json.dumps(report))
 
 
 def read_worker(directory: Path, rank: int, shards: int) -> tuple[list[np.ndarray], list[np.ndarray],
-                                                                  dict[str, np.ndarray], dict]:
-    """(weights, residuals, statistics, report) `write_worker` wrote."""
+                                                                  list[np.ndarray], dict[str, np.ndarray], dict]:
+    """(weights, residuals, momenta, statistics, report) `write_worker` wrote."""
     with np.load(directory / f"worker{rank}.npz", allow_pickle=False) as data:
         weights = [data[f"weights{s}"] for s in range(shards)]
         residuals = [data[f"residual{s}"] for s in range(shards)]
+        momenta = [data[f"momentum{s}"] for s in range(shards) if f"momentum{s}" in data.files]
     with np.load(directory / f"worker{rank}_statistics.npz", allow_pickle=False) as data:
         statistics = {name: data[name] for name in data.files}
-    return weights, residuals, statistics, json.loads((directory / f"worker{rank}.json").read_text())
+    return weights, residuals, momenta, statistics, json.loads((directory / f"worker{rank}.json").read_text())
 
 
 def write_shard(directory: Path, shard: int, state: dict[str, np.ndarray], views: list[np.ndarray] | None,

@@ -5,7 +5,8 @@ compiled gradient step on its 1/W of every batch and pushes each shard's gradien
 the optimizer (compiler/ps_training.py, ps_server.py, ps_worker.py; runtime/ps_job.py). `--ps-mode sync` (BSP,
 the default) trains exactly as data-parallel all-reduce does; `async` (Downpour) applies each push at once;
 `ssp` (with `--staleness s`) lets a worker run at most s steps ahead of the slowest. `--compression 1bit|topk`
-sends gradients (and the weights' changes) through a codec with error feedback. RUN_DIR gets model.onnx,
+sends gradients (and the weights' changes) through a codec with error feedback; with SGD momentum the workers
+then keep the momentum and push it instead, the servers applying plain SGD (compiler/ps_momentum.py). RUN_DIR gets model.onnx,
 log.jsonl (the workers' mean loss per step, then one record with the validation metrics, the wall time and the
 bytes on the wire) and ps/ (the compiled programs and the job). The ranks write a checkpoint at the end of every
 epoch (or every --checkpoint-every N steps) into RUN_DIR/checkpoints/step_S (compiler/ps_checkpoint.py);

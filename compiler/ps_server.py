@@ -23,6 +23,7 @@ from tessel.runtime.ps_job import DONE, PULL, PUSH, WEIGHTS, PSJob, flatten, unf
 from tessel.runtime.ps_wire import Wire
 
 from .ps_checkpoint import partial_dir, read_shard, write_shard
+from .ps_momentum import server_optimizer
 
 
 class RankOrderSum:
@@ -70,6 +71,8 @@ class Server:
         self.grad_names = [name + "__grad" for name in self.names]
         self.update = Executor(directory / f"server{shard}", threads=1)
         self.optimizer = optimizer_from_json(job.optimizer)
+        if job.momentum_correction:  # the workers apply the momentum (compiler/ps_momentum.py)
+            self.optimizer = server_optimizer(self.optimizer)
         self.size = sum(job.sizes(shard))
         self.codec = make_codec(job.compression, job.segments(shard), job.topk_ratio)
         self.clocks = [job.start] * job.workers

@@ -120,10 +120,13 @@ def build_server_graph(parameters: Mapping[str, np.ndarray], optimizer: Optimize
 
 
 def compile_ps(model, input_shapes: Mapping[str, Sequence[int]], loss: str, optimizer: Optimizer, workers: int,
-               servers: int, directory: str | Path, **options) -> dict:
+               servers: int, directory: str | Path, momentum_correction: bool = False, **options) -> dict:
     """Compile the worker's gradient step (at the per-worker batch: `input_shapes` are the global batch, split
     over `workers` along axis 0), its eval graph (whole batch) and one update program per server into
-    `directory`; the job description's compiled part (runtime/ps_job.py) as a JSON-ready dict."""
+    `directory` (with `momentum_correction`, the servers' update is `optimizer` without its momentum:
+    compiler/ps_momentum.py); the job description's compiled part (runtime/ps_job.py) as a JSON-ready dict."""
+    from .ps_momentum import server_optimizer
+
     from tessel.ir.onnx_import import with_batch
 
     from .dp_training import replica_input_shapes
@@ -145,9 +148,10 @@ def compile_ps(model, input_shapes: Mapping[str, Sequence[int]], loss: str, opti
                   state=PersistentState({n: step.state[n] for n in eval_names}, {})).save(directory / "eval")
     sizes = {name: step.state[name].nbytes for name in step.parameters}
     shards = shard_parameters(sizes, servers)
+    update = server_optimizer(optimizer) if momentum_correction else optimizer
     scalars: list[str] = []
     for s, names in enumerate(shards):
-        graph, state, scalars = build_server_graph({n: step.state[n] for n in names}, optimizer)
+        graph, state, scalars = build_server_graph({n: step.state[n] for n in names}, update)
         compile_graph(graph, options, machine, source, state=state).save(directory / f"server{s}")
     return {"data_inputs": step.data_inputs, "label_input": step.label_input, "loss_output": step.loss_output,
             "model_outputs": list(step.model_outputs), "parameters": step.parameters, "gradients": step.gradients,
@@ -157,22 +161,28 @@ def compile_ps(model, input_shapes: Mapping[str, Sequence[int]], loss: str, opti
 def prepare_job(model, loss: str, optimizer: Optimizer, data: Mapping[str, np.ndarray], directory: str | Path, *,
                 workers: int, servers: int, batch: int, steps: int, mode: str = "sync", staleness: int = 0,
                 seed: int = 0, compression: str = "none", topk_ratio: float = 0.01, layout: str = "standalone",
-                **options):
+                momentum_correction: bool | None = None, **options):
     """Compile a parameter-server job into `directory` and write its description and data: `data` holds the
     model's inputs by name and, for a loss with labels, "labels", all along axis 0; each step takes a global
-    batch of `batch` rows shuffled as `tessel train` does. The job (runtime/ps_job.PSJob) to run with
-    compiler/ps_launch.run_job."""
+    batch of `batch` rows shuffled as `tessel train` does. `momentum_correction` (compiler/ps_momentum.py; by
+    default with compression and an SGD momentum) moves SGD's momentum to the workers. The job
+    (runtime/ps_job.PSJob) to run with compiler/ps_launch.run_job."""
     from tessel.runtime.ps_job import DATA_FILE, PSJob
 
+    from .ps_momentum import corrects_momentum
+
     PSJob.check_layout(layout, workers, servers)
+    if momentum_correction is None:
+        momentum_correction = compression != "none" and corrects_momentum(optimizer)
     directory = Path(directory)
     inputs = {name: (batch, *array.shape[1:]) for name, array in data.items() if name != "labels"}
-    compiled = compile_ps(model, inputs, loss, optimizer, workers, servers, directory, **options)
+    compiled = compile_ps(model, inputs, loss, optimizer, workers, servers, directory,
+                          momentum_correction=momentum_correction, **options)
     initial = load_model(model)
     shapes = {init.name: list(init.dims) for init in initial.graph.initializer if init.name in compiled["parameters"]}
     job = PSJob(workers=workers, servers=servers, mode=mode, staleness=staleness, steps=steps, batch=batch, seed=seed,
                 compression=compression, topk_ratio=topk_ratio, layout=layout, optimizer=optimizer.to_json(),
-                shapes=shapes, **compiled)
+                shapes=shapes, momentum_correction=momentum_correction, **compiled)
     np.savez(directory / DATA_FILE, **{name: np.asarray(array) for name, array in data.items()})
     job.write(directory)
     return job

@@ -4,7 +4,8 @@ each shard's gradient to its server (runtime/ps_job.py has the messages).
 Worker w takes rows [w*b, (w+1)*b) of every global batch (b = batch / workers), the batches in the order
 `tessel train` draws them (compiler/train_data.Dataset.batches: shuffled per epoch by (seed, epoch)). With
 compression the pushed gradient goes through the codec with error feedback, and the weights arrive as changes
-to the ones the worker holds. At a checkpoint clock the worker writes its part before it pulls
+to the ones the worker holds; with momentum correction (compiler/ps_momentum.py) the worker pushes its SGD
+momentum instead of the gradient. At a checkpoint clock the worker writes its part before it pulls
 (compiler/ps_checkpoint.py); a job with `start` resumes from its parts and skips the batches done.
 """
 from __future__ import annotations
@@ -20,7 +21,9 @@ from tessel.runtime.ps_compression import ErrorFeedback, make_codec
 from tessel.runtime.ps_job import DATA_FILE, DONE, HEADER_BYTES, PULL, PUSH, PSJob, flatten, unflatten
 from tessel.runtime.ps_wire import Wire
 
+from .optim import optimizer_from_json
 from .ps_checkpoint import finish, partial_dir, read_worker, write_worker
+from .ps_momentum import WorkerMomentum
 
 
 def worker_batches(job: PSJob, arrays: dict[str, np.ndarray], worker: int) -> Iterator[dict[str, np.ndarray]]:
@@ -56,6 +59,9 @@ class Worker:
         self.decoders = [make_codec(job.pull_codec, job.segments(s), job.topk_ratio) for s in range(job.servers)]
         self.pushers = [ErrorFeedback(make_codec(job.compression, job.segments(s), job.topk_ratio), size)
                         for s, size in enumerate(self.sizes)]
+        # With momentum correction the worker keeps SGD's momentum (compiler/ps_momentum.py).
+        self.momentum = WorkerMomentum(optimizer_from_json(job.optimizer), self.sizes) if job.momentum_correction \
+            else None
         self.bytes_pushed = self.bytes_pulled = 0
         self.losses: list[float] = []
         self.seconds_before = 0.0  # the training seconds of the run(s) before the checkpoint resumed from
@@ -67,9 +73,14 @@ class Worker:
         from .train_checkpoints import step_checkpoint_dir
 
         directory = step_checkpoint_dir(Path(self.job.run_dir), self.job.start)
-        self.weights, residuals, statistics, report = read_worker(directory, self.rank, self.job.servers)
+        self.weights, residuals, momenta, statistics, report = read_worker(directory, self.rank, self.job.servers)
         for pusher, residual in zip(self.pushers, residuals):
             pusher.residual = residual
+        if self.momentum is not None:
+            if len(momenta) != self.job.servers:
+                raise ValueError(f"checkpoint {directory} holds no momentum buffers of worker {self.rank}: it was "
+                                 "written by a job without momentum correction")
+            self.momentum.buffers = momenta
         self.step.set_state(statistics)
         self.losses = report["losses"]
         self.bytes_pushed, self.bytes_pulled = report["bytes_pushed"], report["bytes_pulled"]
@@ -104,7 +115,9 @@ class Worker:
     def _write_checkpoint(self, clock: int, seconds: float) -> None:
         """The worker's part of the checkpoint after `clock` steps."""
         write_worker(partial_dir(self.job.run_dir, clock), self.rank, self.weights,
-                     [pusher.residual for pusher in self.pushers], self.statistics(), self._report(seconds))
+                     [pusher.residual for pusher in self.pushers],
+                     self.momentum.buffers if self.momentum is not None else [], self.statistics(),
+                     self._report(seconds))
 
     def _pull(self, clock: int, started: float) -> None:
         """The weights for step `clock` from every server, into the step's state; at a checkpoint clock the
@@ -132,10 +145,15 @@ class Worker:
             self.step.set_state(unflatten(self.weights[shard], names, self.job.shapes))
 
     def _push(self, clock: int, outputs: dict[str, np.ndarray]) -> None:
-        """Each shard's gradient to its server."""
+        """Each shard's gradient (with momentum correction, the worker's momentum) to its server."""
         grads = {name: outputs[self.job.gradients[name]] for name in self.job.parameters}
         for shard, names in enumerate(self.job.shards):
-            message = self.pushers[shard].encode(flatten(grads, names))
+            vector = flatten(grads, names)
+            if self.momentum is not None:
+                vector = self.momentum.step(shard, vector, self.weights[shard], first=clock == 0)
+            message = self.pushers[shard].encode(vector)
+            if self.momentum is not None and self.job.compression == "topk":
+                self.momentum.mask(shard, self.pushers[shard].codec.sent(message))
             self.wire.to_server(shard, PUSH, clock, message)
             if not self.wire.is_local(shard):
                 self.bytes_pushed += HEADER_BYTES + message.size

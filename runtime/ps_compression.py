@@ -152,6 +152,10 @@ class TopK:
         vector[indices] = 0
         return np.concatenate([indices.view(np.uint8), values.view(np.uint8)])
 
+    def sent(self, message: np.ndarray) -> np.ndarray:
+        """The indices of the elements a message carries."""
+        return message[:4 * (message.size // 8)].view(np.int32)
+
     def decode(self, message: np.ndarray, size: int) -> np.ndarray:
         """The vector of `size` floats a message carries."""
         vector = np.zeros(size, np.float32)

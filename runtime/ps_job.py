@@ -59,6 +59,9 @@ class PSJob:
     checkpoint_every: int = 0      # a checkpoint after every this many steps (0: none)
     start: int = 0                 # the steps done before: the job resumes from checkpoint step_<start>
     layout: str = "standalone"     # LAYOUTS: servers in processes of their own, or in the workers' processes
+    # SGD's momentum kept by the workers, the servers applying plain SGD (compiler/ps_momentum.py); fixed when
+    # the job is compiled, since the servers' update programs depend on it.
+    momentum_correction: bool = False
 
     @property
     def pull_codec(self) -> str:

@@ -1,6 +1,6 @@
 """Parameter-server checkpoints (compiler/ps_checkpoint.py), the slow checks: a 1-bit job resumed from its newest
-checkpoint (error-feedback residuals and the workers' views restored) ends as the uninterrupted job does, an SSP
-job resumes, and a killed job, named in one line, resumes from its checkpoint in every mode."""
+checkpoint (error-feedback residuals, the workers' momentum buffers and views restored) ends as the uninterrupted
+job does, an SSP job resumes, and a killed job, named in one line, resumes from its checkpoint in every mode."""
 from __future__ import annotations
 
 import multiprocessing
@@ -25,25 +25,42 @@ from tests.compiler.train_fixtures import assert_resume_refused
 STEPS, BATCH = 8, 16
 
 
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory, kernel_cache):
+def _compile(root: Path, kernel_cache, compression: str) -> tuple[Path, object]:
+    """The MLP job (2 workers, 1 server) compiled in `root`; with compression, momentum correction's servers."""
     spec = SPECS["mlp"]
-    root = tmp_path_factory.mktemp("psckpt")
     path = export(spec.model(0), spec.input_shape, root / "mlp.onnx")
     rng = np.random.default_rng(0)
     data = {"x": rng.standard_normal((48, 32)).astype(np.float32),
             "labels": rng.standard_normal((48, 4)).astype(np.float32)}
     job = prepare_job(str(path), "mse", tessel.optim.SGD(lr=0.05, momentum=0.9), data, root / "job", workers=2,
-                      servers=1, batch=BATCH, steps=STEPS, cache_dir=kernel_cache)
+                      servers=1, batch=BATCH, steps=STEPS, compression=compression, cache_dir=kernel_cache)
     return root / "job", job
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory, kernel_cache):
+    return _compile(tmp_path_factory.mktemp("psckpt"), kernel_cache, "none")
+
+
+@pytest.fixture(scope="module")
+def corrected(tmp_path_factory, kernel_cache):
+    """The 1-bit job: the workers keep the momentum (compiler/ps_momentum.py), the server applies plain SGD."""
+    directory, job = _compile(tmp_path_factory.mktemp("psckpt_1bit"), kernel_cache, "1bit")
+    assert job.momentum_correction
+    return directory, job
+
+
+def _job_for(request, settings: dict):
+    """The compiled job a test's settings run on: the 1-bit one with momentum correction, else the plain one."""
+    return request.getfixturevalue("corrected" if settings.get("compression") == "1bit" else "compiled")
 
 
 @pytest.mark.slow  # two jobs each, plus a compile: over a minute on the shared 2-core machine (the fast check of
 # resuming is in test_ps_training.py)
 @pytest.mark.parametrize("settings", [{"mode": "sync", "compression": "1bit"},
                                       {"mode": "ssp", "staleness": 1, "compression": "none"}])
-def test_a_compressed_or_ssp_job_resumes_from_its_newest_checkpoint(compiled, tmp_path, settings):
-    directory, base = compiled
+def test_a_compressed_or_ssp_job_resumes_from_its_newest_checkpoint(request, tmp_path, settings):
+    directory, base = _job_for(request, settings)
     job = replace(base, run_dir=str(tmp_path / "whole"), checkpoint_every=3, **settings)
     job.write(directory)
     whole = run_job(directory)
@@ -55,6 +72,8 @@ def test_a_compressed_or_ssp_job_resumes_from_its_newest_checkpoint(compiled, tm
     for before, after in zip(stopped.reports, resumed.reports):
         assert len(after["losses"]) == STEPS
         np.testing.assert_array_equal(after["losses"][:6], before["losses"])
+    if job.momentum_correction:  # the momentum is the workers' (in their checkpoint parts), not the server's
+        assert not whole.slots
     if job.mode == "sync":  # deterministic: the servers add pushes in rank order
         for name, value in whole.parameters.items():
             np.testing.assert_array_equal(resumed.parameters[name], value, err_msg=name)
@@ -83,8 +102,8 @@ def test_a_compressed_or_ssp_job_resumes_from_its_newest_checkpoint(compiled, tm
 @pytest.mark.parametrize("settings, victim", [({"mode": "sync", "compression": "1bit"}, "worker 1"),
                                               ({"mode": "async"}, "server 0"),
                                               ({"mode": "ssp", "staleness": 2}, "worker 0")])
-def test_a_killed_job_is_named_in_one_line_and_resumes_in_every_mode(compiled, tmp_path, settings, victim):
-    directory, base = compiled
+def test_a_killed_job_is_named_in_one_line_and_resumes_in_every_mode(request, tmp_path, settings, victim):
+    directory, base = _job_for(request, settings)
     job = replace(base, run_dir=str(tmp_path), checkpoint_every=4, steps=10 ** 6, **settings)
     job.write(directory)
     failure: list[BaseException] = []
