@@ -58,8 +58,11 @@ def compiled_job(model: Path, directory: Path, servers: int, layout: str, steps:
     directory.mkdir(parents=True, exist_ok=True)
     batched = directory / "resnet18_b32.onnx"  # the model file fixes batch 1
     onnx.save(with_batch(onnx.load(str(model)), BATCH), str(batched))
+    # Momentum on the workers (compiler/ps_momentum.py), as a compressed job has it: both configs run the same
+    # programs, and uncompressed the workers' momentum equals the servers' (the momentum is linear).
     job = prepare_job(str(batched), "cross_entropy", tessel.optim.SGD(lr=0.01, momentum=0.9), synthetic_data(2 * BATCH),
-                      directory, workers=WORKERS, servers=servers, batch=BATCH, steps=steps, layout=layout, **options)
+                      directory, workers=WORKERS, servers=servers, batch=BATCH, steps=steps, layout=layout,
+                      momentum_correction=True, **options)
     print(f"compiled the PS job in {time.perf_counter() - started:.0f} s", flush=True)
     return job
 
