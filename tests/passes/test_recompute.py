@@ -9,7 +9,7 @@ import pytest
 from tessel.ir import verify
 from tessel.ir.interpret import interpret
 from tessel.passes.cse import cse
-from tessel.passes.recompute import COPY_SUFFIX, RecomputeError, apply_recompute, plan_cheap_recompute
+from tessel.passes.recompute import COPY_SUFFIX, RecomputeError, _cheap, apply_recompute, plan_cheap_recompute
 from tests.passes.torch_steps import MODELS, Step
 
 
@@ -109,6 +109,18 @@ def test_cheap_recompute_makes_relu_outputs_again_from_what_batchnorm_keeps_and_
     got = interpret(step.graph, step.feeds)
     for name in expected:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_a_downsampling_pool_is_not_cheap_to_make_again():
+    """A 3x3 stride-2 MaxPool reads 4x the bytes its output would save: the cheap policy keeps its output (in
+    this small step no plan drops it anyway; in ResNet-18's it did), while the ReLU and BatchNormalization
+    nodes before it, one pass over as many bytes as they make, stay cheap."""
+    step = Step("pool")
+    kinds = {n.op_type: n for n in step.graph.nodes}
+    assert not _cheap(kinds["MaxPool"])
+    assert _cheap(kinds["Relu"]) and _cheap(kinds["Add"])
+    plan = plan_cheap_recompute(step.graph, persistent=step.state)
+    assert not any(step.graph.lookup(name).producer.op_type == "MaxPool" for name in plan.dropped)
 
 
 def test_cheap_recompute_leaves_a_step_without_cheap_copies_alone():

@@ -42,14 +42,30 @@ class CNN(torch.nn.Module):
         return self.fc(x.flatten(1))
 
 
+class PoolCNN(torch.nn.Module):
+    """ResNet's stem in small: conv, BatchNorm, ReLU, a 3x3 stride-2 MaxPool, then a conv reading the pool."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.b1 = torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.BatchNorm2d(8)
+        self.c2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8 * 4 * 4, 10)
+
+    def forward(self, x):
+        x = torch.nn.functional.max_pool2d(torch.relu(self.b1(self.c1(x))), 3, 2, 1)
+        return self.fc(torch.relu(self.c2(x)).flatten(1))
+
+
 MODELS = {"mlp": (MLP, (128, 32)), "cnn": (CNN, (4, 1, 8, 8))}
+# Steps for targeted tests, outside the sweep over MODELS.
+OTHER_MODELS = {"pool": (PoolCNN, (4, 1, 8, 8))}
 _EXPORTED: dict[str, bytes] = {}
 
 
 def exported(kind: str) -> bytes:
     """The model as ONNX (exported once per test session)."""
     if kind not in _EXPORTED:
-        make, shape = MODELS[kind]
+        make, shape = {**MODELS, **OTHER_MODELS}[kind]
         torch.manual_seed(0)
         buffer = io.BytesIO()
         torch.onnx.export(make().eval(), (torch.randn(*shape),), buffer, dynamo=False, do_constant_folding=False,
