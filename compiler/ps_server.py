@@ -41,6 +41,8 @@ class RankOrderSum:
     def add(self, worker: int, message: np.ndarray) -> np.ndarray | None:
         """Take `worker`'s message; the mean of the clock's gradients once every worker's is in (valid until the
         next `add`), else None."""
+        if not 0 <= worker < self.workers:
+            raise ValueError(f"a push from worker {worker}: this job has workers 0 to {self.workers - 1}")
         if worker < self.added or worker in self.held:
             raise ValueError(f"worker {worker} pushed twice in one synchronous clock")
         self.held[worker] = message

@@ -40,6 +40,8 @@ TIMING_RUNS = 7
 STEP_RUNS = 3
 # How long a worker timing its program waits for the others to load before it starts alone.
 BARRIER_TIMEOUT_S = 600
+# How long the timing of a step's programs may take in all, loading included, before its processes are stopped.
+STEP_TIMEOUT_S = 2 * BARRIER_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -134,9 +136,13 @@ def time_step(directory: Path, plan: Mapping, threads: int, runs: int = STEP_RUN
 
 
 def _first_failure(started: list[tuple[subprocess.Popen, Path]]) -> subprocess.CompletedProcess | None:
-    """Wait until every process has ended; the first that failed (its status and stderr) as soon as one does."""
+    """Wait until every process has ended; the first that failed (its status and stderr) as soon as one does, or
+    a timeout (status None) when they have not all ended STEP_TIMEOUT_S after the start."""
     pending = list(started)
+    deadline = time.monotonic() + STEP_TIMEOUT_S
     while pending:
+        if time.monotonic() > deadline:
+            return subprocess.CompletedProcess(pending[0][0].args, None, "", f"not done after {STEP_TIMEOUT_S} s")
         for process, out in list(pending):
             if process.poll() is None:
                 continue
@@ -167,8 +173,9 @@ def _run_main(request: Path, out: Path, threads: int) -> subprocess.CompletedPro
 
 
 def _note(done: subprocess.CompletedProcess) -> None:
-    _log.info("note: kernels not timed (status %d), their times are estimates: %s", done.returncode,
-              done.stderr.strip().splitlines()[-1:] or "")
+    lines = done.stderr.strip().splitlines()
+    _log.info("note: kernels not timed (status %s), their times are estimates: %s", done.returncode,
+              lines[-1] if lines else "")
 
 
 def _node_estimates(directory: Path) -> dict[str, float]:

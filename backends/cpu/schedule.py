@@ -210,7 +210,7 @@ def _schedule_reduction(sch, block) -> None:
     for loop in loops:
         work *= _extent(sch, loop)
     if (try_step(lambda: sch.reorder(*spatial, *reduce)) and _reads_rows(sch, reduce[-1])
-            and _rfactor_applies(sch, block)):
+            and _row_reduction_applies(sch, block)):
         # Rows reduced along their contiguous last axis: vector lanes split each row, not across rows.
         try_step(lambda: _parallel(sch, spatial, work))
         try_step(lambda: _vectorize_row_reduction(sch, block, reduce[-1]))
@@ -278,26 +278,39 @@ def _reads_rows(sch, loop) -> bool:
     return any(axes[-1] for axes in used) and not any(any(axes[:-1]) for axes in used)
 
 
-def _rfactor_applies(sch, block) -> bool:
-    """Whether TVM can rfactor the block's innermost loop, tried on a copy: rfactor knows only the reducers in
-    its registry (sum, product, min, max, ...), not a NaN-keeping select, and a failed try would leave the loop
-    split with a predicate in it."""
+def _row_reduction_applies(sch, block) -> bool:
+    """Whether `_vectorize_row_reduction` goes through, tried on a copy of the schedule: TVM's rfactor knows only
+    the reducers in its registry (sum, product, min, max, ...), not a NaN-keeping select, and a step failing
+    halfway would leave the row loop split with a predicate in it."""
     trial = s_tir.Schedule(sch.mod)
-    copy = trial.get_sblock(sch.get(block).name_hint)
-    _, lane = trial.split(trial.get_loops(copy)[-1], [None, REDUCTION_LANES])
-    return try_step(lambda: trial.rfactor(lane, len(trial.get(copy).writes[0].region)))
+
+    def attempt():
+        copy = trial.get_sblock(sch.get(block).name_hint)
+        _vectorize_row_reduction(trial, copy, trial.get_loops(copy)[-1])
+
+    return try_step(attempt)
+
+
+def _first_reduction_loop(sch, block):
+    """The outermost loop a reduction iterator of `block` (directly under its innermost loop) is bound to."""
+    loops = sch.get_loops(block)
+    realize = sch.get(loops[-1]).body
+    bound = {v for iter_var, value in zip(realize.block.iter_vars, realize.iter_values) if int(iter_var.iter_type) == 2
+             for v in _tvm.tirx.analysis.undefined_vars(value)}
+    return next(loop for loop in loops if any(sch.get(loop).loop_var.same_as(v) for v in bound))
 
 
 def _vectorize_row_reduction(sch, block, loop) -> None:
     """Split a row reduction into REDUCTION_LANES partial results that accumulate in vector lanes (rfactor),
     then reduce the lanes once per row: without fast-math LLVM keeps a scalar sum or max in order, one
     element per add latency. A row length no lane count divides runs its last partial vector apart, so the
-    main loop carries no predicate."""
+    main loop carries no predicate. The partials start above the outermost reduction loop (a reduction over
+    several axes, e.g. N, H and W, keeps them across its outer axes)."""
     extent = _extent(sch, loop)
     outer, lane = sch.split(loop, [None, REDUCTION_LANES])
     factor_axis = len(sch.get(block).writes[0].region)
     partial = sch.rfactor(lane, factor_axis)
-    init = sch.decompose_reduction(partial, sch.get_loops(partial)[-2])
+    init = sch.decompose_reduction(partial, _first_reduction_loop(sch, partial))
     try_step(lambda: sch.vectorize(sch.get_loops(init)[-1]))
     if extent % REDUCTION_LANES == 0:
         try_step(lambda: sch.vectorize(sch.get_loops(partial)[-1]))

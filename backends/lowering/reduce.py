@@ -95,8 +95,8 @@ def _lane_split_last(reducer, x, keep: bool):
     if rest:
         t = te.reduce_axis((0, rest), name="rt")
         tail = te.compute(lead, lambda *i: reducer(x[i + (whole * LANES + t,)], axis=t), name="nan_reduce_tail")
-        combine = _COMBINES[reducer]
-        rows = te.compute(lead, lambda *i: combine(rows[i], tail[i]), name="nan_reduce_join")
+        combine, across = _COMBINES[reducer], rows
+        rows = te.compute(lead, lambda *i: combine(across[i], tail[i]), name="nan_reduce_join")
     if not keep:
         return rows
     return te.compute(lead + [1], lambda *i: rows[i[:-1]], name="nan_reduce")

@@ -100,3 +100,19 @@ def test_an_elementwise_row_no_lane_count_divides_runs_whole_vectors_then_its_ta
     b = mod.te.placeholder((1001,), "float32", name="b")
     script = cpu_schedule.schedule(mod.te.create_prim_func([x, b, mod.topi.add(x, b)])).script()
     assert "in T.vectorized(16)" in script and "range(992, 1001)" in script  # 62 vectors of 16, then 9
+
+
+def test_a_reduction_over_several_axes_keeps_its_lane_partials_across_the_outer_ones(tmp_path, kernel_cache):
+    mod = tvm()
+    x = mod.te.placeholder((ROWS, 7, 1001), "float32", name="x")
+    script = cpu_schedule.schedule(mod.te.create_prim_func([x, mod.topi.sum(x, [1, 2], True)])).script()
+    init, outer = script.index("x_red_rf_init"), script.index("for k1 in range(7)")
+    assert init < outer and "for k2_1_init in T.vectorized(16)" in script  # partials start once, above axis 1
+    path = tmp_path / "sum12.onnx"
+    onnx.save(model([helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)],
+                    [("x", TensorProto.FLOAT, [ROWS, 7, 1001])], [("y", TensorProto.FLOAT, [ROWS, 1, 1])],
+                    [("axes", np.array([1, 2], np.int64))]), path)
+    data = np.random.default_rng(5).standard_normal((ROWS, 7, 1001)).astype(np.float32)
+    got = compile(str(path), cache_dir=kernel_cache).executor().run({"x": data})["y"]
+    np.testing.assert_allclose(got, data.astype(np.float64).sum((1, 2), keepdims=True), rtol=0,
+                               atol=1e-6 * float(np.abs(data).sum((1, 2)).max()))

@@ -54,3 +54,11 @@ def test_a_second_push_in_one_clock_is_refused():
     total.add(0, messages[0])
     with pytest.raises(ValueError, match="worker 0 pushed twice"):
         total.add(0, messages[0])
+
+
+def test_a_push_from_a_worker_the_job_does_not_have_is_refused():
+    total = RankOrderSum(Float32(), SIZE, WORKERS)
+    message = _messages(Float32())[0]
+    for worker in (-1, WORKERS):
+        with pytest.raises(ValueError, match=f"worker {worker}: this job has workers 0 to {WORKERS - 1}"):
+            total.add(worker, message)
