@@ -115,7 +115,7 @@ def predicted_step(trainer, workers: int, allreduce: str, links: dict) -> dict:
 def phase_seconds(timeline) -> list[dict]:
     """Seconds of each phase per worker in a step's timeline (compiler/step_timeline.py: forward, backward,
     update, waiting; the bars beside the kernels, all-reduces: how long at least one was in flight, not the sum of
-    their overlapping spans), and the step's seconds."""
+    their overlapping spans, plus the phase's bars on the host), and the step's seconds."""
     split = [{"step": timeline.step_s} for _ in timeline.busy_s]
     beside: dict[tuple[int, str], list[tuple[float, float]]] = {}
     for bar in timeline.bars:
@@ -124,7 +124,8 @@ def phase_seconds(timeline) -> list[dict]:
         else:
             split[bar.worker][bar.phase] = split[bar.worker].get(bar.phase, 0.0) + bar.finish_s - bar.start_s
     for (worker, phase), spans in beside.items():
-        split[worker][phase] = _covered_seconds(spans)
+        # Added to the phase's host bars (a transfer's host overhead beside its time on the link).
+        split[worker][phase] = split[worker].get(phase, 0.0) + _covered_seconds(spans)
     return split
 
 

@@ -59,16 +59,17 @@ def kernel_times(directory: Path, plan: Mapping, calls: Iterable[tuple[str, str]
     missing and `measure`), else estimated."""
     calls = dict((kernel, node) for kernel, node in calls)
     db = ProfileDB()
-    if measure and any(db.get(k, threads, in_step=True) is None for k in _always_called(plan) & calls.keys()):
+    workers = len(plan["workers"])
+    if measure and any(db.get(k, threads, workers) is None for k in _always_called(plan) & calls.keys()):
         timed = time_step(directory, plan, threads)
         if timed:
-            db.put({ProfileDB.key(kernel, threads, in_step=True): ms for kernel, ms in timed.items()})
-    missing = [k for k in calls if db.get(k, threads, in_step=True) is None and db.get(k, threads) is None]
+            db.put({ProfileDB.key(kernel, threads, workers): ms for kernel, ms in timed.items()})
+    missing = [k for k in calls if db.get(k, threads, workers) is None and db.get(k, threads) is None]
     if missing and measure:
         timed = _time_in_fresh_process(directory, plan, missing, threads)
         if timed:
             db.put({ProfileDB.key(kernel, threads): ms for kernel, ms in timed.items()})
-    measured = {k: db.get(k, threads, in_step=True) for k in calls}
+    measured = {k: db.get(k, threads, workers) for k in calls}
     measured = {k: db.get(k, threads) if ms is None else ms for k, ms in measured.items()}
     estimates = _node_estimates(directory) if None in measured.values() else {}
     times = {}

@@ -22,8 +22,9 @@ ESTIMATE_BYTES_PER_S = 5e9
 # A measured time is trusted this long; then the kernel is timed again (the machine, its load or its
 # firmware may have changed since).
 PROFILE_MAX_AGE_S = 30 * 24 * 3600
-# The suffix of a time measured inside a step's program (compiler/step_kernels.py): a kernel there runs after other
-# kernels evicted its data, not right after itself, so it takes longer than timed on its own.
+# The suffix of a time measured inside a step's programs (compiler/step_kernels.py), followed by how many workers ran
+# theirs at once: a kernel there runs after other kernels evicted its data, not right after itself, and shares the
+# caches and memory with the other workers, so it takes longer than timed on its own, and longer beside more workers.
 IN_STEP = "#in-step"
 
 
@@ -64,14 +65,15 @@ class ProfileDB:
             self.entries = {}
 
     @staticmethod
-    def key(kernel: str, threads: int, in_step: bool = False) -> str:
+    def key(kernel: str, threads: int, step_workers: int = 0) -> str:
         """The entry name of a kernel run with `threads` threads: timed on its own, call after call (the
-        default), or `in_step`: where a training step calls it, in program order on the step's buffers."""
-        return f"{kernel}@{threads}{IN_STEP if in_step else ''}"
+        default), or where a training step of `step_workers` workers calls it, in program order on the step's
+        buffers, every worker running its program at once."""
+        return f"{kernel}@{threads}{f'{IN_STEP}{step_workers}' if step_workers else ''}"
 
-    def get(self, kernel: str, threads: int, in_step: bool = False) -> float | None:
+    def get(self, kernel: str, threads: int, step_workers: int = 0) -> float | None:
         """Median milliseconds, or None when never measured here or measured too long ago."""
-        entry = self.entries.get(self.key(kernel, threads, in_step))
+        entry = self.entries.get(self.key(kernel, threads, step_workers))
         if not isinstance(entry, dict) or entry.get("machine") != self.machine:
             return None
         if self.now - float(entry.get("at", 0)) > PROFILE_MAX_AGE_S:

@@ -71,7 +71,7 @@ def test_prediction_times_come_from_inside_the_step_and_are_kept(replicas, tmp_p
     monkeypatch.setattr(step_kernels, "time_step", _in_this_process)
     first = kernel_times(directory, plan, _calls(plan), threads=1)
     db = ProfileDB()
-    assert all(db.get(k, 1, in_step=True) > 0 for k in _always_called(plan))
+    assert all(db.get(k, 1, len(plan["workers"])) > 0 for k in _always_called(plan))
     assert all(t.measured for t in first.values())
     # A kernel's time on its own does not replace its time inside the step; nothing is timed again.
     some = next(iter(_always_called(plan)))
@@ -79,7 +79,7 @@ def test_prediction_times_come_from_inside_the_step_and_are_kept(replicas, tmp_p
     monkeypatch.setattr(step_kernels, "time_step", lambda *args: pytest.fail("timed again"))
     monkeypatch.setattr(step_kernels, "_time_in_fresh_process", lambda *args: pytest.fail("timed again"))
     again = kernel_times(directory, plan, _calls(plan), threads=1)
-    assert again == first and again[some].seconds == pytest.approx(db.get(some, 1, in_step=True) / 1e3)
+    assert again == first and again[some].seconds == pytest.approx(db.get(some, 1, len(plan["workers"])) / 1e3)
 
 
 @pytest.mark.slow

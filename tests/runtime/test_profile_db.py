@@ -25,9 +25,9 @@ def test_the_database_lives_in_the_cache_root(tmp_path, monkeypatch):
     assert ProfileDB().get("k", 1) == 2.0
 
 
-def test_a_time_inside_a_step_is_kept_apart_from_the_time_on_its_own(tmp_path):
+def test_a_time_inside_a_step_is_kept_apart_from_the_time_on_its_own_and_by_its_workers(tmp_path):
     db = ProfileDB(tmp_path / "profiles.json")
-    db.put({ProfileDB.key("k", 1, in_step=True): 3.0})
-    assert db.get("k", 1) is None and db.get("k", 1, in_step=True) == 3.0
+    db.put({ProfileDB.key("k", 1, step_workers=2): 3.0})
+    assert db.get("k", 1) is None and db.get("k", 1, step_workers=2) == 3.0 and db.get("k", 1, step_workers=4) is None
     db.put({ProfileDB.key("k", 1): 2.0})
-    assert ProfileDB(db.path).get("k", 1) == 2.0 and ProfileDB(db.path).get("k", 1, in_step=True) == 3.0
+    assert ProfileDB(db.path).get("k", 1) == 2.0 and ProfileDB(db.path).get("k", 1, step_workers=2) == 3.0
