@@ -64,13 +64,17 @@ def kernel_times(directory: Path, plan: Mapping, calls: Iterable[tuple[str, str]
         timed = time_step(directory, plan, threads)
         if timed:
             db.put({ProfileDB.key(kernel, threads, workers): ms for kernel, ms in timed.items()})
-    missing = [k for k in calls if db.get(k, threads, workers) is None and db.get(k, threads) is None]
+
+    def known(kernel: str) -> float | None:
+        inside = db.get(kernel, threads, workers)
+        return db.get(kernel, threads) if inside is None else inside
+
+    missing = [k for k in calls if known(k) is None]
     if missing and measure:
         timed = _time_in_fresh_process(directory, plan, missing, threads)
         if timed:
             db.put({ProfileDB.key(kernel, threads): ms for kernel, ms in timed.items()})
-    measured = {k: db.get(k, threads, workers) for k in calls}
-    measured = {k: db.get(k, threads) if ms is None else ms for k, ms in measured.items()}
+    measured = {k: known(k) for k in calls}
     estimates = _node_estimates(directory) if None in measured.values() else {}
     times = {}
     for kernel, node in calls.items():

@@ -594,11 +594,15 @@ class Executor:
         for _ in range(runs):
             self._timed.kernel_ns[:] = 0
             self._write_inputs(inputs)
-            status = self._timed.run(0)
-            if status:
-                raise self._native_error(self._timed, status)
+            self._run_timed(self._timed)
             totals.append(int(self._timed.kernel_ns.sum()) / 1e9)
         return totals
+
+    def _run_timed(self, timed: NativeHost) -> None:
+        """One run of a timed copy of the native program (its kernel times add up in `timed.kernel_ns`)."""
+        status = timed.run(0)
+        if status:
+            raise self._native_error(timed, status)
 
     def received_values(self) -> list[str]:
         """The values the run's transfers and collectives write: what other workers bring (a reduction's result
@@ -620,9 +624,7 @@ class Executor:
             for buffer, array in writes:
                 buffer[...] = array
             timed.kernel_ns[:] = 0
-            status = timed.run(0)
-            if status:
-                raise self._native_error(timed, status)
+            self._run_timed(timed)
             samples.append(timed.kernel_ns.copy())
         seconds = np.median(np.stack(samples[1:]), axis=0) / 1e9
         # A site that took no time did not run (a branch not taken).
@@ -634,9 +636,7 @@ class Executor:
         self._timed.kernel_ns[:] = 0
         for _ in range(runs):
             self._write_inputs(inputs)
-            status = self._timed.run(0)
-            if status:
-                raise self._native_error(self._timed, status)
+            self._run_timed(self._timed)
         rows = [(site.instruction.node, site.instruction.op, float(ns) / runs / 1e3)
                 for site, ns in zip(self._timed.sites, self._timed.kernel_ns)]
         return sorted(rows, key=lambda row: -row[2])

@@ -164,8 +164,8 @@ class TopK:
 
     def decode_add(self, message: np.ndarray, out: np.ndarray) -> None:
         """Add the vector a message carries to `out` (its indices are distinct)."""
-        k = message.size // 8
-        out[message[:4 * k].view(np.int32)] += message[4 * k:].view(np.float32)
+        indices = self.sent(message)
+        out[indices] += message[4 * indices.size:].view(np.float32)
 
 
 def make_codec(name: str, segments: Sequence[int], topk_ratio: float = 0.01):

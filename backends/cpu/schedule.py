@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..lowering.context import FLAT_LOOPS_ATTR, MIN_PARALLEL_WORK
+from ..lowering.context import FLAT_LOOPS_ATTR, MIN_PARALLEL_WORK, REDUCTION_LANES, ROW_REDUCTION_MIN
 from ..lowering.index_checks import CHECK_ATTR, IndexCheck, add_index_checks
 from ..tvm_env import tvm
 
@@ -20,9 +20,6 @@ s_tir = _tvm.s_tir
 
 VECTOR_LANES = (16, 8, 4)
 MIN_PARALLEL_EXTENT = 2
-# A reduction along a contiguous row at least this long accumulates in this many vector lanes.
-ROW_REDUCTION_MIN = 64
-REDUCTION_LANES = 16
 # Pooling rows up to this long with no vector width dividing them accumulate a whole row at once.
 MAX_ROW_TILE = 32
 
@@ -40,9 +37,13 @@ def try_step(action) -> bool:
         return False
 
 
+def _is_reduction(iter_var) -> bool:
+    return int(iter_var.iter_type) == 2
+
+
 def _iter_kinds(sch, block) -> list[bool]:
     """True per block iterator that is a reduction."""
-    return [int(iv.iter_type) == 2 for iv in sch.get(block).iter_vars]
+    return [_is_reduction(iv) for iv in sch.get(block).iter_vars]
 
 
 def _lanes_for(extent: int) -> int | None:
@@ -209,8 +210,8 @@ def _schedule_reduction(sch, block) -> None:
     work = 1
     for loop in loops:
         work *= _extent(sch, loop)
-    if (try_step(lambda: sch.reorder(*spatial, *reduce)) and _reads_rows(sch, reduce[-1])
-            and _row_reduction_applies(sch, block)):
+    reordered = try_step(lambda: sch.reorder(*spatial, *reduce))
+    if reordered and _reads_rows(sch, reduce[-1]) and _row_reduction_applies(sch, block):
         # Rows reduced along their contiguous last axis: vector lanes split each row, not across rows.
         try_step(lambda: _parallel(sch, spatial, work))
         try_step(lambda: _vectorize_row_reduction(sch, block, reduce[-1]))
@@ -220,7 +221,7 @@ def _schedule_reduction(sch, block) -> None:
     last = spatial[-1]
     extent = _extent(sch, last)
     lanes = _lanes_for(extent)
-    if lanes is not None and try_step(lambda: sch.reorder(*spatial, *reduce)):
+    if lanes is not None and reordered:
         width = next(lanes * k for k in (4, 2, 1) if extent % (lanes * k) == 0)
         # Accumulate a register tile of `width` outputs, then copy it out.
         tile = sch.cache_write(block, 0, "global")
@@ -246,20 +247,16 @@ def _schedule_reduction(sch, block) -> None:
         _parallel(sch, spatial[:-1], work)
         try_step(lambda: sch.decompose_reduction(block, reduce[0]))
         return
-    if try_step(lambda: sch.reorder(*spatial, *reduce)):
+    if reordered:
         try_step(lambda: _parallel(sch, spatial, work))
 
 
-def _innermost_block(sch, loop):
-    """The block `loop` directly holds and the block iterator bound to `loop` alone (None, None if neither)."""
+def _bindings(sch, loop):
+    """The block `loop` directly holds and its (iterator, bound expression) pairs; (None, []) if it holds none."""
     realize = sch.get(loop).body
     if not hasattr(realize, "iter_values"):
-        return None, None
-    loop_var = sch.get(loop).loop_var
-    for iter_var, value in zip(realize.block.iter_vars, realize.iter_values):
-        if value.same_as(loop_var):
-            return realize.block, iter_var.var
-    return None, None
+        return None, []
+    return realize.block, list(zip(realize.block.iter_vars, realize.iter_values))
 
 
 def _uses(expr, var) -> bool:
@@ -271,7 +268,9 @@ def _reads_rows(sch, loop) -> bool:
     reads with it, and runs long enough to fill the vector lanes several times: its reads are then rows."""
     if _extent(sch, loop) < ROW_REDUCTION_MIN:
         return False
-    block, var = _innermost_block(sch, loop)
+    block, bindings = _bindings(sch, loop)
+    loop_var = sch.get(loop).loop_var
+    var = next((iter_var.var for iter_var, value in bindings if value.same_as(loop_var)), None)
     if var is None:
         return False
     used = [[_uses(r.min, var) for r in region.region] for region in block.reads]
@@ -294,10 +293,9 @@ def _row_reduction_applies(sch, block) -> bool:
 def _first_reduction_loop(sch, block):
     """The outermost loop a reduction iterator of `block` (directly under its innermost loop) is bound to."""
     loops = sch.get_loops(block)
-    realize = sch.get(loops[-1]).body
-    bound = {v for iter_var, value in zip(realize.block.iter_vars, realize.iter_values) if int(iter_var.iter_type) == 2
-             for v in _tvm.tirx.analysis.undefined_vars(value)}
-    return next(loop for loop in loops if any(sch.get(loop).loop_var.same_as(v) for v in bound))
+    _, bindings = _bindings(sch, loops[-1])
+    return next(loop for loop in loops if any(_is_reduction(iter_var) and _uses(value, sch.get(loop).loop_var)
+                                              for iter_var, value in bindings))
 
 
 def _vectorize_row_reduction(sch, block, loop) -> None:
@@ -315,9 +313,9 @@ def _vectorize_row_reduction(sch, block, loop) -> None:
     if extent % REDUCTION_LANES == 0:
         try_step(lambda: sch.vectorize(sch.get_loops(partial)[-1]))
         return
-    whole, _ = sch.loop_partition(sch.get_loops(partial)[-2], [extent // REDUCTION_LANES, None])
-    for child in sch.get_child_blocks(whole):
-        try_step(lambda c=child: sch.vectorize(sch.get_loops(c)[-1]))
+    # The partitioned loops keep the split's predicate in TIR, so TVM will not vectorize them; lowering drops it
+    # from the whole vectors' loop (provably true there), which LLVM then vectorizes.
+    sch.loop_partition(sch.get_loops(partial)[-2], [extent // REDUCTION_LANES, None])
 
 
 def schedule_around(func, anchor_schedule, anchor_blocks: frozenset[str]):

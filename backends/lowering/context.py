@@ -16,6 +16,11 @@ FLAT_LOOPS_ATTR = "tessel_flat_loops"
 # A parallel region costs more than it saves on less work than this (loop iterations × reduction length); shared
 # by the CPU schedules and the rules that write their own loops.
 MIN_PARALLEL_WORK = 16384
+# A reduction along the contiguous last axis of rows at least this long accumulates REDUCTION_LANES partial results
+# per row, a vector of them, then reduces across them: the CPU schedule splits them off (rfactor), and the NaN-keeping
+# max and min, which rfactor does not know, split them in their lowering.
+ROW_REDUCTION_MIN = 64
+REDUCTION_LANES = 16
 
 
 class LoweringError(TesselError):

@@ -7,7 +7,7 @@ so a NaN survived or vanished depending on where it fell in the reduction order.
 from __future__ import annotations
 
 from ..tvm_env import tvm
-from .context import LowerContext
+from .context import REDUCTION_LANES, ROW_REDUCTION_MIN, LowerContext
 from .elementwise import _exp
 
 _tvm = tvm()
@@ -49,9 +49,6 @@ _NAN_MIN_COMBINE = _nan_keeping(lambda a, b: a < b)
 NAN_MAX = te.comm_reducer(_NAN_MAX_COMBINE, lowest, name="nan_max")
 NAN_MIN = te.comm_reducer(_NAN_MIN_COMBINE, highest, name="nan_min")
 _COMBINES = {NAN_MAX: _NAN_MAX_COMBINE, NAN_MIN: _NAN_MIN_COMBINE}
-# A last axis at least this long reduces in LANES interleaved partial results (a vector of them), then across them.
-LANE_SPLIT_MIN = 64
-LANES = 16
 _BF16 = {
     NAN_MAX: te.comm_reducer(_self_unequal_keeping(lambda a, b: a > b), lowest, name="nan_max_bf16"),
     NAN_MIN: te.comm_reducer(_self_unequal_keeping(lambda a, b: a < b), highest, name="nan_min_bf16"),
@@ -66,7 +63,7 @@ def nan_reduce(reducer, x, axes: list[int] | None, keep: bool):
         reducer = _BF16[reducer]
     rank = len(x.shape)
     axes = list(range(rank)) if axes is None else axes
-    if reducer in _COMBINES and axes == [rank - 1] and int(x.shape[-1]) >= LANE_SPLIT_MIN:
+    if reducer in _COMBINES and axes == [rank - 1] and int(x.shape[-1]) >= ROW_REDUCTION_MIN:
         return _lane_split_last(reducer, x, keep)
     reduce_axes = {a: te.reduce_axis((0, x.shape[a]), name=f"r{a}") for a in axes}
     kept = [d for d in range(rank) if d not in reduce_axes]
@@ -81,20 +78,21 @@ def nan_reduce(reducer, x, axes: list[int] | None, keep: bool):
 
 
 def _lane_split_last(reducer, x, keep: bool):
-    """`reducer` over the last axis as LANES partial results, element j of a row going to partial j % LANES, then
-    across the partials and the row's last few elements. Schedules vectorize the partials over their lane
-    axis; TVM's rfactor, which would split the lanes off in a schedule, does not know a NaN-keeping select."""
+    """`reducer` over the last axis as REDUCTION_LANES partial results, element j of a row going to partial
+    j % REDUCTION_LANES, then across the partials and the row's last few elements. Schedules vectorize the partials
+    over their lane axis; TVM's rfactor, which would split the lanes off in a schedule, does not know a NaN-keeping
+    select."""
+    lanes = REDUCTION_LANES
     lead = [int(d) for d in x.shape[:-1]]
-    length = int(x.shape[-1])
-    whole, rest = divmod(length, LANES)
+    whole, rest = divmod(int(x.shape[-1]), lanes)
     c = te.reduce_axis((0, whole), name="rc")
-    partial = te.compute(lead + [LANES], lambda *i: reducer(x[i[:-1] + (c * LANES + i[-1],)], axis=c),
+    partial = te.compute(lead + [lanes], lambda *i: reducer(x[i[:-1] + (c * lanes + i[-1],)], axis=c),
                          name="nan_reduce_lanes")
-    lane = te.reduce_axis((0, LANES), name="rl")
+    lane = te.reduce_axis((0, lanes), name="rl")
     rows = te.compute(lead, lambda *i: reducer(partial[i + (lane,)], axis=lane), name="nan_reduce_rows")
     if rest:
         t = te.reduce_axis((0, rest), name="rt")
-        tail = te.compute(lead, lambda *i: reducer(x[i + (whole * LANES + t,)], axis=t), name="nan_reduce_tail")
+        tail = te.compute(lead, lambda *i: reducer(x[i + (whole * lanes + t,)], axis=t), name="nan_reduce_tail")
         combine, across = _COMBINES[reducer], rows
         rows = te.compute(lead, lambda *i: combine(across[i], tail[i]), name="nan_reduce_join")
     if not keep:
