@@ -225,6 +225,9 @@ def worker_ddp(name: str, batch: int, image_size: int, steps: int) -> dict:
 
     result = _timed(step, batches, steps)
     if world > 1:
+        # Without a barrier a rank may tear the group down while its peer still talks to it: gloo then aborts
+        # ("terminate called without an active exception") after the result was printed.
+        dist.barrier()
         dist.destroy_process_group()
     return result
 

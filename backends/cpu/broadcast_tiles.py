@@ -34,10 +34,12 @@ def vectorize_row(sch, loop) -> None:
         try_step(lambda: sch.vectorize(loop))
 
 
-def tile_product(sch, name: str, rows: int, parallel: bool, lead: int = 0, row_tiles_outer: bool = False):
+def tile_product(sch, name: str, rows: int, parallel: bool, lead: int = 0, row_tiles_outer: bool = False,
+                 parallel_lead: bool = False):
     """Schedule block `name`, loops (lead..., row, column, reduce...), as register tiles of `rows` × tile_columns;
     tiles (column strips outer, so a strip of b stays in cache, or row tiles outer when `row_tiles_outer`) run in
-    parallel when `parallel`. Returns the loop of tiles."""
+    parallel when `parallel`; with `parallel_lead` the lead loops run in parallel instead (one parallel region
+    around every tile of each lead index, such as independent chunks of a reduction). Returns the loop of tiles."""
     block = sch.get_sblock(name)
     tile = sch.cache_write(block, 0, "global")
     loops = sch.get_loops(block)
@@ -53,7 +55,9 @@ def tile_product(sch, name: str, rows: int, parallel: bool, lead: int = 0, row_t
     sch.unroll(vectors)
     sch.vectorize(lanes)
     tiles = sch.fuse(first, second)
-    if parallel:
+    if parallel and parallel_lead and outer:
+        sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+    elif parallel:
         sch.parallel(tiles)
     sch.decompose_reduction(block, reduce[0])
     return tiles

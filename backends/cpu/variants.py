@@ -7,7 +7,7 @@ attribute (conv "im2col" and "winograd"). Without them the op's
 target-neutral rule (backends/lowering/) lowers it. Dense 2-D ConvTranspose and ConvGradFilter (the backward
 convolutions) and a dense 2-D Conv left unpacked (its weights known only at run time: a training step's
 parameters) run as register-tiled products on CPU (conv_transpose.py, conv_grad_filter.py,
-conv_runtime_weights.py).
+conv_runtime_weights.py), and so does a Gemm with transA over tall operands (a weight gradient: tall_product.py).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from .grouped_conv import conv_grouped
 from .im2col import conv_im2col
 from .packed_kernels import conv_packed, matmul_packed
 from .packing import CONV_BLOCKS, DEPTHWISE_BLOCK, GROUPED_LAYOUT, MATMUL_BLOCK
+from .tall_product import applies as tall_product_applies, gemm_tall
 from .winograd import conv_winograd
 
 
@@ -61,6 +62,12 @@ def _conv_grad_filter(ctx: LowerContext):
     return conv_grad_filter_tiled(ctx, window_of(ctx, ctx.input_types[0].shape[2:], ctx.input_types[1].shape[2:]))
 
 
+def _gemm_trans_a(ctx: LowerContext):
+    if ctx.attr(ALGORITHM) == "generic" or not tall_product_applies(ctx):
+        return GENERIC_NN_RULES["Gemm"](ctx)
+    return gemm_tall(ctx)
+
+
 def _conv_unpacked(ctx: LowerContext):
     if not runtime_weights_applies(ctx):
         return GENERIC_NN_RULES["Conv"](ctx)
@@ -87,6 +94,8 @@ def variant_rule(op_type: str, attrs: Mapping[str, Any]) -> Callable | None:
         return _CONV_ALGORITHMS.get(attrs.get(ALGORITHM), _conv_unpacked)
     if op_type in ("MatMul", "Gemm") and attrs.get(MATMUL_BLOCK):
         return _matmul_packed
+    if op_type == "Gemm" and attrs.get("transA") and not attrs.get("transB"):
+        return _gemm_trans_a
     if op_type == "ConvGradFilter":
         return _conv_grad_filter
     if op_type == "ConvTranspose":

@@ -44,11 +44,12 @@ def _matmul(b: GradBuilder, node: Node, grads: Grads) -> Grads:
         dx = b.reshape(b.unbroadcast(b.op("MatMul", [dy2, _swap_last(b, w2)]), x2), x.type.shape)
     if b.wants(1):
         if w2.type.rank == 2:
-            # A weight matrix shared by a batch: one matrix product over the flattened batch rows.
+            # A weight matrix shared by a batch: one matrix product over the flattened batch rows, as Gemm with
+            # transA, which reads both operands along their rows (backends/cpu/tall_product.py).
             k, m = w2.type.shape
             rows = b.reshape(x2, (-1, k)) if x2.type.rank > 2 else x2
             drows = b.reshape(dy2, (-1, m)) if dy2.type.rank > 2 else dy2
-            dw2 = b.op("MatMul", [b.transpose(rows, [1, 0]), drows])
+            dw2 = b.op("Gemm", [rows, drows], transA=1)
         else:
             dw2 = b.unbroadcast(b.op("MatMul", [_swap_last(b, x2), dy2]), w2)
         dw = b.reshape(dw2, w.type.shape)
