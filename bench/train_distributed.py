@@ -171,32 +171,40 @@ def _batches(name: str, batch: int, image_size: int, count: int) -> list:
 
 def worker_tessel(name: str, batch: int, image_size: int, steps: int, directory: str) -> dict:
     """Tessel: the compiled step loaded from `directory`, here on one thread, or on the session's workers (each
-    with the cores shared among them: one on a 2-core machine, the one this bench is for). Several workers profile
-    their steps (runtime/step_profile.py), and each timed step's measured phases per worker come back."""
+    with the cores shared among them: one on a 2-core machine, the one this bench is for). The timed steps run
+    unprofiled (a profiled step sends every worker's spans to rank 0 before it answers: up to a millisecond more);
+    with several workers a second session of profiling workers then runs the same steps, and each of its steps'
+    measured phases per worker come back."""
     import tessel
     from tessel.backends.tvm_env import set_threads
     from tessel.compiler.measured_step import measured_timeline
     from tessel.runtime.step_profile import PROFILE_ENV
 
     set_threads(1)
-    os.environ[PROFILE_ENV] = "1"
-    trainer = tessel.load_training(directory)
     batches = _batches(name, batch, image_size, 4)
-    profiles = []
 
-    def step(x, y):
-        trainer.step({"x": x}, y)
-        profiles.append(trainer.step_profile)
+    def run(profiled: bool) -> tuple[dict, list, int]:
+        if profiled:
+            os.environ[PROFILE_ENV] = "1"
+        trainer = tessel.load_training(directory)
+        profiles = []
 
-    try:
-        pids = trainer._step._session.worker_pids if trainer.workers > 1 else None
-        result = _timed(step, batches, steps, pids)
-        if trainer.workers > 1:
-            result["splits"] = [phase_seconds(measured_timeline(trainer.step_artifact.plan, profile))
-                                for profile in profiles[WARMUP_STEPS:]]
-        return result
-    finally:
-        trainer.close()
+        def step(x, y):
+            trainer.step({"x": x}, y)
+            profiles.append(trainer.step_profile)
+
+        try:
+            pids = trainer._step._session.worker_pids if trainer.workers > 1 else None
+            return _timed(step, batches, steps, pids), profiles[WARMUP_STEPS:], trainer.workers
+        finally:
+            trainer.close()
+
+    result, _, workers = run(profiled=False)
+    if workers > 1:
+        _, profiles, _ = run(profiled=True)
+        plan = json.loads((Path(directory) / "step" / "plan.json").read_text())
+        result["splits"] = [phase_seconds(measured_timeline(plan, profile)) for profile in profiles]
+    return result
 
 
 def worker_ddp(name: str, batch: int, image_size: int, steps: int) -> dict:
