@@ -85,7 +85,7 @@ def _pool(kind: str):
         include = bool(ctx.attr("count_include_pad", 0))
         out_shape = list(ctx.out_shape())
         if kind == "max":
-            out = _nan_max_pool(x, kernel, strides, dilations, before, out_shape)
+            out = nan_max_pool(x, kernel, strides, dilations, before, out_shape)
         elif spatial == 1:
             out = topi.nn.pool1d(x, kernel, strides, dilations, before + after, kind, ceil, "NCW", include)
         elif spatial == 2:
@@ -122,7 +122,7 @@ def _max_pool_indices(x, pooled, kernel, strides, dilations, before, column_majo
     return te.compute(pooled.shape, body, name="max_pool_indices")
 
 
-def _nan_max_pool(x, kernel, strides, dilations, before, out_shape):
+def nan_max_pool(x, kernel, strides, dilations, before, out_shape):
     """MaxPool over the trailing axes of (N, C, ...) that is NaN when its window holds a NaN (TOPI's kept or dropped
     it by its place in the window): one reduction whose combine is a compare and a select per lane, so it vectorizes
     as TOPI's does. Padding is -inf (TOPI pads the type's finite minimum, which beat a window of -inf); the block

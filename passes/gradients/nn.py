@@ -81,7 +81,7 @@ def _gemm(b: GradBuilder, node: Node, grads: Grads) -> Grads:
     return [da, dw, dc][:len(inputs)]
 
 
-def _window(node: Node, x: Value, y: Value, kernel: list[int]) -> dict:
+def window_attrs(node: Node, x: Value, y: Value, kernel: list[int]) -> dict:
     """The explicit sliding-window attributes of a conv or pool node over x -> y (auto_pad resolved to pads)."""
     rank = len(kernel)
     strides = list(node.attrs.get("strides") or [1] * rank)
@@ -106,7 +106,7 @@ def _bias_grad(b: GradBuilder, dy: Value) -> Value:
 
 def _conv(b: GradBuilder, node: Node, grads: Grads) -> Grads:
     dy, (x, w) = grads[0], node.inputs[:2]
-    window = _window(node, x, node.outputs[0], list(w.type.shape[2:]))
+    window = window_attrs(node, x, node.outputs[0], list(w.type.shape[2:]))
     group = node.attrs.get("group", 1)
     dx = dw = db = None
     if b.wants(0):
@@ -155,13 +155,13 @@ def _conv_transpose(b: GradBuilder, node: Node, grads: Grads) -> Grads:
 
 def _max_pool(b: GradBuilder, node: Node, grads: Grads) -> Grads:
     dy, x = grads[0], node.inputs[0]
-    window = _window(node, x, node.outputs[0], list(node.attrs["kernel_shape"]))
+    window = window_attrs(node, x, node.outputs[0], list(node.attrs["kernel_shape"]))
     return [b.op("MaxPoolGrad", [x, dy], domain=TESSEL_DOMAIN, ceil_mode=node.attrs.get("ceil_mode", 0), **window)]
 
 
 def _average_pool(b: GradBuilder, node: Node, grads: Grads) -> Grads:
     dy, x = grads[0], node.inputs[0]
-    window = _window(node, x, node.outputs[0], list(node.attrs["kernel_shape"]))
+    window = window_attrs(node, x, node.outputs[0], list(node.attrs["kernel_shape"]))
     return [b.op("AveragePoolGrad", [dy], domain=TESSEL_DOMAIN, ceil_mode=node.attrs.get("ceil_mode", 0),
                  count_include_pad=node.attrs.get("count_include_pad", 0), input_shape=list(x.type.shape), **window)]
 

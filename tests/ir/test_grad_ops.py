@@ -65,6 +65,16 @@ def _max_pool_case(x, kernel, stride, pad, dilation=1, ceil=False, seed=0):
     (grad,) = REFERENCE["MaxPoolGrad"](attrs, [x, dy])
     np.testing.assert_allclose(grad, xt.grad.numpy(), rtol=1e-12, atol=1e-12)
     assert _infer("MaxPoolGrad", attrs, TensorType.of(x), TensorType.of(dy)) == TensorType.of(x)
+    # The forward that keeps each window's tap, and the gradient through the taps, give the same.
+    taps_attrs = _attrs("MaxPoolWithTaps", **attrs)
+    pooled, taps = REFERENCE["MaxPoolWithTaps"](taps_attrs, [x])
+    np.testing.assert_array_equal(pooled, y.detach().numpy())
+    assert get_schema("MaxPoolWithTaps", TESSEL_DOMAIN).infer(taps_attrs, [TensorType.of(x)], [None], 2) == [
+        TensorType.of(pooled), TensorType("int32", pooled.shape)]
+    grad_attrs = _attrs("MaxPoolTapsGrad", **attrs, input_shape=x.shape)
+    (through_taps,) = REFERENCE["MaxPoolTapsGrad"](grad_attrs, [taps, dy])
+    np.testing.assert_array_equal(through_taps, grad)
+    assert _infer("MaxPoolTapsGrad", grad_attrs, TensorType.of(taps), TensorType.of(dy)) == TensorType.of(x)
 
 
 @pytest.mark.parametrize("shape,kernel,stride,pad,dilation,ceil", [
