@@ -1,4 +1,5 @@
-"""Tessel's gradient ops (domain "tessel"): the ops reverse-mode autodiff needs that ONNX does not define.
+"""Tessel's gradient ops (domain "tessel"): the ops reverse-mode autodiff and training need that ONNX does not
+define.
 
 - `ConvGradFilter(x[N, C, *S], dy[N, O, *So])` -> dW[O, C/group, *kernel_shape]: the gradient of a Conv's
   filter (attrs kernel_shape, strides, pads, dilations, group as the Conv's; pads explicit, no auto_pad).
@@ -11,6 +12,10 @@
   x's bytes for a 3x3 stride-2 pool, instead of searching x again (passes/pool_taps.py).
 - `MaxPoolTapsGrad(taps, dy)` -> dx of shape `input_shape`: each window's dy added at its tap (attrs as
   MaxPoolGrad's plus `input_shape`), MaxPoolGrad's result.
+- `BatchStats(x)` -> (mean, var): the batch mean and biased variance of each channel (axis 1) of (N, C, ...), kept
+  as (1, C, 1, ...), the variance of the centred values (two passes, as ReduceMean then the mean of squares); a
+  training-mode BatchNormalization's statistics (passes/training_mode.py). Its gradient rule
+  (passes/gradients/nn.py) is the closed form, dx = (dmean + 2 (x - mean) dvar) / count.
 - `AveragePoolGrad(dy)` -> dx of shape `input_shape`: attrs as AveragePool's (kernel_shape, strides, pads,
   dilations, ceil_mode, count_include_pad) plus `input_shape`. Divisors follow PyTorch: with count_include_pad a
   window counts its padding but not what ceil_mode adds beyond it; without, only its real elements.
@@ -166,6 +171,15 @@ def _pool_out_sizes(attrs: Mapping[str, object], in_sizes: Sequence[int]) -> tup
     return tuple(sizes)
 
 
+def batch_stats(attrs: Attributes, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """(mean, biased variance) over every axis but 1, kept."""
+    (x,) = inputs
+    axes = (0,) + tuple(range(2, x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    centred = x - mean
+    return [mean.astype(x.dtype), (centred * centred).mean(axis=axes, keepdims=True).astype(x.dtype)]
+
+
 def window_counts(window: Window, include_pad: bool) -> np.ndarray:
     """The divisor of each average-pool window (shape So), as PyTorch counts it."""
     per_axis = []
@@ -249,6 +263,14 @@ def _infer_max_pool_taps_grad(forward_schema, attrs, input_types, input_data, nu
     return [x]
 
 
+def _infer_batch_stats(forward_schema, attrs, input_types, input_data, num_outputs):
+    (x,) = input_types
+    if x.rank < 2 or not x.dtype.startswith("float"):
+        raise InferenceFailure(f"x must be a float tensor (N, C, ...), is {x}")
+    stat = TensorType(x.dtype, (1, x.shape[1]) + (1,) * (x.rank - 2))
+    return [stat, stat]
+
+
 def _infer_average_pool_grad(forward_schema, attrs, input_types, input_data, num_outputs):
     (dy,) = input_types
     x = TensorType(dy.dtype, tuple(attrs["input_shape"]))
@@ -266,6 +288,7 @@ GRAD_OPS = {
     "MaxPoolWithTaps": (1, 2, MAX_POOL_GRAD_ATTRS, _infer_max_pool_with_taps),
     "MaxPoolTapsGrad": (2, 1, MAX_POOL_TAPS_GRAD_ATTRS, _infer_max_pool_taps_grad),
     "AveragePoolGrad": (1, 1, AVERAGE_POOL_GRAD_ATTRS, _infer_average_pool_grad),
+    "BatchStats": (1, 2, {}, _infer_batch_stats),
 }
 
 REFERENCE: dict[str, Reference] = {
@@ -274,4 +297,5 @@ REFERENCE: dict[str, Reference] = {
     "MaxPoolWithTaps": max_pool_with_taps,
     "MaxPoolTapsGrad": max_pool_taps_grad,
     "AveragePoolGrad": average_pool_grad,
+    "BatchStats": batch_stats,
 }

@@ -18,6 +18,7 @@ import numpy as np
 
 from tessel.ir.errors import ModelImportError
 from tessel.ir.graph import Graph, Node, Value
+from tessel.ir.schema import TESSEL_DOMAIN
 from tessel.ir.verify import verify
 
 from .base import add_op, can_replace, constant_scalar, retire
@@ -196,10 +197,17 @@ def _batch_norm_training(graph: Graph, node: Node, updates: dict[str, Value], re
     momentum = _float32_literal(node.attrs.get("momentum", 0.9))
     epsilon = _float32_literal(node.attrs.get("epsilon", 1e-5))
     em = Emitter(graph, node, node.name)
-    axes_value = em.const(axes, np.int64)
-    mean = _batch_mean(em, x, axes_value, replicas)
-    centered = em.op("Sub", x, mean)
-    var = _batch_mean(em, em.op("Mul", centered, centered), axes_value, replicas)
+    if replicas > 1:
+        axes_value = em.const(axes, np.int64)
+        mean = _batch_mean(em, x, axes_value, replicas)
+        centered = em.op("Sub", x, mean)
+        var = _batch_mean(em, em.op("Mul", centered, centered), axes_value, replicas)
+    else:
+        # One op for both statistics: one kernel, and a closed-form gradient instead of autodiff through the
+        # mean, the subtraction and the mean of squares (passes/gradients/nn.py).
+        mean, var = add_op(graph, "BatchStats", [x], name=f"{node.name}/BatchStats", before=node, num_outputs=2,
+                           domain=TESSEL_DOMAIN).outputs
+        centered = em.op("Sub", x, mean)
     rstd = em.op("Reciprocal", em.op("Sqrt", em.op("Add", var, em.scalar(epsilon, x))))
     per_channel = [channels] + [1] * (rank - 2)
     # (x - mean) times one per-channel factor rstd * scale: backward then keeps x - mean alone (and per-channel
@@ -221,12 +229,11 @@ def _batch_norm_training(graph: Graph, node: Node, updates: dict[str, Value], re
 
 
 def _batch_mean(em: Emitter, value: Value, axes: Value, replicas: int) -> Value:
-    """The mean of `value` over the batch `axes` (kept); with `replicas` > 1 over all the replicas' slices: each
-    replica's mean, averaged over the replicas by an AllReduce (the slices are equally large). The mean and then
-    the variance of the centred values take one AllReduce each, the single-device arithmetic, rather than one
-    AllReduce of the mean and the mean of squares, whose difference cancels where the mean dwarfs the spread."""
-    mean = em.op("ReduceMean", value, axes, keepdims=1)
-    return replica_mean(em.graph, mean) if replicas > 1 else mean
+    """The mean of `value` over the batch `axes` (kept) of all the `replicas`' slices: each replica's mean, averaged
+    over the replicas by an AllReduce (the slices are equally large). The mean and then the variance of the centred
+    values take one AllReduce each, the single-device arithmetic, rather than one AllReduce of the mean and the
+    mean of squares, whose difference cancels where the mean dwarfs the spread."""
+    return replica_mean(em.graph, em.op("ReduceMean", value, axes, keepdims=1))
 
 
 def _running_update(em: Emitter, stat: Value, batch_stat: Value, momentum: float, factor: float) -> Value:

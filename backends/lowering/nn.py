@@ -122,16 +122,22 @@ def _max_pool_indices(x, pooled, kernel, strides, dilations, before, column_majo
     return te.compute(pooled.shape, body, name="max_pool_indices")
 
 
-def nan_max_pool(x, kernel, strides, dilations, before, out_shape):
-    """MaxPool over the trailing axes of (N, C, ...) that is NaN when its window holds a NaN (TOPI's kept or dropped
-    it by its place in the window): one reduction whose combine is a compare and a select per lane, so it vectorizes
-    as TOPI's does. Padding is -inf (TOPI pads the type's finite minimum, which beat a window of -inf); the block
-    carries TOPI's pooling schedule rule, so the CPU schedule treats it as the pooling it is."""
+def max_pool_pad(x, kernel, strides, dilations, before, out_shape):
+    """x padded with -inf by the pads before and, after, to every window's end: each window reads inside it."""
     in_dims = _dims(x)[2:]
     needed = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out_shape[2:], strides, kernel, dilations)]
     pad_after = [max(n - i - b, 0) for n, i, b in zip(needed, in_dims, before)]
     if any(before) or any(pad_after):
         x = topi.nn.pad(x, [0, 0] + list(before), [0, 0] + pad_after, pad_value=lowest(x.dtype), name="pool_pad")
+    return x
+
+
+def nan_max_pool(x, kernel, strides, dilations, before, out_shape):
+    """MaxPool over the trailing axes of (N, C, ...) that is NaN when its window holds a NaN (TOPI's kept or dropped
+    it by its place in the window): one reduction whose combine is a compare and a select per lane, so it vectorizes
+    as TOPI's does. Padding is -inf (TOPI pads the type's finite minimum, which beat a window of -inf); the block
+    carries TOPI's pooling schedule rule, so the CPU schedule treats it as the pooling it is."""
+    x = max_pool_pad(x, kernel, strides, dilations, before, out_shape)
     window = [te.reduce_axis((0, k), name=f"k{i}") for i, k in enumerate(kernel)]
 
     def body(n, c, *pos):
@@ -173,6 +179,26 @@ def _lrn(ctx: LowerContext):
 def _channel(v, rank: int):
     """Broadcast a per-channel vector against an (N, C, ...) tensor."""
     return topi.reshape(v, [int(v.shape[0])] + [1] * (rank - 2))
+
+
+def _batch_stats(ctx: LowerContext):
+    """(mean, biased variance) per channel, kept: the sum, then the sum of squares around the mean, in one kernel."""
+    x = ctx.input(0)
+    axes = [0] + list(range(2, len(x.shape)))
+    count = 1
+    for a in axes:
+        count *= int(x.shape[a])
+    scale = tir.const(1.0 / count, x.dtype)
+    total = topi.sum(x, axes, True)
+    mean = te.compute(total.shape, lambda *i: total[i] * scale, name="batch_mean")
+    squares = te.compute(x.shape, lambda n, c, *rest: _square(x[(n, c, *rest)] - mean[(0, c) + (0,) * len(rest)]),
+                         name="batch_centred_square")
+    spread = topi.sum(squares, axes, True)
+    return [mean, te.compute(spread.shape, lambda *i: spread[i] * scale, name="batch_var")]
+
+
+def _square(v):
+    return v * v
 
 
 def _batch_norm(ctx: LowerContext):
@@ -285,6 +311,7 @@ def _gemm(ctx: LowerContext):
 RULES = {
     "Conv": _conv,
     "MaxPool": _pool("max"),
+    "BatchStats": _batch_stats,
     "AveragePool": _pool("avg"),
     "GlobalAveragePool": _global_pool("avg"),
     "GlobalMaxPool": _global_pool("max"),

@@ -231,6 +231,21 @@ def _batch_norm_unsupported(node: Node) -> str | None:
     return None
 
 
+def _batch_stats(b: GradBuilder, node: Node, grads: Grads) -> Grads:
+    # mean = Σx / n and var = Σ(x - mean)² / n: dx = dmean / n + 2 (x - mean) dvar / n. The var's derivative
+    # through the mean, -2 Σ(x - mean) / n, is zero and left out (autodiff of the primitive ops computes it).
+    dmean, dvar = grads
+    x, mean = node.inputs[0], node.outputs[0]
+    count = x.type.numel // x.type.shape[1]
+    dx = None
+    if dvar is not None:
+        dx = b.mul(b.sub(x, mean), b.mul(dvar, b.scalar(2.0 / count, dvar)))
+    if dmean is not None:
+        share = b.mul(dmean, b.scalar(1.0 / count, dmean))
+        dx = b.expand(share, x.type.shape) if dx is None else b.add(dx, share)
+    return [dx]
+
+
 def _channel_window_sum(b: GradBuilder, value: Value, band: np.ndarray) -> Value:
     """sum over channels c' of value[:, c'] * band[c', c], for each channel c (axis 1)."""
     rank = value.type.rank
@@ -285,4 +300,8 @@ RULES: dict[str, Rule] = {
     "BatchNormalization": Rule(_batch_norm, _batch_norm_unsupported),
     "LRN": Rule(_lrn),
     "Dropout": Rule(_dropout, _dropout_unsupported),
+}
+# Tessel-domain ops of the training graph.
+TESSEL_RULES: dict[str, Rule] = {
+    "BatchStats": Rule(_batch_stats),
 }

@@ -82,6 +82,25 @@ def test_max_pool_grad_kernel_with_ties(x_shape, dy_shape, attrs):
     np.testing.assert_array_equal(through_taps, got)
 
 
+def test_max_pool_taps_padding_never_wins_a_window_of_minus_infinity():
+    """The taps kernel reads x padded with -inf: where the maximum is -inf, only the real elements count."""
+    x = np.full((1, 2, 5, 5), -np.inf, np.float32)
+    x[0, 1, 1:, 1:] = 0.0
+    attrs = dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), strides=(2, 2))
+    (_, taps), (_, want) = run_kernels("MaxPoolWithTaps", attrs, [x])
+    np.testing.assert_array_equal(taps, want)
+    # Each window's first real element: the top-left windows start in the padding.
+    np.testing.assert_array_equal(taps[0, 0], [[4, 3, 3], [1, 0, 0], [1, 0, 0]])
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 6, 5), (32, 2, 7, 7), (9, 4)])
+def test_batch_stats_kernel(shape):
+    x = _random(6, *shape) * 2 + 5  # a mean that dwarfs part of the spread
+    (mean, var), (want_mean, want_var) = run_kernels("BatchStats", {}, [x])
+    np.testing.assert_allclose(mean, want_mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(var, want_var, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("dy_shape,attrs", [
     ((2, 3, 4, 4), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), strides=(2, 2), count_include_pad=1)),
     ((1, 2, 4, 4), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), strides=(2, 2), ceil_mode=1)),

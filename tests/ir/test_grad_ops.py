@@ -122,6 +122,19 @@ def test_average_pool_grad_matches_torch(shape, kernel, stride, pad, ceil, inclu
     assert _infer("AveragePoolGrad", attrs, TensorType.of(dy)) == TensorType.of(grad)
 
 
+@pytest.mark.parametrize("shape", [(4, 3, 5, 2), (6, 2)])
+def test_batch_stats_match_torch(shape):
+    x = np.random.default_rng(5).standard_normal(shape) * 3 + 10
+    axes = [0] + list(range(2, len(shape)))
+    var, mean = torch.var_mean(torch.tensor(x), dim=axes, keepdim=True, correction=0)
+    got = REFERENCE["BatchStats"](_attrs("BatchStats"), [x])
+    np.testing.assert_allclose(got[0], mean.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(got[1], var.numpy(), rtol=1e-12)
+    stat = TensorType("float64", (1, shape[1]) + (1,) * (len(shape) - 2))
+    assert get_schema("BatchStats", TESSEL_DOMAIN).infer(_attrs("BatchStats"), [TensorType.of(x)], [None], 2) == [
+        stat, stat]
+
+
 def test_inference_rejects_a_dy_that_does_not_match_the_forward_op():
     attrs = _attrs("ConvGradFilter", kernel_shape=(3, 3))
     with pytest.raises(InferenceFailure, match="dy is"):
