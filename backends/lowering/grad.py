@@ -15,7 +15,7 @@ from tessel.ir.grad_ops import Window
 from ..tvm_env import tvm
 from .context import LowerContext
 from .conv_transpose import axis_taps
-from .nn import max_pool_pad, nan_max_pool
+from .nn import nan_max_pool
 from .reduce import NAN_MAX, lowest
 
 _tvm = tvm()
@@ -113,9 +113,9 @@ def _phase_gather(window: Window, sources, contribution, shape, dtype, name: str
     return te.compute(shape, gather, name=name)
 
 
-def _first_argmax(x, window: Window, out_shape):
+def _first_argmax(x, window: Window, out_shape, peaks=None):
     """Per window, the row-major tap number of its first maximum among its real elements (NaN counts as maximum);
-    the kernel size when a window has no real element.
+    the kernel size when a window has no real element. `peaks`: each window's maximum, when already made.
 
     Two single-value reductions (the maximum, then the first tap holding it): a tuple reduction would not survive
     the generic CPU schedule, which caches one output of a block."""
@@ -137,7 +137,8 @@ def _first_argmax(x, window: Window, out_shape):
         axes = [te.reduce_axis((0, k), name=f"m{i}") for i, k in enumerate(window.kernel)]
         return NAN_MAX(tap_of(n, c, pos, axes)[0], axis=axes)
 
-    peaks = te.compute(out_shape, peak, name="pool_peak")
+    if peaks is None:
+        peaks = te.compute(out_shape, peak, name="pool_peak")
 
     def first(n, c, *pos):
         axes = [te.reduce_axis((0, k), name=f"f{i}") for i, k in enumerate(window.kernel)]
@@ -171,40 +172,13 @@ def max_pool_grad(ctx: LowerContext):
     return [_taps_gather(window, _first_argmax(x, window, _dims(dy)), dy, _dims(x))]
 
 
-def _first_tap_of_peak(x, window: Window, pooled, out_shape):
-    """Per window, the row-major tap number of the first element equal to its maximum `pooled` (NaN to NaN).
-
-    The window reads x padded with -inf, so no load is guarded; padding can tie only with a maximum of -inf, and
-    there only the window's real elements count (the kernel size when it has none)."""
-    padded = max_pool_pad(x, window.kernel, window.strides, window.dilations, window.before, out_shape)
-    count = 1
-    for k in window.kernel:
-        count *= k
-    bottom = lowest(x.dtype)
-
-    def first(n, c, *pos):
-        axes = [te.reduce_axis((0, k), name=f"f{i}") for i, k in enumerate(window.kernel)]
-        at, real, number = [], [], tir.const(0, "int32")
-        for p, s, a, d, b, size, k in zip(pos, window.strides, axes, window.dilations, window.before,
-                                          window.in_sizes, window.kernel):
-            at.append(p * s + a * d)
-            real.append(tir.all(at[-1] >= b, at[-1] < size + b))
-            number = number * k + a
-        value, top = padded[(n, c, *at)], pooled[(n, c, *pos)]
-        equal = tir.any(value == top, tir.all(tir.isnan(value), tir.isnan(top)))
-        hit = tir.all(equal, tir.any(top != bottom, tir.all(*real)))
-        return te.min(tir.Select(hit, number, tir.const(count, "int32")), axis=axes)
-
-    return te.compute(out_shape, first, name="pool_first_peak")
-
-
 def max_pool_with_taps(ctx: LowerContext):
     """(MaxPool's output, each window's first-maximum tap): the pool, then the first tap that holds its value."""
     x = ctx.input(0)
     out_shape = list(ctx.output_types[0].shape)
     window = window_of(ctx, _dims(x)[2:], out_shape[2:])
     pooled = nan_max_pool(x, window.kernel, window.strides, window.dilations, window.before, out_shape)
-    return [pooled, _first_tap_of_peak(x, window, pooled, out_shape)]
+    return [pooled, _first_argmax(x, window, out_shape, pooled)]
 
 
 def max_pool_taps_grad(ctx: LowerContext):

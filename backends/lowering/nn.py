@@ -122,22 +122,16 @@ def _max_pool_indices(x, pooled, kernel, strides, dilations, before, column_majo
     return te.compute(pooled.shape, body, name="max_pool_indices")
 
 
-def max_pool_pad(x, kernel, strides, dilations, before, out_shape):
-    """x padded with -inf by the pads before and, after, to every window's end: each window reads inside it."""
-    in_dims = _dims(x)[2:]
-    needed = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out_shape[2:], strides, kernel, dilations)]
-    pad_after = [max(n - i - b, 0) for n, i, b in zip(needed, in_dims, before)]
-    if any(before) or any(pad_after):
-        x = topi.nn.pad(x, [0, 0] + list(before), [0, 0] + pad_after, pad_value=lowest(x.dtype), name="pool_pad")
-    return x
-
-
 def nan_max_pool(x, kernel, strides, dilations, before, out_shape):
     """MaxPool over the trailing axes of (N, C, ...) that is NaN when its window holds a NaN (TOPI's kept or dropped
     it by its place in the window): one reduction whose combine is a compare and a select per lane, so it vectorizes
     as TOPI's does. Padding is -inf (TOPI pads the type's finite minimum, which beat a window of -inf); the block
     carries TOPI's pooling schedule rule, so the CPU schedule treats it as the pooling it is."""
-    x = max_pool_pad(x, kernel, strides, dilations, before, out_shape)
+    in_dims = _dims(x)[2:]
+    needed = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out_shape[2:], strides, kernel, dilations)]
+    pad_after = [max(n - i - b, 0) for n, i, b in zip(needed, in_dims, before)]
+    if any(before) or any(pad_after):
+        x = topi.nn.pad(x, [0, 0] + list(before), [0, 0] + pad_after, pad_value=lowest(x.dtype), name="pool_pad")
     window = [te.reduce_axis((0, k), name=f"k{i}") for i, k in enumerate(kernel)]
 
     def body(n, c, *pos):
