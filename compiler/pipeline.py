@@ -14,11 +14,14 @@ from tessel.passes.constant_fold import CONSTANT_FOLD
 from tessel.passes.cse import CSE
 from tessel.passes.dce import DCE
 from tessel.passes.fuse import FUSE, kernel_count
+from tessel.passes.pool_taps import POOL_TAPS
 from tessel.passes.simplify import SIMPLIFY
 from tessel.passes.split_variadic import SPLIT_VARIADIC
 
-# Variadic ops are split right after simplification, so no later pass or kernel sees thousands of inputs.
-PIPELINE: tuple[Pass, ...] = (SIMPLIFY, SPLIT_VARIADIC, CONSTANT_FOLD, CSE, DCE, FUSE)
+# Variadic ops are split right after simplification, so no later pass or kernel sees thousands of inputs. A
+# training step's pools keep their taps before CSE and DCE, so recomputation (placed after them) plans the
+# step's real memory.
+PIPELINE: tuple[Pass, ...] = (SIMPLIFY, SPLIT_VARIADIC, CONSTANT_FOLD, POOL_TAPS, CSE, DCE, FUSE)
 PASS_NAMES = tuple(p.name for p in PIPELINE)
 
 

@@ -60,6 +60,10 @@ def flops(node: Node) -> int:
         return seq * batch * directions * per_step
     if op in ("MaxPool", "AveragePool", "LpPool"):
         return out * math.prod(node.attrs.get("kernel_shape", (1,)))
+    if op == "MaxPoolWithTaps":  # each window searched twice: its maximum, then its first tap
+        return 2 * out * math.prod(node.attrs["kernel_shape"])
+    if op == "BatchStats":  # the sum, then the squared deviations
+        return 4 * _numel(ins[0])
     if op.startswith("Reduce") or op.startswith("Global") or op in ("ArgMax", "ArgMin"):
         return _numel(ins[0])
     return out * PER_ELEMENT.get(op, 1)

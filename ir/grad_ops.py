@@ -1,10 +1,21 @@
-"""Tessel's gradient ops (domain "tessel"): the ops reverse-mode autodiff needs that ONNX does not define.
+"""Tessel's gradient ops (domain "tessel"): the ops reverse-mode autodiff and training need that ONNX does not
+define.
 
 - `ConvGradFilter(x[N, C, *S], dy[N, O, *So])` -> dW[O, C/group, *kernel_shape]: the gradient of a Conv's
   filter (attrs kernel_shape, strides, pads, dilations, group as the Conv's; pads explicit, no auto_pad).
 - `MaxPoolGrad(x, dy)` -> dx like x: each window's gradient goes to its FIRST maximum in row-major order among
   the window's real (not padding) elements, as PyTorch does (attrs as MaxPool's: kernel_shape, strides, pads,
   dilations, ceil_mode).
+- `MaxPoolWithTaps(x)` -> (y, taps): MaxPool's output and, per window, the row-major tap number (int32) of the
+  first maximum that MaxPoolGrad gives the gradient to (the kernel size when the window has no real element);
+  attrs as MaxPoolGrad's. A training step's forward pool makes both, so the backward reads taps, a quarter of
+  x's bytes for a 3x3 stride-2 pool, instead of searching x again (passes/pool_taps.py).
+- `MaxPoolTapsGrad(taps, dy)` -> dx of shape `input_shape`: each window's dy added at its tap (attrs as
+  MaxPoolGrad's plus `input_shape`), MaxPoolGrad's result.
+- `BatchStats(x)` -> (mean, var): the batch mean and biased variance of each channel (axis 1) of (N, C, ...), kept
+  as (1, C, 1, ...), the variance of the centred values (two passes, as ReduceMean then the mean of squares); a
+  training-mode BatchNormalization's statistics (passes/training_mode.py). Its gradient rule
+  (passes/gradients/nn.py) is the closed form, dx = (dmean + 2 (x - mean) dvar) / count.
 - `AveragePoolGrad(dy)` -> dx of shape `input_shape`: attrs as AveragePool's (kernel_shape, strides, pads,
   dilations, ceil_mode, count_include_pad) plus `input_shape`. Divisors follow PyTorch: with count_include_pad a
   window counts its padding but not what ceil_mode adds beyond it; without, only its real elements.
@@ -37,6 +48,7 @@ _WINDOW_ATTRS = {
 }
 CONV_GRAD_FILTER_ATTRS = {**_WINDOW_ATTRS, "group": AttrSpec("group", "int", False, 1)}
 MAX_POOL_GRAD_ATTRS = {**_WINDOW_ATTRS, "ceil_mode": AttrSpec("ceil_mode", "int", False, 0)}
+MAX_POOL_TAPS_GRAD_ATTRS = {**MAX_POOL_GRAD_ATTRS, "input_shape": AttrSpec("input_shape", "ints", True)}
 AVERAGE_POOL_GRAD_ATTRS = {
     **MAX_POOL_GRAD_ATTRS,
     "count_include_pad": AttrSpec("count_include_pad", "int", False, 0),
@@ -95,23 +107,77 @@ def conv_grad_filter(attrs: Attributes, inputs: Sequence[np.ndarray]) -> list[np
     return [grad.astype(x.dtype)]
 
 
-def max_pool_grad(attrs: Attributes, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """dx: each window's dy added at its first maximum (row-major) among its real elements; NaN counts as maximum."""
-    x, dy = inputs
-    window = Window(attrs, x.shape[2:], dy.shape[2:])
+def _first_taps(x: np.ndarray, window: Window) -> tuple[np.ndarray, np.ndarray]:
+    """(each window's maximum, the row-major tap number of its first maximum among its real elements; the kernel
+    size where it has none); NaN counts as maximum."""
     padded = _pad(x, window, -np.inf)
     real = _pad(np.ones(x.shape, bool), window, False)
     lead = (slice(None), slice(None))
     values = np.stack([padded[lead + where] for _, where in window.offsets()])
     valid = np.stack([real[lead + where] for _, where in window.offsets()])
-    masked = np.where(valid, values, -np.inf)
-    peak = masked.max(axis=0)
+    peak = np.where(valid, values, -np.inf).max(axis=0)
     hit = valid & ((values == peak) | (np.isnan(values) & np.isnan(peak)))
-    first = hit.argmax(axis=0)
-    grad = np.zeros(padded.shape, dtype=np.result_type(x, dy))
+    first = np.where(hit.any(axis=0), hit.argmax(axis=0), len(values))
+    return peak, first.astype(np.int32)
+
+
+def _scatter_taps(taps: np.ndarray, dy: np.ndarray, window: Window, shape: Sequence[int]) -> np.ndarray:
+    """dx of `shape`: each window's dy added at the input element under its tap."""
+    lead = (slice(None), slice(None))
+    grad = np.zeros(tuple(shape[:2]) + window.padded_sizes(), dtype=dy.dtype)
     for index, (_, where) in enumerate(window.offsets()):
-        grad[lead + where] += np.where(first == index, dy, 0)
-    return [grad[lead + window.crop()].astype(x.dtype)]
+        grad[lead + where] += np.where(taps == index, dy, 0)
+    return grad[lead + window.crop()]
+
+
+def max_pool_grad(attrs: Attributes, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """dx: each window's dy added at its first maximum (row-major) among its real elements; NaN counts as maximum."""
+    x, dy = inputs
+    window = Window(attrs, x.shape[2:], dy.shape[2:])
+    _, taps = _first_taps(x, window)
+    return [_scatter_taps(taps, dy.astype(np.result_type(x, dy)), window, x.shape).astype(x.dtype)]
+
+
+def max_pool_with_taps(attrs: Attributes, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """(MaxPool's output, each window's first-maximum tap as int32)."""
+    (x,) = inputs
+    sizes = _pool_out_sizes(attrs, x.shape[2:])
+    peak, taps = _first_taps(x, Window(attrs, x.shape[2:], sizes))
+    return [peak.astype(x.dtype), taps]
+
+
+def max_pool_taps_grad(attrs: Attributes, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """dx: each window's dy added at its tap."""
+    taps, dy = inputs
+    shape = tuple(attrs["input_shape"])
+    return [_scatter_taps(taps, dy, Window(attrs, shape[2:], dy.shape[2:]), shape).astype(dy.dtype)]
+
+
+def _pool_out_sizes(attrs: Mapping[str, object], in_sizes: Sequence[int]) -> tuple[int, ...]:
+    """A pool's output spatial sizes (explicit pads; ceil_mode's last window starts inside the input or its
+    leading pad, as ONNX and PyTorch count)."""
+    window = Window(attrs, in_sizes, in_sizes)
+    sizes = []
+    for i, b, a, s, k, d in zip(in_sizes, window.before, window.after, window.strides, window.kernel,
+                                window.dilations):
+        span = i + b + a - (k - 1) * d - 1
+        if attrs.get("ceil_mode", 0):
+            out = -(-span // s) + 1
+            if (out - 1) * s >= i + b:
+                out -= 1
+        else:
+            out = span // s + 1
+        sizes.append(out)
+    return tuple(sizes)
+
+
+def batch_stats(attrs: Attributes, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """(mean, biased variance) over every axis but 1, kept."""
+    (x,) = inputs
+    axes = (0,) + tuple(range(2, x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    centred = x - mean
+    return [mean.astype(x.dtype), (centred * centred).mean(axis=axes, keepdims=True).astype(x.dtype)]
 
 
 def window_counts(window: Window, include_pad: bool) -> np.ndarray:
@@ -178,6 +244,33 @@ def _infer_max_pool_grad(forward_schema, attrs, input_types, input_data, num_out
     return [x]
 
 
+def _infer_max_pool_with_taps(forward_schema, attrs, input_types, input_data, num_outputs):
+    (x,) = input_types
+    _check_window_rank(attrs, x.rank)
+    schema = forward_schema("MaxPool")
+    forward = schema.make_attributes({k: v for k, v in attrs.items() if k in schema.attributes}, "MaxPool")
+    y = schema.infer(forward, [x], [None], 1)[0]
+    return [y, TensorType("int32", y.shape)]
+
+
+def _infer_max_pool_taps_grad(forward_schema, attrs, input_types, input_data, num_outputs):
+    taps, dy = input_types
+    x = TensorType(dy.dtype, tuple(attrs["input_shape"]))
+    _check_window_rank(attrs, x.rank)
+    _forward_check(forward_schema, "MaxPool", attrs, [x], dy)
+    if taps.dtype != "int32" or taps.shape != dy.shape:
+        raise InferenceFailure(f"taps must be int32 of dy's shape {dy.shape}, is {taps}")
+    return [x]
+
+
+def _infer_batch_stats(forward_schema, attrs, input_types, input_data, num_outputs):
+    (x,) = input_types
+    if x.rank < 2 or not x.dtype.startswith("float"):
+        raise InferenceFailure(f"x must be a float tensor (N, C, ...), is {x}")
+    stat = TensorType(x.dtype, (1, x.shape[1]) + (1,) * (x.rank - 2))
+    return [stat, stat]
+
+
 def _infer_average_pool_grad(forward_schema, attrs, input_types, input_data, num_outputs):
     (dy,) = input_types
     x = TensorType(dy.dtype, tuple(attrs["input_shape"]))
@@ -186,17 +279,23 @@ def _infer_average_pool_grad(forward_schema, attrs, input_types, input_data, num
     return [x]
 
 
-# op type -> (number of inputs, attributes, type inference); ir/schema.py makes them Tessel-domain schemas, giving
-# each inference its first argument: the lookup of a forward op's schema (this module cannot import ir/schema.py,
-# which imports it).
+# op type -> (number of inputs, number of outputs, attributes, type inference); ir/schema.py makes them Tessel-domain
+# schemas, giving each inference its first argument: the lookup of a forward op's schema (this module cannot import
+# ir/schema.py, which imports it).
 GRAD_OPS = {
-    "ConvGradFilter": (2, CONV_GRAD_FILTER_ATTRS, _infer_conv_grad_filter),
-    "MaxPoolGrad": (2, MAX_POOL_GRAD_ATTRS, _infer_max_pool_grad),
-    "AveragePoolGrad": (1, AVERAGE_POOL_GRAD_ATTRS, _infer_average_pool_grad),
+    "ConvGradFilter": (2, 1, CONV_GRAD_FILTER_ATTRS, _infer_conv_grad_filter),
+    "MaxPoolGrad": (2, 1, MAX_POOL_GRAD_ATTRS, _infer_max_pool_grad),
+    "MaxPoolWithTaps": (1, 2, MAX_POOL_GRAD_ATTRS, _infer_max_pool_with_taps),
+    "MaxPoolTapsGrad": (2, 1, MAX_POOL_TAPS_GRAD_ATTRS, _infer_max_pool_taps_grad),
+    "AveragePoolGrad": (1, 1, AVERAGE_POOL_GRAD_ATTRS, _infer_average_pool_grad),
+    "BatchStats": (1, 2, {}, _infer_batch_stats),
 }
 
 REFERENCE: dict[str, Reference] = {
     "ConvGradFilter": conv_grad_filter,
     "MaxPoolGrad": max_pool_grad,
+    "MaxPoolWithTaps": max_pool_with_taps,
+    "MaxPoolTapsGrad": max_pool_taps_grad,
     "AveragePoolGrad": average_pool_grad,
+    "BatchStats": batch_stats,
 }

@@ -268,8 +268,9 @@ _TESSEL_SCHEMAS = {
         {"body": AttrSpec("body", "graph", True)}, None, _infer_fused,
     ),
     # The gradient ops of reverse-mode autodiff (ir/grad_ops.py).
-    **{op: OpSchema(op, TESSEL_DOMAIN, 1, arity, arity, 1, 1, attrs, None, functools.partial(infer, _forward_schema))
-       for op, (arity, attrs, infer) in GRAD_OPS.items()},
+    **{op: OpSchema(op, TESSEL_DOMAIN, 1, arity, arity, outputs, outputs, attrs, None,
+                    functools.partial(infer, _forward_schema))
+       for op, (arity, outputs, attrs, infer) in GRAD_OPS.items()},
     # One parameter's optimizer update as one op (ir/optimizer_ops.py).
     **{op: OpSchema(op, TESSEL_DOMAIN, 1, min_in, max_in, min_out, max_out, attrs, None, infer)
        for op, (min_in, max_in, min_out, max_out, attrs, infer) in OPTIMIZER_OPS.items()},

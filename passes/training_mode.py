@@ -2,8 +2,8 @@
 
 `prepare_training` makes the model's float initializers graph inputs that persist
 across steps ("state": the trainable parameters and BatchNormalization's running
-statistics), rewrites BatchNormalization into batch-statistics primitive ops
-whose running-statistic updates become graph outputs, Dropout into a product
+statistics), rewrites BatchNormalization into its batch statistics (the BatchStats
+op) and primitive ops, whose running-statistic updates become graph outputs, Dropout into a product
 with a mask fed each step, and LSTM/GRU into unrolled primitive ops, so that
 generic gradient rules differentiate the whole graph. `prepare_eval` gives the
 same persistent inputs with inference semantics.
@@ -18,6 +18,7 @@ import numpy as np
 
 from tessel.ir.errors import ModelImportError
 from tessel.ir.graph import Graph, Node, Value
+from tessel.ir.schema import TESSEL_DOMAIN
 from tessel.ir.verify import verify
 
 from .base import add_op, can_replace, constant_scalar, retire
@@ -196,16 +197,26 @@ def _batch_norm_training(graph: Graph, node: Node, updates: dict[str, Value], re
     momentum = _float32_literal(node.attrs.get("momentum", 0.9))
     epsilon = _float32_literal(node.attrs.get("epsilon", 1e-5))
     em = Emitter(graph, node, node.name)
-    axes_value = em.const(axes, np.int64)
-    mean = _batch_mean(em, x, axes_value, replicas)
-    centered = em.op("Sub", x, mean)
-    var = _batch_mean(em, em.op("Mul", centered, centered), axes_value, replicas)
-    rstd = em.op("Reciprocal", em.op("Sqrt", em.op("Add", var, em.scalar(epsilon, x))))
     per_channel = [channels] + [1] * (rank - 2)
-    # (x - mean) times one per-channel factor rstd * scale: backward then keeps x - mean alone (and per-channel
-    # values), as PyTorch keeps x, instead of both x - mean and the normalized x.
-    factor = em.op("Mul", rstd, em.reshape(scale, per_channel))
-    y = em.op("Add", em.op("Mul", centered, factor), em.reshape(bias, per_channel))
+    if replicas > 1:
+        axes_value = em.const(axes, np.int64)
+        mean = _batch_mean(em, x, axes_value, replicas)
+        centered = em.op("Sub", x, mean)
+        var = _batch_mean(em, em.op("Mul", centered, centered), axes_value, replicas)
+        # (x - mean) times one per-channel factor rstd * scale: backward then keeps x - mean alone (and
+        # per-channel values), as PyTorch keeps x, instead of both x - mean and the normalized x.
+        factor = _factor(em, var, scale, epsilon, per_channel)
+        y = em.op("Add", em.op("Mul", centered, factor), em.reshape(bias, per_channel))
+    else:
+        # One op for both statistics (one kernel, a closed-form gradient: passes/gradients/nn.py), and
+        # y = x * factor + (bias - mean * factor), PyTorch's CPU arithmetic: the forward makes no x - mean,
+        # the backward keeps x, and the mean's gradient is per channel (bias's sum of dy times -factor), not a
+        # sum over the whole of dy * factor.
+        mean, var = add_op(graph, "BatchStats", [x], name=f"{node.name}/BatchStats", before=node, num_outputs=2,
+                           domain=TESSEL_DOMAIN).outputs
+        factor = _factor(em, var, scale, epsilon, per_channel)
+        shift = em.op("Sub", em.reshape(bias, per_channel), em.op("Mul", mean, factor))
+        y = em.op("Add", em.op("Mul", x, factor), shift)
     replacements = {0: y}
     running = {1: (mean_in, mean, 1.0 - momentum), 2: (var_in, var, (1.0 - momentum) * count / (count - 1))}
     for output, (stat, batch_stat, factor) in running.items():
@@ -220,13 +231,18 @@ def _batch_norm_training(graph: Graph, node: Node, updates: dict[str, Value], re
     _retire_or_alias(graph, node, replacements)
 
 
+def _factor(em: Emitter, var: Value, scale: Value, epsilon: float, per_channel: list[int]) -> Value:
+    """scale / sqrt(var + epsilon), per channel."""
+    rstd = em.op("Reciprocal", em.op("Sqrt", em.op("Add", var, em.scalar(epsilon, var))))
+    return em.op("Mul", rstd, em.reshape(scale, per_channel))
+
+
 def _batch_mean(em: Emitter, value: Value, axes: Value, replicas: int) -> Value:
-    """The mean of `value` over the batch `axes` (kept); with `replicas` > 1 over all the replicas' slices: each
-    replica's mean, averaged over the replicas by an AllReduce (the slices are equally large). The mean and then
-    the variance of the centred values take one AllReduce each, the single-device arithmetic, rather than one
-    AllReduce of the mean and the mean of squares, whose difference cancels where the mean dwarfs the spread."""
-    mean = em.op("ReduceMean", value, axes, keepdims=1)
-    return replica_mean(em.graph, mean) if replicas > 1 else mean
+    """The mean of `value` over the batch `axes` (kept) of all the `replicas`' slices: each replica's mean, averaged
+    over the replicas by an AllReduce (the slices are equally large). The mean and then the variance of the centred
+    values take one AllReduce each, the single-device arithmetic, rather than one AllReduce of the mean and the
+    mean of squares, whose difference cancels where the mean dwarfs the spread."""
+    return replica_mean(em.graph, em.op("ReduceMean", value, axes, keepdims=1))
 
 
 def _running_update(em: Emitter, stat: Value, batch_stat: Value, momentum: float, factor: float) -> Value:

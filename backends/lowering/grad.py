@@ -1,4 +1,5 @@
-"""The gradient ops of reverse-mode autodiff (ir/grad_ops.py): ConvGradFilter, MaxPoolGrad, AveragePoolGrad.
+"""The gradient ops of reverse-mode autodiff (ir/grad_ops.py): ConvGradFilter, MaxPoolGrad, MaxPoolWithTaps and
+MaxPoolTapsGrad, AveragePoolGrad.
 
 These are the target-neutral rules; a dense ConvGradFilter on CPU runs as a register-tiled product instead
 (backends/cpu/conv_grad_filter.py, chosen in backends/cpu/variants.py). The pool gradients are written as
@@ -14,6 +15,7 @@ from tessel.ir.grad_ops import Window
 from ..tvm_env import tvm
 from .context import LowerContext
 from .conv_transpose import axis_taps
+from .nn import nan_max_pool
 from .reduce import NAN_MAX, lowest
 
 _tvm = tvm()
@@ -111,9 +113,9 @@ def _phase_gather(window: Window, sources, contribution, shape, dtype, name: str
     return te.compute(shape, gather, name=name)
 
 
-def _first_argmax(x, window: Window, out_shape):
+def _first_argmax(x, window: Window, out_shape, peaks=None):
     """Per window, the row-major tap number of its first maximum among its real elements (NaN counts as maximum);
-    the kernel size when a window has no real element.
+    the kernel size when a window has no real element. `peaks`: each window's maximum, when already made.
 
     Two single-value reductions (the maximum, then the first tap holding it): a tuple reduction would not survive
     the generic CPU schedule, which caches one output of a block."""
@@ -135,7 +137,8 @@ def _first_argmax(x, window: Window, out_shape):
         axes = [te.reduce_axis((0, k), name=f"m{i}") for i, k in enumerate(window.kernel)]
         return NAN_MAX(tap_of(n, c, pos, axes)[0], axis=axes)
 
-    peaks = te.compute(out_shape, peak, name="pool_peak")
+    if peaks is None:
+        peaks = te.compute(out_shape, peak, name="pool_peak")
 
     def first(n, c, *pos):
         axes = [te.reduce_axis((0, k), name=f"f{i}") for i, k in enumerate(window.kernel)]
@@ -147,22 +150,42 @@ def _first_argmax(x, window: Window, out_shape):
     return te.compute(out_shape, first, name="pool_first_peak")
 
 
-def max_pool_grad(ctx: LowerContext):
-    """dx: each window's dy goes to its first maximum (row-major), as PyTorch's max_pool backward."""
-    x, dy = ctx.input(0), ctx.input(1)
-    window = window_of(ctx, _dims(x)[2:], _dims(dy)[2:])
-    first = _first_argmax(x, window, _dims(dy))
-    taps = 1
+def _taps_gather(window: Window, taps, dy, shape):
+    """dx of `shape`: each window's dy added at the input element under its tap (int32, per window)."""
+    count = 1
     for k in window.kernel:
-        taps *= k
+        count *= k
     zero = tir.const(0.0, dy.dtype)
 
     def contribution(values, number):
         chosen, grad = values
         return tir.Select(chosen == number, grad, zero)
 
-    sources = [(first, tir.const(taps, "int32")), (dy, zero)]
-    return [_phase_gather(window, sources, contribution, _dims(x), dy.dtype, "max_pool_grad")]
+    sources = [(taps, tir.const(count, "int32")), (dy, zero)]
+    return _phase_gather(window, sources, contribution, shape, dy.dtype, "max_pool_grad")
+
+
+def max_pool_grad(ctx: LowerContext):
+    """dx: each window's dy goes to its first maximum (row-major), as PyTorch's max_pool backward."""
+    x, dy = ctx.input(0), ctx.input(1)
+    window = window_of(ctx, _dims(x)[2:], _dims(dy)[2:])
+    return [_taps_gather(window, _first_argmax(x, window, _dims(dy)), dy, _dims(x))]
+
+
+def max_pool_with_taps(ctx: LowerContext):
+    """(MaxPool's output, each window's first-maximum tap): the pool, then the first tap that holds its value."""
+    x = ctx.input(0)
+    out_shape = list(ctx.output_types[0].shape)
+    window = window_of(ctx, _dims(x)[2:], out_shape[2:])
+    pooled = nan_max_pool(x, window.kernel, window.strides, window.dilations, window.before, out_shape)
+    return [pooled, _first_argmax(x, window, out_shape, pooled)]
+
+
+def max_pool_taps_grad(ctx: LowerContext):
+    """dx: each window's dy goes to the input element under its tap, as PyTorch's backward through indices."""
+    taps, dy = ctx.input(0), ctx.input(1)
+    shape = list(ctx.out_shape())
+    return [_taps_gather(window_of(ctx, shape[2:], _dims(dy)[2:]), taps, dy, shape)]
 
 
 def _window_count(window: Window, include_pad: bool, position):
@@ -195,5 +218,7 @@ def average_pool_grad(ctx: LowerContext):
 RULES = {
     "ConvGradFilter": conv_grad_filter,
     "MaxPoolGrad": max_pool_grad,
+    "MaxPoolWithTaps": max_pool_with_taps,
+    "MaxPoolTapsGrad": max_pool_taps_grad,
     "AveragePoolGrad": average_pool_grad,
 }

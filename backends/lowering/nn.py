@@ -85,7 +85,7 @@ def _pool(kind: str):
         include = bool(ctx.attr("count_include_pad", 0))
         out_shape = list(ctx.out_shape())
         if kind == "max":
-            out = _nan_max_pool(x, kernel, strides, dilations, before, out_shape)
+            out = nan_max_pool(x, kernel, strides, dilations, before, out_shape)
         elif spatial == 1:
             out = topi.nn.pool1d(x, kernel, strides, dilations, before + after, kind, ceil, "NCW", include)
         elif spatial == 2:
@@ -122,7 +122,7 @@ def _max_pool_indices(x, pooled, kernel, strides, dilations, before, column_majo
     return te.compute(pooled.shape, body, name="max_pool_indices")
 
 
-def _nan_max_pool(x, kernel, strides, dilations, before, out_shape):
+def nan_max_pool(x, kernel, strides, dilations, before, out_shape):
     """MaxPool over the trailing axes of (N, C, ...) that is NaN when its window holds a NaN (TOPI's kept or dropped
     it by its place in the window): one reduction whose combine is a compare and a select per lane, so it vectorizes
     as TOPI's does. Padding is -inf (TOPI pads the type's finite minimum, which beat a window of -inf); the block
@@ -173,6 +173,26 @@ def _lrn(ctx: LowerContext):
 def _channel(v, rank: int):
     """Broadcast a per-channel vector against an (N, C, ...) tensor."""
     return topi.reshape(v, [int(v.shape[0])] + [1] * (rank - 2))
+
+
+def _batch_stats(ctx: LowerContext):
+    """(mean, biased variance) per channel, kept: the sum, then the sum of squares around the mean, in one kernel."""
+    x = ctx.input(0)
+    axes = [0] + list(range(2, len(x.shape)))
+    count = 1
+    for a in axes:
+        count *= int(x.shape[a])
+    scale = tir.const(1.0 / count, x.dtype)
+    total = topi.sum(x, axes, True)
+    mean = te.compute(total.shape, lambda *i: total[i] * scale, name="batch_mean")
+    squares = te.compute(x.shape, lambda n, c, *rest: _square(x[(n, c, *rest)] - mean[(0, c) + (0,) * len(rest)]),
+                         name="batch_centred_square")
+    spread = topi.sum(squares, axes, True)
+    return [mean, te.compute(spread.shape, lambda *i: spread[i] * scale, name="batch_var")]
+
+
+def _square(v):
+    return v * v
 
 
 def _batch_norm(ctx: LowerContext):
@@ -285,6 +305,7 @@ def _gemm(ctx: LowerContext):
 RULES = {
     "Conv": _conv,
     "MaxPool": _pool("max"),
+    "BatchStats": _batch_stats,
     "AveragePool": _pool("avg"),
     "GlobalAveragePool": _global_pool("avg"),
     "GlobalMaxPool": _global_pool("max"),

@@ -1,7 +1,7 @@
 """Reverse-mode gradient rules, one per op type: `rule_for` (used by passes/autodiff.py).
 
 Rules live in modules by op family; each builds the backward nodes of one forward node. `GRADIENT_RULES` holds
-the ONNX ops', `TESSEL_GRADIENT_RULES` the Tessel-domain ops' (the collectives).
+the ONNX ops', `TESSEL_GRADIENT_RULES` the Tessel-domain ops' (the collectives, BatchStats).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from . import collectives, elementwise, nn, reduce, tensor
 from .builder import GradBuilder, Rule, is_float
 
 GRADIENT_RULES: dict[str, Rule] = {**elementwise.RULES, **nn.RULES, **reduce.RULES, **tensor.RULES}
-TESSEL_GRADIENT_RULES: dict[str, Rule] = dict(collectives.RULES)
+TESSEL_GRADIENT_RULES: dict[str, Rule] = {**collectives.RULES, **nn.TESSEL_RULES}
 
 
 def rule_for(node: Node) -> Rule | None:

@@ -82,7 +82,7 @@ def _gemm(b: GradBuilder, node: Node, grads: Grads) -> Grads:
     return [da, dw, dc][:len(inputs)]
 
 
-def _window(node: Node, x: Value, y: Value, kernel: list[int]) -> dict:
+def window_attrs(node: Node, x: Value, y: Value, kernel: list[int]) -> dict:
     """The explicit sliding-window attributes of a conv or pool node over x -> y (auto_pad resolved to pads)."""
     rank = len(kernel)
     strides = list(node.attrs.get("strides") or [1] * rank)
@@ -107,7 +107,7 @@ def _bias_grad(b: GradBuilder, dy: Value) -> Value:
 
 def _conv(b: GradBuilder, node: Node, grads: Grads) -> Grads:
     dy, (x, w) = grads[0], node.inputs[:2]
-    window = _window(node, x, node.outputs[0], list(w.type.shape[2:]))
+    window = window_attrs(node, x, node.outputs[0], list(w.type.shape[2:]))
     group = node.attrs.get("group", 1)
     dx = dw = db = None
     if b.wants(0):
@@ -156,13 +156,13 @@ def _conv_transpose(b: GradBuilder, node: Node, grads: Grads) -> Grads:
 
 def _max_pool(b: GradBuilder, node: Node, grads: Grads) -> Grads:
     dy, x = grads[0], node.inputs[0]
-    window = _window(node, x, node.outputs[0], list(node.attrs["kernel_shape"]))
+    window = window_attrs(node, x, node.outputs[0], list(node.attrs["kernel_shape"]))
     return [b.op("MaxPoolGrad", [x, dy], domain=TESSEL_DOMAIN, ceil_mode=node.attrs.get("ceil_mode", 0), **window)]
 
 
 def _average_pool(b: GradBuilder, node: Node, grads: Grads) -> Grads:
     dy, x = grads[0], node.inputs[0]
-    window = _window(node, x, node.outputs[0], list(node.attrs["kernel_shape"]))
+    window = window_attrs(node, x, node.outputs[0], list(node.attrs["kernel_shape"]))
     return [b.op("AveragePoolGrad", [dy], domain=TESSEL_DOMAIN, ceil_mode=node.attrs.get("ceil_mode", 0),
                  count_include_pad=node.attrs.get("count_include_pad", 0), input_shape=list(x.type.shape), **window)]
 
@@ -232,6 +232,21 @@ def _batch_norm_unsupported(node: Node) -> str | None:
     return None
 
 
+def _batch_stats(b: GradBuilder, node: Node, grads: Grads) -> Grads:
+    # mean = Σx / n and var = Σ(x - mean)² / n: dx = dmean / n + 2 (x - mean) dvar / n. The var's derivative
+    # through the mean, -2 Σ(x - mean) / n, is zero and left out (autodiff of the primitive ops computes it).
+    dmean, dvar = grads
+    x, mean = node.inputs[0], node.outputs[0]
+    count = x.type.numel // x.type.shape[1]
+    dx = None
+    if dvar is not None:
+        dx = b.mul(b.sub(x, mean), b.mul(dvar, b.scalar(2.0 / count, dvar)))
+    if dmean is not None:
+        share = b.mul(dmean, b.scalar(1.0 / count, dmean))
+        dx = b.expand(share, x.type.shape) if dx is None else b.add(dx, share)
+    return [dx]
+
+
 def _channel_window_sum(b: GradBuilder, value: Value, band: np.ndarray) -> Value:
     """sum over channels c' of value[:, c'] * band[c', c], for each channel c (axis 1)."""
     rank = value.type.rank
@@ -286,4 +301,8 @@ RULES: dict[str, Rule] = {
     "BatchNormalization": Rule(_batch_norm, _batch_norm_unsupported),
     "LRN": Rule(_lrn),
     "Dropout": Rule(_dropout, _dropout_unsupported),
+}
+# Tessel-domain ops of the training graph.
+TESSEL_RULES: dict[str, Rule] = {
+    "BatchStats": Rule(_batch_stats),
 }

@@ -18,19 +18,25 @@ from tessel.ir.types import TensorType
 LLVM = parse_target("llvm")
 
 
-def run_kernel(op_type: str, raw_attrs: dict, arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(the compiled kernel's output, the reference's) for one gradient op on `arrays`."""
+def run_kernels(op_type: str, raw_attrs: dict, arrays: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(the compiled kernel's outputs, the reference's) for one gradient op on `arrays` (float ones in float64)."""
     schema = get_schema(op_type, TESSEL_DOMAIN)
     attrs = schema.make_attributes(raw_attrs, "test")
     types = [TensorType.of(a) for a in arrays]
-    out = schema.infer(attrs, types, [None] * len(types), 1)[0]
+    outs = schema.infer(attrs, types, [None] * len(types), schema.max_outputs)
     spec = KernelSpec(op_type, tuple(sorted(attrs.items())), tuple(KernelInput(t.spec(), ARG) for t in types),
-                      (out.spec(),))
+                      tuple(out.spec() for out in outs))
     runtime = tvm().runtime
-    result = runtime.tensor(np.zeros(out.shape, np.float32))
-    build(spec, LLVM)["main"](*(runtime.tensor(a) for a in arrays), result)
-    (want,) = REFERENCE[op_type](attrs, [a.astype(np.float64) for a in arrays])
-    return result.numpy(), want
+    results = [runtime.tensor(np.zeros(out.shape, out.dtype)) for out in outs]
+    build(spec, LLVM)["main"](*(runtime.tensor(a) for a in arrays), *results)
+    want = REFERENCE[op_type](attrs, [a.astype(np.float64) if a.dtype.kind == "f" else a for a in arrays])
+    return [r.numpy() for r in results], want
+
+
+def run_kernel(op_type: str, raw_attrs: dict, arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(the compiled kernel's output, the reference's) for a one-output gradient op on `arrays`."""
+    (got,), (want,) = run_kernels(op_type, raw_attrs, arrays)
+    return got, want
 
 
 def _random(seed: int, *shape: int) -> np.ndarray:
@@ -64,8 +70,35 @@ def test_conv_grad_filter_kernel(x_shape, dy_shape, attrs):
 def test_max_pool_grad_kernel_with_ties(x_shape, dy_shape, attrs):
     x = np.round(_random(2, *x_shape))  # many ties: the first maximum takes the gradient
     x.reshape(-1)[:3] = [np.nan, -np.inf, np.nan]
-    got, want = run_kernel("MaxPoolGrad", attrs, [x, _random(3, *dy_shape)])
+    dy = _random(3, *dy_shape)
+    got, want = run_kernel("MaxPoolGrad", attrs, [x, dy])
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    # The forward that keeps each window's first-maximum tap, and the gradient through the taps, give the same.
+    (pooled, taps), (want_pooled, want_taps) = run_kernels("MaxPoolWithTaps", attrs, [x])
+    np.testing.assert_array_equal(pooled, want_pooled.astype(np.float32))
+    np.testing.assert_array_equal(taps, want_taps)
+    through_taps, want_through = run_kernel("MaxPoolTapsGrad", dict(attrs, input_shape=x_shape), [taps, dy])
+    np.testing.assert_allclose(through_taps, want_through, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(through_taps, got)
+
+
+def test_max_pool_taps_padding_never_wins_a_window_of_minus_infinity():
+    """The taps kernel reads x padded with -inf: where the maximum is -inf, only the real elements count."""
+    x = np.full((1, 2, 5, 5), -np.inf, np.float32)
+    x[0, 1, 1:, 1:] = 0.0
+    attrs = dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), strides=(2, 2))
+    (_, taps), (_, want) = run_kernels("MaxPoolWithTaps", attrs, [x])
+    np.testing.assert_array_equal(taps, want)
+    # Each window's first real element: the top-left windows start in the padding.
+    np.testing.assert_array_equal(taps[0, 0], [[4, 3, 3], [1, 0, 0], [1, 0, 0]])
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 6, 5), (32, 2, 7, 7), (9, 4)])
+def test_batch_stats_kernel(shape):
+    x = _random(6, *shape) * 2 + 5  # a mean that dwarfs part of the spread
+    (mean, var), (want_mean, want_var) = run_kernels("BatchStats", {}, [x])
+    np.testing.assert_allclose(mean, want_mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(var, want_var, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("dy_shape,attrs", [

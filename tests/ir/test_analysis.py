@@ -40,3 +40,16 @@ def test_node_costs_count_flops_and_bytes():
     graph.outputs = list(conv.outputs)
     assert flops(conv) == 2 * y_type.numel * 8 * 3 * 3
     assert bytes_moved(conv) == x_type.nbytes + w_type.nbytes + y_type.nbytes == total_bytes_moved(graph)
+
+
+def test_training_ops_flops():
+    """MaxPoolWithTaps searches each window twice (its maximum, then its first tap); BatchStats reads x twice."""
+    from tessel.passes.base import add_op
+
+    graph = Graph()
+    x = graph.add_input("x", TensorType("float32", (2, 4, 8, 8)))
+    pool = add_op(graph, "MaxPoolWithTaps", [x], dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+                  num_outputs=2, domain="tessel")
+    stats = add_op(graph, "BatchStats", [x], num_outputs=2, domain="tessel")
+    assert flops(pool) == 2 * (2 * 4 * 4 * 4) * 9
+    assert flops(stats) == 4 * x.type.numel

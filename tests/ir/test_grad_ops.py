@@ -65,6 +65,16 @@ def _max_pool_case(x, kernel, stride, pad, dilation=1, ceil=False, seed=0):
     (grad,) = REFERENCE["MaxPoolGrad"](attrs, [x, dy])
     np.testing.assert_allclose(grad, xt.grad.numpy(), rtol=1e-12, atol=1e-12)
     assert _infer("MaxPoolGrad", attrs, TensorType.of(x), TensorType.of(dy)) == TensorType.of(x)
+    # The forward that keeps each window's tap, and the gradient through the taps, give the same.
+    taps_attrs = _attrs("MaxPoolWithTaps", **attrs)
+    pooled, taps = REFERENCE["MaxPoolWithTaps"](taps_attrs, [x])
+    np.testing.assert_array_equal(pooled, y.detach().numpy())
+    assert get_schema("MaxPoolWithTaps", TESSEL_DOMAIN).infer(taps_attrs, [TensorType.of(x)], [None], 2) == [
+        TensorType.of(pooled), TensorType("int32", pooled.shape)]
+    grad_attrs = _attrs("MaxPoolTapsGrad", **attrs, input_shape=x.shape)
+    (through_taps,) = REFERENCE["MaxPoolTapsGrad"](grad_attrs, [taps, dy])
+    np.testing.assert_array_equal(through_taps, grad)
+    assert _infer("MaxPoolTapsGrad", grad_attrs, TensorType.of(taps), TensorType.of(dy)) == TensorType.of(x)
 
 
 @pytest.mark.parametrize("shape,kernel,stride,pad,dilation,ceil", [
@@ -110,6 +120,19 @@ def test_average_pool_grad_matches_torch(shape, kernel, stride, pad, ceil, inclu
     (grad,) = REFERENCE["AveragePoolGrad"](attrs, [dy])
     np.testing.assert_allclose(grad, xt.grad.numpy(), rtol=1e-12, atol=1e-12)
     assert _infer("AveragePoolGrad", attrs, TensorType.of(dy)) == TensorType.of(grad)
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 2), (6, 2)])
+def test_batch_stats_match_torch(shape):
+    x = np.random.default_rng(5).standard_normal(shape) * 3 + 10
+    axes = [0] + list(range(2, len(shape)))
+    var, mean = torch.var_mean(torch.tensor(x), dim=axes, keepdim=True, correction=0)
+    got = REFERENCE["BatchStats"](_attrs("BatchStats"), [x])
+    np.testing.assert_allclose(got[0], mean.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(got[1], var.numpy(), rtol=1e-12)
+    stat = TensorType("float64", (1, shape[1]) + (1,) * (len(shape) - 2))
+    assert get_schema("BatchStats", TESSEL_DOMAIN).infer(_attrs("BatchStats"), [TensorType.of(x)], [None], 2) == [
+        stat, stat]
 
 
 def test_inference_rejects_a_dy_that_does_not_match_the_forward_op():

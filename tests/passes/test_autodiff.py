@@ -8,6 +8,7 @@ import pytest
 from tessel.ir.grad_ops import REFERENCE
 from tessel.ir.graph import Graph
 from tessel.ir.interpret import interpret
+from tessel.ir.schema import TESSEL_DOMAIN
 from tessel.ir.types import TensorType
 from tessel.passes.autodiff import MissingGradientError, differentiate
 from tessel.passes.base import add_op
@@ -490,3 +491,9 @@ def test_gelu_derivative_fuses_into_one_kernel_and_allocates_less(monkeypatch):
     assert kernels == old_kernels - 1
     assert old_plan.no_reuse_bytes - plan.no_reuse_bytes == 64 * 64 * 4
     assert plan.arena_bytes <= old_plan.arena_bytes
+
+
+@pytest.mark.parametrize("shape", [(3, 2, 2, 2), (5, 3)])
+def test_batch_statistics(shape):
+    """Training-mode BatchNormalization's statistics: the closed-form gradient of the mean and the variance."""
+    check_gradients("BatchStats", {"x": rand(*shape)}, num_outputs=2, domain=TESSEL_DOMAIN)

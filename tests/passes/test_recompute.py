@@ -57,6 +57,7 @@ def test_copies_run_late_just_before_their_first_backward_reader():
 def test_cse_after_recompute_merges_the_copies_back():
     """Why the pipeline runs recompute after CSE (compiler/recompute.place_recompute)."""
     step = Step("cnn")
+    cse(step.graph)  # the step as the pipeline has it: a BatchStats gradient's x - mean merged with the forward's
     before = step.arena()
     apply_recompute(step.graph, step.plan(int(0.9 * before)), persistent=step.state)
     cse(step.graph)
