@@ -1,9 +1,10 @@
 """2-D MaxPool on CPU, separable: the max over each window's column first, then over its row.
 
-The generic rule (lowering/nn.py) reduces each kh×kw window on its own: its reads along a row are `stride` apart
-(gathers), the -inf padding is a separate pass over a padded copy of the input, and rows no vector width divides
-leave most of a vector's lanes empty. Here each output row is made in two vectorized steps, as in the note on
-MaxPool with stride < kernel in issue 17:
+The generic rule (lowering/nn.py) reduces each kh×kw window on its own into a register tile of output pixels.
+Where a window reads padding it first makes a padded copy of the input in a scalar loop (ResNet-18's stem pool:
+~1 ms of the model's ~10), and an output row no vector width divides leaves it short vectors or scalar loops. Here
+each output row is made in two steps, vectorized along the row, as in the note on MaxPool with stride < kernel in
+issue 17:
 
 1. `pool_cols`: the max of the kh input rows under the output row, element by element over the padded row's width
    (contiguous loads; a position in the padding reads -inf through a select, so no padded copy is made);
