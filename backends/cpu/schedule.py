@@ -46,7 +46,8 @@ def _iter_kinds(sch, block) -> list[bool]:
     return [_is_reduction(iv) for iv in sch.get(block).iter_vars]
 
 
-def _lanes_for(extent: int) -> int | None:
+def lanes_for(extent: int) -> int | None:
+    """The widest vector width in VECTOR_LANES that divides `extent`; None when none does."""
     for lanes in VECTOR_LANES:
         if extent % lanes == 0 and extent >= lanes:
             return lanes
@@ -144,7 +145,7 @@ def _schedule_spatial(sch, block) -> None:
     if sch.get(block).annotations.get(FLAT_LOOPS_ATTR) is not None:
         _schedule_flat(sch, loops, work)
         return
-    last_lanes = _lanes_for(extents[-1])
+    last_lanes = lanes_for(extents[-1])
     if len(loops) > 1:
         # Keep the innermost axis on its own (vectorized when it divides evenly): index
         # arithmetic and broadcast operands then stay out of the inner loop.
@@ -157,7 +158,7 @@ def _schedule_spatial(sch, block) -> None:
             try_step(lambda: _vectorize_whole_vectors(sch, loops[-1], extents[-1]))
         return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    lanes = _lanes_for(work)
+    lanes = lanes_for(work)
     if lanes is not None and work >= 2 * lanes:
         outer, inner = sch.split(fused, [None, lanes])
         try_step(lambda: sch.vectorize(inner))
@@ -220,7 +221,7 @@ def _schedule_reduction(sch, block) -> None:
         return
     last = spatial[-1]
     extent = _extent(sch, last)
-    lanes = _lanes_for(extent)
+    lanes = lanes_for(extent)
     if lanes is not None and reordered:
         width = next(lanes * k for k in (4, 2, 1) if extent % (lanes * k) == 0)
         # Accumulate a register tile of `width` outputs, then copy it out.

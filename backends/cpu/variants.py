@@ -8,6 +8,7 @@ target-neutral rule (backends/lowering/) lowers it. Dense 2-D ConvTranspose and 
 convolutions) and a dense 2-D Conv left unpacked (its weights known only at run time: a training step's
 parameters) run as register-tiled products on CPU (conv_transpose.py, conv_grad_filter.py,
 conv_runtime_weights.py), and so does a Gemm with transA over tall operands (a weight gradient: tall_product.py).
+A 2-D float32 MaxPool runs separable on CPU (max_pool.py).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from .conv_transpose import applies as tiled_conv_transpose_applies, conv_transp
 from .depthwise_conv import conv_depthwise
 from .grouped_conv import conv_grouped
 from .im2col import conv_im2col
+from .max_pool import applies as separable_max_pool_applies, max_pool_separable
 from .packed_kernels import conv_packed, matmul_packed
 from .packing import CONV_BLOCKS, DEPTHWISE_BLOCK, GROUPED_LAYOUT, MATMUL_BLOCK
 from .tall_product import applies as tall_product_applies, gemm_tall
@@ -74,6 +76,12 @@ def _conv_unpacked(ctx: LowerContext):
     return conv_runtime_weights(ctx, *conv_pads(ctx))
 
 
+def _max_pool(ctx: LowerContext):
+    if not separable_max_pool_applies(ctx):
+        return GENERIC_NN_RULES["MaxPool"](ctx)
+    return max_pool_separable(ctx)
+
+
 def _conv_transpose(ctx: LowerContext):
     tiled = ctx.attr(ALGORITHM) != "generic" and tiled_conv_transpose_applies(ctx)
     return conv_transpose_tiled(ctx) if tiled else conv_transpose(ctx)
@@ -100,4 +108,6 @@ def variant_rule(op_type: str, attrs: Mapping[str, Any]) -> Callable | None:
         return _conv_grad_filter
     if op_type == "ConvTranspose":
         return _conv_transpose
+    if op_type == "MaxPool":
+        return _max_pool
     return None

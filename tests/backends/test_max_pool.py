@@ -1,0 +1,111 @@
+"""The separable CPU MaxPool (backends/cpu/max_pool.py): equal to onnxruntime, NaN kept, scheduled row by row.
+
+The corpus models with MaxPools (mtcnn_*, resnet18, yolov8n_320, captcha_crnn, oww_embedding) are checked against
+onnxruntime in tests/compiler/test_api.py."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tessel.backends.kernel import KernelSpec
+from tessel.backends.lower import build, schedule_kernel
+from tessel.backends.target import parse_target
+from tessel.backends.tvm_env import tvm
+from tests.conftest import run_onnxruntime
+from tests.ir.helpers import model
+
+# (input shape, MaxPool attributes): mtcnn's 3×3 stride-2 pools (SAME_UPPER pads one column and row after, VALID),
+# ResNet's stem (pads 1, large enough to run parallel), YOLO's 5×5 stride-1 SPPF, a ceil-mode window that overhangs
+# the input, dilation, a 1×2 window (oww_embedding), stride larger than the window, rows longer than one vector
+# (split in 16s; and one no vector width divides), a batch of two. The second and the 1×2 window keep the generic
+# rule (no padding, rows a vector width divides).
+CASES = [
+    ((1, 28, 22, 22), dict(kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER")),
+    ((1, 48, 9, 9), dict(kernel_shape=[3, 3], strides=[2, 2], auto_pad="VALID")),
+    ((1, 32, 56, 56), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ((1, 16, 20, 20), dict(kernel_shape=[5, 5], strides=[1, 1], pads=[2, 2, 2, 2])),
+    ((1, 3, 10, 10), dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)),
+    ((1, 3, 12, 11), dict(kernel_shape=[3, 2], strides=[1, 2], dilations=[2, 3], pads=[1, 0, 2, 1])),
+    ((1, 4, 6, 32), dict(kernel_shape=[1, 2], strides=[1, 2])),
+    ((1, 4, 5, 17), dict(kernel_shape=[2, 2], strides=[3, 3], auto_pad="SAME_LOWER")),
+    ((1, 2, 4, 128), dict(kernel_shape=[2, 2], strides=[1, 1], pads=[0, 1, 0, 1])),
+    ((1, 2, 3, 300), dict(kernel_shape=[1, 3], strides=[1, 1])),
+    ((2, 5, 7, 7), dict(kernel_shape=[2, 2], strides=[2, 2], auto_pad="SAME_UPPER")),
+]
+
+
+def _pool_model(shape, attrs) -> onnx.ModelProto:
+    node = helper.make_node("MaxPool", ["x"], ["y"], **attrs)
+    return model([node], [("x", TensorProto.FLOAT, list(shape))], [("y", TensorProto.FLOAT, None)])
+
+
+def _spec(shape, attrs, out, indices: bool, dtype: str = "float32") -> KernelSpec:
+    outputs = [f"{dtype}[{','.join(map(str, out))}]"] + ([f"int64[{','.join(map(str, out))}]"] if indices else [])
+    return KernelSpec.from_json({"op_type": "MaxPool", "attrs": attrs, "outputs": outputs,
+                                 "inputs": [{"type": f"{dtype}[{','.join(map(str, shape))}]", "role": "arg"}]})
+
+
+def _run_kernel(shape, attrs, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(this kernel's result, onnxruntime's) for a MaxPool of `x`: the kernel built alone, without the pipeline."""
+    proto = _pool_model(shape, attrs)
+    expected = run_onnxruntime(proto, {"x": x})[0]
+    spec = _spec(shape, attrs, expected.shape, False)
+    executable = build(spec, parse_target("llvm"))
+    mod = tvm()
+    got = mod.runtime.tensor(np.zeros(expected.shape, np.float32), mod.cpu())
+    executable.mod["main"](mod.runtime.tensor(x, mod.cpu()), got)
+    return got.numpy(), expected
+
+
+@pytest.mark.parametrize("shape,attrs", CASES, ids=[f"{'x'.join(map(str, s))}-{i}" for i, (s, _) in enumerate(CASES)])
+def test_separable_max_pool_equals_onnxruntime(shape, attrs):
+    x = np.random.default_rng(len(shape) + shape[-1]).standard_normal(shape).astype(np.float32)
+    x[..., 0] = -np.inf
+    got, expected = _run_kernel(shape, attrs, x)
+    # onnxruntime pads with the lowest finite float, which a window of padding and -inf then returns; Tessel's pools
+    # (the generic rule too) return -inf there, the max of the window's real elements.
+    np.testing.assert_array_equal(got, np.where(expected == np.finfo(np.float32).min, -np.inf, expected))
+
+
+def test_a_nan_in_a_window_is_the_window_max():
+    shape, attrs = CASES[0]
+    x = np.zeros(shape, np.float32)
+    x[0, 3, 4, 4] = np.nan  # inside windows (1, 1), (1, 2), (2, 1), (2, 2) of channel 3: rows and columns 3..4
+    x[0, 5, 21, 21] = np.nan  # the last row's and column's window, beside the padding
+    got, _ = _run_kernel(shape, attrs, x)
+    assert np.argwhere(np.isnan(got)).tolist() == [[0, 3, 1, 1], [0, 3, 1, 2], [0, 3, 2, 1], [0, 3, 2, 2],
+                                                   [0, 5, 10, 10]]
+
+
+def test_the_two_steps_run_row_by_row_and_small_pools_on_one_thread():
+    func, scheduled = schedule_kernel(_spec((1, 28, 22, 22), {"kernel_shape": [3, 3], "strides": [2, 2],
+                                                              "auto_pad": "SAME_UPPER"}, (1, 28, 11, 11), False),
+                                      parse_target("llvm"))
+    script = func.script()
+    assert scheduled and 'T.sblock("pool_cols")' in script and 'T.sblock("pool_rows")' in script
+    assert "pool_pad" not in script and "T.parallel" not in script  # no padded copy; 3.1 µs is too little to split
+    assert 'scope="local"' in script
+    large, _ = schedule_kernel(_spec((1, 64, 112, 112), {"kernel_shape": [3, 3], "strides": [2, 2],
+                                                         "pads": [1, 1, 1, 1]}, (1, 64, 56, 56), False),
+                               parse_target("llvm"))
+    assert "T.parallel" in large.script()
+
+
+def test_unpadded_windows_over_rows_of_whole_vectors_keep_the_generic_rule():
+    kept, scheduled = schedule_kernel(_spec((1, 24, 72, 32), {"kernel_shape": [2, 2], "strides": [2, 2]}, (1, 24, 36, 16),
+                                            False), parse_target("llvm"))
+    assert not scheduled and "pool_rows" not in kept.script()
+    odd, scheduled = schedule_kernel(_spec((1, 64, 21, 21), {"kernel_shape": [3, 3], "strides": [2, 2]}, (1, 64, 10, 10),
+                                           False), parse_target("llvm"))
+    assert scheduled and "pool_rows" in odd.script()  # 10 pixels: no vector width divides the row
+
+
+def test_indices_and_other_element_types_keep_the_generic_rule():
+    indices, scheduled = schedule_kernel(_spec((1, 4, 8, 8), {"kernel_shape": [2, 2], "strides": [2, 2]}, (1, 4, 4, 4),
+                                               True), parse_target("llvm"))
+    assert not scheduled and "pool_rows" not in indices.script()
+    doubles, scheduled = schedule_kernel(_spec((1, 4, 8, 8), {"kernel_shape": [2, 2], "strides": [2, 2]}, (1, 4, 4, 4),
+                                               False, "float64"), parse_target("llvm"))
+    assert not scheduled and "pool_rows" not in doubles.script()
