@@ -19,6 +19,8 @@ te, topi, tir = _tvm.te, _tvm.topi, _tvm.tirx
 # Register tiles: output pixels per conv tile (with 16 channels), rows per matmul tile.
 CONV_TILE_CHOICES = (14, 16, 12, 8, 7)
 MATMUL_ROWS = (4, 2, 1)
+# Vector accumulators a packed matmul tile keeps in flight: two FMA pipes of four cycles' latency each.
+INDEPENDENT_ACCUMULATORS = 8
 
 
 def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
@@ -177,6 +179,8 @@ def matmul_packed(ctx: LowerContext, trans_a: bool = False, alpha: float = 1.0, 
 
     out = te.compute(out_shape, unflatten, name="matmul_result") if len(out_shape) != 2 else flat
     mi = next(m for m in MATMUL_ROWS if rows % m == 0)
+    panels = int(bp.shape[0])
+    group = next(g for g in range(min(panels, INDEPENDENT_ACCUMULATORS // mi), 0, -1) if panels % g == 0)
 
     def schedule(sch) -> None:
         block = sch.get_sblock("matmul_packed")
@@ -187,10 +191,17 @@ def matmul_packed(ctx: LowerContext, trans_a: bool = False, alpha: float = 1.0, 
         i, j, kk = sch.get_loops(block)
         io, ii = sch.split(i, [None, mi])
         jo, ji = sch.split(j, [None, nb])
-        sch.reorder(jo, io, kk, ii, ji)
+        if group > 1:
+            # Few rows (a matrix-vector product): one tile's mi accumulators would wait on each FMA's latency in
+            # turn; a tile of `group` panels keeps mi x group independent ones in flight.
+            jo, jg = sch.split(jo, [None, group])
+            sch.reorder(jo, io, kk, jg, ii, ji)
+            sch.unroll(jg)
+        else:
+            sch.reorder(jo, io, kk, ii, ji)
         sch.reverse_compute_at(tile_out, io)
         try_step(lambda: sch.vectorize(sch.get_loops(tile_out)[-1]))
-        tiles = sch.fuse(jo, io) if cols // nb < 8 else jo
+        tiles = sch.fuse(jo, io) if panels // group < 8 else jo
         if rows * cols * depth >= MIN_PARALLEL_WORK * 16:
             sch.parallel(tiles)
         sch.unroll(ii)

@@ -51,3 +51,21 @@ def test_partial_panel_matmul_equals_onnxruntime(make, columns, x_shape, kernel_
     x = RNG.standard_normal(x_shape).astype(np.float32)
     outputs = compile_model(original, cache_dir=kernel_cache).run({"x": x})
     assert_matches_onnxruntime(outputs, run_onnxruntime(original, {"x": x}))
+
+
+def _rows_matmul(rows: int, columns: int):
+    """x (rows, 24) · w (24, N) + b: few rows, the panels grouped in one tile (INDEPENDENT_ACCUMULATORS)."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])]
+    return model(nodes, [("x", F, [rows, DEPTH])], [("y", F, None)],
+                 [("w", RNG.standard_normal((DEPTH, columns)).astype(np.float32)),
+                  ("b", RNG.standard_normal(columns).astype(np.float32))])
+
+
+@pytest.mark.parametrize("rows,columns", [(1, 128), (1, 40), (2, 96), (4, 100), (3, 7 * MATMUL_PANEL)],
+                         ids=["vector_8_panels", "vector_3_panels", "2_rows_6_panels", "4_rows_7_panels",
+                              "3_rows_7_panels"])
+def test_few_row_products_group_panels_and_equal_onnxruntime(rows, columns, kernel_cache):
+    original = _rows_matmul(rows, columns)
+    x = RNG.standard_normal((rows, DEPTH)).astype(np.float32)
+    outputs = compile_model(original, cache_dir=kernel_cache).run({"x": x})
+    assert_matches_onnxruntime(outputs, run_onnxruntime(original, {"x": x}))
