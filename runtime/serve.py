@@ -7,8 +7,9 @@ gone). Each request runs the whole batch: each rank receives with the request
 the inputs its program takes (rank 0 all of them; in a data-parallel step every
 rank its slice of the batch; a later pipeline stage none, only the header),
 splits them into the artifact's micro-batches and runs its program once per
-micro-batch, exchanging activations with its peers over gloo; rank 0 answers
-with the outputs.
+micro-batch, exchanging activations with its peers (through shared memory,
+runtime/shared_p2p.py, where the session made the rings; else over gloo); rank
+0 answers with the outputs.
 
 Requests are pipelined: while the outputs of a request are still on their
 way from the last stage, the next request already enters the first stage
@@ -109,7 +110,8 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
     join_group(rank, world, args.timeout, EXIT_FAILED, backend)
     # The host's shared-memory all-reduce does not reach GPU memory: NCCL does every all-reduce there.
     shared = _attach_reduce(rank, args.timeout) if backend == "gloo" else None
-    comm = TorchComm(rank, args.timeout, shared=shared)
+    channels = _attach_channels(rank, args.timeout) if backend == "gloo" else None
+    comm = TorchComm(rank, args.timeout, shared=shared, channels=channels)
     executor, recorder = profiled(comm, lambda c: Executor(args.artifact, threads=threads, worker=rank, comm=c,
                                                             device=device))
     microbatches = int(plan.get("microbatches", 1))
@@ -175,6 +177,14 @@ def _attach_reduce(rank: int, timeout_s: float):
 
     text = os.environ.get(REDUCE_ENV)
     return SharedReduce.attach(text, rank, timeout_s) if text else None
+
+
+def _attach_channels(rank: int, timeout_s: float):
+    """The local group's shared-memory Send/Recv rings, when the session made them (runtime/shared_p2p.py)."""
+    from tessel.runtime.shared_p2p import P2P_ENV, SharedChannels
+
+    text = os.environ.get(P2P_ENV)
+    return SharedChannels.attach(text, rank, timeout_s) if text else None
 
 
 def _attach_slots() -> dict:
