@@ -249,6 +249,12 @@ class TorchComm:
             else:
                 self._restored[name] = residual
 
+    def flush_sends(self) -> None:
+        """Before this worker idles: copy in the sends through shared memory still waiting for a free slot (their
+        receivers free the slots without this worker; gloo's sends go on by themselves)."""
+        if self._channels is not None:
+            self._channels.flush()
+
     def wait_sends(self) -> None:
         """Wait until every send of this run has been delivered."""
         pending, self._pending = self._pending, []

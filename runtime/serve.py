@@ -132,6 +132,7 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
         # A new request is taken whenever one waits and the window has room; otherwise the oldest is finished.
         if not in_flight or (len(in_flight) < args.window and select.select([control], [], [], 0)[0]):
             if not in_flight:
+                comm.flush_sends()
                 _spin_for(control, DOORBELL_SPIN_S)
             message = read_message(control)
             if message is None:  # the session is gone: so are the peers, whatever was in flight

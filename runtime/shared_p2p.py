@@ -15,8 +15,12 @@ group go through one anonymous shared segment instead:
   a pair's messages of one tag in order); a receive takes its number when it is posted, so waits may come in any
   order. Counters only grow: nothing is ever reset.
 - A send whose slot is still taken (the receiver is `count` messages behind) is deferred: its tensor is copied in
-  when the slot frees, by whichever wait of this rank's channels runs next (a receive, or the send's own wait), so
-  a program that gloo would not deadlock does not deadlock here either.
+  when the slot frees, by whichever wait of this rank's channels runs next (a receive, the send's own wait, or
+  `flush` before the worker idles). Unlike gloo, whose transport threads complete a posted receive in the
+  background, a receive here frees its slot only when the receiver's thread waits for it: two stages each
+  waiting for the other to take a message would deadlock. So the session sizes the rings such that they never
+  fill (runtime/worker_group.py: a sender is at most the request window's micro-batches ahead); deferring only
+  keeps a program that sends more than that correct where its receiver takes the messages without this rank.
 
 Waiting spins briefly with sched_yield, then sleeps on this rank's doorbell (an eventfd every peer writes after
 raising a counter); a peer that does not answer within the timeout (dead, stuck) fails the wait with PeerError.
@@ -235,6 +239,13 @@ class SharedChannels:
     def recv(self, array: np.ndarray, peer: int, tag: int, name: str) -> None:
         """Receive the next message from `peer` under `tag` into `array` (`carries` it)."""
         self.start_recv(array, peer, tag, name)()
+
+    def flush(self) -> None:
+        """Copy in every deferred send, waiting for its slot (before this rank idles: its receiver takes the
+        messages before it without this rank)."""
+        for deferred in list(self._deferred):
+            self._wait(lambda: deferred.done, f"sending a tensor to rank {deferred.ring.peer} failed (rank "
+                                              f"{deferred.ring.peer} took no message within {self.timeout_s:g} s)")
 
     def _publish(self, ring: _Ring, number: int, array: np.ndarray) -> None:
         slot = number % len(ring.slots)

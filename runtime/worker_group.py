@@ -168,7 +168,10 @@ class WorkerGroup:
         p2p = None
         try:
             if workers > 1 and shared_p2p.available():
-                p2p = shared_p2p.create_layout(workers, shared_p2p.plan_channels(read_plan(directory)))
+                plan = read_plan(directory)
+                # A ring never fills: a sender is at most the window's requests (each its micro-batches) ahead.
+                count = max(shared_p2p.SLOTS, self.window * int(plan.get("microbatches", 1)))
+                p2p = shared_p2p.create_layout(workers, shared_p2p.plan_channels(plan), count)
             self._spawn(command, port, workers, threads, reduce, p2p)
         finally:
             if reduce is not None:

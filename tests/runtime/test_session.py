@@ -172,7 +172,12 @@ def test_pipeline_stages_send_through_shared_memory_with_the_bytes_gloo_gives(se
     # Both stages map the transfers' segment; the client closed its descriptors once they started.
     assert all(p2p_memfds(str(pid)) for pid in session.worker_pids)
     assert not [fd for fd in p2p_memfds() if fd.startswith("/memfd:")]
-    feeds = [_feeds(seed) for seed in range(2 * session._group.window)]
+    # Each ring holds every micro-batch of the requests in flight: a stage never waits for a free slot (two stages
+    # waiting for each other's slots would deadlock, runtime/shared_p2p.py).
+    environ = Path(f"/proc/{session.worker_pids[1]}/environ").read_bytes().split(b"\0")
+    layout = json.loads(next(v for v in environ if v.startswith(b"TESSEL_SHARED_P2P=")).split(b"=", 1)[1])
+    assert layout["count"] == session._group.window * 2 and len(layout["rings"]) == 2
+    feeds = [_feeds(seed) for seed in range(4 * session._group.window)]
     through_shm = [outputs["r3"] for outputs in session.run_many(iter(feeds))]
     monkeypatch.setenv(SENDRECV_ENV, "gloo")
     with InferenceSession(mlp[0], timeout=TIMEOUT_S) as over_gloo:
