@@ -99,6 +99,27 @@ def test_messages_arrive_in_order_with_their_bytes(tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "answer.npy"), np.arange(16, dtype=np.float32))
 
 
+def test_flush_copies_in_a_deferred_send_once_the_receiver_frees_its_slot(tmp_path):
+    layout = create_layout(2, CHANNELS, count=2)
+
+    def sender(channels):
+        for k in range(3):  # the third waits for a slot: nothing but flush moves it on
+            channels.start_send(_messages(k)[1], 1, 7, "ints")
+        channels.flush()
+
+    def receiver(channels):
+        time.sleep(0.2)
+        got = [np.empty(3, np.int64) for _ in range(3)]
+        for array in got:
+            channels.recv(array, 0, 7, "ints")
+        np.save(tmp_path / "got.npy", np.stack(got))
+
+    pids = [_fork(layout, 0, sender, 30, tmp_path), _fork(layout, 1, receiver, 30, tmp_path)]
+    close_layout(layout)
+    assert _exit_codes(pids) == [0, 0]
+    np.testing.assert_array_equal(np.load(tmp_path / "got.npy"), np.stack([_messages(k)[1] for k in range(3)]))
+
+
 def test_a_dead_peer_fails_the_wait_with_one_line_within_the_timeout(tmp_path):
     layout = create_layout(2, CHANNELS, count=2)
 
