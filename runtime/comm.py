@@ -249,6 +249,11 @@ class TorchComm:
             else:
                 self._restored[name] = residual
 
+    def doorbell(self) -> int | None:
+        """The descriptor that becomes readable when a transfer through shared memory may have arrived (runtime/
+        shared_p2p.py `SharedChannels.doorbell`); None without shared memory."""
+        return self._channels.doorbell if self._channels is not None else None
+
     def flush_sends(self) -> None:
         """Before this worker idles: copy in the sends through shared memory still waiting for a free slot (their
         receivers free the slots without this worker; gloo's sends go on by themselves)."""

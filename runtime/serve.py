@@ -120,6 +120,7 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
     slots = _attach_slots()
     write_message(reply, {"ready": True, "rank": rank, "pid": os.getpid()})
     in_flight: deque = deque()
+    doorbell = comm.doorbell()
 
     def finish_oldest() -> None:
         waits, started, slot = in_flight.popleft()
@@ -157,7 +158,34 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
             slices = _split(inputs, microbatches)
             in_flight.append(([executor.start(feeds) for feeds in slices], started, slot))
             continue
+        if (doorbell is not None and len(in_flight) < args.window and all(w.observable for w in in_flight[0][0])
+                and not _outputs_or_request(in_flight[0][0], control, doorbell, args.timeout)):
+            continue  # a request came first: it starts now, the oldest is finished after
         finish_oldest()
+
+
+def _outputs_or_request(outputs: list, control: int, doorbell: int, timeout_s: float) -> bool:
+    """Sleep until every one of `outputs` (runs' PendingOutputs, `observable`) has arrived, True, or a request is
+    on the `control` pipe, False (True after `timeout_s` too: waiting for the outputs then fails in time).
+
+    The first stage of a pipeline is faster than the last and waits for its oldest request's outputs with the next
+    request already in flight; a request arriving meanwhile starts at once, so the stages behind find its
+    micro-batches ready when they come to them (blocked on the oldest request instead, this stage started the
+    next one only once the last stage had finished the oldest, and the last stage then waited for it)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(pending.arrived() for pending in outputs):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return True
+        readable = select.select([control, doorbell], [], [], left)[0]
+        if control in readable:
+            return False
+        if doorbell in readable:
+            try:
+                os.eventfd_read(doorbell)
+            except BlockingIOError:
+                pass
+    return True
 
 
 def _spin_for(fd: int, seconds: float) -> None:

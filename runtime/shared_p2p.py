@@ -224,17 +224,14 @@ class SharedChannels:
         it into `array` once it arrived."""
         ring = self._in[(peer, tag)]
         number, ring.next = ring.next, ring.next + 1
+        return _Receive(self, ring, number, array, f"gave up waiting for tensor '{name}' from rank {peer} after at "
+                                                   f"most {self.timeout_s:g} s (no message through shared memory)")
 
-        def wait() -> None:
-            self._wait(lambda: ring.arrived(number), f"gave up waiting for tensor '{name}' from rank {peer} after "
-                                                     f"at most {self.timeout_s:g} s (no message through shared "
-                                                     f"memory)")
-            slot = number % len(ring.slots)
-            array.reshape(-1).view(np.uint8)[...] = ring.slots[slot]
-            ring.consumed[slot] = number + 1
-            os.eventfd_write(self.doorbells[peer], 1)
-
-        return wait
+    @property
+    def doorbell(self) -> int:
+        """This rank's doorbell (an eventfd): readable after a peer published or took a message (`arrived` may
+        have changed); read it empty before sleeping on it again."""
+        return self.doorbells[self.rank]
 
     def recv(self, array: np.ndarray, peer: int, tag: int, name: str) -> None:
         """Receive the next message from `peer` under `tag` into `array` (`carries` it)."""
@@ -287,6 +284,26 @@ class SharedChannels:
         except BufferError:  # an array over the segment is still alive: the mapping goes with it
             pass
         close_layout({"fd": self.fd, "doorbells": self.doorbells})
+
+
+class _Receive:
+    """The wait of a receive posted through a ring (`SharedChannels.start_recv`): called, it waits for its message
+    and copies it out; `arrived` tells without waiting whether it is there."""
+
+    def __init__(self, channels: SharedChannels, ring: _Ring, number: int, array: np.ndarray, failure: str):
+        self._channels, self._ring, self._number, self._array, self._failure = channels, ring, number, array, failure
+
+    def arrived(self) -> bool:
+        """Whether the message is in its slot (calling the wait then returns at once)."""
+        return self._ring.arrived(self._number)
+
+    def __call__(self) -> None:
+        ring, number = self._ring, self._number
+        self._channels._wait(self.arrived, self._failure)
+        slot = number % len(ring.slots)
+        self._array.reshape(-1).view(np.uint8)[...] = ring.slots[slot]
+        ring.consumed[slot] = number + 1
+        os.eventfd_write(self._channels.doorbells[ring.peer], 1)
 
 
 def _done() -> None:
