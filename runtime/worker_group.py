@@ -47,6 +47,7 @@ from tessel import IMPORT_ROOT
 from . import shared_p2p
 from .artifact_files import read_plan
 from .errors import ExecutionError
+from .gpu_workers import comm_backend
 from .launch import free_port
 from .serve import CONTROL_ENV
 from .shared_reduce import REDUCE_ENV, available, close_layout, create_layout, descriptors
@@ -167,8 +168,9 @@ class WorkerGroup:
         reduce = create_layout(workers) if workers > 1 and available() else None
         p2p = None
         try:
-            if workers > 1 and shared_p2p.available():
-                plan = read_plan(directory)
+            plan = read_plan(directory) if workers > 1 and shared_p2p.available() else None
+            # GPU workers send device memory over NCCL: rings in host memory do not reach it.
+            if plan is not None and comm_backend(str(plan["target"])) == "gloo":
                 # A ring never fills: a sender is at most the window's requests (each its micro-batches) ahead.
                 count = max(shared_p2p.SLOTS, self.window * int(plan.get("microbatches", 1)))
                 p2p = shared_p2p.create_layout(workers, shared_p2p.plan_channels(plan), count)
