@@ -13,7 +13,9 @@ runtime/shared_p2p.py, where the session made the rings; else over gloo); rank
 
 Requests are pipelined: while the outputs of a request are still on their
 way from the last stage, the next request already enters the first stage
-(up to `--window` requests in flight). A training artifact's state is read
+(up to `--window` requests in flight); a first stage waiting for its oldest
+request's outputs through shared memory starts a request that arrives
+meanwhile (`_outputs_or_request`). A training artifact's state is read
 through rank 0 ("state": pipeline stages send it the values they hold) and
 written into every worker ("set_state") once the requests before have finished. A failure of any kind is answered with
 one line, and the worker exits: a gloo group that failed cannot be reused.
