@@ -244,6 +244,15 @@ class SharedChannels:
             self._wait(lambda: deferred.done, f"sending a tensor to rank {deferred.ring.peer} failed (rank "
                                               f"{deferred.ring.peer} took no message within {self.timeout_s:g} s)")
 
+    def take(self, ring: _Ring, number: int, array: np.ndarray, failure: str) -> None:
+        """Wait for message `number` of `ring` (PeerError `failure` after the timeout), copy it into `array`, free
+        its slot and ring the sender's doorbell."""
+        self._wait(lambda: ring.arrived(number), failure)
+        slot = number % len(ring.slots)
+        array.reshape(-1).view(np.uint8)[...] = ring.slots[slot]
+        ring.consumed[slot] = number + 1
+        os.eventfd_write(self.doorbells[ring.peer], 1)
+
     def _publish(self, ring: _Ring, number: int, array: np.ndarray) -> None:
         slot = number % len(ring.slots)
         ring.slots[slot][...] = array.reshape(-1).view(np.uint8)
@@ -298,12 +307,7 @@ class _Receive:
         return self._ring.arrived(self._number)
 
     def __call__(self) -> None:
-        ring, number = self._ring, self._number
-        self._channels._wait(self.arrived, self._failure)
-        slot = number % len(ring.slots)
-        self._array.reshape(-1).view(np.uint8)[...] = ring.slots[slot]
-        ring.consumed[slot] = number + 1
-        os.eventfd_write(self._channels.doorbells[ring.peer], 1)
+        self._channels.take(self._ring, self._number, self._array, self._failure)
 
 
 def _done() -> None:
