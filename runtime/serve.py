@@ -168,7 +168,8 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
 
 def _outputs_or_request(outputs: list, control: int, doorbell: int, timeout_s: float) -> bool:
     """Sleep until every one of `outputs` (runs' PendingOutputs, `observable`) has arrived, True, or a request is
-    on the `control` pipe, False (True after `timeout_s` too: waiting for the outputs then fails in time).
+    on the `control` pipe, False (True after `timeout_s` too: the wait for the outputs then fails after its own
+    timeout, so a dead last stage is reported after up to twice the timeout; the client stops the group sooner).
 
     The first stage of a pipeline is faster than the last and waits for its oldest request's outputs with the next
     request already in flight; a request arriving meanwhile starts at once, so the stages behind find its
