@@ -254,6 +254,10 @@ class TorchComm:
         shared_p2p.py `SharedChannels.doorbell`); None without shared memory."""
         return self._channels.doorbell if self._channels is not None else None
 
+    def exit_fds(self) -> list[int]:
+        """Descriptors that become readable when a peer exits (runtime/shared_p2p.py); none without shared memory."""
+        return self._channels.exit_fds() if self._channels is not None else []
+
     def flush_sends(self) -> None:
         """Before this worker idles: copy in the sends through shared memory still waiting for a free slot (their
         receivers free the slots without this worker; gloo's sends go on by themselves)."""

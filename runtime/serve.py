@@ -161,15 +161,15 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
             in_flight.append(([executor.start(feeds) for feeds in slices], started, slot))
             continue
         if (doorbell is not None and len(in_flight) < args.window and all(w.observable for w in in_flight[0][0])
-                and not _outputs_or_request(in_flight[0][0], control, doorbell, args.timeout)):
+                and not _outputs_or_request(in_flight[0][0], control, doorbell, comm.exit_fds(), args.timeout)):
             continue  # a request came first: it starts now, the oldest is finished after
         finish_oldest()
 
 
-def _outputs_or_request(outputs: list, control: int, doorbell: int, timeout_s: float) -> bool:
+def _outputs_or_request(outputs: list, control: int, doorbell: int, exits: list[int], timeout_s: float) -> bool:
     """Sleep until every one of `outputs` (runs' PendingOutputs, `observable`) has arrived, True, or a request is
-    on the `control` pipe, False (True after `timeout_s` too: the wait for the outputs then fails after its own
-    timeout, so a dead last stage is reported after up to twice the timeout; the client stops the group sooner).
+    on the `control` pipe, False; True too once a peer exited (one of the `exits` descriptors is readable: the wait
+    for the outputs then fails at once) or after `timeout_s` (the wait then fails after its own timeout).
 
     The first stage of a pipeline is faster than the last and waits for its oldest request's outputs with the next
     request already in flight; a request arriving meanwhile starts at once, so the stages behind find its
@@ -180,9 +180,11 @@ def _outputs_or_request(outputs: list, control: int, doorbell: int, timeout_s: f
         left = deadline - time.monotonic()
         if left <= 0:
             return True
-        readable = select.select([control, doorbell], [], [], left)[0]
+        readable = select.select([control, doorbell, *exits], [], [], left)[0]
         if control in readable:
             return False
+        if any(fd in readable for fd in exits):
+            return True
         if doorbell in readable:
             try:
                 os.eventfd_read(doorbell)

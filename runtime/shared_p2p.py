@@ -101,7 +101,7 @@ def create_layout(world: int, channels: list[tuple[int, int, int, int]], count: 
     bytes (in their order), and one doorbell per rank, described for the workers (P2P_ENV = its JSON; they inherit
     the descriptors); None when no ring fits. The client closes its descriptors once the workers started
     (`close_layout`)."""
-    rings, offset = [], 0
+    rings, offset = [], _pid_bytes(world)
     for sender, receiver, tag, size in channels:
         ring_bytes = _ring_bytes(size, count)
         if offset + ring_bytes > limit:
@@ -124,6 +124,11 @@ def close_layout(layout: dict) -> None:
     """Close the descriptors that a layout holds (the client's, once its workers inherited them)."""
     for fd in descriptors(layout):
         os.close(fd)
+
+
+def _pid_bytes(world: int) -> int:
+    """The segment's first bytes: each rank's process id, written when it attaches (its peers watch it exit)."""
+    return -(-8 * world // _LINE) * _LINE
 
 
 def _slot_stride(size: int) -> int:
@@ -172,6 +177,10 @@ class SharedChannels:
         self.fd, self.doorbells = int(layout["fd"]), [int(fd) for fd in layout["doorbells"]]
         count = int(layout["count"])
         self._map = mmap.mmap(self.fd, int(layout["bytes"]))
+        self._pids = np.frombuffer(self._map, np.int64, int(layout["world"]), 0)
+        self._pids[rank] = os.getpid()
+        self._exits: dict[int, int] = {}  # peer rank -> a pidfd of its process, readable once it exited
+        self._unwatched: set[int] = set()  # peers whose exit the sleep no longer wakes on
         self._out: dict[tuple[int, int], _Ring] = {}
         self._in: dict[tuple[int, int], _Ring] = {}
         for sender, receiver, tag, size, offset in layout["rings"]:
@@ -214,8 +223,7 @@ class SharedChannels:
         self._deferred.append(deferred)
 
         def wait() -> None:
-            self._wait(lambda: deferred.done, f"sending tensor '{name}' to rank {peer} failed (rank {peer} took "
-                                              f"no message within {self.timeout_s:g} s)")
+            self._wait(lambda: deferred.done, f"sending tensor '{name}' to rank {peer} failed", peer)
 
         return wait
 
@@ -224,8 +232,7 @@ class SharedChannels:
         it into `array` once it arrived."""
         ring = self._in[(peer, tag)]
         number, ring.next = ring.next, ring.next + 1
-        return _Receive(self, ring, number, array, f"gave up waiting for tensor '{name}' from rank {peer} after at "
-                                                   f"most {self.timeout_s:g} s (no message through shared memory)")
+        return _Receive(self, ring, number, array, f"gave up waiting for tensor '{name}' from rank {peer}")
 
     @property
     def doorbell(self) -> int:
@@ -241,13 +248,12 @@ class SharedChannels:
         """Copy in every deferred send, waiting for its slot (before this rank idles: its receiver takes the
         messages before it without this rank)."""
         for deferred in list(self._deferred):
-            self._wait(lambda: deferred.done, f"sending a tensor to rank {deferred.ring.peer} failed (rank "
-                                              f"{deferred.ring.peer} took no message within {self.timeout_s:g} s)")
+            self._wait(lambda: deferred.done, f"sending a tensor to rank {deferred.ring.peer} failed", deferred.ring.peer)
 
     def take(self, ring: _Ring, number: int, array: np.ndarray, failure: str) -> None:
-        """Wait for message `number` of `ring` (PeerError `failure` after the timeout), copy it into `array`, free
-        its slot and ring the sender's doorbell."""
-        self._wait(lambda: ring.arrived(number), failure)
+        """Wait for message `number` of `ring` (PeerError `failure` when it does not come), copy it into `array`,
+        free its slot and ring the sender's doorbell."""
+        self._wait(lambda: ring.arrived(number), failure, ring.peer)
         slot = number % len(ring.slots)
         array.reshape(-1).view(np.uint8)[...] = ring.slots[slot]
         ring.consumed[slot] = number + 1
@@ -267,9 +273,25 @@ class SharedChannels:
             deferred.done = True
             self._deferred.remove(deferred)
 
-    def _wait(self, ready: Callable[[], bool], failure: str) -> None:
-        """Until `ready()`, moving deferred sends on: spin SPIN_S, then sleep on the doorbell; PeerError (`failure`)
-        after the timeout. A doorbell rung after the last look wakes the sleep."""
+    def exit_fds(self) -> list[int]:
+        """Descriptors that become readable when a peer's process exits (pidfds of the peers attached so far)."""
+        for peer, pid in enumerate(self._pids):
+            if peer != self.rank and pid and peer not in self._exits and hasattr(os, "pidfd_open"):
+                try:
+                    self._exits[peer] = os.pidfd_open(int(pid))
+                except ProcessLookupError:  # gone already (reaped): a descriptor that reads as exited
+                    self._exits[peer] = os.eventfd(1, os.EFD_CLOEXEC)
+                self._poll.register(self._exits[peer], select.POLLIN)
+        return list(self._exits.values())
+
+    def _exited(self, peer: int) -> bool:
+        fd = self._exits.get(peer)
+        return fd is not None and bool(select.select([fd], [], [], 0)[0])
+
+    def _wait(self, ready: Callable[[], bool], failure: str, peer: int) -> None:
+        """Until `ready()`, moving deferred sends on: spin SPIN_S, then sleep on the doorbell; PeerError (`failure`
+        and why) once `peer`'s process exited (a sleep wakes on it), or after the timeout. A doorbell rung after the
+        last look wakes the sleep."""
         started = time.perf_counter()
         self._progress()
         while not ready():
@@ -277,21 +299,32 @@ class SharedChannels:
             if waited < SPIN_S:
                 os.sched_yield()
             elif waited > self.timeout_s:
-                raise PeerError(f"rank {self.rank}: {failure}")
-            elif self._poll.poll(min(1000, max(1, int(1e3 * (self.timeout_s - waited))))):
-                try:
-                    os.eventfd_read(self.doorbells[self.rank])
-                except BlockingIOError:
-                    pass
+                raise PeerError(f"rank {self.rank}: {failure} (no message through shared memory within "
+                                f"{self.timeout_s:g} s)")
+            else:
+                self.exit_fds()
+                if self._exited(peer):
+                    raise PeerError(f"rank {self.rank}: {failure} (rank {peer} exited)")
+                for other in [r for r in self._exits if r != peer and r not in self._unwatched and self._exited(r)]:
+                    self._poll.unregister(self._exits[other])  # another peer's exit: no longer a reason to wake
+                    self._unwatched.add(other)
+                if self._poll.poll(min(1000, max(1, int(1e3 * (self.timeout_s - waited))))):
+                    try:
+                        os.eventfd_read(self.doorbells[self.rank])
+                    except BlockingIOError:
+                        pass
             self._progress()
 
     def close(self) -> None:
         """Unmap the segment and close the descriptors (sends not yet copied in are dropped)."""
-        self._out, self._in, self._deferred = {}, {}, []
+        self._out, self._in, self._deferred, self._pids = {}, {}, [], None
         try:
             self._map.close()
         except BufferError:  # an array over the segment is still alive: the mapping goes with it
             pass
+        for fd in self._exits.values():
+            os.close(fd)
+        self._exits = {}
         close_layout({"fd": self.fd, "doorbells": self.doorbells})
 
 

@@ -55,7 +55,7 @@ def test_outputs_arriving_end_the_wait(pipe_and_doorbell):
 
     _later(0.1, arrive)
     started = time.perf_counter()
-    assert _outputs_or_request([outputs], control, doorbell, timeout_s=10)
+    assert _outputs_or_request([outputs], control, doorbell, [], timeout_s=10)
     assert time.perf_counter() - started < 5 and outputs.arrived()
 
 
@@ -63,7 +63,7 @@ def test_a_request_arriving_first_ends_the_wait_without_the_outputs(pipe_and_doo
     control, write, doorbell = pipe_and_doorbell
     outputs = PendingOutputs(["y"], {}, {"y": (np.zeros(1), _Arriving())})
     _later(0.1, lambda: os.write(write, b"x"))
-    assert not _outputs_or_request([outputs], control, doorbell, timeout_s=10)
+    assert not _outputs_or_request([outputs], control, doorbell, [], timeout_s=10)
     assert not outputs.arrived()
 
 
@@ -71,7 +71,7 @@ def test_the_wait_gives_up_after_the_timeout(pipe_and_doorbell):
     control, _, doorbell = pipe_and_doorbell
     outputs = PendingOutputs(["y"], {}, {"y": (np.zeros(1), _Arriving())})
     started = time.perf_counter()
-    assert _outputs_or_request([outputs], control, doorbell, timeout_s=0.2)
+    assert _outputs_or_request([outputs], control, doorbell, [], timeout_s=0.2)
     assert 0.2 <= time.perf_counter() - started < 2
 
 

@@ -135,12 +135,12 @@ def test_a_dead_peer_fails_the_wait_with_one_line_within_the_timeout(tmp_path):
         finally:
             (tmp_path / "waited.txt").write_text(str(time.perf_counter() - started))
 
-    pids = [_fork(layout, 0, waits, 0.5, tmp_path), _fork(layout, 1, dies, 30, tmp_path)]
+    pids = [_fork(layout, 0, waits, 10.0, tmp_path), _fork(layout, 1, dies, 30, tmp_path)]
     close_layout(layout)
     assert _exit_codes(pids) == [1, 9]
-    assert (tmp_path / "rank0.txt").read_text() == ("rank 0: gave up waiting for tensor 'answer' from rank 1 after "
-                                                    "at most 0.5 s (no message through shared memory)")
-    assert 0.5 <= float((tmp_path / "waited.txt").read_text()) < 2.0
+    # Rank 1's exit wakes rank 0's wait at once, long before the timeout.
+    assert (tmp_path / "rank0.txt").read_text() == "rank 0: gave up waiting for tensor 'answer' from rank 1 (rank 1 exited)"
+    assert float((tmp_path / "waited.txt").read_text()) < 5.0
 
 
 def test_a_send_to_a_peer_that_never_takes_it_fails_within_the_timeout():
@@ -149,8 +149,8 @@ def test_a_send_to_a_peer_that_never_takes_it_fails_within_the_timeout():
     waits = [channels.start_send(_messages(k)[0], 1, 0, "floats") for k in range(3)]
     waits[0](), waits[1]()  # two slots: copied in at once
     started = time.perf_counter()
-    with pytest.raises(PeerError, match=r"^rank 0: sending tensor 'floats' to rank 1 failed \(rank 1 took no "
-                                        r"message within 0.3 s\)$"):
+    with pytest.raises(PeerError, match=r"^rank 0: sending tensor 'floats' to rank 1 failed \(no message through "
+                                        r"shared memory within 0.3 s\)$"):
         waits[2]()
     assert time.perf_counter() - started < 2.0
     del waits  # they hold arrays over the segment: closing unmaps it only once they are gone
@@ -171,7 +171,7 @@ def test_only_the_plans_transfers_of_the_right_size_go_through_rings_and_nothing
     channels.close()
     assert _memfds() == before and not [name for name in os.listdir("/dev/shm") if "tessel" in name]
     # Rings beyond the limit are left to gloo; none at all: no segment.
-    small = create_layout(2, CHANNELS, count=1, limit=4200)
+    small = create_layout(2, CHANNELS, count=1, limit=4300)
     close_layout(small)
     assert [ring[:3] for ring in small["rings"]] == [[0, 1, 0]]
     assert create_layout(2, CHANNELS, limit=100) is None
