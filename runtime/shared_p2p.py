@@ -23,7 +23,9 @@ group go through one anonymous shared segment instead:
   keeps a program that sends more than that correct where its receiver takes the messages without this rank.
 
 Waiting spins briefly with sched_yield, then sleeps on this rank's doorbell (an eventfd every peer writes after
-raising a counter); a peer that does not answer within the timeout (dead, stuck) fails the wait with PeerError.
+raising a counter) and on its peers' exits (each rank writes its process id into the segment's first line; the
+others watch it through a pidfd): a peer that exits fails the wait at once with PeerError, as gloo's closed
+connection does, and one that does not answer within the timeout (stuck) fails it then.
 The counters are plain aligned 8-byte stores read by polling, correct on x86's total store order, which
 `available` checks (as runtime/shared_reduce.py); elsewhere, and for transfers the plan does not list (a state
 request's, a profile's), gloo carries them.
