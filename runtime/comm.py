@@ -9,7 +9,10 @@ timeout passes, and then fails naming the rank, the tensor and the peer.
 Joining the group is bounded by the same timeout (`join_group`). All-reduces
 of a local worker group go through shared memory instead (runtime/shared_reduce.py), where
 the session gave the workers a segment: a blocking one on the calling thread, a
-started one on the rank's reducer thread.
+started one on the rank's reducer thread. So do their Sends and Recvs of the
+transfers the plan lists (runtime/shared_p2p.py); gloo carries the others (a
+state request's, a profile's), and every transfer of a torchrun or
+multi-machine group.
 """
 from __future__ import annotations
 
@@ -78,8 +81,9 @@ class TorchComm:
     """Send/recv and all-reduce of buffers with torch.distributed, one per worker process: numpy arrays (gloo),
     or DLPack views of device memory (NCCL for GPU memory)."""
 
-    def __init__(self, rank: int, timeout_s: float, shared=None):
-        """`shared`: the local group's SharedReduce, which then does every all-reduce (gloo the rest)."""
+    def __init__(self, rank: int, timeout_s: float, shared=None, channels=None):
+        """`shared`: the local group's SharedReduce, which then does every all-reduce; `channels`: its
+        SharedChannels, which then carry the transfers they have a ring for (gloo the rest)."""
         import torch.distributed as dist
         from torch.utils import dlpack
 
@@ -87,7 +91,8 @@ class TorchComm:
         self.rank = rank
         self.timeout_s = timeout_s
         self._shared = shared
-        self._pending: list[tuple[object, str, int]] = []
+        self._channels = channels
+        self._pending: list[Callable[[], None]] = []
         self._senders: dict[str, object] = {}  # compressed all-reduce: each tensor's ErrorFeedback
         self._restored: dict[str, np.ndarray] = {}  # residuals set before their all-reduce first ran
 
@@ -97,16 +102,20 @@ class TorchComm:
             return self._dlpack.from_dlpack(buffer.reshape(-1))
         return self._dlpack.from_dlpack(buffer).view(-1)
 
+    def buffers_receives(self, array: np.ndarray, peer: int, tag: int) -> bool:
+        """Whether a receive of `array` from `peer` under `tag` goes through shared memory, where a message waits
+        in its slot whenever it is sent: posting the receive early (runtime/early_receives.py) gains nothing."""
+        return self._channels is not None and self._channels.carries(array, peer, tag, sending=False)
+
     def send(self, array: np.ndarray, peer: int, tag: int, name: str) -> None:
         """Start sending `array` to `peer`; it must stay untouched until `wait_sends`."""
-        try:
-            self._pending.append((self._dist.isend(self._tensor(array), dst=peer, tag=tag), name, peer))
-        except RuntimeError as exc:
-            raise PeerError(f"rank {self.rank}: cannot send tensor '{name}' to rank {peer} ({_reason(exc)})") from None
+        self._pending.append(self.start_send(array, peer, tag, name))
 
     def start_send(self, array: np.ndarray, peer: int, tag: int, name: str) -> Callable[[], None]:
         """Start sending `array` to `peer` and return the wait (which fails naming the tensor and the peer);
         `array` must stay untouched until then. Unlike `send`, `wait_sends` does not wait for it."""
+        if self._channels is not None and self._channels.carries(array, peer, tag, sending=True):
+            return self._channels.start_send(array, peer, tag, name)
         try:
             work = self._dist.isend(self._tensor(array), dst=peer, tag=tag)
         except RuntimeError as exc:
@@ -122,6 +131,9 @@ class TorchComm:
 
     def recv(self, array: np.ndarray, peer: int, tag: int, name: str) -> None:
         """Receive into `array` from `peer`, waiting at most the timeout."""
+        if self._channels is not None and self._channels.carries(array, peer, tag, sending=False):
+            self._channels.recv(array, peer, tag, name)
+            return
         try:
             self._dist.recv(self._tensor(array), src=peer, tag=tag)
         except RuntimeError as exc:
@@ -130,6 +142,8 @@ class TorchComm:
 
     def start_recv(self, array: np.ndarray, peer: int, tag: int, name: str):
         """Start receiving into `array`; returns the wait (which fails like `recv`)."""
+        if self._channels is not None and self._channels.carries(array, peer, tag, sending=False):
+            return self._channels.start_recv(array, peer, tag, name)
         try:
             work = self._dist.irecv(self._tensor(array), src=peer, tag=tag)
         except RuntimeError as exc:
@@ -235,14 +249,26 @@ class TorchComm:
             else:
                 self._restored[name] = residual
 
+    def doorbell(self) -> int | None:
+        """The descriptor that becomes readable when a transfer through shared memory may have arrived (runtime/
+        shared_p2p.py `SharedChannels.doorbell`); None without shared memory."""
+        return self._channels.doorbell if self._channels is not None else None
+
+    def exit_fds(self) -> list[int]:
+        """Descriptors that become readable when a peer exits (runtime/shared_p2p.py); none without shared memory."""
+        return self._channels.exit_fds() if self._channels is not None else []
+
+    def flush_sends(self) -> None:
+        """Before this worker idles: copy in the sends through shared memory still waiting for a free slot (their
+        receivers free the slots without this worker; gloo's sends go on by themselves)."""
+        if self._channels is not None:
+            self._channels.flush()
+
     def wait_sends(self) -> None:
         """Wait until every send of this run has been delivered."""
         pending, self._pending = self._pending, []
-        for work, name, peer in pending:
-            try:
-                work.wait()
-            except RuntimeError as exc:
-                raise PeerError(f"rank {self.rank}: sending tensor '{name}' to rank {peer} failed ({_reason(exc)})") from None
+        for wait in pending:
+            wait()
 
 
 def _divide(buffer, tensor, world: int) -> None:

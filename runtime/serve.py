@@ -7,12 +7,15 @@ gone). Each request runs the whole batch: each rank receives with the request
 the inputs its program takes (rank 0 all of them; in a data-parallel step every
 rank its slice of the batch; a later pipeline stage none, only the header),
 splits them into the artifact's micro-batches and runs its program once per
-micro-batch, exchanging activations with its peers over gloo; rank 0 answers
-with the outputs.
+micro-batch, exchanging activations with its peers (through shared memory,
+runtime/shared_p2p.py, where the session made the rings; else over gloo); rank
+0 answers with the outputs.
 
 Requests are pipelined: while the outputs of a request are still on their
 way from the last stage, the next request already enters the first stage
-(up to `--window` requests in flight). A training artifact's state is read
+(up to `--window` requests in flight); a first stage waiting for its oldest
+request's outputs through shared memory starts a request that arrives
+meanwhile (`_outputs_or_request`). A training artifact's state is read
 through rank 0 ("state": pipeline stages send it the values they hold) and
 written into every worker ("set_state") once the requests before have finished. A failure of any kind is answered with
 one line, and the worker exits: a gloo group that failed cannot be reused.
@@ -109,7 +112,8 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
     join_group(rank, world, args.timeout, EXIT_FAILED, backend)
     # The host's shared-memory all-reduce does not reach GPU memory: NCCL does every all-reduce there.
     shared = _attach_reduce(rank, args.timeout) if backend == "gloo" else None
-    comm = TorchComm(rank, args.timeout, shared=shared)
+    channels = _attach_channels(rank, args.timeout) if backend == "gloo" else None
+    comm = TorchComm(rank, args.timeout, shared=shared, channels=channels)
     executor, recorder = profiled(comm, lambda c: Executor(args.artifact, threads=threads, worker=rank, comm=c,
                                                             device=device))
     microbatches = int(plan.get("microbatches", 1))
@@ -118,6 +122,7 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
     slots = _attach_slots()
     write_message(reply, {"ready": True, "rank": rank, "pid": os.getpid()})
     in_flight: deque = deque()
+    doorbell = comm.doorbell()
 
     def finish_oldest() -> None:
         waits, started, slot = in_flight.popleft()
@@ -130,6 +135,7 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
         # A new request is taken whenever one waits and the window has room; otherwise the oldest is finished.
         if not in_flight or (len(in_flight) < args.window and select.select([control], [], [], 0)[0]):
             if not in_flight:
+                comm.flush_sends()
                 _spin_for(control, DOORBELL_SPIN_S)
             message = read_message(control)
             if message is None:  # the session is gone: so are the peers, whatever was in flight
@@ -154,7 +160,37 @@ def _serve(args, rank: int, world: int, threads: int, control: int, reply: int) 
             slices = _split(inputs, microbatches)
             in_flight.append(([executor.start(feeds) for feeds in slices], started, slot))
             continue
+        if (doorbell is not None and len(in_flight) < args.window and all(w.observable for w in in_flight[0][0])
+                and not _outputs_or_request(in_flight[0][0], control, doorbell, comm.exit_fds(), args.timeout)):
+            continue  # a request came first: it starts now, the oldest is finished after
         finish_oldest()
+
+
+def _outputs_or_request(outputs: list, control: int, doorbell: int, exits: list[int], timeout_s: float) -> bool:
+    """Sleep until every one of `outputs` (runs' PendingOutputs, `observable`) has arrived, True, or a request is
+    on the `control` pipe, False; True too once a peer exited (one of the `exits` descriptors is readable: the wait
+    for the outputs then fails at once) or after `timeout_s` (the wait then fails after its own timeout).
+
+    The first stage of a pipeline is faster than the last and waits for its oldest request's outputs with the next
+    request already in flight; a request arriving meanwhile starts at once, so the stages behind find its
+    micro-batches ready when they come to them (blocked on the oldest request instead, this stage started the
+    next one only once the last stage had finished the oldest, and the last stage then waited for it)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(pending.arrived() for pending in outputs):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return True
+        readable = select.select([control, doorbell, *exits], [], [], left)[0]
+        if control in readable:
+            return False
+        if any(fd in readable for fd in exits):
+            return True
+        if doorbell in readable:
+            try:
+                os.eventfd_read(doorbell)
+            except BlockingIOError:
+                pass
+    return True
 
 
 def _spin_for(fd: int, seconds: float) -> None:
@@ -175,6 +211,14 @@ def _attach_reduce(rank: int, timeout_s: float):
 
     text = os.environ.get(REDUCE_ENV)
     return SharedReduce.attach(text, rank, timeout_s) if text else None
+
+
+def _attach_channels(rank: int, timeout_s: float):
+    """The local group's shared-memory Send/Recv rings, when the session made them (runtime/shared_p2p.py)."""
+    from tessel.runtime.shared_p2p import P2P_ENV, SharedChannels
+
+    text = os.environ.get(P2P_ENV)
+    return SharedChannels.attach(text, rank, timeout_s) if text else None
 
 
 def _attach_slots() -> dict:

@@ -44,7 +44,10 @@ import numpy as np
 
 from tessel import IMPORT_ROOT
 
+from . import shared_p2p
+from .artifact_files import read_plan
 from .errors import ExecutionError
+from .gpu_workers import comm_backend
 from .launch import free_port
 from .serve import CONTROL_ENV
 from .shared_reduce import REDUCE_ENV, available, close_layout, create_layout, descriptors
@@ -160,19 +163,34 @@ class WorkerGroup:
         port = free_port()
         command = [sys.executable, "-m", "tessel.runtime.serve", str(directory), "--timeout", str(self.timeout),
                    "--window", str(self.window)]
-        # The workers all-reduce through one shared segment (runtime/shared_reduce.py); the client keeps no part of it.
+        # The workers all-reduce through one shared segment (runtime/shared_reduce.py) and send the plan's transfers
+        # through another (runtime/shared_p2p.py); the client keeps no part of them.
         reduce = create_layout(workers) if workers > 1 and available() else None
+        p2p = None
         try:
-            self._spawn(command, port, workers, threads, reduce)
+            plan = read_plan(directory) if workers > 1 and shared_p2p.available() else None
+            # GPU workers send device memory over NCCL: rings in host memory do not reach it.
+            if plan is not None and comm_backend(str(plan["target"])) == "gloo":
+                # A ring never fills: a sender is at most the window's requests (each its micro-batches) ahead.
+                count = max(shared_p2p.SLOTS, self.window * int(plan.get("microbatches", 1)))
+                p2p = shared_p2p.create_layout(workers, shared_p2p.plan_channels(plan), count)
+            self._spawn(command, port, workers, threads, reduce, p2p)
         finally:
             if reduce is not None:
                 close_layout(reduce)
+            if p2p is not None:
+                shared_p2p.close_layout(p2p)
         self._await_ready()
 
-    def _spawn(self, command: list[str], port: int, workers: int, threads: int, reduce: dict | None) -> None:
-        """Start the workers, each with its pipes, its slots and, given `reduce`, the all-reduce segment."""
+    def _spawn(self, command: list[str], port: int, workers: int, threads: int, reduce: dict | None,
+               p2p: dict | None) -> None:
+        """Start the workers, each with its pipes, its slots and, given `reduce` and `p2p`, the all-reduce and
+        the transfers' segments."""
         reduce_env = {REDUCE_ENV: json.dumps(reduce)} if reduce is not None else {}
         reduce_fds = descriptors(reduce) if reduce is not None else ()
+        if p2p is not None:
+            reduce_env[shared_p2p.P2P_ENV] = json.dumps(p2p)
+            reduce_fds += shared_p2p.descriptors(p2p)
         for rank in range(workers):
             request_read, request_write = os.pipe()
             answer_read, answer_write = os.pipe()

@@ -164,6 +164,28 @@ def test_requests_over_the_slot_limit_go_over_the_pipes(mlp, monkeypatch):
         np.testing.assert_allclose(y, _expected(feeds[0]["x"], mlp[1]), rtol=1e-4, atol=1e-4)
 
 
+def test_pipeline_stages_send_through_shared_memory_with_the_bytes_gloo_gives(session, mlp, monkeypatch):
+    from tessel.runtime.shared_p2p import SENDRECV_ENV
+
+    from .test_shared_p2p import _memfds as p2p_memfds
+
+    # Both stages map the transfers' segment; the client closed its descriptors once they started.
+    assert all(p2p_memfds(str(pid)) for pid in session.worker_pids)
+    assert not [fd for fd in p2p_memfds() if fd.startswith("/memfd:")]
+    # Each ring holds every micro-batch of the requests in flight: a stage never waits for a free slot (two stages
+    # waiting for each other's slots would deadlock, runtime/shared_p2p.py).
+    environ = Path(f"/proc/{session.worker_pids[1]}/environ").read_bytes().split(b"\0")
+    layout = json.loads(next(v for v in environ if v.startswith(b"TESSEL_SHARED_P2P=")).split(b"=", 1)[1])
+    assert layout["count"] == session._group.window * 2 and len(layout["rings"]) == 2
+    feeds = [_feeds(seed) for seed in range(4 * session._group.window)]
+    through_shm = [outputs["r3"] for outputs in session.run_many(iter(feeds))]
+    monkeypatch.setenv(SENDRECV_ENV, "gloo")
+    with InferenceSession(mlp[0], timeout=TIMEOUT_S) as over_gloo:
+        assert not any(p2p_memfds(str(pid)) for pid in over_gloo.worker_pids)
+        for shm, outputs in zip(through_shm, over_gloo.run_many(iter(feeds))):
+            assert shm.tobytes() == outputs["r3"].tobytes()
+
+
 def test_a_killed_worker_fails_the_next_run_with_one_line_and_close_returns(mlp):
     mapped = len(_memfds())
     with InferenceSession(mlp[0], timeout=TIMEOUT_S) as opened:
