@@ -186,6 +186,8 @@ def worker_tessel(name: str, batch: int, image_size: int, steps: int, directory:
     def run(profiled: bool) -> tuple[dict, list, int]:
         if profiled:
             os.environ[PROFILE_ENV] = "1"
+        else:
+            os.environ.pop(PROFILE_ENV, None)
         trainer = tessel.load_training(directory)
         profiles = []
 

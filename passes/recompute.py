@@ -20,8 +20,9 @@ wins. Both numbers are estimates: fusion and algorithm selection change the prog
 
 `plan_cheap_recompute` needs no budget: it drops only stashed values that cheap ops (elementwise, broadcast,
 layout, normalisation: no conv or matmul) make again from values the backward pass keeps anyway, and only
-where that lowers the most bytes live at once — a ReLU's output made again from the centred input x - mean
-that the BatchNormalization before it keeps for its backward, a LayerNormalization's output from its input.
+where that lowers the most bytes live at once — a ReLU's output made again from the x (one replica) or the
+centred input x - mean (synchronised BatchNorm) that the BatchNormalization before it keeps for its backward, a
+LayerNormalization's output from its input.
 
 Copies compute exactly what their originals do, so common-subexpression elimination
 would merge them back (passes/cse.py numbers a node by op, attributes and inputs):

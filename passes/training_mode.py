@@ -3,7 +3,8 @@
 `prepare_training` makes the model's float initializers graph inputs that persist
 across steps ("state": the trainable parameters and BatchNormalization's running
 statistics), rewrites BatchNormalization into its batch statistics (the BatchStats
-op) and primitive ops, whose running-statistic updates become graph outputs, Dropout into a product
+op on one replica; sums all-reduced across replicas for synchronised BatchNorm) and primitive ops, whose
+running-statistic updates become graph outputs, Dropout into a product
 with a mask fed each step, and LSTM/GRU into unrolled primitive ops, so that
 generic gradient rules differentiate the whole graph. `prepare_eval` gives the
 same persistent inputs with inference semantics.

@@ -283,6 +283,10 @@ class SharedChannels:
                     self._exits[peer] = os.pidfd_open(int(pid))
                 except ProcessLookupError:  # gone already (reaped): a descriptor that reads as exited
                     self._exits[peer] = os.eventfd(1, os.EFD_CLOEXEC)
+                except OSError:
+                    # No pidfds here (a kernel before 5.3, a seccomp filter): the peer is not watched, and a
+                    # wait for it ends at the timeout instead.
+                    continue
                 self._poll.register(self._exits[peer], select.POLLIN)
         return list(self._exits.values())
 

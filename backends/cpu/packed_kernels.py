@@ -21,6 +21,8 @@ CONV_TILE_CHOICES = (14, 16, 12, 8, 7)
 MATMUL_ROWS = (4, 2, 1)
 # Vector accumulators a packed matmul tile keeps in flight: two FMA pipes of four cycles' latency each.
 INDEPENDENT_ACCUMULATORS = 8
+# A product big enough to run in parallel keeps at least this many tiles (grouping panels makes fewer).
+PARALLEL_TILES = 16
 
 
 def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
@@ -180,7 +182,11 @@ def matmul_packed(ctx: LowerContext, trans_a: bool = False, alpha: float = 1.0, 
     out = te.compute(out_shape, unflatten, name="matmul_result") if len(out_shape) != 2 else flat
     mi = next(m for m in MATMUL_ROWS if rows % m == 0)
     panels = int(bp.shape[0])
-    group = next(g for g in range(min(panels, INDEPENDENT_ACCUMULATORS // mi), 0, -1) if panels % g == 0)
+    parallel = rows * cols * depth >= MIN_PARALLEL_WORK * 16
+    # Panels per tile: mi x group accumulators in flight, leaving at least PARALLEL_TILES tiles to run in parallel
+    # when the product runs in parallel.
+    group = next(g for g in range(min(panels, INDEPENDENT_ACCUMULATORS // mi), 0, -1)
+                 if panels % g == 0 and (g == 1 or not parallel or panels // g * (rows // mi) >= PARALLEL_TILES))
 
     def schedule(sch) -> None:
         block = sch.get_sblock("matmul_packed")
@@ -192,8 +198,8 @@ def matmul_packed(ctx: LowerContext, trans_a: bool = False, alpha: float = 1.0, 
         io, ii = sch.split(i, [None, mi])
         jo, ji = sch.split(j, [None, nb])
         if group > 1:
-            # Few rows (a matrix-vector product): one tile's mi accumulators would wait on each FMA's latency in
-            # turn; a tile of `group` panels keeps mi x group independent ones in flight.
+            # A tile of one panel has mi <= 4 accumulators, each waiting on the FMA before it (a matrix-vector
+            # product: one); a tile of `group` panels keeps mi x group independent ones in flight.
             jo, jg = sch.split(jo, [None, group])
             sch.reorder(jo, io, kk, jg, ii, ji)
             sch.unroll(jg)
@@ -202,7 +208,7 @@ def matmul_packed(ctx: LowerContext, trans_a: bool = False, alpha: float = 1.0, 
         sch.reverse_compute_at(tile_out, io)
         try_step(lambda: sch.vectorize(sch.get_loops(tile_out)[-1]))
         tiles = sch.fuse(jo, io) if panels // group < 8 else jo
-        if rows * cols * depth >= MIN_PARALLEL_WORK * 16:
+        if parallel:
             sch.parallel(tiles)
         sch.unroll(ii)
         sch.vectorize(ji)

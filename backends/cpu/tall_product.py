@@ -2,7 +2,7 @@
 
 A training step's weight gradient of a matrix product shared by a batch is such a product: dW[i, j] = Σ_k x[k, i] ·
 dy[k, j] over every row of the batch (passes/gradients/nn.py emits it as Gemm(x, dy, transA=1)), long next to its
-small output (a transformer's 16,384 rows for a 32 × 96 weight). The generic schedule vectorizes it across the
+small output (a transformer's 16,384 rows for a 32 × 96 weight; outputs up to MAX_OUTPUT elements). The generic schedule vectorizes it across the
 output and reads a column of x per output row: 11–40 GFLOP/s here. Here it runs as the conv filter gradient
 does (conv_grad_filter.py): each tile of ROWS × 32 outputs accumulates in registers while each x[k, i] is one
 broadcast and each dy[k, j..j+15] one vector load, both read along their rows. The reduction is cut into chunks of
@@ -23,23 +23,37 @@ te, tir = _tvm.te, _tvm.tirx
 MIN_DEPTH = 256
 # A chunk's slices of A and B together take about this many bytes (half of a core's L2 here).
 CHUNK_BYTES = 512 * 1024
-# At most this many partial results (their workspace and their final sum grow with the count).
+# At most this many partial results, and at most WORKSPACE_BYTES of them (their workspace and their final sum grow
+# with the count).
 MAX_CHUNKS = 64
+WORKSPACE_BYTES = 4 << 20
+# Outputs up to this many elements (a weight of up to 256 KB: a register tile's A and B rows then stream from
+# L2). Wider products would sweep their whole operands once per tile: they keep the generic schedule.
+MAX_OUTPUT = 65536
 
 
 def applies(ctx: LowerContext) -> bool:
     """Whether this kernel runs the Gemm: transA without transB, 2-D float32 operands, at least MIN_DEPTH rows
-    long, on CPU."""
+    long, an output of at most MAX_OUTPUT elements (padded), on CPU."""
     a_type, b_type = ctx.input_types[0], ctx.input_types[1]
-    return (not ctx.gpu and ctx.op_type == "Gemm" and ctx.attr("transA", 0) == 1 and ctx.attr("transB", 0) == 0
-            and a_type.dtype == "float32" and b_type.dtype == "float32" and a_type.rank == 2 and b_type.rank == 2
-            and int(a_type.shape[0]) >= MIN_DEPTH)
+    if ctx.gpu or ctx.op_type != "Gemm" or ctx.attr("transA", 0) != 1 or ctx.attr("transB", 0) != 0:
+        return False
+    if a_type.dtype != "float32" or b_type.dtype != "float32" or a_type.rank != 2 or b_type.rank != 2:
+        return False
+    output = _padded(int(a_type.shape[1]), ROWS) * _padded(int(b_type.shape[1]), LANES)
+    return int(a_type.shape[0]) >= MIN_DEPTH and output <= MAX_OUTPUT
+
+
+def _padded(extent: int, multiple: int) -> int:
+    return -(-extent // multiple) * multiple
 
 
 def chunk_rows(depth: int, m: int, n: int) -> int:
     """Rows per chunk: their slices of A (m wide) and B (n wide) fit CHUNK_BYTES, a multiple of 16, at most
-    MAX_CHUNKS chunks in all; a divisor of `depth` near that size when one exists (no tail chunk)."""
-    target = max(16, CHUNK_BYTES // (4 * (m + n)) // 16 * 16, -(-depth // MAX_CHUNKS))
+    MAX_CHUNKS chunks in all and their partial results at most WORKSPACE_BYTES; a divisor of `depth` near that
+    size when one exists (no tail chunk)."""
+    chunks = max(1, min(MAX_CHUNKS, WORKSPACE_BYTES // (4 * _padded(m, ROWS) * _padded(n, LANES))))
+    target = max(16, CHUNK_BYTES // (4 * (m + n)) // 16 * 16, -(-depth // chunks))
     if target >= depth:
         return depth
     divisor = next((d for d in range(target, target // 2, -1) if depth % d == 0), None)
@@ -52,7 +66,7 @@ def gemm_tall(ctx: LowerContext):
     alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
     depth, m = (int(d) for d in a.shape)
     n = int(b.shape[1])
-    m_padded, n_padded = -(-m // ROWS) * ROWS, -(-n // LANES) * LANES
+    m_padded, n_padded = _padded(m, ROWS), _padded(n, LANES)
     rows = chunk_rows(depth, m, n)
     chunks, tail = divmod(depth, rows)
     zero = tir.const(0.0, b.dtype)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tessel.backends.cpu.tall_product import MAX_CHUNKS, MIN_DEPTH, chunk_rows
+from tessel.backends.cpu.tall_product import MAX_CHUNKS, MAX_OUTPUT, MIN_DEPTH, WORKSPACE_BYTES, chunk_rows
 from tessel.backends.kernel import ARG, KernelInput, KernelSpec
 from tessel.backends.lower import build, schedule_kernel
 from tessel.backends.target import parse_target
@@ -58,14 +58,19 @@ def test_alpha_beta_and_bias():
 def test_the_tiled_kernel_runs_only_tall_products():
     tall = schedule_kernel(_gemm([_random(0, MIN_DEPTH, 8), _random(1, MIN_DEPTH, 16)]), LLVM)[0]
     short = schedule_kernel(_gemm([_random(0, MIN_DEPTH - 1, 8), _random(1, MIN_DEPTH - 1, 16)]), LLVM)[0]
-    assert "tall_partial" in tall.script() and "tall_partial" not in short.script()
+    wide = schedule_kernel(_gemm([_random(0, MIN_DEPTH, 256), _random(1, MIN_DEPTH, MAX_OUTPUT // 256 + 16)]),
+                           LLVM)[0]
+    assert "tall_partial" in tall.script()
+    assert "tall_partial" not in short.script() and "tall_partial" not in wide.script()
 
 
-@pytest.mark.parametrize("depth,m,n", [(16384, 32, 96), (4099, 33, 17), (300, 7, 3), (10**6, 16, 16)])
+@pytest.mark.parametrize("depth,m,n", [(16384, 32, 96), (4099, 33, 17), (300, 7, 3), (10**6, 16, 16),
+                                       (16384, 256, 256)])
 def test_chunks_fit_and_are_capped(depth, m, n):
     rows = chunk_rows(depth, m, n)
     assert 1 <= rows <= depth
-    assert -(-depth // rows) <= MAX_CHUNKS
+    chunks = -(-depth // rows)
+    assert chunks <= MAX_CHUNKS and (chunks == 1 or chunks * 4 * m * n <= WORKSPACE_BYTES)
     if rows < depth and depth % rows:
         assert rows % 16 == 0
 
