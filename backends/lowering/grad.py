@@ -1,5 +1,5 @@
-"""The gradient ops of reverse-mode autodiff (ir/grad_ops.py): ConvGradFilter, MaxPoolGrad, MaxPoolWithTaps and
-MaxPoolTapsGrad, AveragePoolGrad.
+"""The gradient ops of reverse-mode autodiff and the training rewrites (ir/grad_ops.py): ConvGradFilter, MaxPoolGrad,
+MaxPoolWithTaps and MaxPoolTapsGrad, AveragePoolGrad, BatchStats.
 
 These are the target-neutral rules; a dense ConvGradFilter on CPU runs as a register-tiled product instead
 (backends/cpu/conv_grad_filter.py, chosen in backends/cpu/variants.py). The pool gradients are written as
@@ -215,10 +215,31 @@ def average_pool_grad(ctx: LowerContext):
                           dy.dtype, "avg_pool_grad")]
 
 
+def batch_stats(ctx: LowerContext):
+    """(mean, biased variance) per channel, kept: the sum, then the sum of squares around the mean, in one kernel."""
+    x = ctx.input(0)
+    axes = [0] + list(range(2, len(x.shape)))
+    count = 1
+    for a in axes:
+        count *= int(x.shape[a])
+    scale = tir.const(1.0 / count, x.dtype)
+    total = topi.sum(x, axes, True)
+    mean = te.compute(total.shape, lambda *i: total[i] * scale, name="batch_mean")
+    squares = te.compute(x.shape, lambda n, c, *rest: _square(x[(n, c, *rest)] - mean[(0, c) + (0,) * len(rest)]),
+                         name="batch_centred_square")
+    spread = topi.sum(squares, axes, True)
+    return [mean, te.compute(spread.shape, lambda *i: spread[i] * scale, name="batch_var")]
+
+
+def _square(v):
+    return v * v
+
+
 RULES = {
     "ConvGradFilter": conv_grad_filter,
     "MaxPoolGrad": max_pool_grad,
     "MaxPoolWithTaps": max_pool_with_taps,
     "MaxPoolTapsGrad": max_pool_taps_grad,
     "AveragePoolGrad": average_pool_grad,
+    "BatchStats": batch_stats,
 }

@@ -175,26 +175,6 @@ def _channel(v, rank: int):
     return topi.reshape(v, [int(v.shape[0])] + [1] * (rank - 2))
 
 
-def _batch_stats(ctx: LowerContext):
-    """(mean, biased variance) per channel, kept: the sum, then the sum of squares around the mean, in one kernel."""
-    x = ctx.input(0)
-    axes = [0] + list(range(2, len(x.shape)))
-    count = 1
-    for a in axes:
-        count *= int(x.shape[a])
-    scale = tir.const(1.0 / count, x.dtype)
-    total = topi.sum(x, axes, True)
-    mean = te.compute(total.shape, lambda *i: total[i] * scale, name="batch_mean")
-    squares = te.compute(x.shape, lambda n, c, *rest: _square(x[(n, c, *rest)] - mean[(0, c) + (0,) * len(rest)]),
-                         name="batch_centred_square")
-    spread = topi.sum(squares, axes, True)
-    return [mean, te.compute(spread.shape, lambda *i: spread[i] * scale, name="batch_var")]
-
-
-def _square(v):
-    return v * v
-
-
 def _batch_norm(ctx: LowerContext):
     x, scale, shift, mean, var = (ctx.input(i) for i in range(5))
     rank = len(x.shape)
@@ -305,7 +285,6 @@ def _gemm(ctx: LowerContext):
 RULES = {
     "Conv": _conv,
     "MaxPool": _pool("max"),
-    "BatchStats": _batch_stats,
     "AveragePool": _pool("avg"),
     "GlobalAveragePool": _global_pool("avg"),
     "GlobalMaxPool": _global_pool("max"),
