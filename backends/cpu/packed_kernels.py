@@ -132,6 +132,18 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
     return SelfScheduled([out], schedule)
 
 
+def gemm_epilogue(value, i, j, alpha: float, beta: float, c, dtype: str):
+    """Gemm's alpha · value + beta · C at output (i, j), C broadcast to the output (None: no C)."""
+    if alpha != 1.0:
+        value = value * tir.const(alpha, dtype)
+    if c is not None:
+        c_dims = [int(d) for d in c.shape]
+        index = [0 if d == 1 else idx for d, idx in zip(c_dims, [i, j][2 - len(c_dims):])]
+        term = c[tuple(index)] if c_dims else c[()]
+        value = value + (term * tir.const(beta, dtype) if beta != 1.0 else term)
+    return value
+
+
 def matmul_packed(ctx: LowerContext, trans_a: bool = False, alpha: float = 1.0, beta: float = 1.0):
     """A (..., M, K) times B packed as (⌈N/nb⌉, K, nb) (the last panel zero-padded); optional bias C (Gemm)."""
     a, bp = ctx.input(0), ctx.input(1)
@@ -160,18 +172,8 @@ def matmul_packed(ctx: LowerContext, trans_a: bool = False, alpha: float = 1.0, 
     # Whole panels: the padded columns' sums land in the intermediate product and are never read.
     product = te.compute((rows, int(bp.shape[0]) * nb), lambda i, j: te.sum(a_at(i, k) * bp[j // nb, k, j % nb], axis=k), name="matmul_packed")
 
-    def finish(i, j):
-        value = product[i, j]
-        if alpha != 1.0:
-            value = value * tir.const(alpha, product.dtype)
-        if c is not None:
-            c_dims = [int(d) for d in c.shape]
-            ci = [0 if d == 1 else idx for d, idx in zip(c_dims, [i, j][2 - len(c_dims):])]
-            term = c[tuple(ci)] if c_dims else c[()]
-            value = value + (term * tir.const(beta, product.dtype) if beta != 1.0 else term)
-        return value
-
-    flat = te.compute((rows, cols), finish, name="matmul_out")
+    flat = te.compute((rows, cols), lambda i, j: gemm_epilogue(product[i, j], i, j, alpha, beta, c, product.dtype),
+                      name="matmul_out")
 
     def unflatten(*index):
         position = 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 from ..lowering.context import MIN_PARALLEL_WORK, LowerContext, SelfScheduled
 from ..tvm_env import tvm
 from .broadcast_tiles import LANES, ROWS, tile_product, vectorize_row
+from .packed_kernels import gemm_epilogue
 from .schedule import try_step
 
 _tvm = tvm()
@@ -98,14 +99,7 @@ def gemm_tall(ctx: LowerContext):
 
     def finish(i, j):
         value = summed[i, j] + rest[i, j] if rest is not None else summed[i, j]
-        if alpha != 1.0:
-            value = value * tir.const(alpha, b.dtype)
-        if c is not None:
-            c_dims = [int(d) for d in c.shape]
-            index = [0 if d == 1 else x for d, x in zip(c_dims, [i, j][2 - len(c_dims):])]
-            term = c[tuple(index)] if c_dims else c[()]
-            value = value + (term * tir.const(beta, b.dtype) if beta != 1.0 else term)
-        return value
+        return gemm_epilogue(value, i, j, alpha, beta, c, b.dtype)
 
     out = te.compute((m, n), finish, name="tall_out")
     big = m * n * depth >= MIN_PARALLEL_WORK * 16
