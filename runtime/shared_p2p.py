@@ -39,7 +39,6 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import platform
 import select
 import time
 from dataclasses import dataclass, field
@@ -49,8 +48,9 @@ import numpy as np
 
 from tessel.ir.types import TensorType, numpy_dtype
 
-from .errors import PeerError, SettingError
+from .errors import PeerError
 from .instructions import Recv, Send, program_from_json, walk
+from .shared_reduce import SPIN_S, close_layout, new_doorbells, shared_memory_chosen
 from .shared_slots import anonymous_file
 
 # The segment, its rings and the doorbells of the local worker group, for runtime/serve.py (JSON, `create_layout`).
@@ -61,8 +61,6 @@ SENDRECV_ENV = "TESSEL_SENDRECV"
 SLOTS = 4
 # The most bytes the rings may take together; transfers beyond go through gloo.
 SEGMENT_LIMIT = 1 << 30
-# How long a waiting rank polls (yielding the core each time) before it sleeps on its doorbell.
-SPIN_S = 200e-6
 _LINE = 64  # each counter on its own cache line; each slot starts on one
 
 Wait = Callable[[], None]
@@ -71,10 +69,7 @@ Wait = Callable[[], None]
 def available() -> bool:
     """Whether local groups should send and receive through shared memory: Linux on x86 (total store order,
     eventfd) and not turned off with TESSEL_SENDRECV=gloo."""
-    choice = os.environ.get(SENDRECV_ENV, "shm")
-    if choice not in ("shm", "gloo"):
-        raise SettingError(f"{SENDRECV_ENV}={choice!r}: expected shm or gloo (unset it for the default, shm)")
-    return choice == "shm" and hasattr(os, "eventfd") and platform.machine() in ("x86_64", "AMD64", "i686")
+    return shared_memory_chosen(SENDRECV_ENV)
 
 
 def plan_channels(plan: dict) -> list[tuple[int, int, int, int]]:
@@ -113,19 +108,7 @@ def create_layout(world: int, channels: list[tuple[int, int, int, int]], count: 
     if not rings:
         return None
     fd = anonymous_file(offset, "tessel-shared-p2p")
-    doorbells = [os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(world)]
-    return {"world": world, "count": count, "bytes": offset, "rings": rings, "fd": fd, "doorbells": doorbells}
-
-
-def descriptors(layout: dict) -> tuple[int, ...]:
-    """The descriptors of a `create_layout` layout, for pass_fds."""
-    return (layout["fd"], *layout["doorbells"])
-
-
-def close_layout(layout: dict) -> None:
-    """Close the descriptors that a layout holds (the client's, once its workers inherited them)."""
-    for fd in descriptors(layout):
-        os.close(fd)
+    return {"world": world, "count": count, "bytes": offset, "rings": rings, "fd": fd, "doorbells": new_doorbells(world)}
 
 
 def _pid_bytes(world: int) -> int:

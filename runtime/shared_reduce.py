@@ -62,9 +62,16 @@ _REDUCTIONS = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minim
 def available() -> bool:
     """Whether local groups should all-reduce through shared memory: Linux on x86 (total store order, eventfd)
     and not turned off with TESSEL_ALLREDUCE=gloo."""
-    choice = os.environ.get(ALLREDUCE_ENV, "shm")
+    return shared_memory_chosen(ALLREDUCE_ENV)
+
+
+def shared_memory_chosen(setting: str) -> bool:
+    """Whether the environment variable `setting` ("shm", the default, or "gloo") and this machine let a local
+    group's transport go through shared memory: Linux on x86 (total store order, eventfd); SettingError for any
+    other value."""
+    choice = os.environ.get(setting, "shm")
     if choice not in ("shm", "gloo"):
-        raise SettingError(f"{ALLREDUCE_ENV}={choice!r}: expected shm or gloo (unset it for the default, shm)")
+        raise SettingError(f"{setting}={choice!r}: expected shm or gloo (unset it for the default, shm)")
     return choice == "shm" and hasattr(os, "eventfd") and platform.machine() in ("x86_64", "AMD64", "i686")
 
 
@@ -188,17 +195,23 @@ def create_layout(world: int, slice_bytes: int = SLICE_BYTES) -> dict:
     """A new segment and one doorbell per rank, described for the workers (REDUCE_ENV = its JSON; they inherit
     the descriptors). The client closes its descriptors once the workers started (`close_layout`)."""
     fd = anonymous_file(_segment_bytes(world, slice_bytes), "tessel-shared-reduce")
-    doorbells = [os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(world)]
-    return {"world": world, "slice_bytes": slice_bytes, "fd": fd, "doorbells": doorbells}
+    return {"world": world, "slice_bytes": slice_bytes, "fd": fd, "doorbells": new_doorbells(world)}
+
+
+def new_doorbells(world: int) -> list[int]:
+    """One doorbell per rank: a non-blocking eventfd that peers write after raising a counter."""
+    return [os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(world)]
 
 
 def descriptors(layout: dict) -> tuple[int, ...]:
-    """The descriptors of a `create_layout` layout, for pass_fds."""
+    """The descriptors of a layout ("fd" and "doorbells": this module's `create_layout`, or runtime/shared_p2p.py's),
+    for pass_fds."""
     return (layout["fd"], *layout["doorbells"])
 
 
 def close_layout(layout: dict) -> None:
-    """Close the descriptors that a `create` layout holds (the client's, once its workers inherited them)."""
+    """Close the descriptors that a layout holds ("fd" and "doorbells": this module's, or runtime/shared_p2p.py's;
+    the client's, once its workers inherited them)."""
     for fd in descriptors(layout):
         os.close(fd)
 

@@ -179,7 +179,7 @@ class WorkerGroup:
             if reduce is not None:
                 close_layout(reduce)
             if p2p is not None:
-                shared_p2p.close_layout(p2p)
+                close_layout(p2p)
         self._await_ready()
 
     def _spawn(self, command: list[str], port: int, workers: int, threads: int, reduce: dict | None,
@@ -190,7 +190,7 @@ class WorkerGroup:
         reduce_fds = descriptors(reduce) if reduce is not None else ()
         if p2p is not None:
             reduce_env[shared_p2p.P2P_ENV] = json.dumps(p2p)
-            reduce_fds += shared_p2p.descriptors(p2p)
+            reduce_fds += descriptors(p2p)
         for rank in range(workers):
             request_read, request_write = os.pipe()
             answer_read, answer_write = os.pipe()

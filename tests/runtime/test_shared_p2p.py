@@ -13,8 +13,8 @@ import pytest
 
 from tessel.runtime.errors import PeerError
 from tessel.runtime.instructions import Recv, Send, program_to_json
-from tessel.runtime.shared_p2p import (SENDRECV_ENV, SharedChannels, available, close_layout, create_layout,
-                                       plan_channels)
+from tessel.runtime.shared_p2p import SENDRECV_ENV, SharedChannels, available, create_layout, plan_channels
+from tessel.runtime.shared_reduce import close_layout
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "eventfd") or not hasattr(os, "fork"), reason="Linux only")
 
