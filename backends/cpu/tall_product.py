@@ -34,12 +34,11 @@ MAX_OUTPUT = 65536
 
 
 def applies(ctx: LowerContext) -> bool:
-    """Whether this kernel runs the Gemm: transA without transB, 2-D float32 operands, at least MIN_DEPTH rows
-    long, an output of at most MAX_OUTPUT elements (padded), on CPU."""
+    """Whether this kernel runs a Gemm with transA and without transB (backends/cpu/variants.py asks only for
+    those): 2-D float32 operands, at least MIN_DEPTH rows long, an output of at most MAX_OUTPUT elements (padded),
+    on CPU."""
     a_type, b_type = ctx.input_types[0], ctx.input_types[1]
-    if ctx.gpu or ctx.op_type != "Gemm" or ctx.attr("transA", 0) != 1 or ctx.attr("transB", 0) != 0:
-        return False
-    if a_type.dtype != "float32" or b_type.dtype != "float32" or a_type.rank != 2 or b_type.rank != 2:
+    if ctx.gpu or a_type.dtype != "float32" or b_type.dtype != "float32" or a_type.rank != 2 or b_type.rank != 2:
         return False
     output = _padded(int(a_type.shape[1]), ROWS) * _padded(int(b_type.shape[1]), LANES)
     return int(a_type.shape[0]) >= MIN_DEPTH and output <= MAX_OUTPUT
