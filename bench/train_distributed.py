@@ -184,6 +184,7 @@ def worker_tessel(name: str, batch: int, image_size: int, steps: int, directory:
     batches = _batches(name, batch, image_size, 4)
 
     def run(profiled: bool) -> tuple[dict, list, int]:
+        """The timed steps, each timed step's measured phases per worker when `profiled`, and the workers."""
         if profiled:
             os.environ[PROFILE_ENV] = "1"
         else:
@@ -197,15 +198,16 @@ def worker_tessel(name: str, batch: int, image_size: int, steps: int, directory:
 
         try:
             pids = trainer._step._session.worker_pids if trainer.workers > 1 else None
-            return _timed(step, batches, steps, pids), profiles[WARMUP_STEPS:], trainer.workers
+            timed = _timed(step, batches, steps, pids)
+            splits = [phase_seconds(measured_timeline(trainer.step_artifact.plan, profile))
+                      for profile in profiles[WARMUP_STEPS:]] if profiled else []
+            return timed, splits, trainer.workers
         finally:
             trainer.close()
 
     result, _, workers = run(profiled=False)
     if workers > 1:
-        _, profiles, _ = run(profiled=True)
-        plan = json.loads((Path(directory) / "step" / "plan.json").read_text())
-        result["splits"] = [phase_seconds(measured_timeline(plan, profile)) for profile in profiles]
+        _, result["splits"], _ = run(profiled=True)
     return result
 
 
