@@ -141,10 +141,8 @@ def max_pool_grad(attrs: Attributes, inputs: Sequence[np.ndarray]) -> list[np.nd
 def max_pool_with_taps(attrs: Attributes, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """(MaxPool's output, each window's first-maximum tap as int32)."""
     (x,) = inputs
-    from .schema import get_schema  # here: ir/schema.py imports this module
-
-    pooled = _infer_max_pool_with_taps(get_schema, attrs, [TensorType.of(x)], [None], 2)[0]
-    peak, taps = _first_taps(x, Window(attrs, x.shape[2:], pooled.shape[2:]))
+    sizes = _pool_out_sizes(attrs, x.shape[2:])
+    peak, taps = _first_taps(x, Window(attrs, x.shape[2:], sizes))
     return [peak.astype(x.dtype), taps]
 
 
@@ -153,6 +151,24 @@ def max_pool_taps_grad(attrs: Attributes, inputs: Sequence[np.ndarray]) -> list[
     taps, dy = inputs
     shape = tuple(attrs["input_shape"])
     return [_scatter_taps(taps, dy, Window(attrs, shape[2:], dy.shape[2:]), shape).astype(dy.dtype)]
+
+
+def _pool_out_sizes(attrs: Mapping[str, object], in_sizes: Sequence[int]) -> tuple[int, ...]:
+    """A pool's output spatial sizes (explicit pads; ceil_mode's last window starts inside the input or its
+    leading pad, as ONNX and PyTorch count)."""
+    window = Window(attrs, in_sizes, in_sizes)
+    sizes = []
+    for i, b, a, s, k, d in zip(in_sizes, window.before, window.after, window.strides, window.kernel,
+                                window.dilations):
+        span = i + b + a - (k - 1) * d - 1
+        if attrs.get("ceil_mode", 0):
+            out = -(-span // s) + 1
+            if (out - 1) * s >= i + b:
+                out -= 1
+        else:
+            out = span // s + 1
+        sizes.append(out)
+    return tuple(sizes)
 
 
 def batch_stats(attrs: Attributes, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
