@@ -102,7 +102,9 @@ def predicted_step(trainer, workers: int, allreduce: str, links: dict) -> dict:
     artifact = trainer.step_artifact
     calls = [(key, i.node) for w in artifact.plan["workers"] for i in program_from_json(w["instructions"])
              if isinstance(i, KernelCall) for key in i.kernel_keys()]
-    times = kernel_times(Path(artifact.directory), artifact.plan, calls, threads=1)
+    # Timed again now (as `--reprofile`): the profile database may hold times measured under another load, up to
+    # its age limit ago, and the prediction is to see the machine the timed steps see.
+    times = kernel_times(Path(artifact.directory), artifact.plan, calls, threads=1, remeasure=True)
     link = Link(*links["link"], measured=True)
     transport = (Transport("shared memory", Link(*links["transport"], measured=True), "measured by this bench")
                  if links.get("transport") else None)

@@ -146,7 +146,7 @@ def _choose_and_compile(compile_training, model, training: Mapping, options: Map
     data = trainers["data"]
     link, where = _measured(prepare_machine(CompileOptions.create(None, **options)).link)
     transport = allreduce_transport(devices)
-    times = _step_kernel_times(data.step_artifact, devices)
+    times = _step_kernel_times(data.step_artifact, devices, options.get("reprofile", False))
     alternative, timeline = predict_data(data.step_artifact, times, link, devices, allreduce, data.round_trip_s(),
                                          transport)
     alternatives, timelines = [alternative], {"data": timeline}
@@ -164,7 +164,8 @@ def _choose_and_compile(compile_training, model, training: Mapping, options: Map
             trainers[alternative_name(GPIPE)] = pipe
         except CompileError as exc:
             note = str(exc)
-    pipe_times = _step_kernel_times(pipe.step_artifact, devices) if pipe is not None else {}
+    pipe_times = (_step_kernel_times(pipe.step_artifact, devices, options.get("reprofile", False))
+                  if pipe is not None else {})
     pipe_host_s = pipe.round_trip_s() if pipe is not None else 0.0
     for schedule in (GPIPE, ONE_F_ONE_B):
         if pipe is None:
@@ -325,12 +326,13 @@ def _kernel_seconds(times: Mapping[str, KernelTime]):
     return seconds
 
 
-def _step_kernel_times(artifact, workers: int) -> dict[str, KernelTime]:
-    """Every kernel the step's workers call, timed with each worker's share of the cores."""
+def _step_kernel_times(artifact, workers: int, remeasure: bool) -> dict[str, KernelTime]:
+    """Every kernel the step's workers call, timed with each worker's share of the cores (all again when
+    `remeasure`: `--reprofile`)."""
     calls = [(key, i.node) for w in artifact.plan["workers"] for i in program_from_json(w["instructions"])
              if isinstance(i, KernelCall) for key in i.kernel_keys()]
     threads = max(1, (os.cpu_count() or 1) // workers)
-    return kernel_times(Path(artifact.directory), artifact.plan, calls, threads)
+    return kernel_times(Path(artifact.directory), artifact.plan, calls, threads, remeasure=remeasure)
 
 
 def _source(times: Mapping[str, KernelTime]) -> str:

@@ -53,14 +53,14 @@ class KernelTime:
 
 
 def kernel_times(directory: Path, plan: Mapping, calls: Iterable[tuple[str, str]], threads: int,
-                 measure: bool = True) -> dict[str, KernelTime]:
+                 measure: bool = True, remeasure: bool = False) -> dict[str, KernelTime]:
     """Each kernel of `calls` ((kernel key, calling node) pairs of the artifact in `directory` with `plan`) by key:
     the profile database's time with `threads` threads inside the step, else on its own (each timed now when
-    missing and `measure`), else estimated."""
+    missing and `measure`, or every one when `remeasure`: `--reprofile`), else estimated."""
     calls = dict((kernel, node) for kernel, node in calls)
     db = ProfileDB()
     workers = len(plan["workers"])
-    if measure and any(db.get(k, threads, workers) is None for k in _always_called(plan) & calls.keys()):
+    if remeasure or (measure and any(db.get(k, threads, workers) is None for k in _always_called(plan) & calls.keys())):
         timed = time_step(directory, plan, threads)
         if timed:
             db.put({ProfileDB.key(kernel, threads, workers): ms for kernel, ms in timed.items()})
@@ -69,8 +69,8 @@ def kernel_times(directory: Path, plan: Mapping, calls: Iterable[tuple[str, str]
         inside = db.get(kernel, threads, workers)
         return db.get(kernel, threads) if inside is None else inside
 
-    missing = [k for k in calls if known(k) is None]
-    if missing and measure:
+    missing = [k for k in calls if known(k) is None or (remeasure and db.get(k, threads, workers) is None)]
+    if missing and (measure or remeasure):
         timed = _time_in_fresh_process(directory, plan, missing, threads)
         if timed:
             db.put({ProfileDB.key(kernel, threads): ms for kernel, ms in timed.items()})

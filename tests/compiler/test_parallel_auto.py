@@ -259,7 +259,7 @@ def _fake_auto(monkeypatch, tmp_path, predicted: dict, fail_pipeline: bool = Fal
     first, second = _two_stages()
     timeline = simulate([first, second], lambda call: 1e-3, LINK, allreduce_s=LINK.seconds)
     monkeypatch.setattr(parallel_auto, "_measured", lambda link: (LINK, "given"))
-    monkeypatch.setattr(parallel_auto, "_step_kernel_times", lambda artifact, workers: {})
+    monkeypatch.setattr(parallel_auto, "_step_kernel_times", lambda artifact, workers, remeasure: {})
     monkeypatch.setattr(parallel_auto, "_whole_batch", lambda trainer: 16)
     monkeypatch.setattr(parallel_auto, "predict_data", lambda *a: (alternative("data", "data"), timeline))
     monkeypatch.setattr(parallel_auto, "predict_ps", lambda *a: (alternative("parameter server", "ps",

@@ -82,6 +82,19 @@ def test_prediction_times_come_from_inside_the_step_and_are_kept(replicas, tmp_p
     assert again == first and again[some].seconds == pytest.approx(db.get(some, 1, len(plan["workers"])) / 1e3)
 
 
+def test_remeasure_times_the_step_again_over_kept_times(replicas, tmp_path, monkeypatch):
+    directory, plan = replicas
+    monkeypatch.setenv("TESSEL_CACHE_DIR", str(tmp_path))
+    kept = {k: 1e3 for k in _always_called(plan)}
+    ProfileDB().put({ProfileDB.key(k, 1, len(plan["workers"])): ms for k, ms in kept.items()})
+    monkeypatch.setattr(step_kernels, "time_step", _in_this_process)
+    monkeypatch.setattr(step_kernels, "_time_in_fresh_process", lambda *args: pytest.fail("every kernel is in-step"))
+    assert all(t.seconds == 1.0 for t in kernel_times(directory, plan, _calls(plan), threads=1).values())
+    fresh = kernel_times(directory, plan, _calls(plan), threads=1, remeasure=True)
+    assert all(t.measured and t.seconds < 1.0 for t in fresh.values())
+    assert all(ProfileDB().get(k, 1, len(plan["workers"])) < 1e3 for k in kept)
+
+
 @pytest.mark.slow
 def test_the_workers_programs_are_timed_at_once_each_in_a_fresh_process(replicas):
     directory, plan = replicas
