@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -96,6 +96,7 @@ class Executor:
         # Asynchronous all-reduces started and not yet waited for: result name -> its wait.
         self._reducing: dict[str, Callable[[], None]] = {}
         self._unread_results = self._unread_reductions()
+        self._read_next = {id(self.run_instructions[k]) for k in reductions_read_next(self.run_instructions)}
         # Top-level Sends stay in flight past the run's end, until the next run first writes their bytes.
         self._held = HeldSends()
         self._held_names = held_send_names(self.run_instructions) if comm is not None else ()
@@ -254,13 +255,15 @@ class Executor:
     def _bind_all_reduce(self, instruction: AllReduce) -> Op:
         """Start the reduction in place, or into `output` (the tensor copied there first), in the background:
         the step that first reads the result waits for it (`_waiting_for_reductions`), so the reduction runs
-        while the kernels in between do (a training step's gradients, while the rest of backward runs)."""
+        while the kernels in between do (a training step's gradients, while the rest of backward runs).
+        A reduction the next instruction reads has nothing to overlap: it runs at once on this thread
+        (`reductions_read_next`)."""
         comm, memory, reduction, name = self._comm, self._memory, instruction.reduction, instruction.tensor
         source = self._buffer(instruction.tensor)
         result = instruction.output or instruction.tensor
         # A result nothing reads gets a buffer of its own: no later value shares its bytes, so the run's end waits.
         target = self._memory.empty(source.shape, source.dtype) if result in self._unread_results else self._buffer(result)
-        reducing = self._reducing
+        reducing, at_once = self._reducing, id(instruction) in self._read_next
         if instruction.compression != "none" and not isinstance(memory, HostMemory):
             raise ArtifactError(f"{self.directory}: all-reduce '{name}' is compressed ({instruction.compression}), "
                                 "which runs on host memory only; compile without compression for a GPU")
@@ -270,6 +273,9 @@ class Executor:
                 memory.copy(target, source)
             if instruction.compression != "none":
                 reducing[result] = comm.start_compressed_mean(target, instruction, name)
+            elif at_once:
+                comm.all_reduce(target, reduction, name)
+                reducing[result] = _nothing
             else:
                 reducing[result] = comm.start_all_reduce(target, reduction, name)
 
@@ -807,3 +813,22 @@ def reduction_readers(instructions: Iterable[Instruction]) -> set[int]:
         if isinstance(instruction, AllReduce):
             started.add(instruction.output or instruction.tensor)
     return readers
+
+
+def reductions_read_next(instructions: Sequence[Instruction]) -> set[int]:
+    """Indices of the all-reduces whose result the next instruction that does work (views skipped) reads. On another
+    thread such a reduction would overlap nothing, and that thread would wait for a core the worker's own thread
+    holds: a training step's last gradient bucket, whose update comes right after."""
+    at_once = set()
+    for index, instruction in enumerate(instructions):
+        if not isinstance(instruction, AllReduce):
+            continue
+        aliases = {instruction.output or instruction.tensor}
+        for later in instructions[index + 1:]:
+            if not isinstance(later, View):
+                if reads_within(later) & aliases:
+                    at_once.add(index)
+                break
+            if later.input in aliases:
+                aliases.add(later.output)
+    return at_once

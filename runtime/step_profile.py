@@ -97,6 +97,10 @@ class TimedComm:
         """The comm's started receive; its wait timed."""
         return self._recorder.timed_wait(self._comm.start_recv(array, peer, tag, name), self._names.get(name, -1))
 
+    def all_reduce(self, array: np.ndarray, reduction: str, name: str) -> None:
+        """The comm's blocking all-reduce, timed as a wait."""
+        self._recorder.timed_wait(lambda: self._comm.all_reduce(array, reduction, name), self._names.get(name, -1))()
+
     def start_all_reduce(self, array: np.ndarray, reduction: str, name: str):
         """The comm's started all-reduce; its wait timed."""
         return self._recorder.timed_wait(self._comm.start_all_reduce(array, reduction, name), self._names.get(name, -1))

@@ -112,3 +112,22 @@ def test_the_native_host_cuts_a_segment_at_each_first_reader_of_an_all_reduce_re
                call("update2", ["m2", "w2"])]
     # Bucket 1's update waits for bucket 1 only; bucket 2's first reader starts a segment of its own.
     assert reduction_readers(program) == {3, 5}
+
+
+def test_an_all_reduce_the_next_instruction_reads_runs_at_once():
+    from tessel.runtime.executor import reductions_read_next
+    from tessel.runtime.instructions import AllReduce, KernelCall, View
+
+    def call(node, inputs):
+        return KernelCall(node=node, op="Relu", kernel="k", inputs=tuple(inputs), outputs=(f"{node}_out",))
+
+    program = [AllReduce("loss", "AllReduce", tensor="l", reduction="mean"),
+               call("backward", ["x"]),
+               AllReduce("bucket", "AllReduce", tensor="g", reduction="mean", output="m"),
+               View("flat", "Reshape", input="m", output="m2"),
+               call("update", ["m2", "w"]),
+               AllReduce("last", "AllReduce", tensor="h", reduction="mean"),
+               call("other", ["w"]), call("update2", ["h"])]
+    # The loss overlaps backward and the last reduction overlaps "other": they stay in the background; the bucket's
+    # update reads it (through a view) right after it.
+    assert reductions_read_next(program) == {2}
