@@ -22,7 +22,7 @@ from tessel.ir.graph import Graph, Value
 from tessel.passes.autodiff import differentiate
 from tessel.passes.loss import LossSpec, add_loss
 from tessel.passes.optimizer_update import add_updates
-from tessel.passes.data_parallel import DEFAULT_BUCKET_BYTES, GradientCompression, averaged_gradients, replica_mean
+from tessel.passes.data_parallel import DEFAULT_BUCKET_BYTES, GradientCompression, averaged_gradients, loss_mean
 from tessel.passes.training_mode import TrainingModel, prepare_eval, prepare_training
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ def assemble_step(training: TrainingModel, eval_graph: Graph, spec: LossSpec, op
     loss = added.loss
     if replicas > 1:
         grads = averaged_gradients(graph, grads, bucket_bytes, compression)
-        loss = replica_mean(graph, loss)
+        loss = loss_mean(graph, loss)
     updates = add_updates(graph, optimizer.rule, {p.name: (p, grads[p.name]) for p in parameters})
     kept = [_value(graph, name) for name in training.state_updates.values()]
     loss_value = _loss_output(graph, loss)

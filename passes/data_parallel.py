@@ -103,6 +103,18 @@ def replica_mean(graph: Graph, value: Value, parts: Sequence[Value] = (),
     return node.outputs[0]
 
 
+def loss_mean(graph: Graph, loss: Value) -> Value:
+    """The loss averaged over the replicas by an AllReduce issued just before the last gradient bucket's (the
+    graph's last AllReduce): nothing reads the mean before the step ends, and there it runs on the worker's own
+    thread with that bucket (runtime/executor.py `reductions_read_next`), instead of waking the reducer thread in
+    the middle of the step to take a core from the kernels."""
+    reduces = [node for node in graph.nodes if node.domain == TESSEL_DOMAIN and node.op_type == "AllReduce"]
+    before = reduces[-1] if reduces else _after(graph, loss)
+    node = add_op(graph, "AllReduce", [loss], {"reduction": "mean"}, name=graph.unique_name(f"allreduce/{loss.name}"),
+                  before=before, domain=TESSEL_DOMAIN)
+    return node.outputs[0]
+
+
 def averaged_gradients(graph: Graph, grads: Mapping[str, Value], bucket_bytes: int,
                        compression: GradientCompression | None = None) -> dict[str, Value]:
     """Each gradient averaged over the replicas, in buckets: in the order backward computes them, consecutive

@@ -816,19 +816,21 @@ def reduction_readers(instructions: Iterable[Instruction]) -> set[int]:
 
 
 def reductions_read_next(instructions: Sequence[Instruction]) -> set[int]:
-    """Indices of the all-reduces whose result the next instruction that does work (views skipped) reads. On another
-    thread such a reduction would overlap nothing, and that thread would wait for a core the worker's own thread
-    holds: a training step's last gradient bucket, whose update comes right after."""
-    at_once = set()
-    for index, instruction in enumerate(instructions):
+    """Indices of the all-reduces with nothing to overlap: the next instruction that does work (views skipped)
+    reads the result, or is such an all-reduce itself (the loss's, issued just before the last gradient bucket's).
+    On another thread such a reduction would overlap nothing, and that thread would wait for a core the worker's
+    own thread holds: a training step's last gradient bucket, whose update comes right after."""
+    at_once: set[int] = set()
+    for index in reversed(range(len(instructions))):
+        instruction = instructions[index]
         if not isinstance(instruction, AllReduce):
             continue
         aliases = {instruction.output or instruction.tensor}
-        for later in instructions[index + 1:]:
-            if not isinstance(later, View):
-                if reads_within(later) & aliases:
+        for later, following in enumerate(instructions[index + 1:], index + 1):
+            if not isinstance(following, View):
+                if reads_within(following) & aliases or later in at_once:
                     at_once.add(index)
                 break
-            if later.input in aliases:
-                aliases.add(later.output)
+            if following.input in aliases:
+                aliases.add(following.output)
     return at_once

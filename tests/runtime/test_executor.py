@@ -121,13 +121,14 @@ def test_an_all_reduce_the_next_instruction_reads_runs_at_once():
     def call(node, inputs):
         return KernelCall(node=node, op="Relu", kernel="k", inputs=tuple(inputs), outputs=(f"{node}_out",))
 
-    program = [AllReduce("loss", "AllReduce", tensor="l", reduction="mean"),
+    program = [AllReduce("first", "AllReduce", tensor="f", reduction="mean"),
                call("backward", ["x"]),
+               AllReduce("loss", "AllReduce", tensor="l", reduction="mean"),
                AllReduce("bucket", "AllReduce", tensor="g", reduction="mean", output="m"),
                View("flat", "Reshape", input="m", output="m2"),
                call("update", ["m2", "w"]),
                AllReduce("last", "AllReduce", tensor="h", reduction="mean"),
-               call("other", ["w"]), call("update2", ["h"])]
-    # The loss overlaps backward and the last reduction overlaps "other": they stay in the background; the bucket's
-    # update reads it (through a view) right after it.
-    assert reductions_read_next(program) == {2}
+               call("other", ["w"]), call("update2", ["h", "f"])]
+    # The first bucket overlaps backward and the last reduction overlaps "other": they stay in the background. The
+    # bucket's update reads it (through a view) right after it, and the loss comes right before the bucket.
+    assert reductions_read_next(program) == {2, 3}
