@@ -3,7 +3,9 @@
 Every buffer is allocated once, 64-byte aligned, when the executor is made;
 weights are loaded once, and so is a training artifact's persistent state (its
 buffers live outside the arena and keep what each run's Assigns and updates write:
-`state()`, `set_state()`); each run copies the inputs in, runs the instructions
+`state()`, `set_state()`); each run copies the inputs in (the native host of a
+one-worker program reads each input array in place instead when it is as aligned
+as the kernels assume: runtime/native_host.py), runs the instructions
 in order on pre-bound arguments (kernel calls, views, branches, and with other
 workers, transfers and collectives over `comm`), and copies the outputs out.
 
