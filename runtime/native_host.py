@@ -25,7 +25,7 @@ arguments: `llvm.assume` "align" 64 on each) has the address of every DLTensor t
 `aliases` (its views, slices of pieces) set into the array, at the same byte offset; any other array is
 copied into the slot (a memcpy) and those addresses set back to the slot. Only kernel arguments are so
 redirected, all of them read-only: an input read by a branch condition or a move, or written by anything,
-is always copied (`in_place` says which are not). The caller's array is never written; a value the memory
+is always copied (`in_place[k]`: whether input k may be read in place). The caller's array is never written; a value the memory
 plan puts in the input's slot after its last use is written to the arena as before. The no-argument
 function of segment 0 (`run(0)`, `function`) runs the same code on the slots as they are written.
 """
