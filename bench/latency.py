@@ -317,17 +317,20 @@ def _fastest_rounds(name: str, runs: int, rounds: int, openvino: bool) -> tuple:
 
 def _before_after(names: list[str], baseline: Path, runs: int, repeats: int) -> int:
     """Tessel of `baseline` against this checkout's, alternating per model; the fastest median of each."""
-    print(f"{'model':<20} {'baseline ms':>12} {'this ms':>10} {'this/baseline':>14}  (fastest of {repeats} medians "
-          f"of {runs}; baseline {baseline})")
+    print(f"{'model':<20} {'baseline ms':>12} {'this ms':>10} {'this/baseline':>14} {'overhead µs':>17}  (fastest of "
+          f"{repeats} medians of {runs}; overhead: baseline/this, each one's fastest; baseline {baseline})")
     ratios = []
     for name in names:
         samples: dict[str, list[float]] = {"baseline": [], "this": []}
+        overheads: dict[str, list[float]] = {"baseline": [], "this": []}
         why = ""
         for _ in range(repeats):
             for side, root in (("baseline", baseline), ("this", ROOT)):
                 measured = _isolated("tessel", name, runs, 1800, root)
                 if measured[0]:
                     samples[side].append(measured[0]["ms"])
+                    if measured[0].get("overhead_us") is not None:
+                        overheads[side].append(measured[0]["overhead_us"])
                 else:
                     why = f"{side}: {measured[1]}"
         old = min(samples["baseline"], default=None)
@@ -336,7 +339,8 @@ def _before_after(names: list[str], baseline: Path, runs: int, repeats: int) -> 
         if ratio:
             ratios.append(ratio)
         cells = [f"{v:.3f}" if v is not None else "n/a" for v in (old, new)]
-        print(f"{name:<20} {cells[0]:>12} {cells[1]:>10} {f'{ratio:.3f}' if ratio else 'n/a':>14}"
+        overhead = "/".join(f"{min(overheads[side]):.1f}" if overheads[side] else "n/a" for side in ("baseline", "this"))
+        print(f"{name:<20} {cells[0]:>12} {cells[1]:>10} {f'{ratio:.3f}' if ratio else 'n/a':>14} {overhead:>17}"
               + (f"  {why}" if why else ""), flush=True)
     if ratios:
         print(f"geomean this/baseline over {len(ratios)} models: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}; "

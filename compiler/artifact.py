@@ -128,7 +128,10 @@ class Artifact:
         The first run opens this artifact's InferenceSession (runtime/session.py), which later runs reuse: a
         multi-device artifact starts its local workers (one process per device) once, not per run.
         """
-        return self.session(timeout).run(inputs)
+        session = self._session
+        if session is None or session.closed or session.timeout != timeout:
+            session = self.session(timeout)
+        return session.run(inputs)
 
     def session(self, timeout: float = 30.0):
         """This artifact's InferenceSession, opened on first use (again after `close` or with another timeout)."""

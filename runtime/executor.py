@@ -3,7 +3,9 @@
 Every buffer is allocated once, 64-byte aligned, when the executor is made;
 weights are loaded once, and so is a training artifact's persistent state (its
 buffers live outside the arena and keep what each run's Assigns and updates write:
-`state()`, `set_state()`); each run copies the inputs in, runs the instructions
+`state()`, `set_state()`); each run copies the inputs in (the native host of a
+one-worker program reads each input array in place instead when it is as aligned
+as the kernels assume: runtime/native_host.py), runs the instructions
 in order on pre-bound arguments (kernel calls, views, branches, and with other
 workers, transfers and collectives over `comm`), and copies the outputs out.
 
@@ -35,9 +37,10 @@ from .ffi_abi import kernel_entry, take_raised_error
 from .graph_names import member_name
 from .held_sends import HeldSends, held_send_names, wait_points
 from .instructions import (AllReduce, Assign, Fail, Gather, If, Instruction, KernelCall, Recv, Scatter, Send, View,
-                           kernel_keys, program_from_json, reads_within)
+                           kernel_keys, program_from_json, reads_within, walk)
 from .memory import HostMemory
-from .native_host import NativeHost, native_able
+from .native_host import NOT_CONTIGUOUS, BoundInput, NativeHost, native_able
+from .numpy_abi import layout_holds
 
 Op = Callable[[], None]
 HOSTS = ("native", "python")
@@ -111,6 +114,8 @@ class Executor:
         self._timed = None
         self._steps: list[Op] = self._ops
         self._whole_native: Callable[[], int] | None = None
+        # The whole native program taking the input arrays themselves (reading them in place when it can).
+        self._taking_inputs: Callable[..., int] | None = None
         if host == "native" and isinstance(self._memory, HostMemory):
             self._use_native_host()
         if self._send_waits.before:
@@ -549,7 +554,9 @@ class Executor:
         if parts is None:
             return
         segments = [part for part in parts if isinstance(part, list)]
-        self._native = NativeHost(segments, self._buffer, self._entries)
+        whole = len(parts) == 1 and self._comm is None
+        inputs = self._bound_inputs() if whole and layout_holds() else ()
+        self._native = NativeHost(segments, self._buffer, self._entries, inputs=inputs)
         steps, segment = [], 0
         for part in parts:
             if isinstance(part, list):
@@ -559,9 +566,22 @@ class Executor:
                 steps.append(self._ops[part])
         self._steps = steps
         self._covered = [part if isinstance(part, list) else [self.run_instructions[part]] for part in parts]
-        if len(parts) == 1 and self._comm is None:
+        if whole:
             self._whole_native = self._native.function
+            self._taking_inputs = self._native.bound
             self._outputs = [(name, self._buffer(name)) for name in self.plan["outputs"]]
+
+    def _bound_inputs(self) -> list[BoundInput]:
+        """Each input's slot with the names kernels read it by (itself and its views, branches included); none for
+        an input an output aliases: the outputs are copied from their slots, so such an input must be in its own."""
+        root = {name: name for name in self.plan["inputs"]}
+        for instruction in walk(self.run_instructions):
+            if isinstance(instruction, View) and instruction.input in root:
+                root[instruction.output] = root[instruction.input]
+        outputs = set(self.plan["outputs"])
+        aliases = {name: frozenset(alias for alias, of in root.items() if of == name) for name in self.plan["inputs"]}
+        return [BoundInput(self._buffer(name), frozenset() if aliases[name] & outputs else aliases[name])
+                for name in self.plan["inputs"]]
 
     def _native_step(self, segment: int) -> Op:
         run = self._native.run
@@ -586,7 +606,7 @@ class Executor:
     def record_steps(self, recorder) -> None:
         """Time each step of every run from now on: `recorder` (runtime/step_profile.py) wraps them."""
         self._steps = recorder.timed_steps(self._steps, self._covered, self.run_instructions)
-        self._whole_native = None
+        self._whole_native = self._taking_inputs = None
 
     def kernel_times(self, inputs: Mapping[str, np.ndarray], runs: int = 20) -> list[float]:
         """Seconds each of `runs` runs spends inside kernels (a timed copy of the native program times each
@@ -667,6 +687,20 @@ class Executor:
         copied device to device. With `copy=False` the outputs may be views of the executor's buffers (on the native host
         of a one-worker program they are): valid until the next run, and cheaper on small models.
         """
+        if self._taking_inputs is not None:
+            # The whole run is one native call, given the arrays: it reads them in place or copies them in.
+            arrays = self._input_arrays(inputs)
+            status = self._taking_inputs(*arrays)
+            if status == NOT_CONTIGUOUS:
+                status = self._taking_inputs(*map(np.ascontiguousarray, arrays))
+            if status:
+                # The error names offending values it reads from their buffers: the inputs go into their slots.
+                for (_, buffer, _, _), array in zip(self._inputs, arrays):
+                    buffer[...] = array
+                raise self._native_error(self._native, status)
+            if copy:
+                return {name: buffer.copy() for name, buffer in self._outputs}
+            return dict(self._outputs)
         if self._whole_native is not None:
             # The whole run is one native call: the inputs go straight into their slots.
             self._write_inputs(inputs)
@@ -677,6 +711,20 @@ class Executor:
                 return {name: buffer.copy() for name, buffer in self._outputs}
             return dict(self._outputs)
         return self.start(inputs)()
+
+    def _input_arrays(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """The inputs as numpy arrays in the program's order; the full check only when one is not an exact match."""
+        if inputs.keys() != self._input_names:
+            self._check_inputs(inputs)
+        arrays = []
+        for name, _, shape, dtype in self._inputs:
+            array = inputs[name]
+            # `is` on the dtype: an equal dtype that is another object takes the full check, and passes it.
+            if type(array) is not np.ndarray or array.dtype is not dtype or array.shape != shape:
+                self._check_inputs(inputs)
+                array = np.asarray(array)
+            arrays.append(array)
+        return arrays
 
     def _write_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
         """Copy the inputs into their host buffers; the full check only when an input is not an exact match."""

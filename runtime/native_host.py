@@ -15,6 +15,19 @@ status: 0 when it ran to its end, else k + 1 where k indexes `sites`: the kernel
 
 With `timed`, each kernel call is bracketed by clock_gettime(CLOCK_MONOTONIC) and its nanoseconds are
 added to `kernel_ns[k]` (k its site): the kernels' own time, without the host's.
+
+With `inputs` (a one-segment program: no transfers), the program also takes the run's input arrays, one
+`PyObject*` per input (ctypes `py_object`; runtime/numpy_abi.py: where it reads their data pointer and
+flags), and reads each where it lies when it can: `bound(*arrays)` returns -1 (NOT_CONTIGUOUS) before
+anything ran when an array is not C-contiguous, else as a segment does. An input whose data pointer is as
+aligned as its arena slot (the same remainder modulo ALIGNMENT; TVM's kernels assume 64-byte aligned
+arguments: `llvm.assume` "align" 64 on each) has the address of every DLTensor that reads it or one of its
+`aliases` (its views, slices of pieces) set into the array, at the same byte offset; any other array is
+copied into the slot (a memcpy) and those addresses set back to the slot. Only kernel arguments are so
+redirected, all of them read-only: an input read by a branch condition or a move, or written by anything,
+is always copied (`in_place[k]`: whether input k may be read in place). The caller's array is never written; a value the memory
+plan puts in the input's slot after its last use is written to the arena as before. The no-argument
+function of segment 0 (`run(0)`, `function`) runs the same code on the slots as they are written.
 """
 from __future__ import annotations
 
@@ -28,6 +41,17 @@ from . import ffi_abi
 from .instructions import Assign, Fail, If, Instruction, KernelCall, View
 
 CLOCK_MONOTONIC = 1
+NOT_CONTIGUOUS = -1
+ALIGNMENT = 64
+
+
+@dataclass(frozen=True)
+class BoundInput:
+    """A model input the program takes per run: `buffer` its arena slot, `aliases` the names kernels read it by
+    (itself and its views; empty: never read in place)."""
+
+    buffer: np.ndarray
+    aliases: frozenset[str] = frozenset()
 
 
 def native_able(instruction: Instruction) -> bool:
@@ -52,6 +76,7 @@ class _Call:
     entry: int
     arrays: list[np.ndarray]
     site: int
+    names: tuple[str, ...]
     first_arg: int = 0
 
 
@@ -74,22 +99,28 @@ class NativeHost:
     """The compiled run loop of one worker: `run(segment)` runs one segment and returns its status."""
 
     def __init__(self, segments: Sequence[Sequence[Instruction]], buffer: Callable[[str], np.ndarray],
-                 entries: Mapping[str, int], timed: bool = False):
+                 entries: Mapping[str, int], timed: bool = False, inputs: Sequence[BoundInput] = ()):
         """`buffer(name)` gives each value's host buffer (its address is baked in), `entries` each kernel key's
-        C entry address (ffi_abi.kernel_entry)."""
+        C entry address (ffi_abi.kernel_entry); `inputs`: the arrays `bound` takes (one segment only)."""
         import llvmlite.binding as llvm
         import llvmlite.ir as ir
 
+        if inputs and len(segments) != 1:
+            raise ValueError("only a one-segment program takes its inputs")
         self._buffer, self._entries = buffer, entries
         self.sites: list[Site] = []
         self._calls: list[_Call] = []
+        # Names read other than as kernel arguments (conditions, moves) or written: never redirected.
+        self._fixed: set[str] = set()
         plans = [self._plan(list(segment)) for segment in segments]
         self._pack_arguments()
+        self._inputs = list(inputs)
+        self.in_place = [self._redirects(spec) is not None for spec in self._inputs]
         self.kernel_ns = np.zeros(max(len(self.sites), 1), np.int64) if timed else None
         self._ir = ir
         module = ir.Module("tessel_host")
         for index, steps in enumerate(plans):
-            self._emit_segment(module, f"segment{index}", steps)
+            self._emit_segment(module, f"segment{index}", steps, self._inputs if index == 0 else ())
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
         parsed = llvm.parse_assembly(str(module))
@@ -99,6 +130,10 @@ class NativeHost:
         self._engine.finalize_object()
         prototype = ctypes.CFUNCTYPE(ctypes.c_int32)
         self._functions = [prototype(self._engine.get_function_address(f"segment{k}")) for k in range(len(plans))]
+        self.bound: Callable[..., int] | None = None
+        if self._inputs:
+            taking = ctypes.CFUNCTYPE(ctypes.c_int32, *[ctypes.py_object] * len(self._inputs))
+            self.bound = taking(self._engine.get_function_address("segment0_inputs"))
 
     def run(self, segment: int) -> int:
         """Run segment `segment`; 0, or 1 + the index in `sites` of where it stopped."""
@@ -122,6 +157,8 @@ class NativeHost:
                 outputs = [self._buffer(n) for n in instruction.outputs]
                 moves = {field: [(out, self._buffer(r)) for out, r in zip(outputs, branch.results)]
                          for field, branch in branches.items()}
+                self._fixed.update((instruction.condition, *instruction.outputs,
+                                    *(r for branch in branches.values() for r in branch.results)))
                 steps.append(_Branch(self._buffer(instruction.condition),
                                      self._plan(list(branches["then_branch"].instructions)),
                                      self._plan(list(branches["else_branch"].instructions)),
@@ -129,6 +166,7 @@ class NativeHost:
             elif isinstance(instruction, Fail):
                 steps.append(self._site(Site(instruction)))
             elif isinstance(instruction, Assign):
+                self._fixed.update((instruction.src, instruction.dst))
                 steps.append(_Copy(self._buffer(instruction.dst), self._buffer(instruction.src)))
             else:
                 raise ValueError(f"{type(instruction).__name__} at node {instruction.node!r} does not run natively")
@@ -139,21 +177,23 @@ class NativeHost:
         return len(self.sites) - 1
 
     def _plan_call(self, call: KernelCall) -> list[_Call]:
+        self._fixed.update(call.outputs)
         if not call.pieces:
-            arrays = [self._buffer(n) for n in call.inputs + call.outputs]
-            return [self._add_call(call.kernel, arrays, Site(call, call.inputs, call.kernel))]
+            names = call.inputs + call.outputs
+            return [self._add_call(call.kernel, [self._buffer(n) for n in names], names, Site(call, call.inputs, call.kernel))]
         calls = []
         for piece in call.pieces:
             sliced, start, stop = set(piece.sliced), piece.start, piece.start + piece.size
-            arrays = [self._buffer(n)[start:stop] if n in sliced else self._buffer(n) for n in piece.inputs + call.outputs]
-            calls.append(self._add_call(piece.kernel, arrays, Site(call, piece.inputs, piece.kernel)))
+            names = piece.inputs + call.outputs
+            arrays = [self._buffer(n)[start:stop] if n in sliced else self._buffer(n) for n in names]
+            calls.append(self._add_call(piece.kernel, arrays, names, Site(call, piece.inputs, piece.kernel)))
         return calls
 
-    def _add_call(self, kernel: str, arrays: list[np.ndarray], site: Site) -> _Call:
+    def _add_call(self, kernel: str, arrays: list[np.ndarray], names: tuple[str, ...], site: Site) -> _Call:
         for array in arrays:
             if not array.flags.c_contiguous:
                 raise ValueError("a kernel argument is not contiguous")
-        call = _Call(self._entries[kernel], arrays, self._site(site))
+        call = _Call(self._entries[kernel], arrays, self._site(site), names)
         self._calls.append(call)
         return call
 
@@ -177,15 +217,82 @@ class NativeHost:
                                     self._tensors.ctypes.data + slot * ffi_abi.DLTENSOR.itemsize)
                 slot, dim = slot + 1, dim + array.ndim
 
+    def _redirects(self, spec: BoundInput) -> list[tuple[int, int]] | None:
+        """(DLTensor index, byte offset from the input's slot) of every kernel argument that reads the input, or
+        None when it must stay in its slot (it has no aliases, or one is read or written otherwise)."""
+        if not spec.aliases or spec.aliases & self._fixed:
+            return None
+        start = spec.buffer.ctypes.data
+        return [(call.first_arg + k, array.ctypes.data - start) for call in self._calls
+                for k, (name, array) in enumerate(zip(call.names, call.arrays)) if name in spec.aliases]
+
     # ---- code -------------------------------------------------------------
-    def _emit_segment(self, module, name: str, steps: list) -> None:
+    def _emit_segment(self, module, name: str, steps: list, inputs: Sequence[BoundInput] = ()) -> None:
+        """The segment's function; with `inputs`, as `NAME_inputs` taking them, and NAME calling it on the slots."""
         ir = self._ir
-        i32 = ir.IntType(32)
-        function = ir.Function(module, ir.FunctionType(i32, []), name)
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        function = ir.Function(module, ir.FunctionType(i32, [i8p] * len(inputs)), f"{name}_inputs" if inputs else name)
         builder = ir.IRBuilder(function.append_basic_block("entry"))
         self._clock = builder.alloca(ir.LiteralStructType([ir.IntType(64), ir.IntType(64)])) if self.kernel_ns is not None else None
+        if inputs:
+            self._emit_inputs(builder, function, inputs)
         self._emit_steps(builder, function, steps)
         builder.ret(ir.Constant(i32, 0))
+        if inputs:
+            # The no-argument entry: every input already in its slot (NULL: read the slot).
+            plain = ir.Function(module, ir.FunctionType(i32, []), name)
+            caller = ir.IRBuilder(plain.append_basic_block("entry"))
+            caller.ret(caller.call(function, [ir.Constant(i8p, None)] * len(inputs)))
+
+    def _emit_inputs(self, builder, function, inputs: Sequence[BoundInput]) -> None:
+        """Refuse a non-contiguous array; then read each array in place or copy it into its slot, and point the
+        DLTensors that read it at where it is."""
+        from .numpy_abi import C_CONTIGUOUS, DATA_OFFSET, FLAGS_OFFSET
+
+        ir = self._ir
+        i8p, i32, i64 = ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(64)
+        base = builder.alloca(i64)
+        for argument in function.args:
+            given = builder.icmp_unsigned("!=", argument, ir.Constant(i8p, None))
+            with builder.if_then(given):
+                flags = builder.load(builder.bitcast(builder.gep(argument, [ir.Constant(i64, FLAGS_OFFSET)]), i32.as_pointer()))
+                contiguous = builder.icmp_unsigned("!=", builder.and_(flags, ir.Constant(i32, C_CONTIGUOUS)), ir.Constant(i32, 0))
+                refused, fine = function.append_basic_block("not_contiguous"), function.append_basic_block("contiguous")
+                builder.cbranch(contiguous, fine, refused)
+                builder.position_at_end(refused)
+                builder.ret(ir.Constant(i32, NOT_CONTIGUOUS))
+                builder.position_at_end(fine)
+        for argument, spec in zip(function.args, inputs):
+            slot = ir.Constant(i64, spec.buffer.ctypes.data)
+            redirects = self._redirects(spec)
+            builder.store(slot, base)
+            given = builder.icmp_unsigned("!=", argument, ir.Constant(i8p, None))
+            with builder.if_then(given):
+                data = builder.load(builder.bitcast(builder.gep(argument, [ir.Constant(i64, DATA_OFFSET)]), i64.as_pointer()))
+                if redirects is None:
+                    self._emit_copy(builder, slot, data, spec.buffer.nbytes)
+                else:
+                    aligned = builder.icmp_unsigned("==", builder.and_(builder.sub(data, slot), ir.Constant(i64, ALIGNMENT - 1)),
+                                                    ir.Constant(i64, 0))
+                    with builder.if_else(aligned) as (in_place, copied):
+                        with in_place:
+                            builder.store(data, base)
+                        with copied:
+                            self._emit_copy(builder, slot, data, spec.buffer.nbytes)
+            if redirects:
+                address = builder.load(base)
+                for index, offset in redirects:
+                    field = self._tensors.ctypes.data + index * ffi_abi.DLTENSOR.itemsize  # `data` is its first field
+                    builder.store(builder.add(address, ir.Constant(i64, offset)), self._pointer(builder, field, i64.as_pointer()))
+
+    def _emit_copy(self, builder, destination, source, nbytes: int) -> None:
+        ir = self._ir
+        i8p, i64 = ir.IntType(8).as_pointer(), ir.IntType(64)
+        module = builder.module
+        memcpy = module.globals.get("llvm.memcpy.p0.p0.i64") or ir.Function(
+            module, ir.FunctionType(ir.VoidType(), [i8p, i8p, i64, ir.IntType(1)]), "llvm.memcpy.p0.p0.i64")
+        builder.call(memcpy, [builder.inttoptr(destination, i8p), builder.inttoptr(source, i8p), ir.Constant(i64, nbytes),
+                              ir.Constant(ir.IntType(1), 0)])
 
     def _emit_steps(self, builder, function, steps: list) -> None:
         for step in steps:

@@ -98,6 +98,9 @@ class InferenceSession:
         self.threads = threads
         self._group = None
         self._closed = False
+        # What run(feeds) calls straight away when the run is the executor's own: one worker, one micro-batch, no
+        # defaults to add (on a small model each layer of calls costs a part of the run that shows).
+        self._direct = None
         # Read once here, not on every run.
         self._defaults = loaded.input_defaults() if loaded is not None else read_defaults(self.directory, self.plan)
         self._inputs = [_info(name, t) for name, t in batch_input_types(self.plan).items()]
@@ -114,6 +117,8 @@ class InferenceSession:
             from .executor import Executor
 
             self._executor = Executor(self.directory, threads=threads)
+        if devices == 1 and self.microbatches == 1 and not self._defaults:
+            self._direct = self._executor.run
 
     def _start_group(self, devices: int, threads: int | None, timeout: float):
         """The workers: torchrun's ranks when this process is rank 0 of a torchrun job, else local processes."""
@@ -145,7 +150,9 @@ class InferenceSession:
     def run(self, output_names, input_feed: Mapping[str, np.ndarray] | None = None):
         """`run(output_names, input_feed)` → list of outputs (all of them when `output_names` is None), as
         onnxruntime; or `run(feeds)` → dict of every output by name."""
-        if input_feed is None and (type(output_names) is dict or isinstance(output_names, Mapping)):
+        if input_feed is None and type(output_names) is dict and self._direct is not None:
+            return self._direct(output_names)
+        if input_feed is None and isinstance(output_names, Mapping):
             return self._run(output_names)
         if input_feed is None:
             raise InputError("run(output_names, input_feed) needs the inputs by name (or call run(feeds))")
@@ -237,6 +244,7 @@ class InferenceSession:
         if self._closed:
             return
         self._closed = True
+        self._direct = None
         if self._group is not None:
             _close_group(self._group)
 

@@ -55,18 +55,20 @@ def test_runtime_ifs_take_the_branch_the_arena_holds(nested_if, host):
             np.testing.assert_array_equal(executor.run(feeds)["y"], run_onnxruntime(original, feeds)[0])
 
 
-@pytest.mark.parametrize("name", ["silero_vad", "mtcnn_onet"])
+@pytest.mark.parametrize("name", ["silero_vad", "mtcnn_onet", "oww_melspectrogram"])
 def test_corpus_models_equal_onnxruntime_on_a_poisoned_arena(name, kernel_cache):
     corpus_model = next(m for m in POSITIVE if m.name == name)
     artifact = compile(corpus_model.path, input_shapes=corpus_model.input_shapes, cache_dir=kernel_cache)
     feeds = corpus_model.make_inputs()
     expected = run_onnxruntime(str(corpus_model.path), feeds)
+    # Inputs 16 bytes past a 64-byte boundary are copied into the arena, aligned ones read in place (native host).
+    placed = [{name: _at(array, remainder) for name, array in artifact.with_defaults(feeds).items()} for remainder in (16, 0)]
     for host in HOSTS:
         executor = Executor(artifact.directory, host=host)
         assert executor.host == host
-        for _ in range(2):  # a second run starts from what the first left in the arena
+        for inputs in placed:  # the second run also starts from what the first left in the arena
             executor.poison()
-            assert_matches_onnxruntime(executor.run(artifact.with_defaults(feeds)), expected)
+            assert_matches_onnxruntime(executor.run(inputs), expected)
 
 
 def test_silero_with_an_unsupported_rate_fails_with_the_same_line_on_both_hosts(kernel_cache):
@@ -142,3 +144,128 @@ def test_kernel_site_seconds_time_the_calls_the_run_makes(nested_if):
 def test_an_unknown_host_is_refused(nested_if):
     with pytest.raises(ValueError, match="host must be one of native, python"):
         Executor(nested_if[1].directory, host="c")
+
+
+# ---- inputs read in place ---------------------------------------------------------------------------------------
+def _readers_model():
+    """x read by a MatMul and, through an Unsqueeze, by two Convs (as oww_melspectrogram reads its input): three
+    kernels, two through the view."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]),
+             helper.make_node("Unsqueeze", ["x", "one"], ["xv"]),
+             helper.make_node("Conv", ["xv", "real"], ["cr"], strides=[16]),
+             helper.make_node("Conv", ["xv", "imag"], ["ci"], strides=[16]),
+             helper.make_node("Mul", ["cr", "ci"], ["c"]),
+             helper.make_node("Reshape", ["c", "flat"], ["cf"]),
+             helper.make_node("Add", ["m", "cf"], ["y"])]
+    rng = np.random.default_rng(1)
+    return model(nodes, [("x", F, [1, 256])], [("y", F, [1, 60])],
+                 [("w", rng.standard_normal((256, 60)).astype(np.float32)), ("one", np.array([1], np.int64)),
+                  ("real", rng.standard_normal((4, 1, 32)).astype(np.float32)),
+                  ("imag", rng.standard_normal((4, 1, 32)).astype(np.float32)), ("flat", np.array([1, 60], np.int64))])
+
+
+@pytest.fixture(scope="module")
+def readers(kernel_cache):
+    original = _readers_model()
+    return original, compile(original, cache_dir=kernel_cache)
+
+
+def _at(array: np.ndarray, remainder: int) -> np.ndarray:
+    """A copy of `array` whose data lies `remainder` bytes past a 64-byte boundary."""
+    raw = np.empty(array.nbytes + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + remainder
+    out = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    out[...] = array
+    return out
+
+
+def _slot_bytes(executor: Executor, name: str) -> bytes:
+    return executor._buffer(name).tobytes()
+
+
+def test_an_aligned_input_is_read_where_it_lies_by_every_kernel_and_view(readers):
+    original, artifact = readers
+    executor = Executor(artifact.directory)
+    native = executor._native
+    assert native.in_place == [True]
+    redirects = native._redirects(executor._bound_inputs()[0])
+    read_by = {name for call in native._calls for name in call.names if name in ("x", "xv")}
+    assert len(redirects) == 3 and read_by == {"x", "xv"}  # three kernels, two through the view
+    x = np.random.default_rng(2).standard_normal((1, 256)).astype(np.float32)
+    expected = run_onnxruntime(original, {"x": x})[0]
+    aligned = _at(x, 0)
+    executor.poison()
+    poisoned = _slot_bytes(executor, "x")
+    np.testing.assert_allclose(executor.run({"x": aligned})["y"], expected, rtol=1e-5, atol=1e-5)
+    assert _slot_bytes(executor, "x") == poisoned  # not copied: the kernels read the caller's array
+    np.testing.assert_array_equal(aligned, x)  # and nothing wrote it
+
+
+@pytest.mark.parametrize("remainder", [4, 16, 32])
+def test_a_misaligned_input_is_copied_into_its_slot(readers, remainder):
+    original, artifact = readers
+    executor = Executor(artifact.directory)
+    x = np.random.default_rng(3).standard_normal((1, 256)).astype(np.float32)
+    misaligned = _at(x, remainder)
+    executor.poison()
+    np.testing.assert_allclose(executor.run({"x": misaligned})["y"], run_onnxruntime(original, {"x": x})[0],
+                               rtol=1e-5, atol=1e-5)
+    assert _slot_bytes(executor, "x") == x.tobytes()
+    np.testing.assert_array_equal(misaligned, x)
+
+
+def test_non_contiguous_and_read_only_inputs_run_as_copies_would(readers):
+    original, artifact = readers
+    executor = Executor(artifact.directory)
+    wide = np.random.default_rng(4).standard_normal((1, 512)).astype(np.float32)
+    strided = wide[:, ::2]
+    read_only = _at(wide[:, 1::2], 0)
+    read_only.flags.writeable = False
+    for x in (strided, read_only, np.asfortranarray(strided)):
+        executor.poison()
+        np.testing.assert_allclose(executor.run({"x": x})["y"], run_onnxruntime(original, {"x": np.ascontiguousarray(x)})[0],
+                                   rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(strided, wide[:, ::2])
+
+
+def test_runs_alternating_arrays_each_read_their_own(readers):
+    """Each run points the kernels at its own array (or back at the slot): none reads a previous run's."""
+    original, artifact = readers
+    executor = Executor(artifact.directory)
+    rng = np.random.default_rng(5)
+    arrays = [_at(rng.standard_normal((1, 256)).astype(np.float32), remainder) for remainder in (0, 0, 32, 0, 4)]
+    copies = [a.copy() for a in arrays]
+    for _ in range(2):
+        for array, copy in zip(arrays, copies):
+            executor.poison()
+            np.testing.assert_allclose(executor.run({"x": array})["y"], run_onnxruntime(original, {"x": copy})[0],
+                                       rtol=1e-5, atol=1e-5)
+    for array, copy in zip(arrays, copies):
+        np.testing.assert_array_equal(array, copy)
+    # The python-side path (start: inputs written into the slots) after an in-place run reads the slots again.
+    executor.run({"x": arrays[0]})
+    executor.poison()
+    np.testing.assert_allclose(executor.start({"x": arrays[2]})()["y"], run_onnxruntime(original, {"x": copies[2]})[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_an_output_that_is_an_input_stays_a_fresh_array(kernel_cache):
+    proto = model([helper.make_node("Identity", ["x"], ["y"]), helper.make_node("Relu", ["x"], ["r"])],
+                  [("x", F, [4, 16])], [("y", F, [4, 16]), ("r", F, [4, 16])])
+    artifact = compile(proto, cache_dir=kernel_cache)
+    executor = Executor(artifact.directory)
+    assert executor._native.in_place == [False]
+    x = _at(np.random.default_rng(6).standard_normal((4, 16)).astype(np.float32), 0)
+    kept = x.copy()
+    outputs = executor.run({"x": x})
+    np.testing.assert_array_equal(outputs["y"], kept)
+    np.testing.assert_array_equal(outputs["r"], np.maximum(kept, 0))
+    assert not np.shares_memory(outputs["y"], x)
+    outputs["y"][...] = 7
+    np.testing.assert_array_equal(x, kept)
+
+
+def test_branch_conditions_are_copied_and_branch_kernels_read_in_place(nested_if):
+    _, artifact = nested_if
+    executor = Executor(artifact.directory)
+    assert dict(zip(executor.plan["inputs"], executor._native.in_place)) == {"x": True, "c": False, "d": False}
