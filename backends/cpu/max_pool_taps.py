@@ -11,7 +11,7 @@ Here each output row is made as the separable pool makes it (max_pool.py), the t
    (PyTorch's rule), ties included.
 
 Both steps are vectorized along the row and live in per-row scratch rows (stack, per thread) under the output
-row's loop, so x is read once. NaN counts as the maximum, and the first NaN takes the tap, as in the generic rule.
+row's loop, so x comes from memory once (the first-row search looks at the kh rows again while they are in L1). NaN counts as the maximum, and the first NaN takes the tap, as in the generic rule.
 """
 from __future__ import annotations
 
