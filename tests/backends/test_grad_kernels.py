@@ -188,6 +188,8 @@ def run_conv(op_type: str, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None
 # (ConvTranspose(dy, W)) of dense, strided, dilated, grouped and depthwise convs.
 CONV_TRANSPOSE_CASES = {
     "dense": ((2, 16, 6, 6), (16, 8, 3, 3), 1, 1, 1, 1, 0, False),
+    # 576 KiB of weights (ResNet-18's layer2): the column strips run outside the row tiles
+    "dense_wide": ((1, 128, 5, 5), (128, 128, 3, 3), 1, 1, 1, 1, 0, True),
     "stride2_outpad": ((2, 16, 4, 5), (16, 8, 3, 3), 2, 1, 1, 1, 1, True),
     "1x1_stride2": ((2, 32, 3, 3), (32, 16, 1, 1), 2, 0, 1, 1, 1, False),
     "dilated": ((1, 8, 5, 5), (8, 4, 3, 3), 1, 2, 2, 1, 0, False),
