@@ -5,8 +5,15 @@ from __future__ import annotations
 
 from ..lowering.context import LowerContext, SelfScheduled
 from ..lowering.conv_transpose import CHANNEL_TILE, PIXEL_TILE, conv_transpose_operands, interleave, phase_products
-from .broadcast_tiles import rows_outer, schedule_copies, schedule_nchw_output, tile_product
+from .broadcast_tiles import schedule_copies, schedule_nchw_output, tile_product
 from .schedule import MIN_PARALLEL_WORK
+
+# Row tiles run outside the column strips only while the weights' channels-last copy is at most this big (below
+# broadcast_tiles' L2 bound, which the forward convolution keeps). Measured, one thread, batch 32, 3x3 stride 1
+# (ResNet-18's data gradients; row tiles outer / column strips outer / PyTorch's conv_transpose2d): 64 channels at
+# 56x56 (144 KiB of weights) 35.0 / 36.2 / 60.5 ms; 128 at 28x28 (576 KiB) 58.9 / 42.2 / 43.5; 256 at 14x14
+# (2.25 MiB) 52.0 / 42.8 / 33.2. Between 144 and 576 KiB nothing was measured.
+ROWS_OUTER_WEIGHT_BYTES = 512 << 10
 
 
 def applies(ctx: LowerContext) -> bool:
@@ -28,7 +35,8 @@ def conv_transpose_tiled(ctx: LowerContext):
     def schedule(sch) -> None:
         for (a, b), product in phases.products.items():
             if product is not None:
-                tile_product(sch, f"deconv_tiles_{a}_{b}", PIXEL_TILE, big, row_tiles_outer=rows_outer(weight_bytes))
+                tile_product(sch, f"deconv_tiles_{a}_{b}", PIXEL_TILE, big,
+                             row_tiles_outer=weight_bytes <= ROWS_OUTER_WEIGHT_BYTES)
         schedule_copies(sch, ("deconv_pad", "deconv_weights"), big)
         schedule_nchw_output(sch, "deconv_out", big)
 

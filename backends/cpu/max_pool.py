@@ -56,7 +56,7 @@ def applies(ctx: LowerContext) -> bool:
     return padded or lanes_for(out_dims[-1]) is None
 
 
-def _fold(values, dtype):
+def fold_max(values, dtype):
     """The max of `values`, NaN when one of them is: a plain max and an any-NaN flag, each value read once by each.
 
     Folding NAN_MAX's combine instead (a select that reads its accumulator three times) makes an expression of
@@ -92,11 +92,11 @@ def max_pool_separable(ctx: LowerContext) -> SelfScheduled:
 
     cols = te.compute(
         (n, c, oh, width),
-        lambda ni, ci, yo, xw: _fold([read(ni, ci, yo * sh + i * dh - bh, xw - bw) for i in range(kh)], x.dtype),
+        lambda ni, ci, yo, xw: fold_max([read(ni, ci, yo * sh + i * dh - bh, xw - bw) for i in range(kh)], x.dtype),
         name="pool_cols")
     rows = te.compute(
         out_shape,
-        lambda ni, ci, yo, xo: _fold([cols[ni, ci, yo, xo * sw + j * dw] for j in range(kw)], x.dtype),
+        lambda ni, ci, yo, xo: fold_max([cols[ni, ci, yo, xo * sw + j * dw] for j in range(kw)], x.dtype),
         name="pool_rows")
     parallel = n * c * oh >= MIN_PARALLEL_ROWS
 
@@ -106,17 +106,17 @@ def max_pool_separable(ctx: LowerContext) -> SelfScheduled:
         outer = sch.fuse(batch, channel, row)
         if parallel:
             sch.parallel(outer)
-        _vectorize_row(sch, column, ow)
+        vectorize_pool_row(sch, column, ow)
         scratch = sch.get_sblock("pool_cols")
         sch.compute_at(scratch, outer)
         # One row per thread, on its stack: a global scratch buffer would be shared by the parallel rows.
         sch.set_scope(scratch, 0, "local")
-        _vectorize_row(sch, sch.get_loops(scratch)[-1], width)
+        vectorize_pool_row(sch, sch.get_loops(scratch)[-1], width)
 
     return SelfScheduled([rows], schedule)
 
 
-def _vectorize_row(sch, loop, extent: int) -> None:
+def vectorize_pool_row(sch, loop, extent: int) -> None:
     """Vectorize a row loop: whole up to MAX_WHOLE_ROW lanes, else in LANES-wide pieces where LANES divides it."""
     if extent <= MAX_WHOLE_ROW:
         try_step(lambda: sch.vectorize(loop))

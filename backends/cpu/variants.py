@@ -8,7 +8,8 @@ target-neutral rule (backends/lowering/) lowers it. Dense 2-D ConvTranspose and 
 convolutions) and a dense 2-D Conv left unpacked (its weights known only at run time: a training step's
 parameters) run as register-tiled products on CPU (conv_transpose.py, conv_grad_filter.py,
 conv_runtime_weights.py), and so does a Gemm with transA over tall operands (a weight gradient: tall_product.py).
-A 2-D float32 MaxPool runs separable on CPU (max_pool.py).
+A 2-D float32 MaxPool runs separable on CPU (max_pool.py), and so does a training MaxPoolWithTaps, its taps found in
+the same pass (max_pool_taps.py). A float32 BatchStats reads x once (batch_stats.py).
 """
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from typing import Any, Callable, Mapping
 from ..kernel import ALGORITHM
 from ..lowering.context import LowerContext
 from ..lowering.conv_transpose import conv_transpose
-from ..lowering.grad import conv_grad_filter, window_of
+from ..lowering.grad import RULES as GRAD_RULES, conv_grad_filter, window_of
 from ..lowering.nn import RULES as GENERIC_NN_RULES, conv_pads
+from .batch_stats import applies as one_read_stats_applies, batch_stats
 from .conv_grad_filter import applies as tiled_grad_filter_applies, conv_grad_filter_tiled
 from .conv_runtime_weights import applies as runtime_weights_applies, conv_runtime_weights
 from .conv_transpose import applies as tiled_conv_transpose_applies, conv_transpose_tiled
@@ -26,6 +28,7 @@ from .depthwise_conv import conv_depthwise
 from .grouped_conv import conv_grouped
 from .im2col import conv_im2col
 from .max_pool import applies as separable_max_pool_applies, max_pool_separable
+from .max_pool_taps import applies as one_pass_taps_applies, max_pool_with_taps
 from .packed_kernels import conv_packed, matmul_packed
 from .packing import CONV_BLOCKS, DEPTHWISE_BLOCK, GROUPED_LAYOUT, MATMUL_BLOCK
 from .tall_product import applies as tall_product_applies, gemm_tall
@@ -82,6 +85,18 @@ def _max_pool(ctx: LowerContext):
     return max_pool_separable(ctx)
 
 
+def _max_pool_with_taps(ctx: LowerContext):
+    if not one_pass_taps_applies(ctx):
+        return GRAD_RULES["MaxPoolWithTaps"](ctx)
+    return max_pool_with_taps(ctx)
+
+
+def _batch_stats(ctx: LowerContext):
+    if not one_read_stats_applies(ctx):
+        return GRAD_RULES["BatchStats"](ctx)
+    return batch_stats(ctx)
+
+
 def _conv_transpose(ctx: LowerContext):
     tiled = ctx.attr(ALGORITHM) != "generic" and tiled_conv_transpose_applies(ctx)
     return conv_transpose_tiled(ctx) if tiled else conv_transpose(ctx)
@@ -110,4 +125,8 @@ def variant_rule(op_type: str, attrs: Mapping[str, Any]) -> Callable | None:
         return _conv_transpose
     if op_type == "MaxPool":
         return _max_pool
+    if op_type == "MaxPoolWithTaps":
+        return _max_pool_with_taps
+    if op_type == "BatchStats":
+        return _batch_stats
     return None

@@ -2,7 +2,8 @@
 MaxPoolWithTaps and MaxPoolTapsGrad, AveragePoolGrad, BatchStats.
 
 These are the target-neutral rules; a dense ConvGradFilter on CPU runs as a register-tiled product instead
-(backends/cpu/conv_grad_filter.py, chosen in backends/cpu/variants.py). The pool gradients are written as
+(backends/cpu/conv_grad_filter.py, chosen in backends/cpu/variants.py), and a 2-D MaxPoolWithTaps and a BatchStats
+read x once there (backends/cpu/max_pool_taps.py, backends/cpu/batch_stats.py). The pool gradients are written as
 gathers (each input element sums the windows that cover it), not scatters, so every output element is computed
 once and the loops parallelize and vectorize like any reduction.
 """

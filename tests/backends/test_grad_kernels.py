@@ -93,12 +93,66 @@ def test_max_pool_taps_padding_never_wins_a_window_of_minus_infinity():
     np.testing.assert_array_equal(taps[0, 0], [[4, 3, 3], [1, 0, 0], [1, 0, 0]])
 
 
+def _torch_taps(indices: np.ndarray, width: int, kernel, strides, pads) -> np.ndarray:
+    """PyTorch's max-pool indices (flat positions in the image) as row-major tap numbers of each window."""
+    rows, cols = np.divmod(indices, width)
+    top = np.arange(indices.shape[2])[:, None] * strides[0] - pads[0]
+    left = np.arange(indices.shape[3])[None, :] * strides[1] - pads[1]
+    return ((rows - top) * kernel[1] + cols - left).astype(np.int32)
+
+
+@pytest.mark.parametrize("shape,kernel,strides,pads", [
+    ((2, 3, 40, 150), (3, 3), (2, 2), (1, 1)),  # ResNet's stem pool: a padded row wider than one whole vector
+    ((2, 2, 12, 11), (5, 3), (1, 2), (2, 1)),
+    ((1, 4, 9, 64), (2, 2), (2, 2), (0, 0)),
+])
+def test_one_pass_max_pool_taps_match_pytorch_indices(shape, kernel, strides, pads):
+    """The CPU kernel that finds the taps in the pool's own pass (backends/cpu/max_pool_taps.py) against PyTorch's
+    max_pool2d with indices, on a ReLU's output (many windows tie at 0: the first maximum must win)."""
+    import torch
+
+    x = np.maximum(np.round(_random(8, *shape) * 2), 0)
+    attrs = dict(kernel_shape=kernel, strides=strides, pads=pads + pads)
+    (pooled, taps), _ = run_kernels("MaxPoolWithTaps", attrs, [x])
+    want, indices = torch.nn.functional.max_pool2d(torch.from_numpy(x), kernel, strides, pads, return_indices=True)
+    np.testing.assert_array_equal(pooled, want.numpy())
+    np.testing.assert_array_equal(taps, _torch_taps(indices.numpy(), shape[3], kernel, strides, pads))
+
+
+def test_one_pass_kernels_take_only_float32_images_on_cpu():
+    from tessel.backends.cpu import batch_stats, max_pool_taps
+    from tessel.backends.lowering.context import LowerContext
+
+    def context(shape, dtype="float32", gpu=False):
+        x = tvm().te.placeholder(shape, dtype, name="x")
+        return LowerContext("MaxPoolWithTaps", {"kernel_shape": (3,)}, [x], [TensorType(dtype, shape)], [None],
+                            [TensorType(dtype, shape)], gpu=gpu)
+
+    assert max_pool_taps.applies(context((2, 3, 8, 8)))
+    assert not max_pool_taps.applies(context((2, 3, 8)))  # 1-D windows: the target-neutral rule
+    assert not max_pool_taps.applies(context((2, 3, 8, 8), "float64"))
+    assert not max_pool_taps.applies(context((2, 3, 8, 8), gpu=True))
+    assert batch_stats.applies(context((2, 3)))
+    assert not batch_stats.applies(context((2, 3, 8, 8), "float64"))
+
+
 @pytest.mark.parametrize("shape", [(4, 3, 6, 5), (32, 2, 7, 7), (9, 4)])
 def test_batch_stats_kernel(shape):
     x = _random(6, *shape) * 2 + 5  # a mean that dwarfs part of the spread
     (mean, var), (want_mean, want_var) = run_kernels("BatchStats", {}, [x])
     np.testing.assert_allclose(mean, want_mean, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(var, want_var, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape,mean,spread", [((16, 4, 28, 28), 1e3, 0.1), ((16, 4, 28, 28), -3e4, 1.0),
+                                               ((64, 8, 7, 7), 50.0, 1e-3)])
+def test_batch_stats_stays_accurate_where_the_mean_dwarfs_the_spread(shape, mean, spread):
+    """|mean| / std of 1e4 to 5e4: E[x²] − E[x]² in float32 is off by 10x or more here; the CPU kernel's sums around
+    each channel's first element (backends/cpu/batch_stats.py) keep the variance within 1e-5 of float64."""
+    x = (np.random.default_rng(9).standard_normal(shape) * spread + mean).astype(np.float32)
+    (got_mean, got_var), (want_mean, want_var) = run_kernels("BatchStats", {}, [x])
+    np.testing.assert_allclose(got_mean, want_mean, rtol=1e-6)
+    np.testing.assert_allclose(got_var, want_var, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dy_shape,attrs", [
@@ -134,6 +188,8 @@ def run_conv(op_type: str, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None
 # (ConvTranspose(dy, W)) of dense, strided, dilated, grouped and depthwise convs.
 CONV_TRANSPOSE_CASES = {
     "dense": ((2, 16, 6, 6), (16, 8, 3, 3), 1, 1, 1, 1, 0, False),
+    # 576 KiB of weights (ResNet-18's layer2): the column strips run outside the row tiles
+    "dense_wide": ((1, 128, 5, 5), (128, 128, 3, 3), 1, 1, 1, 1, 0, True),
     "stride2_outpad": ((2, 16, 4, 5), (16, 8, 3, 3), 2, 1, 1, 1, 1, True),
     "1x1_stride2": ((2, 32, 3, 3), (32, 16, 1, 1), 2, 0, 1, 1, 1, False),
     "dilated": ((1, 8, 5, 5), (8, 4, 3, 3), 1, 2, 2, 1, 0, False),
