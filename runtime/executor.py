@@ -105,24 +105,30 @@ class Executor:
         self._held_names = held_send_names(self.run_instructions) if comm is not None else ()
         self._ops = self._bind(self.run_instructions)
         self._send_waits = wait_points(self.run_instructions, self._held_names, self.plan["inputs"], self._buffer)
-        # The instructions each step runs: one each, until the native host joins them into segments.
-        self._covered: list[list[Instruction]] = [[i] for i in self.run_instructions]
         self._inputs = [(name, self._buffer(name), self._types[name].shape, np.dtype(numpy_dtype(self._types[name].dtype)))
                         for name in self.plan["inputs"]]
         self._input_names = frozenset(self.plan["inputs"])
-        self._native = None
         self._timed = None
+        self._assemble_steps(native=host == "native" and isinstance(self._memory, HostMemory))
+        self.host = "native" if self._native is not None else "python"
+
+    def _assemble_steps(self, native: bool, per_instruction: bool = False) -> None:
+        """The run's steps: one per instruction on the python host; with `native`, native segments (each
+        instruction one of its own when `per_instruction`) and the Python instructions between them; each step
+        waiting for the held sends and all-reduces it needs."""
+        # The instructions each step runs: one each, until the native host joins them into segments.
+        self._covered: list[list[Instruction]] = [[i] for i in self.run_instructions]
+        self._native = None
         self._steps: list[Op] = self._ops
         self._whole_native: Callable[[], int] | None = None
         # The whole native program taking the input arrays themselves (reading them in place when it can).
         self._taking_inputs: Callable[..., int] | None = None
-        if host == "native" and isinstance(self._memory, HostMemory):
-            self._use_native_host()
+        if native:
+            self._use_native_host(per_instruction)
         if self._send_waits.before:
             self._steps = self._waiting_for_sends(self._steps, self._covered)
         if any(isinstance(i, AllReduce) for i in self.run_instructions):
             self._steps = self._waiting_for_reductions(self._steps, self._covered)
-        self.host = "native" if self._native is not None else "python"
 
     def _make_memory(self, arena_bytes: int, memory_device: str | None, device: int):
         if memory_device is None and not str(self.plan["target"]).startswith("cuda"):
@@ -531,16 +537,17 @@ class Executor:
         return gather_slices
 
     # ---- the native host -------------------------------------------------------
-    def _segments(self) -> list[list[Instruction] | int] | None:
+    def _segments(self, per_instruction: bool = False) -> list[list[Instruction] | int] | None:
         """The run program cut at each instruction that needs Python: native segments (instruction lists)
         and, between them, the index of each Python instruction; None when an If holds one. A segment also
         starts where the run waits for a held send, and at the first reader of an all-reduce's result (the
-        update of one gradient bucket then waits for that bucket only, while the later ones still reduce)."""
+        update of one gradient bucket then waits for that bucket only, while the later ones still reduce);
+        with `per_instruction`, at every instruction."""
         parts: list[list[Instruction] | int] = []
         cuts = set(self._send_waits.before) | reduction_readers(self.run_instructions)
         for index, instruction in enumerate(self.run_instructions):
             if native_able(instruction):
-                if not parts or not isinstance(parts[-1], list) or index in cuts:
+                if not parts or not isinstance(parts[-1], list) or index in cuts or per_instruction:
                     parts.append([])
                 parts[-1].append(instruction)
             elif isinstance(instruction, If):
@@ -549,8 +556,8 @@ class Executor:
                 parts.append(index)
         return parts
 
-    def _use_native_host(self) -> None:
-        parts = self._segments()
+    def _use_native_host(self, per_instruction: bool = False) -> None:
+        parts = self._segments(per_instruction)
         if parts is None:
             return
         segments = [part for part in parts if isinstance(part, list)]
@@ -604,8 +611,13 @@ class Executor:
         return exc
 
     def record_steps(self, recorder) -> None:
-        """Time each step of every run from now on: `recorder` (runtime/step_profile.py) wraps them."""
+        """Time each step of every run from now on: `recorder` (runtime/step_profile.py) wraps them. The native
+        host's instructions then run one per segment, so that each span is one instruction's (a segment joining a
+        step's forward and backward would be one span of one phase)."""
+        if self._native is not None:
+            self._assemble_steps(native=True, per_instruction=True)
         self._steps = recorder.timed_steps(self._steps, self._covered, self.run_instructions)
+        self._whole_native = self._taking_inputs = None
         self._whole_native = self._taking_inputs = None
 
     def kernel_times(self, inputs: Mapping[str, np.ndarray], runs: int = 20) -> list[float]:
