@@ -315,7 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     compile_cmd.add_argument("--precision", default=CompileOptions.default("precision"),
                              choices=CompileOptions.CHOICES["precision"],
                              help="fp32 computes as the model is written; fp64 computes its float32 tensors in float64 "
-                                  "(CPU targets; for checking against a float64 reference)")
+                                  "(CPU targets; for checking against a float64 reference); bf16 runs the dense convs "
+                                  "with bf16 products and float32 sums (CPUs with avx512_bf16); auto: bf16 where the "
+                                  "CPU has it and those convs hold most of the FLOPs, else fp32")
     compile_cmd.add_argument("--conv-layout", default=CompileOptions.default("conv_layout"),
                              choices=CompileOptions.CHOICES["conv_layout"],
                              help="activations between conv kernels: kept in NCHW[16]c (blocked) or NCHW")

@@ -8,8 +8,10 @@ tile of C accumulates in registers. Recipes: ../shared/docs/cpu-schedules.
 """
 from __future__ import annotations
 
+from ..kernel import BF16, PRECISION
 from ..lowering.context import LowerContext, SelfScheduled
 from ..tvm_env import tvm
+from .bf16 import DOT_LLVM, IMPORT_LLVM, PAIR, bits_of, dot_intrinsic, value_of
 from .packing import CONV_BLOCKS, MATMUL_BLOCK
 from .schedule import MIN_PARALLEL_WORK, schedule_rows, try_step, writes_blocks
 
@@ -31,9 +33,15 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
     `direct`: the same register tiles with no workspace — the input is read in
     place through bounds checks instead of packed, and each tile is written
     (with its epilogue) straight to the NCHW output.
+
+    In bf16 (PRECISION attribute), weights come packed (K/ocb, C/icb, R, S, icb/2, ocb, 2) as bf16 bits
+    (uint16), the packed input holds bf16 bits (rounded once, when packed: never `direct`), and each
+    16-channel × 2-channel step of the reduction is one `vdpbf16ps` accumulating in f32 (bf16.py).
     """
     x, wp, bias = ctx.input(0), ctx.input(1), ctx.input(2)
     icb, ocb, swap = ctx.attr(CONV_BLOCKS)
+    bf16 = ctx.attr(PRECISION) == BF16
+    direct = direct and not bf16
     one_d = len(x.shape) == 3
     strides = ([1] if one_d else []) + list(ctx.attr("strides") or [1] * (1 if one_d else 2))
     dilations = ([1] if one_d else []) + list(ctx.attr("dilations") or [1] * (1 if one_d else 2))
@@ -67,20 +75,33 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
 
     def pack(ni, co, hi, wi, ci):
         inside = tir.all(hi >= pt, hi < pt + h, wi >= pl, wi < pl + w, co * icb + ci < c)
+        if bf16:
+            return tir.if_then_else(inside, bits_of(source(ni, co * icb + ci, hi - pt, wi - pl)), tir.const(0, "uint16"))
         return tir.if_then_else(inside, source(ni, co * icb + ci, hi - pt, wi - pl), tir.const(0.0, x.dtype))
 
     packed = te.compute((n, cb, hp, wpad, icb), pack, name="pack")
     ico = te.reduce_axis((0, cb), "ico")
-    ici = te.reduce_axis((0, icb), "ici")
     kh = te.reduce_axis((0, r), "kh")
     kw = te.reduce_axis((0, s), "kw")
     (sh, sw), (dh, dw) = strides, dilations
-    conv = te.compute(
-        (n, kb, oh, ow_padded, ocb),
-        lambda ni, ko, y, q, ki: te.sum(
-            packed[ni, ico, y * sh + kh * dh, q * sw + kw * dw, ici] * wp[ko, ico, kh, kw, ici, ki],
-            axis=[ico, kh, kw, ici]),
-        name="conv_nchwc")
+    if bf16:  # the channel reduction as pairs: (icb/2) × 2, the pair innermost (the instruction's)
+        ipair = te.reduce_axis((0, icb // PAIR), "ipair")
+        ie = te.reduce_axis((0, PAIR), "ie")
+        conv = te.compute(
+            (n, kb, oh, ow_padded, ocb),
+            lambda ni, ko, y, q, ki: te.sum(
+                value_of(packed[ni, ico, y * sh + kh * dh, q * sw + kw * dw, ipair * PAIR + ie])
+                * value_of(wp[ko, ico, kh, kw, ipair, ki, ie]),
+                axis=[ico, kh, kw, ipair, ie]),
+            name="conv_nchwc")
+    else:
+        ici = te.reduce_axis((0, icb), "ici")
+        conv = te.compute(
+            (n, kb, oh, ow_padded, ocb),
+            lambda ni, ko, y, q, ki: te.sum(
+                packed[ni, ico, y * sh + kh * dh, q * sw + kw * dw, ici] * wp[ko, ico, kh, kw, ici, ki],
+                axis=[ico, kh, kw, ici]),
+            name="conv_nchwc")
     def unpack(ni, ki, y, q):
         value = conv[ni, ki // ocb, q, y, ki % ocb] if swap else conv[ni, ki // ocb, y, q, ki % ocb]
         return value + bias[ki] if bias is not None else value
@@ -104,18 +125,23 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
             sch.compute_inline(sch.get_sblock("pack"))
         if tiles_to_output:
             sch.reverse_compute_inline(sch.get_sblock("unpack"))
-        ni, ko, y, q, ki, rco, rkh, rkw, rci = sch.get_loops(block)
+        ni, ko, y, q, ki, rco, rkh, rkw, rci, *pair = sch.get_loops(block)
         qo, qi = sch.split(q, [None, reg_n])
         kio, kii = sch.split(ki, [None, lanes])
-        sch.reorder(ni, ko, y, qo, rco, rkh, rkw, rci, qi, kio, kii)
+        sch.reorder(ni, ko, y, qo, rco, rkh, rkw, rci, qi, kio, kii, *pair)
         rows = sch.fuse(ni, ko, y)
         if big:
             sch.parallel(rows)
         sch.unroll(qi)
         sch.unroll(kio)
-        sch.vectorize(kii)
+        if not bf16:
+            sch.vectorize(kii)
         sch.reverse_compute_at(tile_out, qo)
-        sch.decompose_reduction(block, rco)
+        init = sch.decompose_reduction(block, rco)
+        if bf16:  # the (16 channels × pair) loops become one vdpbf16ps; the tile starts at zero, a vector store
+            sch.vectorize(sch.get_loops(init)[-1])
+            sch.tensorize(kii, dot_intrinsic())
+            sch.annotate(rows, IMPORT_LLVM, DOT_LLVM)
         if direct:
             return
         if not tiles_to_output:
