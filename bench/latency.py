@@ -86,24 +86,28 @@ def measure_onnxruntime(model, runs: int) -> dict:
     return {"ms": _median_ms(lambda: session.run(None, feeds), runs)}
 
 
-def measure_openvino(model, runs: int) -> dict:
+def measure_openvino(model, runs: int, precision: str = "f32") -> dict:
     import openvino as ov
 
     core = ov.Core()
     network = core.read_model(str(model.path))
     network.reshape({name: list(shape) for name, shape in model.input_shapes.items()})
-    compiled = core.compile_model(network, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+    compiled = core.compile_model(network, "CPU", {"INFERENCE_PRECISION_HINT": precision,
                                                    "INFERENCE_NUM_THREADS": os.cpu_count() or 1})
     request = compiled.create_infer_request()
     feeds = model.make_inputs()
     return {"ms": _median_ms(lambda: request.infer(feeds), runs)}
 
 
-def measure_tessel(model, runs: int, skip_passes=(), conv_layout="blocked") -> dict:
+def measure_openvino_bf16(model, runs: int) -> dict:
+    return measure_openvino(model, runs, precision="bf16")
+
+
+def measure_tessel(model, runs: int, skip_passes=(), conv_layout="blocked", precision="fp32") -> dict:
     from tessel.compiler.api import compile as compile_model
 
     artifact = compile_model(model.path, input_shapes=model.input_shapes, skip_passes=skip_passes,
-                             conv_layout=conv_layout)
+                             conv_layout=conv_layout, precision=precision)
     feeds = model.make_inputs()
     ms = _median_ms(lambda: artifact.run(feeds), runs)
     executor = artifact.executor() if artifact.devices == 1 and artifact.microbatches == 1 else None
@@ -145,6 +149,10 @@ def measure_tessel_nchw(model, runs: int) -> dict:
     return measure_tessel(model, runs, conv_layout="nchw")
 
 
+def measure_tessel_bf16(model, runs: int) -> dict:
+    return measure_tessel(model, runs, precision="bf16")
+
+
 def measure_tvm(model, runs: int) -> dict:
     import numpy as np
     import onnx
@@ -164,7 +172,8 @@ def measure_tvm(model, runs: int) -> dict:
 
 MEASURES = {"onnxruntime": measure_onnxruntime, "openvino": measure_openvino, "tessel": measure_tessel, "tessel_unfused": measure_tessel_unfused,
             "tessel_nchw": measure_tessel_nchw, "tvm": measure_tvm,
-            "tessel_python_host": measure_tessel_python_host}
+            "tessel_python_host": measure_tessel_python_host, "openvino_bf16": measure_openvino_bf16,
+            "tessel_bf16": measure_tessel_bf16}
 
 
 def _isolated(kind: str, name: str, runs: int, timeout: float, root: Path = ROOT) -> tuple[dict | None, str]:
