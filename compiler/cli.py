@@ -215,9 +215,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not args.json:  # the outputs are shown even when the check below cannot run
         print("\n".join(lines))
     if reference:
-        from .reference_check import check_outputs
+        from .reference_check import artifact_tolerance, check_outputs
 
-        check = check_outputs(reference, inputs, outputs)
+        check = check_outputs(reference, inputs, outputs, artifact_tolerance(artifact.directory))
         result["check"] = check.to_json()
         if not args.json:
             print("\n".join(check.lines()))
