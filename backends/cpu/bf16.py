@@ -95,9 +95,11 @@ def _dot_functions():
     """The description (what the loop computes, as the kernels write it) and the implementation (one vdpbf16ps)."""
     from tvm.script import tirx as T
 
+    u16, f32 = "uint16", "float32"  # names, not strings, in the annotations (which TVMScript evaluates)
+
     @T.prim_func(s_tir=True)
-    def description(a: T.Buffer((PAIR,), "uint16", offset_factor=1), b: T.Buffer((LANES, PAIR), "uint16", offset_factor=1),
-                    c: T.Buffer((LANES,), "float32", offset_factor=1)) -> None:
+    def description(a: T.Buffer((PAIR,), u16, offset_factor=1), b: T.Buffer((LANES, PAIR), u16, offset_factor=1),
+                    c: T.Buffer((LANES,), f32, offset_factor=1)) -> None:
         with T.sblock("root"):
             T.reads(c[0:LANES], a[0:PAIR], b[0:LANES, 0:PAIR])
             T.writes(c[0:LANES])
@@ -109,9 +111,8 @@ def _dot_functions():
                                          * T.reinterpret("float32", T.shift_left(T.Cast("uint32", b[vi, vk]), T.uint32(16))))
 
     @T.prim_func(s_tir=True)
-    def implementation(a: T.Buffer((PAIR,), "uint16", offset_factor=1),
-                       b: T.Buffer((LANES, PAIR), "uint16", offset_factor=1),
-                       c: T.Buffer((LANES,), "float32", offset_factor=1)) -> None:
+    def implementation(a: T.Buffer((PAIR,), u16, offset_factor=1), b: T.Buffer((LANES, PAIR), u16, offset_factor=1),
+                       c: T.Buffer((LANES,), f32, offset_factor=1)) -> None:
         with T.sblock("root"):
             T.reads(c[0:LANES], a[0:PAIR], b[0:LANES, 0:PAIR])
             T.writes(c[0:LANES])
