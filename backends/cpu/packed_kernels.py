@@ -12,7 +12,7 @@ from ..kernel import BF16, PRECISION
 from ..lowering.context import LowerContext, SelfScheduled
 from ..tvm_env import tvm
 from .bf16 import DOT_LLVM, IMPORT_LLVM, PAIR, bits_of, dot_intrinsic, value_of
-from .packing import CONV_BLOCKS, MATMUL_BLOCK
+from .packing import BF16_WINDOW_PAIRS, CONV_BLOCKS, MATMUL_BLOCK
 from .schedule import MIN_PARALLEL_WORK, schedule_rows, try_step, writes_blocks
 
 _tvm = tvm()
@@ -41,6 +41,8 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
     x, wp, bias = ctx.input(0), ctx.input(1), ctx.input(2)
     icb, ocb, swap = ctx.attr(CONV_BLOCKS)
     bf16 = ctx.attr(PRECISION) == BF16
+    # A bf16 conv of very few input channels pairs neighbouring kernel columns instead (packing.py).
+    window_pairs = bool(ctx.attr(BF16_WINDOW_PAIRS))
     direct = direct and not bf16
     one_d = len(x.shape) == 3
     strides = ([1] if one_d else []) + list(ctx.attr("strides") or [1] * (1 if one_d else 2))
@@ -58,6 +60,8 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
         h, w, oh, ow = w, h, ow, oh
         strides, dilations, before, after = strides[::-1], dilations[::-1], before[::-1], after[::-1]
     kb, cb, r, s = (int(d) for d in wp.shape[:4])
+    if window_pairs:  # weights (K/ocb, C, R, S/2, ocb, 2): the kernel window's columns padded to pairs
+        s *= PAIR
     if direct:  # tiles must cover the output width exactly to write it without an intermediate
         reg_n = next((t for t in CONV_TILE_CHOICES if ow % t == 0), None) or max(t for t in range(1, 17) if ow % t == 0)
     else:
@@ -69,6 +73,8 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
     hp = h + pt + pb
     # Enough padded input for every (padded) output column.
     wpad = max(w + pl + pr, (ow_padded - 1) * strides[1] + (s - 1) * dilations[1] + 1)
+    if window_pairs:  # whole 16-lane vectors per packed row: its blocks are single channels
+        wpad = -(-wpad // 16) * 16
 
     def source(ni, ci, hi, wi):
         if one_d:
@@ -81,12 +87,25 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
             return tir.if_then_else(inside, bits_of(source(ni, co * icb + ci, hi - pt, wi - pl)), tir.const(0, "uint16"))
         return tir.if_then_else(inside, source(ni, co * icb + ci, hi - pt, wi - pl), tir.const(0.0, x.dtype))
 
-    packed = te.compute((n, cb, hp, wpad, icb), pack, name="pack")
+    if window_pairs:  # single channels: the pairs are neighbouring columns, the last axis
+        packed = te.compute((n, cb, hp, wpad), lambda ni, co, hi, wi: pack(ni, co, hi, wi, 0), name="pack")
+    else:
+        packed = te.compute((n, cb, hp, wpad, icb), pack, name="pack")
     ico = te.reduce_axis((0, cb), "ico")
     kh = te.reduce_axis((0, r), "kh")
     kw = te.reduce_axis((0, s), "kw")
     (sh, sw), (dh, dw) = strides, dilations
-    if bf16:  # the channel reduction as pairs: (icb/2) × 2, the pair innermost (the instruction's)
+    if window_pairs:  # pairs of kernel columns: the packed input (one channel per block) holds them side by side
+        kwp = te.reduce_axis((0, s // PAIR), "kwp")
+        ie = te.reduce_axis((0, PAIR), "ie")
+        conv = te.compute(
+            (n, kb, oh, ow_padded, ocb),
+            lambda ni, ko, y, q, ki: te.sum(
+                value_of(packed[ni, ico, y * sh + kh * dh, q * sw + kwp * PAIR + ie])
+                * value_of(wp[ko, ico, kh, kwp, ki, ie]),
+                axis=[ico, kh, kwp, ie]),
+            name="conv_nchwc")
+    elif bf16:  # the channel reduction as pairs: (icb/2) × 2, the pair innermost (the instruction's)
         ipair = te.reduce_axis((0, icb // PAIR), "ipair")
         ie = te.reduce_axis((0, PAIR), "ie")
         conv = te.compute(
@@ -127,10 +146,12 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
             sch.compute_inline(sch.get_sblock("pack"))
         if tiles_to_output:
             sch.reverse_compute_inline(sch.get_sblock("unpack"))
-        ni, ko, y, q, ki, rco, rkh, rkw, rci, *pair = sch.get_loops(block)
+        # The reduction's inner loops: f32 [ici]; bf16 [ipair, ie] or, pairing kernel columns, [ie] (kw is pairs).
+        ni, ko, y, q, ki, rco, rkh, *inner = sch.get_loops(block)
+        reduction, pair = (inner[:-1], inner[-1:]) if bf16 else (inner, [])
         qo, qi = sch.split(q, [None, reg_n])
         kio, kii = sch.split(ki, [None, lanes])
-        sch.reorder(ni, ko, y, qo, rco, rkh, rkw, rci, qi, kio, kii, *pair)
+        sch.reorder(ni, ko, y, qo, rco, rkh, *reduction, qi, kio, kii, *pair)
         rows = sch.fuse(ni, ko, y)
         if big:
             sch.parallel(rows)
@@ -153,7 +174,10 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
         outer = sch.fuse(*loops[:3])
         if big:
             sch.parallel(outer)
-        try_step(lambda: sch.vectorize(loops[-1]) if icb in (4, 8, 16) else None)
+        if window_pairs:
+            try_step(lambda: sch.vectorize(sch.split(loops[-1], [None, 16])[1]))
+        else:
+            try_step(lambda: sch.vectorize(loops[-1]) if icb in (4, 8, 16) else None)
         if not tiles_to_output:
             schedule_rows(sch, "unpack", big, ow % 4 == 0)
 

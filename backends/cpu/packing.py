@@ -24,6 +24,10 @@ MATMUL_BLOCK = "tessel_matmul_block"
 MATMUL_PANEL = 16
 # Output rows at least this wide fill a bf16 conv's register tile with one 16-channel vector per pixel.
 BF16_WIDE_ROW = 12
+# A bf16 conv of at most this many input channels (an image's RGB) pairs neighbouring kernel columns, not channels:
+# three channels in pairs waste a quarter of the work on a zero channel, seven columns an eighth on a zero column.
+BF16_WINDOW_PAIRS = "tessel_bf16_window_pairs"
+BF16_WINDOW_MAX_CHANNELS = 4
 # The depthwise kernel's channel block cb.
 DEPTHWISE_BLOCK = "tessel_depthwise_block"
 # The grouped kernel's (rows, R, S): the row tile of its packed weights and the kernel window the packing flattened.
@@ -93,6 +97,16 @@ def pack_conv_weight_bf16(weight: np.ndarray, icb: int, ocb: int) -> np.ndarray:
     kb, cb, r, s = blocked.shape[:4]
     pairs = blocked.reshape(kb, cb, r, s, icb // PAIR, PAIR, ocb).transpose(0, 1, 2, 3, 4, 6, 5)
     return np.ascontiguousarray(to_bf16_bits(np.ascontiguousarray(pairs)))
+
+
+def pack_conv_weight_bf16_window(weight: np.ndarray, ocb: int) -> np.ndarray:
+    """(K, C, R, S) float32 → (⌈K/ocb⌉, C, R, ⌈S/2⌉, ocb, 2) bf16 bits: the pair along the kernel's columns (the
+    last one zero-padded to a pair), for convs of very few input channels."""
+    k, c, r, s = weight.shape
+    padded = np.zeros((-(-k // ocb) * ocb, c, r, -(-s // PAIR) * PAIR), np.float32)
+    padded[:k, :, :, :s] = weight
+    tiles = padded.reshape(-1, ocb, c, r, padded.shape[3] // PAIR, PAIR).transpose(0, 2, 3, 4, 1, 5)
+    return np.ascontiguousarray(to_bf16_bits(np.ascontiguousarray(tiles)))
 
 
 def pack_matmul_weight(weight: np.ndarray, block: int) -> np.ndarray:
@@ -268,4 +282,8 @@ def bf16_packing(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[T
     icb, ocb = blocks
     if swap:
         weight = weight.transpose(0, 1, 3, 2)
+    dilations = attrs.get("dilations") or [1, 1]
+    if weight.shape[1] <= BF16_WINDOW_MAX_CHANNELS and weight.shape[3] > 1 and not swap and dilations[1] == 1:
+        return Packing(((CONV_BLOCKS, (1, ocb, swap)), (PRECISION, BF16), (BF16_WINDOW_PAIRS, 1)),
+                       {1: pack_conv_weight_bf16_window(weight, ocb)})
     return Packing(((CONV_BLOCKS, (icb, ocb, swap)), (PRECISION, BF16)), {1: pack_conv_weight_bf16(weight, icb, ocb)})

@@ -8,7 +8,7 @@ import torch
 from onnx import helper
 
 from tessel.backends.cpu.bf16 import cpu_has_bf16, from_bf16_bits, round_to_bf16, to_bf16_bits
-from tessel.backends.cpu.packing import BF16_WIDE_ROW, CONV_BLOCKS, plan_packing
+from tessel.backends.cpu.packing import BF16_WIDE_ROW, BF16_WINDOW_PAIRS, CONV_BLOCKS, plan_packing
 from tessel.backends.kernel import BF16, PRECISION
 from tessel.backends.target import parse_target
 from tessel.compiler.api import compile as compile_model
@@ -59,8 +59,12 @@ def test_bf16_packing_tiles_32_channels_on_narrow_rows_and_leaves_small_convs_fl
     assert dict(narrow.attrs)[CONV_BLOCKS] == (16, 32, 0) and narrow.arrays[1].shape[-2:] == (32, 2)
     _, strided = _conv_packing(64, 64, 2 * BF16_WIDE_ROW - 2, "bf16", stride=2)  # narrow after its stride
     assert dict(strided.attrs)[CONV_BLOCKS][1] == 32
-    _, odd = _conv_packing(16, 3, 32, "bf16")  # three input channels: one pair and a zero
-    assert dict(odd.attrs)[CONV_BLOCKS] == (4, 16, 0)
+    rgb, odd = _conv_packing(16, 3, 32, "bf16")  # three input channels: pairs of kernel columns, one zero column
+    assert dict(odd.attrs)[CONV_BLOCKS] == (1, 16, 0) and dict(odd.attrs)[BF16_WINDOW_PAIRS] == 1
+    assert odd.arrays[1].shape == (1, 3, 3, 2, 16, 2) and odd.arrays[1][0, 2, 1, 1, 7, 0] == to_bf16_bits(rgb[7, 2, 1, 2])
+    assert not odd.arrays[1][:, :, :, 1, :, 1].any()  # the fourth column pads the third's pair
+    _, six = _conv_packing(16, 6, 32, "bf16")  # more channels than BF16_WINDOW_MAX_CHANNELS: channel pairs
+    assert dict(six.attrs)[CONV_BLOCKS] == (6, 16, 0) and BF16_WINDOW_PAIRS not in dict(six.attrs)
     _, few = _conv_packing(8, 16, 32, "bf16")  # fewer output channels than a vector: float32
     _, f32 = _conv_packing(8, 16, 32, "fp32")
     assert PRECISION not in dict(few.attrs) and few.attrs == f32.attrs and few.arrays[1].dtype == np.float32
@@ -90,7 +94,9 @@ def test_float32_kernel_specs_are_unchanged_by_the_precision_option():
 
 
 CONV_CASES = {
-    "stem_7x7_stride2_3_channels": (3, 64, 7, 2, 3, 32, 32),
+    "stem_7x7_stride2_3_channels_column_pairs": (3, 64, 7, 2, 3, 32, 32),
+    "3x3_one_channel_column_pairs": (1, 16, 3, 1, 1, 12, 19),
+    "5x5_6_channels_channel_pairs": (6, 16, 5, 1, 2, 12, 12),
     "1x1_stride2_padded_channels": (24, 40, 1, 2, 0, 15, 15),
     "3x3_narrow_rows_32_channel_tiles": (64, 64, 3, 1, 1, 7, 7),
     "3x3_tall_narrow_swapped": (16, 32, 3, 1, 1, 20, 5),
