@@ -47,6 +47,9 @@ ARG, DATA = "arg", "data"
 ARG_BLOCKS, RESULT_BLOCKS = "tessel_arg_blocks", "tessel_result_blocks"
 # The algorithm chosen for an anchor op (backends/cpu/algorithms.py); absent: its default one.
 ALGORITHM = "tessel_algorithm"
+# The precision of an anchor op's dot products where it is not the model's float32: BF16 (bf16 products, f32
+# accumulation; backends/cpu/bf16.py). Absent on every float32 kernel, whose specs (and cache keys) it leaves alone.
+PRECISION, BF16 = "tessel_precision", "bf16"
 
 
 @dataclass(frozen=True)

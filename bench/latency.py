@@ -18,6 +18,10 @@ measuring the machine's f32 FMA peak (bench/peak.py, in its own process), and
 each model's achieved GFLOP/s (FLOPs counted from the imported graph, ir/costs.py)
 is shown with its share of that peak.
 
+`--bf16` (opt-in) adds a second table: OpenVINO bf16 (INFERENCE_PRECISION_HINT=bf16, its default on CPUs with
+avx512_bf16) against Tessel compiled with `--precision bf16`, each in its own process, the same threads, in the
+same rounds; with Tessel bf16's GFLOP/s against the bf16 peak bench/peak.py measures in the same run.
+
 `--rounds N` measures onnxruntime, OpenVINO and Tessel N times in turn per model
 and keeps each one's fastest median (the machine is shared; the issue's method).
 
@@ -27,7 +31,7 @@ git worktree of the commit before a change), alternating with this one
 of each: a change's before/after in one run, under the same load.
 
     python bench/latency.py [MODEL ...] [--runs 20] [--skip-tvm] [--skip-unfused] [--skip-nchw]
-                            [--skip-python-host] [--skip-openvino] [--rounds 1] [--baseline DIR] [--repeats 3]
+                            [--skip-python-host] [--skip-openvino] [--bf16] [--rounds 1] [--baseline DIR] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -86,24 +90,28 @@ def measure_onnxruntime(model, runs: int) -> dict:
     return {"ms": _median_ms(lambda: session.run(None, feeds), runs)}
 
 
-def measure_openvino(model, runs: int) -> dict:
+def measure_openvino(model, runs: int, precision: str = "f32") -> dict:
     import openvino as ov
 
     core = ov.Core()
     network = core.read_model(str(model.path))
     network.reshape({name: list(shape) for name, shape in model.input_shapes.items()})
-    compiled = core.compile_model(network, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+    compiled = core.compile_model(network, "CPU", {"INFERENCE_PRECISION_HINT": precision,
                                                    "INFERENCE_NUM_THREADS": os.cpu_count() or 1})
     request = compiled.create_infer_request()
     feeds = model.make_inputs()
     return {"ms": _median_ms(lambda: request.infer(feeds), runs)}
 
 
-def measure_tessel(model, runs: int, skip_passes=(), conv_layout="blocked") -> dict:
+def measure_openvino_bf16(model, runs: int) -> dict:
+    return measure_openvino(model, runs, precision="bf16")
+
+
+def measure_tessel(model, runs: int, skip_passes=(), conv_layout="blocked", precision="fp32") -> dict:
     from tessel.compiler.api import compile as compile_model
 
     artifact = compile_model(model.path, input_shapes=model.input_shapes, skip_passes=skip_passes,
-                             conv_layout=conv_layout)
+                             conv_layout=conv_layout, precision=precision)
     feeds = model.make_inputs()
     ms = _median_ms(lambda: artifact.run(feeds), runs)
     executor = artifact.executor() if artifact.devices == 1 and artifact.microbatches == 1 else None
@@ -145,6 +153,10 @@ def measure_tessel_nchw(model, runs: int) -> dict:
     return measure_tessel(model, runs, conv_layout="nchw")
 
 
+def measure_tessel_bf16(model, runs: int) -> dict:
+    return measure_tessel(model, runs, precision="bf16")
+
+
 def measure_tvm(model, runs: int) -> dict:
     import numpy as np
     import onnx
@@ -164,7 +176,8 @@ def measure_tvm(model, runs: int) -> dict:
 
 MEASURES = {"onnxruntime": measure_onnxruntime, "openvino": measure_openvino, "tessel": measure_tessel, "tessel_unfused": measure_tessel_unfused,
             "tessel_nchw": measure_tessel_nchw, "tvm": measure_tvm,
-            "tessel_python_host": measure_tessel_python_host}
+            "tessel_python_host": measure_tessel_python_host, "openvino_bf16": measure_openvino_bf16,
+            "tessel_bf16": measure_tessel_bf16}
 
 
 def _isolated(kind: str, name: str, runs: int, timeout: float, root: Path = ROOT) -> tuple[dict | None, str]:
@@ -188,14 +201,17 @@ def _ms(measured: tuple[dict | None, str]) -> float | None:
     return measured[0]["ms"] if measured[0] else None
 
 
-def _measured_peak() -> tuple[float | None, str]:
-    """The f32 FMA peak of every core in GFLOP/s (bench/peak.py, in its own process), and the CPU it ran on."""
+def _measured_peak(dtype: str = "float32") -> tuple[float | None, str]:
+    """The FMA peak of every core in GFLOP/s for `dtype` ("float32"; "bfloat16": vdpbf16ps) (bench/peak.py, in its
+    own process), and the CPU it ran on."""
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "peak.py"), "--json"], capture_output=True,
                           text=True, timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     if done.returncode != 0:
         return None, (done.stderr.strip().splitlines() or ["failed"])[-1][:120]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    return result["gflops"]["float32"][str(result["threads"])], f"{result['cpu']}, {result['threads']} threads"
+    if dtype not in result["gflops"]:
+        return None, f"{result['cpu']} lacks {dtype}"
+    return result["gflops"][dtype][str(result["threads"])], f"{result['cpu']}, {result['threads']} threads"
 
 
 def _model_gflop(model) -> float | None:
@@ -218,6 +234,8 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-nchw", action="store_true", help="do not measure Tessel with NCHW between convs")
     parser.add_argument("--skip-python-host", action="store_true", help="do not measure Tessel on its python host")
     parser.add_argument("--skip-openvino", action="store_true", help="do not measure OpenVINO")
+    parser.add_argument("--bf16", action="store_true",
+                        help="also measure OpenVINO bf16 and Tessel --precision bf16 (a second table)")
     parser.add_argument("--baseline", metavar="DIR", type=Path,
                         help="also time Tessel from this checkout, alternating with this one (before/after a change)")
     parser.add_argument("--repeats", type=int, default=3, help="with --baseline: alternations per model")
@@ -297,7 +315,39 @@ def main(argv=None) -> int:
               f"{math.exp(sum(map(math.log, layout_speedups)) / len(layout_speedups)):.2f}x")
     if tvm_speedups:
         print(f"tessel vs TVM's pipeline: {min(tvm_speedups):.1f}x to {max(tvm_speedups):.1f}x faster on the {len(tvm_speedups)} models TVM runs")
+    if args.bf16:
+        _bf16_table(names, corpus, args.runs, args.rounds, openvino)
     return 0
+
+
+def _bf16_table(names: list[str], corpus: dict, runs: int, rounds: int, openvino: bool) -> None:
+    """OpenVINO bf16 against Tessel --precision bf16 per model (fastest medians of `rounds` alternating rounds), with
+    Tessel bf16's GFLOP/s and its share of the bf16 peak measured now."""
+    peak, where = _measured_peak("bfloat16")
+    print("bf16 peak (measured, bench/peak.py, vdpbf16ps): " + (f"{peak:.1f} GFLOP/s ({where})" if peak else f"n/a ({where})"))
+    print(f"{'model':<20} {'openvino bf16':>14} {'tessel bf16':>12} {'tessel/ov':>10} {'GFLOP/s':>8} {'%bf16 peak':>11}"
+          "  (ms; fastest median per engine)")
+    ratios = []
+    for name in names:
+        ov, tessel, why = [], [], ""
+        for _ in range(rounds):
+            ov.append(_ms(_isolated("openvino_bf16", name, runs, 600)) if openvino else None)
+            measured = _isolated("tessel_bf16", name, runs, 1800)
+            tessel.append(_ms(measured))
+            why = why or measured[1]
+        ov_ms, tessel_ms = min(filter(None, ov), default=None), min(filter(None, tessel), default=None)
+        ratio = tessel_ms / ov_ms if ov_ms and tessel_ms else None
+        if ratio:
+            ratios.append(ratio)
+        gflop = _model_gflop(corpus[name])
+        gflops = gflop / (tessel_ms / 1e3) if gflop and tessel_ms else None
+        cells = [f"{v:.3f}" if v is not None else "n/a" for v in (ov_ms, tessel_ms)]
+        print(f"{name:<20} {cells[0]:>14} {cells[1]:>12} {f'{ratio:.2f}' if ratio else 'n/a':>10} "
+              f"{f'{gflops:.1f}' if gflops else 'n/a':>8} {f'{100 * gflops / peak:.0f}%' if gflops and peak else 'n/a':>11}"
+              + (f"  tessel: {why}" if tessel_ms is None and why else ""), flush=True)
+    if ratios:
+        print(f"geomean tessel bf16/openvino bf16 over {len(ratios)} models: "
+              f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}")
 
 
 def _fastest_rounds(name: str, runs: int, rounds: int, openvino: bool) -> tuple:

@@ -42,6 +42,7 @@ from .plots.gantt import graph_facts, write_gantt
 from .plots.memory_timeline import write_memory_timeline
 from .plots.placement_alternatives import write_placement_chart
 from .pipeline import pass_report, run_pipeline
+from .precision import BF16, choose_precision
 from .program import Program, build_program
 from .provenance import PLANNED
 from .state_program import PersistentState, with_state, write_state_file
@@ -156,7 +157,12 @@ def compile_graph(graph: ir.Graph, options: CompileOptions, machine_shape: Machi
     for record in pass_records:
         _log.debug("  %s: nodes %d -> %d, kernels %d -> %d (%.1f ms)", record.name, record.nodes_before,
                    record.nodes_after, record.kernels_before, record.kernels_after, 1e3 * record.seconds)
-    program = _with_state(build_program(graph, spec, blocked_layout=options.blocked_layout), state)
+    precision = choose_precision(options.precision, graph, spec.kind, lambda: build_program(
+        graph, spec, blocked_layout=options.blocked_layout, precision=BF16).bf16_nodes)
+    if precision.used != options.precision:  # "auto" resolved: every later program is built with the choice
+        options = CompileOptions.create(options, precision=precision.used)
+    program = _with_state(build_program(graph, spec, blocked_layout=options.blocked_layout,
+                                        precision=options.precision), state)
     if program.unsupported:
         raise LoweringError(f"no {spec.kind} kernels for {len(program.unsupported)} op type(s): " + "; ".join(program.unsupported))
     if machine_shape.devices == 1:  # fail before minutes of kernel compilation
@@ -183,6 +189,8 @@ def compile_graph(graph: ir.Graph, options: CompileOptions, machine_shape: Machi
     _log.info("placement: %d worker program(s) planned (%.1f s)", len(programs), time.perf_counter() - built)
     _warn_idle_workers(programs, placed.report)
     extra: dict = {"microbatches": options.microbatches} if options.microbatches > 1 else {}
+    if precision.used == BF16:  # plan.json says so (a float32 plan stays as it was)
+        extra["precision"] = BF16
     if placed.report is not None:
         extra["placement"] = placed.report["planner"]
         (reports / "placement.json").write_text(json.dumps(placed.report, indent=1))
@@ -215,6 +223,7 @@ def compile_graph(graph: ir.Graph, options: CompileOptions, machine_shape: Machi
         "passes": [record.to_json() for record in pass_records],
         "memory": _memory_summary(memory_reports),
         "conv_layout": {"mode": options.conv_layout, "blocked_values": sum(len(p.blocked) for p in programs)},
+        "precision": precision.to_json(),
         **({"algo": algo_summary} if algo_summary else {}),
         **({"placement": {k: placed.report[k] for k in ("planner", "predicted_makespan_s", "predicted_source",
                                                         "node_times", "link", "alternatives", "bound_s",
@@ -286,7 +295,8 @@ def _select_algorithms(graph, spec, program, cache, reports, options: CompileOpt
         selection = select(layers, timing, mode, limit, source, policy)
     except AlgoSelectionError as exc:
         raise CompileError(str(exc)) from None
-    chosen = build_program(graph, spec, choices=selection.pieces(), blocked_layout=options.blocked_layout)
+    chosen = build_program(graph, spec, choices=selection.pieces(), blocked_layout=options.blocked_layout,
+                           precision=options.precision)
     doc = report(selection, timing, program, chosen, builder)
     (reports / "algo.json").write_text(json.dumps(doc, indent=1))
     (reports / "algo.md").write_text(markdown(doc))

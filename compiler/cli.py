@@ -215,9 +215,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not args.json:  # the outputs are shown even when the check below cannot run
         print("\n".join(lines))
     if reference:
-        from .reference_check import check_outputs
+        from .reference_check import artifact_tolerance, check_outputs
 
-        check = check_outputs(reference, inputs, outputs)
+        check = check_outputs(reference, inputs, outputs, artifact_tolerance(artifact.directory))
         result["check"] = check.to_json()
         if not args.json:
             print("\n".join(check.lines()))
@@ -315,7 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     compile_cmd.add_argument("--precision", default=CompileOptions.default("precision"),
                              choices=CompileOptions.CHOICES["precision"],
                              help="fp32 computes as the model is written; fp64 computes its float32 tensors in float64 "
-                                  "(CPU targets; for checking against a float64 reference)")
+                                  "(CPU targets; for checking against a float64 reference); bf16 runs the dense convs "
+                                  "with bf16 products and float32 sums (CPUs with avx512_bf16); auto: bf16 where the "
+                                  "CPU has it and those convs hold most of the FLOPs, else fp32")
     compile_cmd.add_argument("--conv-layout", default=CompileOptions.default("conv_layout"),
                              choices=CompileOptions.CHOICES["conv_layout"],
                              help="activations between conv kernels: kept in NCHW[16]c (blocked) or NCHW")

@@ -28,6 +28,9 @@ def compile_lines(model: str, output: Path, report: dict[str, Any], sha256: str,
              f"artifact sha256 {sha256} (publish it; 'tessel run --expect-sha256' checks it)"]
     if report["conv_layout"]["blocked_values"]:
         lines.append(f"{report['conv_layout']['blocked_values']} activations kept in NCHW[16]c between conv kernels")
+    precision = report.get("precision", {})
+    if precision.get("requested", "fp32") in ("bf16", "auto"):
+        lines.append(precision_line(precision, output / "reports" / "compile.json"))
     if "placement" in report:
         lines.append(placement_line(report["placement"], report["devices"], output / "reports" / "placement.md"))
     if "algo" in report:
@@ -35,6 +38,17 @@ def compile_lines(model: str, output: Path, report: dict[str, Any], sha256: str,
     lines.extend(f"note: {note}" for note in report.get("notes", ()))
     lines.extend(f"graph after {name}: {output / 'reports' / f'after_{name}.txt'} and .onnx" for name in dump_after)
     return lines
+
+
+def precision_line(precision: Mapping[str, Any], where: Path) -> str:
+    """What a compile asked for bf16 ran in: the precision used, why, and the ops in bf16 (all listed in `where`)."""
+    line = f"precision {precision['used']} (asked {precision['requested']}: {precision['reason']})"
+    nodes = precision.get("bf16_nodes") or {}
+    if not nodes:
+        return line
+    ops = sorted(set(nodes.values()))
+    return (f"{line}: {len(nodes)} {'/'.join(ops)} node(s) run bf16 products with float32 sums "
+            f"({100 * precision['bf16_flop_share']:.1f}% of the FLOPs, estimated), the rest float32; listed in {where}")
 
 
 def output_summary(array: np.ndarray) -> dict[str, Any]:

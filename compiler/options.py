@@ -22,7 +22,9 @@ from .sizes import parse_bytes
 
 ALGO_SELECT_MODES = ("off", "dp", "ilp")
 CONV_LAYOUTS = ("blocked", "nchw")
+# Training's precisions; a compile also takes bf16 and auto (compiler/precision.py).
 PRECISIONS = ("fp32", "fp64")
+COMPILE_PRECISIONS = PRECISIONS + ("bf16", "auto")
 
 
 class CompileError(TesselError):
@@ -56,7 +58,9 @@ class CompileOptions:
     stored once otherwise). cache_dir: where kernels are cached (default: kernels/ under the cache root,
     $TESSEL_CACHE_DIR); jobs: kernels compiled at once. allow_tf32: cuda convolutions may run on TF32 tensor cores
     (the target becomes cuda:sm_XX+tf32). precision: "fp32" computes as the model is written; "fp64" computes
-    the model's float32 tensors in float64 (ir/float64_model.py; CPU targets), its float inputs and outputs too.
+    the model's float32 tensors in float64 (ir/float64_model.py; CPU targets), its float inputs and outputs too;
+    "bf16" runs the dense convs in bf16 with f32 accumulation (CPUs with avx512_bf16), "auto" does where the CPU
+    has it and those convs hold most of the FLOPs (compiler/precision.py).
     """
 
     target: str = "llvm"
@@ -88,7 +92,7 @@ class CompileOptions:
     # The values an option may take, for the CLI's choices and the checks.
     CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({
         "placement": PLACEMENTS, "algo_select": ALGO_SELECT_MODES, "batch_policy": POLICIES,
-        "conv_layout": CONV_LAYOUTS, "skip_passes": PASS_NAMES, "dump_after": PASS_NAMES, "precision": PRECISIONS,
+        "conv_layout": CONV_LAYOUTS, "skip_passes": PASS_NAMES, "dump_after": PASS_NAMES, "precision": COMPILE_PRECISIONS,
     })
 
     def __post_init__(self) -> None:
@@ -131,6 +135,12 @@ class CompileOptions:
             raise CompileError(str(exc)) from None
         if self.precision == "fp64" and parse_target(self.target).kind != "llvm":
             raise CompileError(f"--precision fp64 compiles for CPU targets (llvm); {self.target}'s kernels are float32")
+        if self.precision == "bf16":
+            from .precision import bf16_unavailable
+
+            why_not = bf16_unavailable(parse_target(self.target).kind)
+            if why_not is not None:
+                raise CompileError(f"--precision bf16: {why_not}; --precision auto falls back to fp32")
         if self.algo_select != "off" and self.devices > 1:
             raise CompileError(f"--algo-select {self.algo_select} chooses kernels for one device; compile with --devices 1")
         choosing = self.workspace_limit is not None or self.profile_budget is not None or self.batch_policy != "powers-of-two"

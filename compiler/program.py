@@ -13,7 +13,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from tessel.backends.kernel import ALGORITHM, ARG, ARG_BLOCKS, DATA, RESULT_BLOCKS, KernelInput, KernelMember, KernelSpec
+from tessel.backends.kernel import (ALGORITHM, ARG, ARG_BLOCKS, BF16, DATA, PRECISION, RESULT_BLOCKS, KernelInput,
+                                    KernelMember, KernelSpec)
 from tessel.backends.lowering import LoweringError, static_inputs, supports
 from tessel.backends.cpu.algorithms import ALGORITHM_OPS, BACKWARD_OPS
 from tessel.backends.cpu.packing import plan_packing
@@ -49,6 +50,8 @@ class Program:
     blocked: dict[str, int] = field(default_factory=dict)
     # Persistent values (compiler/state_program.py): buffers outside the arena that keep their values across runs.
     state: list[str] = field(default_factory=list)
+    # The nodes (fused members included) whose products run in bf16 (precision "bf16"): name → op type.
+    bf16_nodes: dict[str, str] = field(default_factory=dict)
 
 
 # A layer's configuration: (algorithm, micro-batch size) pieces, run in order over the batch.
@@ -70,8 +73,12 @@ def run_time_weights(node: Node) -> set[str]:
 class ProgramBuilder:
     """Turns nodes into instructions and kernel specs; collects the values they touch and the weights they read."""
 
-    def __init__(self, target, choices: Mapping[str, Pieces] | None = None, blocked: Mapping[str, int] | None = None):
+    def __init__(self, target, choices: Mapping[str, Pieces] | None = None, blocked: Mapping[str, int] | None = None,
+                 precision: str = "fp32"):
         self.target = target
+        # "bf16": the convs the bf16 kernels take run in bf16 (backends/cpu/packing.py); everything else as typed.
+        self.precision = precision
+        self.bf16_nodes: dict[str, str] = {}
         self.choices = choices or {}
         # Values kept in NCHW[16]c between conv kernels (passes/conv_layout.py): their buffers hold that layout.
         self.blocked = blocked or {}
@@ -270,9 +277,11 @@ class ProgramBuilder:
         packing = None
         if self.target.kind == "llvm":
             packing = plan_packing(node.op_type, dict(attrs), [v.type if v is not None else None for v in inputs],
-                                   [v.const if v is not None else None for v in inputs])
+                                   [v.const if v is not None else None for v in inputs], self.precision)
         if packing is not None:
             attrs += packing.attrs
+            if dict(packing.attrs).get(PRECISION) == BF16:
+                self.bf16_nodes[node.name] = node.op_type
         static = static_inputs(node.op_type)
         specs: list[KernelInput | None] = []
         sources: list = []
@@ -306,10 +315,12 @@ class ProgramBuilder:
 
 
 def build_program(graph: Graph, target, device: int | None = None, placement: Mapping[str, int] | None = None,
-                  choices: Mapping[str, Pieces] | None = None, blocked_layout: bool = True) -> Program:
+                  choices: Mapping[str, Pieces] | None = None, blocked_layout: bool = True,
+                  precision: str = "fp32") -> Program:
     """The program that runs `graph` on `target` (kernels still to be compiled).
 
     `blocked_layout` keeps values between conv kernels in NCHW[16]c (passes/conv_layout.py).
+    `precision` "bf16" runs the convs the bf16 kernels take in bf16 (Program.bf16_nodes lists them).
 
     `choices` (node name → (algorithm, micro-batch size) pieces, from algorithm
     selection) runs those nodes' batches as slices, each with its own kernel.
@@ -318,7 +329,7 @@ def build_program(graph: Graph, target, device: int | None = None, placement: Ma
     Send/Recv), the program of one `device`: its nodes only; model inputs and
     outputs belong to device 0.
     """
-    builder = ProgramBuilder(target, choices, _blocked(graph, target, choices) if blocked_layout else {})
+    builder = ProgramBuilder(target, choices, _blocked(graph, target, choices) if blocked_layout else {}, precision)
     home = device in (None, HOME_DEVICE)
     inputs = [builder.write(v) for v in graph.inputs] if home else []
     if placement is None:
@@ -329,24 +340,24 @@ def build_program(graph: Graph, target, device: int | None = None, placement: Ma
     instructions, init_values = _marked_init(instructions, builder.weights)
     unsupported = [f"{op} (first node '{name}')" for op, name in builder.unsupported.items()]
     return Program(instructions, builder.kernels, builder.values, builder.weights, inputs, outputs, unsupported, init_values,
-                   _used(builder))
+                   _used(builder), bf16_nodes=builder.bf16_nodes)
 
 
 def stage_program(graph: Graph, target, nodes: set[str], inputs: list[Value], outputs: list[Value],
-                  blocked_layout: bool = True) -> Program:
+                  blocked_layout: bool = True, precision: str = "fp32") -> Program:
     """The program running only `nodes` of `graph` (in order), fed `inputs` and returning `outputs`:
     one side of a cut (hybrid placement)."""
     edges = {v.name for v in inputs} | {v.name for v in outputs}
     blocked = {name: block for name, block in _blocked(graph, target, None).items()
                if name not in edges} if blocked_layout else {}
-    builder = ProgramBuilder(target, blocked=blocked)
+    builder = ProgramBuilder(target, blocked=blocked, precision=precision)
     program_inputs = [builder.write(v) for v in inputs]
     instructions = [builder.instruction(node) for node in graph.nodes if node.name in nodes]
     program_outputs = [builder.read(v) for v in outputs]
     instructions, init_values = _marked_init(instructions, builder.weights)
     unsupported = [f"{op} (first node '{name}')" for op, name in builder.unsupported.items()]
     return Program(instructions, builder.kernels, builder.values, builder.weights, program_inputs, program_outputs,
-                   unsupported, init_values, _used(builder))
+                   unsupported, init_values, _used(builder), bf16_nodes=builder.bf16_nodes)
 
 
 def renamed_program(program: Program, names: Mapping[str, str]) -> Program:

@@ -120,7 +120,8 @@ def place_workers(graph: Graph, program: Program, spec, cache, options: CompileO
         crossing = crossings[plan.cut] if plan.cut is not None else None
         return _data_parallel(graph, plan, crossing, tasks, machine, spec, cache, options, machine_shape.capacities)
     transfers = insert_transfers(graph, plan.device)
-    programs = [build_program(graph, spec, d, plan.device, blocked_layout=options.blocked_layout)
+    programs = [build_program(graph, spec, d, plan.device, blocked_layout=options.blocked_layout,
+                              precision=options.precision)
                 for d in range(machine.devices)]
     # A value sent to another worker keeps NCHW, so a worker's kernels may differ from the one-device program's.
     return _finish(programs, plan, transfers, machine, tasks, graph, spec, cache, machine_shape.capacities)
@@ -150,18 +151,18 @@ def _data_parallel(graph, plan, crossing, tasks, machine, spec, cache, options, 
     workers = machine.devices
     replica = _sliced(graph, workers, f"--placement {plan.planner}", "use --placement pipeline")
     if plan.cut is None:
-        head = build_program(replica, spec, blocked_layout=options.blocked_layout)
+        head = build_program(replica, spec, blocked_layout=options.blocked_layout, precision=options.precision)
         leaving, tail = list(graph.outputs), None
     else:
         leaving = crossing
         by_name = {v.name: v for node in replica.nodes for v in node.outputs if v is not None}
         before = {node.name for node in graph.nodes[:plan.cut]}
         head = stage_program(replica, spec, before, list(replica.inputs), [by_name[v.name] for v in leaving],
-                             options.blocked_layout)
+                             options.blocked_layout, options.precision)
         read_after = {id(v) for node in graph.nodes[plan.cut:] for v in node.dependencies()}
         tail = stage_program(graph, spec, {node.name for node in graph.nodes[plan.cut:]},
                              leaving + [v for v in graph.inputs if id(v) in read_after or v in graph.outputs],
-                             list(graph.outputs), options.blocked_layout)
+                             list(graph.outputs), options.blocked_layout, options.precision)
     transfers = [(v.name, 0, d, v.type.nbytes // workers) for v in graph.inputs for d in range(1, workers)] + \
                 [(v.name, d, 0, v.type.nbytes // workers) for v in leaving for d in range(1, workers)]
     programs = [_replica_program(head, tail, graph, leaving, rank, workers) for rank in range(workers)]

@@ -8,9 +8,11 @@ tile of C accumulates in registers. Recipes: ../shared/docs/cpu-schedules.
 """
 from __future__ import annotations
 
+from ..kernel import BF16, PRECISION
 from ..lowering.context import LowerContext, SelfScheduled
 from ..tvm_env import tvm
-from .packing import CONV_BLOCKS, MATMUL_BLOCK
+from .bf16 import DOT_LLVM, IMPORT_LLVM, PAIR, bits_of, dot_intrinsic, value_of
+from .packing import BF16_WINDOW_PAIRS, CONV_BLOCKS, MATMUL_BLOCK
 from .schedule import MIN_PARALLEL_WORK, schedule_rows, try_step, writes_blocks
 
 _tvm = tvm()
@@ -31,9 +33,17 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
     `direct`: the same register tiles with no workspace — the input is read in
     place through bounds checks instead of packed, and each tile is written
     (with its epilogue) straight to the NCHW output.
+
+    In bf16 (PRECISION attribute), weights come packed (K/ocb, C/icb, R, S, icb/2, ocb, 2) as bf16 bits
+    (uint16), the packed input holds bf16 bits (rounded once, when packed: never `direct`), and each
+    16-channel × 2-channel step of the reduction is one `vdpbf16ps` accumulating in f32 (bf16.py).
     """
     x, wp, bias = ctx.input(0), ctx.input(1), ctx.input(2)
     icb, ocb, swap = ctx.attr(CONV_BLOCKS)
+    bf16 = ctx.attr(PRECISION) == BF16
+    # A bf16 conv of very few input channels pairs neighbouring kernel columns instead (packing.py).
+    window_pairs = bool(ctx.attr(BF16_WINDOW_PAIRS))
+    direct = direct and not bf16
     one_d = len(x.shape) == 3
     strides = ([1] if one_d else []) + list(ctx.attr("strides") or [1] * (1 if one_d else 2))
     dilations = ([1] if one_d else []) + list(ctx.attr("dilations") or [1] * (1 if one_d else 2))
@@ -50,15 +60,21 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
         h, w, oh, ow = w, h, ow, oh
         strides, dilations, before, after = strides[::-1], dilations[::-1], before[::-1], after[::-1]
     kb, cb, r, s = (int(d) for d in wp.shape[:4])
+    if window_pairs:  # weights (K/ocb, C, R, S/2, ocb, 2): the kernel window's columns padded to pairs
+        s *= PAIR
     if direct:  # tiles must cover the output width exactly to write it without an intermediate
         reg_n = next((t for t in CONV_TILE_CHOICES if ow % t == 0), None) or max(t for t in range(1, 17) if ow % t == 0)
     else:
-        reg_n = min(CONV_TILE_CHOICES, key=lambda t: (-(-ow // t) * t, -t))
+        # A bf16 tile of two 16-channel vectors per pixel keeps at most 14 pixels: 28 accumulators of 32 registers.
+        choices = [t for t in CONV_TILE_CHOICES if not bf16 or ocb <= 16 or t <= 14]
+        reg_n = min(choices, key=lambda t: (-(-ow // t) * t, -t))
     ow_padded = -(-ow // reg_n) * reg_n
     (pt, pl), (pb, pr) = before, after
     hp = h + pt + pb
     # Enough padded input for every (padded) output column.
     wpad = max(w + pl + pr, (ow_padded - 1) * strides[1] + (s - 1) * dilations[1] + 1)
+    if window_pairs:  # whole 16-lane vectors per packed row: its blocks are single channels
+        wpad = -(-wpad // 16) * 16
 
     def source(ni, ci, hi, wi):
         if one_d:
@@ -67,20 +83,46 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
 
     def pack(ni, co, hi, wi, ci):
         inside = tir.all(hi >= pt, hi < pt + h, wi >= pl, wi < pl + w, co * icb + ci < c)
+        if bf16:
+            return tir.if_then_else(inside, bits_of(source(ni, co * icb + ci, hi - pt, wi - pl)), tir.const(0, "uint16"))
         return tir.if_then_else(inside, source(ni, co * icb + ci, hi - pt, wi - pl), tir.const(0.0, x.dtype))
 
-    packed = te.compute((n, cb, hp, wpad, icb), pack, name="pack")
+    if window_pairs:  # single channels: the pairs are neighbouring columns, the last axis
+        packed = te.compute((n, cb, hp, wpad), lambda ni, co, hi, wi: pack(ni, co, hi, wi, 0), name="pack")
+    else:
+        packed = te.compute((n, cb, hp, wpad, icb), pack, name="pack")
     ico = te.reduce_axis((0, cb), "ico")
-    ici = te.reduce_axis((0, icb), "ici")
     kh = te.reduce_axis((0, r), "kh")
     kw = te.reduce_axis((0, s), "kw")
     (sh, sw), (dh, dw) = strides, dilations
-    conv = te.compute(
-        (n, kb, oh, ow_padded, ocb),
-        lambda ni, ko, y, q, ki: te.sum(
-            packed[ni, ico, y * sh + kh * dh, q * sw + kw * dw, ici] * wp[ko, ico, kh, kw, ici, ki],
-            axis=[ico, kh, kw, ici]),
-        name="conv_nchwc")
+    if window_pairs:  # pairs of kernel columns: the packed input (one channel per block) holds them side by side
+        kwp = te.reduce_axis((0, s // PAIR), "kwp")
+        ie = te.reduce_axis((0, PAIR), "ie")
+        conv = te.compute(
+            (n, kb, oh, ow_padded, ocb),
+            lambda ni, ko, y, q, ki: te.sum(
+                value_of(packed[ni, ico, y * sh + kh * dh, q * sw + kwp * PAIR + ie])
+                * value_of(wp[ko, ico, kh, kwp, ki, ie]),
+                axis=[ico, kh, kwp, ie]),
+            name="conv_nchwc")
+    elif bf16:  # the channel reduction as pairs: (icb/2) × 2, the pair innermost (the instruction's)
+        ipair = te.reduce_axis((0, icb // PAIR), "ipair")
+        ie = te.reduce_axis((0, PAIR), "ie")
+        conv = te.compute(
+            (n, kb, oh, ow_padded, ocb),
+            lambda ni, ko, y, q, ki: te.sum(
+                value_of(packed[ni, ico, y * sh + kh * dh, q * sw + kw * dw, ipair * PAIR + ie])
+                * value_of(wp[ko, ico, kh, kw, ipair, ki, ie]),
+                axis=[ico, kh, kw, ipair, ie]),
+            name="conv_nchwc")
+    else:
+        ici = te.reduce_axis((0, icb), "ici")
+        conv = te.compute(
+            (n, kb, oh, ow_padded, ocb),
+            lambda ni, ko, y, q, ki: te.sum(
+                packed[ni, ico, y * sh + kh * dh, q * sw + kw * dw, ici] * wp[ko, ico, kh, kw, ici, ki],
+                axis=[ico, kh, kw, ici]),
+            name="conv_nchwc")
     def unpack(ni, ki, y, q):
         value = conv[ni, ki // ocb, q, y, ki % ocb] if swap else conv[ni, ki // ocb, y, q, ki % ocb]
         return value + bias[ki] if bias is not None else value
@@ -104,18 +146,25 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
             sch.compute_inline(sch.get_sblock("pack"))
         if tiles_to_output:
             sch.reverse_compute_inline(sch.get_sblock("unpack"))
-        ni, ko, y, q, ki, rco, rkh, rkw, rci = sch.get_loops(block)
+        # The reduction's inner loops: f32 [ici]; bf16 [ipair, ie] or, pairing kernel columns, [ie] (kw is pairs).
+        ni, ko, y, q, ki, rco, rkh, *inner = sch.get_loops(block)
+        reduction, pair = (inner[:-1], inner[-1:]) if bf16 else (inner, [])
         qo, qi = sch.split(q, [None, reg_n])
         kio, kii = sch.split(ki, [None, lanes])
-        sch.reorder(ni, ko, y, qo, rco, rkh, rkw, rci, qi, kio, kii)
+        sch.reorder(ni, ko, y, qo, rco, rkh, *reduction, qi, kio, kii, *pair)
         rows = sch.fuse(ni, ko, y)
         if big:
             sch.parallel(rows)
         sch.unroll(qi)
         sch.unroll(kio)
-        sch.vectorize(kii)
+        if not bf16:
+            sch.vectorize(kii)
         sch.reverse_compute_at(tile_out, qo)
-        sch.decompose_reduction(block, rco)
+        init = sch.decompose_reduction(block, rco)
+        if bf16:  # the (16 channels × pair) loops become one vdpbf16ps; the tile starts at zero, a vector store
+            sch.vectorize(sch.get_loops(init)[-1])
+            sch.tensorize(kii, dot_intrinsic())
+            sch.annotate(rows, IMPORT_LLVM, DOT_LLVM)
         if direct:
             return
         if not tiles_to_output:
@@ -125,7 +174,10 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
         outer = sch.fuse(*loops[:3])
         if big:
             sch.parallel(outer)
-        try_step(lambda: sch.vectorize(loops[-1]) if icb in (4, 8, 16) else None)
+        if window_pairs:
+            try_step(lambda: sch.vectorize(sch.split(loops[-1], [None, 16])[1]))
+        else:
+            try_step(lambda: sch.vectorize(loops[-1]) if icb in (4, 8, 16) else None)
         if not tiles_to_output:
             schedule_rows(sch, "unpack", big, ow % 4 == 0)
 

@@ -38,8 +38,9 @@ def test_options_are_frozen_and_normalized():
     ({"workspace_limit": "64MiB"}, "add --algo-select"),
     ({"algo_select": "dp", "devices": 2}, "chooses kernels for one device"),
     ({"batch": 0}, "--batch 0"),
-    ({"precision": "fp16"}, "--precision fp16: use one of fp32, fp64"),
+    ({"precision": "fp16"}, "--precision fp16: use one of fp32, fp64, bf16, auto"),
     ({"precision": "fp64", "target": "cuda:sm_80"}, "--precision fp64 compiles for CPU targets"),
+    ({"precision": "bf16", "target": "cuda:sm_80"}, "--precision bf16: the bf16 kernels are CPU"),
     ({"fast": True}, "unknown compile option 'fast'"),
 ])
 def test_a_bad_option_is_one_compile_error(overrides, match):

@@ -10,8 +10,10 @@ import onnx
 import pytest
 from onnx import helper
 
+from tessel.backends.cpu.bf16 import cpu_has_bf16
 from tessel.compiler.api import compile as compile_model
 from tessel.compiler.cli import main
+from tessel.compiler.reference_check import BF16_SCALED_TOL, Tolerance, compare
 from tests.ir.helpers import F, model
 
 
@@ -79,3 +81,27 @@ def test_check_of_an_artifact_compiled_from_a_model_in_memory_needs_the_model(tm
     artifact = compile_model(onnx.load(str(path)), cache_dir=kernel_cache).save(tmp_path / "p.tessel")
     _refused(capsys, ["run", str(artifact), "--check"], "no record of its file", "--keep-model")
     assert main(["run", str(artifact), "--reference", str(path)]) == 0
+
+
+def test_a_bf16_artifact_is_checked_against_its_output_scale():
+    want = np.array([10.0, 0.01, -4.0], np.float32)
+    got = want + np.array([0.05, 0.05, 0.0], np.float32)  # 0.5% of the largest magnitude; 5x the small element
+    assert not compare(got, want).ok  # float32's rtol/atol
+    rtol, atol = Tolerance(scaled=BF16_SCALED_TOL).bounds(want.astype(np.float64))
+    result = compare(got, want, rtol, atol)
+    assert result.ok and abs(result.max_relative - 0.005) < 1e-6
+    assert not compare(want + np.float32(0.2), want, rtol, atol).ok  # 2% of the scale
+
+
+@pytest.mark.skipif(not cpu_has_bf16(), reason="the CPU lacks avx512_bf16")
+def test_check_of_a_bf16_artifact_states_its_tolerance(tmp_path, kernel_cache, capsys):
+    rng = np.random.default_rng(1)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1] * 4)]
+    path = tmp_path / "conv.onnx"
+    onnx.save(model(nodes, [("x", F, [1, 16, 8, 8])], [("y", F, None)],
+                    [("w", rng.standard_normal((32, 16, 3, 3)).astype(np.float32))]), str(path))
+    artifact = compile_model(str(path), precision="bf16", cache_dir=kernel_cache).save(tmp_path / "conv.tessel")
+    assert main(["run", str(artifact), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "check: ok" in out and "bf16 artifact: within 0.01 x the output's largest magnitude" in out
+    assert "of the output's largest magnitude)" in out  # each output's relative error
