@@ -65,8 +65,8 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
     if direct:  # tiles must cover the output width exactly to write it without an intermediate
         reg_n = next((t for t in CONV_TILE_CHOICES if ow % t == 0), None) or max(t for t in range(1, 17) if ow % t == 0)
     else:
-        # A bf16 tile of two 16-channel vectors per pixel keeps at most 14 pixels: 28 accumulators of 32 registers.
-        choices = [t for t in CONV_TILE_CHOICES if not bf16 or ocb <= 16 or t <= 14]
+        # A tile of two 16-channel vectors per pixel keeps at most 14 pixels: 28 accumulators of 32 registers.
+        choices = [t for t in CONV_TILE_CHOICES if ocb <= 16 or t <= 14]
         reg_n = min(choices, key=lambda t: (-(-ow // t) * t, -t))
     ow_padded = -(-ow // reg_n) * reg_n
     (pt, pl), (pb, pr) = before, after

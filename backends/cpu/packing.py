@@ -22,8 +22,8 @@ from .bf16 import LANES, PAIR, to_bf16_bits
 CONV_BLOCKS = "tessel_conv_blocks"
 MATMUL_BLOCK = "tessel_matmul_block"
 MATMUL_PANEL = 16
-# Output rows at least this wide fill a bf16 conv's register tile with one 16-channel vector per pixel.
-BF16_WIDE_ROW = 12
+# Output rows at least this wide fill a conv's register tile with one 16-channel vector per pixel.
+NARROW_ROW = 12
 # A bf16 conv of at most this many input channels (an image's RGB) pairs neighbouring kernel columns, not channels:
 # three channels in pairs waste a quarter of the work on a zero channel, seven columns an eighth on a zero column.
 BF16_WINDOW_PAIRS = "tessel_bf16_window_pairs"
@@ -61,8 +61,13 @@ def _block(size: int, preferred: int = 16) -> int:
     return 1
 
 
-def conv_blocks(out_channels: int, in_channels: int) -> tuple[int, int]:
-    """(icb, ocb): 16-channel blocks, or the whole channel count when it is smaller."""
+def conv_blocks(out_channels: int, in_channels: int, out_width: int | None = None) -> tuple[int, int]:
+    """(icb, ocb): 16-channel blocks, or the whole channel count when it is smaller; 32 output channels where
+    output rows (`out_width`, when known) are narrower than NARROW_ROW: a register tile of one row's pixels then
+    holds too few accumulators for the FMAs' latency, and two 16-channel vectors per pixel double them, each
+    broadcast input value feeding two FMAs."""
+    if out_width is not None and out_width < NARROW_ROW and out_channels % (2 * LANES) == 0:
+        return min(in_channels, 16), 2 * LANES
     return min(in_channels, 16), min(out_channels, 16)
 
 
@@ -79,14 +84,14 @@ def bf16_conv_blocks(out_channels: int, in_channels: int, out_width: int) -> tup
     """(icb, ocb) of a bf16 conv, or None where the output channels are fewer than 16 (the conv stays float32).
 
     icb: 16 input channels, or all of them rounded up to a pair. ocb: 16 output channels (one vdpbf16ps), or 32
-    where output rows are narrower than BF16_WIDE_ROW: a register tile of one row's pixels then holds too few
+    where output rows are narrower than NARROW_ROW: a register tile of one row's pixels then holds too few
     accumulators to hide the instruction's latency (measured: ResNet-18's 7 × 7 convs ran at ~55% of the
     bf16 peak with 7), and two 16-channel vectors per pixel double them.
     """
     if out_channels < LANES:
         return None
     icb = min(in_channels, 16)
-    wide = out_width >= BF16_WIDE_ROW or out_channels % (2 * LANES)
+    wide = out_width >= NARROW_ROW or out_channels % (2 * LANES)
     return icb + icb % PAIR, LANES if wide else 2 * LANES
 
 
@@ -244,10 +249,12 @@ def plan_packing(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[T
         weight = constants[1]
         if weight.ndim == 3:  # a 1-D conv runs as a 2-D conv of height 1
             weight = weight[:, :, None, :]
-        icb, ocb = conv_blocks(*weight.shape[:2])
         height, width = (1, input_types[0].shape[2]) if input_types[0].rank == 3 else input_types[0].shape[2:]
         # Register tiles run along the width: a tall, narrow input runs with height and width swapped.
         swap = int(width < 8 <= height)
+        strides = attrs.get("strides") or [1] * (input_types[0].rank - 2)
+        stride = strides[0 if swap else -1]
+        icb, ocb = conv_blocks(*weight.shape[:2], -(-(height if swap else width) // stride))
         if swap:
             weight = weight.transpose(0, 1, 3, 2)
         return Packing(((CONV_BLOCKS, (icb, ocb, swap)),), {1: pack_conv_weight(weight, icb, ocb)})

@@ -27,6 +27,10 @@ CONVS = {
     "1x1": dict(channels=(16, 32), size=8, kernel=1, pads=(0, 0, 0, 0), strides=(1, 1), dilations=(1, 1)),
     "7x7_stride2": dict(channels=(3, 16), size=20, kernel=7, pads=(3, 3, 3, 3), strides=(2, 2), dilations=(1, 1)),
     "5x5_dilated": dict(channels=(4, 8), size=16, kernel=5, pads=(2, 1, 2, 1), strides=(1, 1), dilations=(2, 2)),
+    # Output rows narrower than NARROW_ROW: 32-channel register tiles (two vectors per pixel).
+    "3x3_narrow": dict(channels=(16, 64), size=7, kernel=3, pads=(1, 1, 1, 1), strides=(1, 1), dilations=(1, 1)),
+    "3x3_narrow_stride2": dict(channels=(8, 32), size=13, kernel=3, pads=(1, 1, 1, 1), strides=(2, 2),
+                               dilations=(1, 1)),
 }
 
 
@@ -73,6 +77,20 @@ def run_layer(onnx_model, algorithm: str, size: int, x: np.ndarray) -> np.ndarra
 # Winograd runs 3x3 stride-1 convs only; direct needs whole 16-channel output blocks (not 18 channels).
 CONV_CASES = [(case, a) for case in sorted(CONVS) for a in ("nchwc", "im2col", "direct")
               if (case, a) != ("3x3_k18", "direct")] + [(case, "winograd") for case in ("3x3_pad1", "3x3_odd", "3x3_k18")]
+
+
+def test_narrow_rows_tile_32_output_channels_where_they_divide():
+    from tessel.backends.cpu.packing import CONV_BLOCKS, NARROW_ROW, plan_packing
+    from tessel.ir.types import TensorType
+
+    def blocks(out_channels: int, width: int, stride: int = 1):
+        weight = np.zeros((out_channels, 16, 3, 3), np.float32)
+        types = [TensorType("float32", (1, 16, width, width)), TensorType.of(weight)]
+        return dict(plan_packing("Conv", {"pads": [1] * 4, "strides": [stride] * 2}, types, [None, weight]).attrs)[
+            CONV_BLOCKS]
+
+    assert blocks(64, NARROW_ROW - 1) == (16, 32, 0) and blocks(64, 2 * NARROW_ROW - 2, stride=2)[1] == 32
+    assert blocks(64, NARROW_ROW)[1] == 16 and blocks(48, 7)[1] == 16  # wide rows; 48 channels are not 32s
 
 
 @pytest.mark.parametrize("case,algorithm", CONV_CASES)

@@ -8,7 +8,7 @@ import torch
 from onnx import helper
 
 from tessel.backends.cpu.bf16 import cpu_has_bf16, from_bf16_bits, round_to_bf16, to_bf16_bits
-from tessel.backends.cpu.packing import BF16_WIDE_ROW, BF16_WINDOW_PAIRS, CONV_BLOCKS, plan_packing
+from tessel.backends.cpu.packing import NARROW_ROW, BF16_WINDOW_PAIRS, CONV_BLOCKS, plan_packing
 from tessel.backends.kernel import BF16, PRECISION
 from tessel.backends.target import parse_target
 from tessel.compiler.api import compile as compile_model
@@ -55,9 +55,9 @@ def test_bf16_packing_pairs_input_channels_of_16_output_channel_tiles():
 
 
 def test_bf16_packing_tiles_32_channels_on_narrow_rows_and_leaves_small_convs_float32():
-    _, narrow = _conv_packing(64, 64, BF16_WIDE_ROW - 1, "bf16")
+    _, narrow = _conv_packing(64, 64, NARROW_ROW - 1, "bf16")
     assert dict(narrow.attrs)[CONV_BLOCKS] == (16, 32, 0) and narrow.arrays[1].shape[-2:] == (32, 2)
-    _, strided = _conv_packing(64, 64, 2 * BF16_WIDE_ROW - 2, "bf16", stride=2)  # narrow after its stride
+    _, strided = _conv_packing(64, 64, 2 * NARROW_ROW - 2, "bf16", stride=2)  # narrow after its stride
     assert dict(strided.attrs)[CONV_BLOCKS][1] == 32
     rgb, odd = _conv_packing(16, 3, 32, "bf16")  # three input channels: pairs of kernel columns, one zero column
     assert dict(odd.attrs)[CONV_BLOCKS] == (1, 16, 0) and dict(odd.attrs)[BF16_WINDOW_PAIRS] == 1
