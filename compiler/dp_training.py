@@ -1,8 +1,9 @@
 """Data-parallel training: every worker runs one replica's step on its slice of the batch.
 
 The step graph is built at the slice's batch (the model imported at batch / N, so every shape, the loss's mean
-and BatchNormalization's n / (n - 1) are the slice's) with each gradient and the loss averaged over the replicas
-by AllReduce nodes issued as soon as their gradients exist, in buckets (passes/data_parallel.py), then
+and BatchNormalization's n / (n - 1) are the slice's) with each gradient averaged over the replicas by AllReduce
+nodes issued as soon as their gradients exist, in buckets, and the loss by one issued just before the last
+bucket's (passes/data_parallel.py), then
 the optimizer update: the replicas update identical weights with identical gradients and stay identical. It
 compiles once, as for one device; `replica_programs` then gives each worker its program:
 

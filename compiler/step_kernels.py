@@ -64,6 +64,8 @@ def kernel_times(directory: Path, plan: Mapping, calls: Iterable[tuple[str, str]
         timed = time_step(directory, plan, threads)
         if timed:
             db.put({ProfileDB.key(kernel, threads, workers): ms for kernel, ms in timed.items()})
+        elif remeasure:
+            _log.warning("kernel times: the step could not be timed again; its kernels keep their earlier times")
 
     def known(kernel: str) -> float | None:
         inside = db.get(kernel, threads, workers)

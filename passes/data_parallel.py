@@ -1,7 +1,7 @@
 """Data-parallel gradients: a replica's step graph averages each gradient over the replicas before the update.
 
 AllReduce nodes (tessel domain, run by the runtime's AllReduce instruction, in the background until the
-first reader of its result) take the gradients in buckets: consecutive gradients in the order backward
+first reader of its result, or at once where nothing is left to overlap) take the gradients in buckets: consecutive gradients in the order backward
 computes them, up to a bucket size, flattened and concatenated once the bucket's last gradient exists, and
 split back at the end of backward, just before the optimizer update reads them. The bucket size comes from
 the α-β link model: the smallest bucket whose latency is a small share of its all-reduce time.
@@ -105,9 +105,11 @@ def replica_mean(graph: Graph, value: Value, parts: Sequence[Value] = (),
 
 def loss_mean(graph: Graph, loss: Value) -> Value:
     """The loss averaged over the replicas by an AllReduce issued just before the last gradient bucket's (the
-    graph's last AllReduce): nothing reads the mean before the step ends, and there it runs on the worker's own
-    thread with that bucket (runtime/executor.py `reductions_read_next`), instead of waking the reducer thread in
-    the middle of the step to take a core from the kernels."""
+    graph's last AllReduce): nothing reads the mean before the step ends. Where the update reads that bucket
+    right after its all-reduce (one bucket, uncompressed: the transformer block's), both run on the worker's own
+    thread (runtime/executor.py `reductions_read_next`) instead of the loss waking the reducer thread in the middle
+    of the step to take a core from the kernels; with several buckets they overlap the earlier buckets' updates on
+    the reducer thread."""
     reduces = [node for node in graph.nodes if node.domain == TESSEL_DOMAIN and node.op_type == "AllReduce"]
     before = reduces[-1] if reduces else _after(graph, loss)
     node = add_op(graph, "AllReduce", [loss], {"reduction": "mean"}, name=graph.unique_name(f"allreduce/{loss.name}"),

@@ -408,8 +408,10 @@ class Executor:
 
         return run_pieces
 
-    def _index_error(self, call: KernelCall, arg_names: tuple[str, ...], exc: IndexError) -> Exception:
-        """The one-line error for a kernel whose index check failed (other IndexErrors pass unchanged)."""
+    def _index_error(self, call: KernelCall, arg_names: tuple[str, ...], exc: IndexError,
+                     fed: Mapping[str, np.ndarray] | None = None) -> Exception:
+        """The one-line error for a kernel whose index check failed (other IndexErrors pass unchanged); indices
+        that are an input of `fed` (or a view of one) are read from the array given."""
         from tessel.backends.lowering.index_checks import parse_check
 
         check = parse_check(str(exc))
@@ -427,7 +429,10 @@ class Executor:
                 f"node '{node}': an index computed in kernel '{call.node}' is out of range {where} of {data}; "
                 f"{check.op} indices must lie in that range")
         indices = arg_names[check.arg]
-        bad = check.first_violation(self._memory.read(self._buffer(indices)))
+        root = self._input_roots().get(indices)
+        values = (np.asarray(fed[root]).reshape(self._types[indices].shape) if fed and root in fed
+                  else self._memory.read(self._buffer(indices)))
+        bad = check.first_violation(values)
         index, bound, axis = bad if bad is not None else ("?", check.bounds[0], check.axis)
         node = member_name(self.directory, call.node, check.op, indices)
         return ExecutionError(
@@ -542,12 +547,13 @@ class Executor:
         and, between them, the index of each Python instruction; None when an If holds one. A segment also
         starts where the run waits for a held send, and at the first reader of an all-reduce's result (the
         update of one gradient bucket then waits for that bucket only, while the later ones still reduce);
-        with `per_instruction`, at every instruction."""
+        with `per_instruction`, at every instruction but a view (it costs nothing: it joins the segment before it)."""
         parts: list[list[Instruction] | int] = []
         cuts = set(self._send_waits.before) | reduction_readers(self.run_instructions)
         for index, instruction in enumerate(self.run_instructions):
             if native_able(instruction):
-                if not parts or not isinstance(parts[-1], list) or index in cuts or per_instruction:
+                cut = index in cuts or (per_instruction and not isinstance(instruction, View))
+                if not parts or not isinstance(parts[-1], list) or cut:
                     parts.append([])
                 parts[-1].append(instruction)
             elif isinstance(instruction, If):
@@ -563,7 +569,8 @@ class Executor:
         segments = [part for part in parts if isinstance(part, list)]
         whole = len(parts) == 1 and self._comm is None
         inputs = self._bound_inputs() if whole and layout_holds() else ()
-        self._native = NativeHost(segments, self._buffer, self._entries, inputs=inputs)
+        self._native = NativeHost(segments, self._buffer, self._entries, inputs=inputs,
+                                  owned=self._owned_ranges() if inputs else ())
         steps, segment = [], 0
         for part in parts:
             if isinstance(part, list):
@@ -578,13 +585,32 @@ class Executor:
             self._taking_inputs = self._native.bound
             self._outputs = [(name, self._buffer(name)) for name in self.plan["outputs"]]
 
-    def _bound_inputs(self) -> list[BoundInput]:
-        """Each input's slot with the names kernels read it by (itself and its views, branches included); none for
-        an input an output aliases: the outputs are copied from their slots, so such an input must be in its own."""
+    def _owned_ranges(self) -> list[tuple[int, int]]:
+        """The [start, end) address ranges of every buffer this executor holds (the arena, weights, state), the
+        overlapping and touching ones merged."""
+        # Every buffer is contiguous: it spans nbytes from its data pointer.
+        ranges = sorted([self._memory.arena_range(),
+                         *((b.ctypes.data, b.ctypes.data + b.nbytes) for b in self._buffers.values())])
+        merged: list[tuple[int, int]] = []
+        for start, end in ranges:
+            if merged and start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+            else:
+                merged.append((start, end))
+        return merged
+
+    def _input_roots(self) -> dict[str, str]:
+        """Each input, and each view of one (branches included), → the input."""
         root = {name: name for name in self.plan["inputs"]}
         for instruction in walk(self.run_instructions):
             if isinstance(instruction, View) and instruction.input in root:
                 root[instruction.output] = root[instruction.input]
+        return root
+
+    def _bound_inputs(self) -> list[BoundInput]:
+        """Each input's slot with the names kernels read it by (itself and its views, branches included); none for
+        an input an output aliases: the outputs are copied from their slots, so such an input must be in its own."""
+        root = self._input_roots()
         outputs = set(self.plan["outputs"])
         aliases = {name: frozenset(alias for alias, of in root.items() if of == name) for name in self.plan["inputs"]}
         return [BoundInput(self._buffer(name), frozenset() if aliases[name] & outputs else aliases[name])
@@ -600,14 +626,15 @@ class Executor:
 
         return run_segment
 
-    def _native_error(self, native: NativeHost, status: int) -> Exception:
-        """The error a native segment stopped with: the same as the python host raises."""
+    def _native_error(self, native: NativeHost, status: int, fed: Mapping[str, np.ndarray] | None = None) -> Exception:
+        """The error a native segment stopped with: the same as the python host raises (`fed`: the input arrays
+        of a run that took them, read instead of their slots)."""
         site = native.sites[status - 1]
         if isinstance(site.instruction, Fail):
             return ExecutionError(site.instruction.message)
         exc = take_raised_error()
         if isinstance(exc, IndexError):
-            return self._index_error(site.instruction, site.arg_names, exc)
+            return self._index_error(site.instruction, site.arg_names, exc, fed)
         return exc
 
     def record_steps(self, recorder) -> None:
@@ -617,7 +644,6 @@ class Executor:
         if self._native is not None:
             self._assemble_steps(native=True, per_instruction=True)
         self._steps = recorder.timed_steps(self._steps, self._covered, self.run_instructions)
-        self._whole_native = self._taking_inputs = None
         self._whole_native = self._taking_inputs = None
 
     def kernel_times(self, inputs: Mapping[str, np.ndarray], runs: int = 20) -> list[float]:
@@ -697,7 +723,10 @@ class Executor:
 
         A cuda artifact also takes inputs already on its GPU (any DLPack tensor there: runtime/device_inputs.py),
         copied device to device. With `copy=False` the outputs may be views of the executor's buffers (on the native host
-        of a one-worker program they are): valid until the next run, and cheaper on small models.
+        of a one-worker program they are): valid until the next run, and cheaper on small models. The native host of
+        a one-worker program reads a C-contiguous input array where it lies when it is as aligned as its slot and
+        outside the executor's own memory: the array must stay unchanged until `run` returns. An executor runs one
+        call at a time (the session and the artifact call it from one thread).
         """
         if self._taking_inputs is not None:
             # The whole run is one native call, given the arrays: it reads them in place or copies them in.
@@ -706,10 +735,9 @@ class Executor:
             if status == NOT_CONTIGUOUS:
                 status = self._taking_inputs(*map(np.ascontiguousarray, arrays))
             if status:
-                # The error names offending values it reads from their buffers: the inputs go into their slots.
-                for (_, buffer, _, _), array in zip(self._inputs, arrays):
-                    buffer[...] = array
-                raise self._native_error(self._native, status)
+                # The error names offending values: an input's come from the caller's array (its slot may hold a
+                # later value, or nothing when it was read in place).
+                raise self._native_error(self._native, status, dict(zip(self.plan["inputs"], arrays)))
             if copy:
                 return {name: buffer.copy() for name, buffer in self._outputs}
             return dict(self._outputs)
@@ -883,8 +911,8 @@ def reductions_read_next(instructions: Sequence[Instruction]) -> set[int]:
     at_once: set[int] = set()
     for index in reversed(range(len(instructions))):
         instruction = instructions[index]
-        if not isinstance(instruction, AllReduce):
-            continue
+        if not isinstance(instruction, AllReduce) or instruction.compression != "none":
+            continue  # a compressed all-reduce always runs in the background (runtime/comm.py)
         aliases = {instruction.output or instruction.tensor}
         for later, following in enumerate(instructions[index + 1:], index + 1):
             if not isinstance(following, View):

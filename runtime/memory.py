@@ -80,6 +80,11 @@ class HostMemory:
         """Size of the activation arena."""
         return int(self._arena.nbytes)
 
+    def arena_range(self) -> tuple[int, int]:
+        """The arena's [start, end) addresses."""
+        start = int(self._arena.ctypes.data)
+        return start, start + self.arena_bytes
+
     def at(self, offset: int, shape, dtype) -> np.ndarray:
         """The buffer of `shape` and `dtype` at byte `offset` of the arena."""
         dtype = np.dtype(dtype)

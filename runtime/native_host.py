@@ -99,9 +99,13 @@ class NativeHost:
     """The compiled run loop of one worker: `run(segment)` runs one segment and returns its status."""
 
     def __init__(self, segments: Sequence[Sequence[Instruction]], buffer: Callable[[str], np.ndarray],
-                 entries: Mapping[str, int], timed: bool = False, inputs: Sequence[BoundInput] = ()):
+                 entries: Mapping[str, int], timed: bool = False, inputs: Sequence[BoundInput] = (),
+                 owned: Sequence[tuple[int, int]] = ()):
         """`buffer(name)` gives each value's host buffer (its address is baked in), `entries` each kernel key's
-        C entry address (ffi_abi.kernel_entry); `inputs`: the arrays `bound` takes (one segment only)."""
+        C entry address (ffi_abi.kernel_entry); `inputs`: the arrays `bound` takes (one segment only); `owned`:
+        the [start, end) address ranges of the executor's own memory (arena, weights, state). An input array
+        overlapping one is copied, never read in place: the run may overwrite it (an output of an earlier run
+        taken without a copy, fed back as the next run's state)."""
         import llvmlite.binding as llvm
         import llvmlite.ir as ir
 
@@ -115,6 +119,7 @@ class NativeHost:
         plans = [self._plan(list(segment)) for segment in segments]
         self._pack_arguments()
         self._inputs = list(inputs)
+        self._owned = list(owned)
         self.in_place = [self._redirects(spec) is not None for spec in self._inputs]
         self.kernel_ns = np.zeros(max(len(self.sites), 1), np.int64) if timed else None
         self._ir = ir
@@ -274,6 +279,11 @@ class NativeHost:
                 else:
                     aligned = builder.icmp_unsigned("==", builder.and_(builder.sub(data, slot), ir.Constant(i64, ALIGNMENT - 1)),
                                                     ir.Constant(i64, 0))
+                    end = builder.add(data, ir.Constant(i64, spec.buffer.nbytes))
+                    for start, stop in self._owned:
+                        apart = builder.or_(builder.icmp_unsigned("<=", end, ir.Constant(i64, start)),
+                                            builder.icmp_unsigned(">=", data, ir.Constant(i64, stop)))
+                        aligned = builder.and_(aligned, apart)
                     with builder.if_else(aligned) as (in_place, copied):
                         with in_place:
                             builder.store(data, base)
@@ -286,13 +296,15 @@ class NativeHost:
                     builder.store(builder.add(address, ir.Constant(i64, offset)), self._pointer(builder, field, i64.as_pointer()))
 
     def _emit_copy(self, builder, destination, source, nbytes: int) -> None:
+        """Copy `nbytes` from address `source` to `destination` (a memmove: the caller's array may overlap the
+        slot, as an output of the last run taken without a copy does)."""
         ir = self._ir
         i8p, i64 = ir.IntType(8).as_pointer(), ir.IntType(64)
         module = builder.module
-        memcpy = module.globals.get("llvm.memcpy.p0.p0.i64") or ir.Function(
-            module, ir.FunctionType(ir.VoidType(), [i8p, i8p, i64, ir.IntType(1)]), "llvm.memcpy.p0.p0.i64")
-        builder.call(memcpy, [builder.inttoptr(destination, i8p), builder.inttoptr(source, i8p), ir.Constant(i64, nbytes),
-                              ir.Constant(ir.IntType(1), 0)])
+        memmove = module.globals.get("llvm.memmove.p0.p0.i64") or ir.Function(
+            module, ir.FunctionType(ir.VoidType(), [i8p, i8p, i64, ir.IntType(1)]), "llvm.memmove.p0.p0.i64")
+        builder.call(memmove, [builder.inttoptr(destination, i8p), builder.inttoptr(source, i8p),
+                               ir.Constant(i64, nbytes), ir.Constant(ir.IntType(1), 0)])
 
     def _emit_steps(self, builder, function, steps: list) -> None:
         for step in steps:

@@ -8,7 +8,8 @@ both d = x − K and d² to per-lane partial sums, where K, the shift, is the ch
 
 The shift is what keeps this accurate: K is a sample of the channel, so S₁ / count is of the order of the standard
 deviation, and the subtraction loses no more digits than the two-pass form when |mean| is many standard deviations
-(around zero instead, E[x²] − E[x]² would cancel catastrophically).
+(around zero instead, E[x²] − E[x]² would cancel catastrophically). A first element m standard deviations from the
+mean costs about m² in the variance's relative error: an outlier shift loses digits the two-pass form keeps.
 
 The partials are per (channel, image, lane): the lanes split each image's plane (H·W) in `lanes` interleaved
 parts, so the inner loop is one vector of both sums and the plane is read in order; they are added up per channel
@@ -75,7 +76,9 @@ def batch_stats(ctx: LowerContext) -> SelfScheduled:
 
     def var_body(_, ci, *__):
         centre = totals[0][ci] * scale
-        return tir.max(totals[1][ci] * scale - centre * centre, tir.const(0.0, x.dtype))
+        variance = totals[1][ci] * scale - centre * centre
+        # Clamped at 0 (rounding), but NaN stays NaN as in the generic rule: max would turn it into 0.
+        return tir.Select(tir.isnan(variance), variance, tir.max(variance, tir.const(0.0, x.dtype)))
 
     mean = te.compute(kept, mean_body, name="stats_mean")
     var = te.compute(kept, var_body, name="stats_var")

@@ -144,6 +144,13 @@ def test_batch_stats_kernel(shape):
     np.testing.assert_allclose(var, want_var, rtol=1e-5, atol=1e-6)
 
 
+def test_batch_stats_keeps_a_nan_variance():
+    x = _random(6, 4, 3, 5, 5) + 2
+    x[1, 1, 2, 3] = np.nan
+    (mean, var), _ = run_kernels("BatchStats", {}, [x])
+    assert np.isnan(mean[0, 1]) and np.isnan(var[0, 1]) and not np.isnan(var[0, [0, 2]]).any()
+
+
 @pytest.mark.parametrize("shape,mean,spread", [((16, 4, 28, 28), 1e3, 0.1), ((16, 4, 28, 28), -3e4, 1.0),
                                                ((64, 8, 7, 7), 50.0, 1e-3)])
 def test_batch_stats_stays_accurate_where_the_mean_dwarfs_the_spread(shape, mean, spread):

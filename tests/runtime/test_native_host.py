@@ -249,6 +249,21 @@ def test_runs_alternating_arrays_each_read_their_own(readers):
                                rtol=1e-5, atol=1e-5)
 
 
+def test_an_input_lying_in_the_executors_own_arena_is_copied_not_read_in_place(readers):
+    """An output taken without a copy and fed back (a recurrent state) lies in the arena the run overwrites."""
+    original, artifact = readers
+    executor = Executor(artifact.directory)
+    x = np.random.default_rng(6).standard_normal((1, 256)).astype(np.float32)
+    offset = next(o for name, o in sorted(executor._offsets.items(), key=lambda item: item[1])
+                  if name != "x" and o + x.nbytes <= executor.arena_bytes and o % 64 == 0)
+    inside = executor._memory.at(offset, x.shape, x.dtype)
+    for _ in range(2):
+        inside[...] = x
+        np.testing.assert_allclose(executor.run({"x": inside})["y"], run_onnxruntime(original, {"x": x})[0],
+                                   rtol=1e-5, atol=1e-5)
+        assert _slot_bytes(executor, "x") == x.tobytes()
+
+
 def test_an_output_that_is_an_input_stays_a_fresh_array(kernel_cache):
     proto = model([helper.make_node("Identity", ["x"], ["y"]), helper.make_node("Relu", ["x"], ["r"])],
                   [("x", F, [4, 16])], [("y", F, [4, 16]), ("r", F, [4, 16])])
