@@ -44,6 +44,9 @@ from .numpy_abi import layout_holds
 
 Op = Callable[[], None]
 HOSTS = ("native", "python")
+# The most inputs the native program takes as arguments, one each (ctypes calls a function of at most 1024): a
+# model with more has its inputs copied into their slots.
+MAX_TAKEN_INPUTS = 256
 
 
 class Executor:
@@ -568,7 +571,8 @@ class Executor:
             return
         segments = [part for part in parts if isinstance(part, list)]
         whole = len(parts) == 1 and self._comm is None
-        inputs = self._bound_inputs() if whole and layout_holds() else ()
+        takes = whole and layout_holds() and len(self.plan["inputs"]) <= MAX_TAKEN_INPUTS
+        inputs = self._bound_inputs() if takes else ()
         self._native = NativeHost(segments, self._buffer, self._entries, inputs=inputs,
                                   owned=self._owned_ranges() if inputs else ())
         steps, segment = [], 0
