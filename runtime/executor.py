@@ -771,15 +771,8 @@ class Executor:
         return arrays
 
     def _write_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
-        """Copy the inputs into their host buffers; the full check only when an input is not an exact match."""
-        if inputs.keys() != self._input_names:
-            self._check_inputs(inputs)
-        for name, buffer, shape, dtype in self._inputs:
-            array = inputs[name]
-            # `is` on the dtype: an equal dtype that is another object takes the full check, and passes it.
-            if type(array) is not np.ndarray or array.dtype is not dtype or array.shape != shape:
-                self._check_inputs(inputs)
-                array = np.asarray(array)
+        """Copy the inputs into their host buffers (checked as `_input_arrays` checks them)."""
+        for (_, buffer, _, _), array in zip(self._inputs, self._input_arrays(inputs)):
             buffer[...] = array  # same shape and dtype (checked): a plain copy
 
     def start(self, inputs: Mapping[str, np.ndarray]) -> "PendingOutputs":
