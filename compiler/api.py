@@ -157,12 +157,17 @@ def compile_graph(graph: ir.Graph, options: CompileOptions, machine_shape: Machi
     for record in pass_records:
         _log.debug("  %s: nodes %d -> %d, kernels %d -> %d (%.1f ms)", record.name, record.nodes_before,
                    record.nodes_after, record.kernels_before, record.kernels_after, 1e3 * record.seconds)
-    precision = choose_precision(options.precision, graph, spec.kind, lambda: build_program(
-        graph, spec, blocked_layout=options.blocked_layout, precision=BF16).bf16_nodes)
+    built: dict[str, Program] = {}  # by precision: the bf16 program the choice looks at is the one then used
+
+    def program_in(precision: str) -> Program:
+        if precision not in built:
+            built[precision] = build_program(graph, spec, blocked_layout=options.blocked_layout, precision=precision)
+        return built[precision]
+
+    precision = choose_precision(options.precision, graph, spec.kind, lambda: program_in(BF16).bf16_nodes)
     if precision.used != options.precision:  # "auto" resolved: every later program is built with the choice
         options = CompileOptions.create(options, precision=precision.used)
-    program = _with_state(build_program(graph, spec, blocked_layout=options.blocked_layout,
-                                        precision=options.precision), state)
+    program = _with_state(program_in(options.precision), state)
     if program.unsupported:
         raise LoweringError(f"no {spec.kind} kernels for {len(program.unsupported)} op type(s): " + "; ".join(program.unsupported))
     if machine_shape.devices == 1:  # fail before minutes of kernel compilation
