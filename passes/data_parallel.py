@@ -1,8 +1,8 @@
 """Data-parallel gradients: a replica's step graph averages each gradient over the replicas before the update.
 
 AllReduce nodes (tessel domain, run by the runtime's AllReduce instruction, in the background until the
-first reader of its result, or at once where nothing is left to overlap) take the gradients in buckets: consecutive gradients in the order backward
-computes them, up to a bucket size, flattened and concatenated once the bucket's last gradient exists, and
+first reader of its result, or at once where nothing is left to overlap) take the gradients in buckets:
+consecutive gradients in the order backward computes them, up to a bucket size, flattened and concatenated once the bucket's last gradient exists, and
 split back at the end of backward, just before the optimizer update reads them. The bucket size comes from
 the α-β link model: the smallest bucket whose latency is a small share of its all-reduce time.
 
@@ -93,14 +93,12 @@ def replica_mean(graph: Graph, value: Value, parts: Sequence[Value] = (),
     """`value` averaged over the data-parallel replicas: an AllReduce node placed right after the node that
     computes it, so that its reduction starts while the rest of the backward pass still runs. With a
     `compression`, the node records it and the shapes of the `parts` flattened into `value`."""
-    attrs = {"reduction": "mean"}
+    attrs = {}
     if compression is not None:
         attrs.update(compression=compression.codec, topk_ratio=compression.topk_ratio,
                      part_sizes=[part.type.numel for part in parts],
                      part_rows=[part.type.shape[0] if len(part.type.shape) >= 2 else 1 for part in parts])
-    node = add_op(graph, "AllReduce", [value], attrs, name=graph.unique_name(f"allreduce/{value.name}"),
-                  before=_after(graph, value), domain=TESSEL_DOMAIN)
-    return node.outputs[0]
+    return _mean(graph, value, _after(graph, value), attrs)
 
 
 def loss_mean(graph: Graph, loss: Value) -> Value:
@@ -111,9 +109,13 @@ def loss_mean(graph: Graph, loss: Value) -> Value:
     of the step to take a core from the kernels; with several buckets they overlap the earlier buckets' updates on
     the reducer thread."""
     reduces = [node for node in graph.nodes if node.domain == TESSEL_DOMAIN and node.op_type == "AllReduce"]
-    before = reduces[-1] if reduces else _after(graph, loss)
-    node = add_op(graph, "AllReduce", [loss], {"reduction": "mean"}, name=graph.unique_name(f"allreduce/{loss.name}"),
-                  before=before, domain=TESSEL_DOMAIN)
+    return _mean(graph, loss, reduces[-1] if reduces else _after(graph, loss))
+
+
+def _mean(graph: Graph, value: Value, before, attrs: Mapping | None = None) -> Value:
+    """`value` averaged over the replicas by an AllReduce node inserted before node `before` (None: at the end)."""
+    node = add_op(graph, "AllReduce", [value], {"reduction": "mean", **(attrs or {})},
+                  name=graph.unique_name(f"allreduce/{value.name}"), before=before, domain=TESSEL_DOMAIN)
     return node.outputs[0]
 
 
