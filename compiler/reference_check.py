@@ -42,14 +42,19 @@ class Tolerance:
         """(rtol, atol) for reference output `want`."""
         if self.scaled is None:
             return self.rtol, self.atol
-        finite = np.abs(want[np.isfinite(want)]) if want.size else np.zeros(0)
-        return 0.0, self.scaled * float(finite.max()) if finite.size else 0.0
+        return 0.0, self.scaled * largest_magnitude(want)
 
     def text(self) -> str:
         """The tolerance as the check's verdict states it."""
         if self.scaled is None:
             return f"rtol {self.rtol}, atol {self.atol}"
         return f"bf16 artifact: within {self.scaled:g} x the output's largest magnitude"
+
+
+def largest_magnitude(values: np.ndarray) -> float:
+    """The largest finite |value| (0 when there is none)."""
+    finite = np.abs(values[np.isfinite(values)])
+    return float(finite.max()) if finite.size else 0.0
 
 
 def artifact_tolerance(directory: Path) -> Tolerance:
@@ -141,8 +146,7 @@ def compare(got: np.ndarray, want: np.ndarray, rtol: float = CHECK_RTOL, atol: f
         within = bool(np.all((difference == 0) | (np.isfinite(difference) & (difference <= bound))))
     positions = np.argwhere(nan_mismatch)
     max_error = float(difference.max()) if difference.size else 0.0
-    finite = np.abs(w[np.isfinite(w)])
-    scale = float(finite.max()) if finite.size else 0.0
+    scale = largest_magnitude(w)
     return Comparison(max_error=max_error,
                       nan_mismatches=len(positions),
                       first_nan_mismatch=tuple(int(i) for i in positions[0]) if len(positions) else None,
