@@ -83,16 +83,21 @@ def pack_conv_weight(weight: np.ndarray, icb: int, ocb: int) -> np.ndarray:
 def bf16_conv_blocks(out_channels: int, in_channels: int, out_width: int) -> tuple[int, int] | None:
     """(icb, ocb) of a bf16 conv, or None where the output channels are fewer than 16 (the conv stays float32).
 
-    icb: 16 input channels, or all of them rounded up to a pair. ocb: 16 output channels (one vdpbf16ps), or 32
-    where output rows are narrower than NARROW_ROW: a register tile of one row's pixels then holds too few
-    accumulators to hide the instruction's latency (measured: ResNet-18's 7 × 7 convs ran at ~55% of the
-    bf16 peak with 7), and two 16-channel vectors per pixel double them.
+    As `conv_blocks`, the input block rounded up to a pair: ocb is 16 output channels (one vdpbf16ps), or 32 on
+    narrow rows (measured: ResNet-18's 7 × 7 convs ran at ~55% of the bf16 peak with 16-channel tiles).
     """
     if out_channels < LANES:
         return None
-    icb = min(in_channels, 16)
-    wide = out_width >= NARROW_ROW or out_channels % (2 * LANES)
-    return icb + icb % PAIR, LANES if wide else 2 * LANES
+    icb, ocb = conv_blocks(out_channels, in_channels, out_width)
+    return icb + icb % PAIR, ocb
+
+
+def tile_axis(attrs: Mapping[str, Any], height: int, width: int) -> tuple[int, int]:
+    """(swap, output extent along the register tiles' axis) of a conv's packed kernel: tiles run along the width,
+    and a tall, narrow input runs with height and width swapped."""
+    swap = int(width < 8 <= height)
+    strides = attrs.get("strides") or [1, 1]
+    return swap, -(-(height if swap else width) // strides[0 if swap else -1])
 
 
 def pack_conv_weight_bf16(weight: np.ndarray, icb: int, ocb: int) -> np.ndarray:
@@ -250,11 +255,8 @@ def plan_packing(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[T
         if weight.ndim == 3:  # a 1-D conv runs as a 2-D conv of height 1
             weight = weight[:, :, None, :]
         height, width = (1, input_types[0].shape[2]) if input_types[0].rank == 3 else input_types[0].shape[2:]
-        # Register tiles run along the width: a tall, narrow input runs with height and width swapped.
-        swap = int(width < 8 <= height)
-        strides = attrs.get("strides") or [1] * (input_types[0].rank - 2)
-        stride = strides[0 if swap else -1]
-        icb, ocb = conv_blocks(*weight.shape[:2], -(-(height if swap else width) // stride))
+        swap, out_width = tile_axis(attrs, height, width)
+        icb, ocb = conv_blocks(*weight.shape[:2], out_width)
         if swap:
             weight = weight.transpose(0, 1, 3, 2)
         return Packing(((CONV_BLOCKS, (icb, ocb, swap)),), {1: pack_conv_weight(weight, icb, ocb)})
@@ -280,10 +282,8 @@ def bf16_packing(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[T
     weight = constants[1] if len(constants) > 1 else None
     if weight is None or weight.ndim != 4:
         return None
-    height, width = input_types[0].shape[2:]
-    swap = int(width < 8 <= height)  # as the float32 packing: register tiles run along the wider axis
-    stride = (attrs.get("strides") or [1, 1])[0 if swap else 1]
-    blocks = bf16_conv_blocks(weight.shape[0], weight.shape[1], -(-(height if swap else width) // stride))
+    swap, out_width = tile_axis(attrs, *input_types[0].shape[2:])
+    blocks = bf16_conv_blocks(weight.shape[0], weight.shape[1], out_width)
     if blocks is None:
         return None
     icb, ocb = blocks
