@@ -40,6 +40,7 @@ import importlib.util
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -304,15 +305,15 @@ def main(argv=None) -> int:
               + (f"  tessel: {why}" if why else "") + (f"  tvm: {tvm_why}" if tvm_ms is None and not args.skip_tvm else ""),
               flush=True)
     if ratios:
-        print(f"geomean tessel/onnxruntime over {len(ratios)} models: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}")
+        print(f"geomean tessel/onnxruntime over {len(ratios)} models: {statistics.geometric_mean(ratios):.2f}")
     if ov_ratios:
-        print(f"geomean tessel/openvino (f32) over {len(ov_ratios)} models: {math.exp(sum(map(math.log, ov_ratios)) / len(ov_ratios)):.2f}")
+        print(f"geomean tessel/openvino (f32) over {len(ov_ratios)} models: {statistics.geometric_mean(ov_ratios):.2f}")
     if fusion_speedups:
         print(f"fusion speedup (unfused/fused) geomean over {len(fusion_speedups)} models: "
-              f"{math.exp(sum(map(math.log, fusion_speedups)) / len(fusion_speedups)):.2f}x")
+              f"{statistics.geometric_mean(fusion_speedups):.2f}x")
     if layout_speedups:
         print(f"blocked layout speedup (nchw/blocked) geomean over the {len(layout_speedups)} models with blocked activations: "
-              f"{math.exp(sum(map(math.log, layout_speedups)) / len(layout_speedups)):.2f}x")
+              f"{statistics.geometric_mean(layout_speedups):.2f}x")
     if tvm_speedups:
         print(f"tessel vs TVM's pipeline: {min(tvm_speedups):.1f}x to {max(tvm_speedups):.1f}x faster on the {len(tvm_speedups)} models TVM runs")
     if args.bf16:
@@ -347,7 +348,7 @@ def _bf16_table(names: list[str], corpus: dict, runs: int, rounds: int, openvino
               + (f"  tessel: {why}" if tessel_ms is None and why else ""), flush=True)
     if ratios:
         print(f"geomean tessel bf16/openvino bf16 over {len(ratios)} models: "
-              f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}")
+              f"{statistics.geometric_mean(ratios):.2f}")
 
 
 def _fastest_rounds(name: str, runs: int, rounds: int, openvino: bool) -> tuple:
@@ -393,7 +394,7 @@ def _before_after(names: list[str], baseline: Path, runs: int, repeats: int) -> 
         print(f"{name:<20} {cells[0]:>12} {cells[1]:>10} {f'{ratio:.3f}' if ratio else 'n/a':>14} {overhead:>17}"
               + (f"  {why}" if why else ""), flush=True)
     if ratios:
-        print(f"geomean this/baseline over {len(ratios)} models: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}; "
+        print(f"geomean this/baseline over {len(ratios)} models: {statistics.geometric_mean(ratios):.3f}; "
               f"range {min(ratios):.3f} to {max(ratios):.3f}")
     return 0
 
