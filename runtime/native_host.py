@@ -23,10 +23,11 @@ anything ran when an array is not C-contiguous, else as a segment does. An input
 aligned as its arena slot (the same remainder modulo ALIGNMENT; TVM's kernels assume 64-byte aligned
 arguments: `llvm.assume` "align" 64 on each) has the address of every DLTensor that reads it or one of its
 `aliases` (its views, slices of pieces) set into the array, at the same byte offset; any other array is
-copied into the slot (a memcpy) and those addresses set back to the slot. Only kernel arguments are so
-redirected, all of them read-only: an input read by a branch condition or a move, or written by anything,
-is always copied (`in_place[k]`: whether input k may be read in place). The caller's array is never written; a value the memory
-plan puts in the input's slot after its last use is written to the arena as before. The no-argument
+copied into the slot (a memmove) and those addresses set back to the slot, and so is an array lying in the
+executor's own memory (`owned`). Only kernel arguments are so redirected, all of them read-only: an input read
+by a branch condition or a move, or written by anything, is always copied (`in_place[k]`: whether input k may
+be read in place). The caller's array is never written; a value the memory plan puts in the input's slot after
+its last use is written to the arena as before. The no-argument
 function of segment 0 (`run(0)`, `function`) runs the same code on the slots as they are written.
 """
 from __future__ import annotations
