@@ -2,8 +2,8 @@
 
 The step graph is built at the slice's batch (the model imported at batch / N, so every shape, the loss's mean
 and BatchNormalization's n / (n - 1) are the slice's) with each gradient averaged over the replicas by AllReduce
-nodes issued as soon as their gradients exist, in buckets, and the loss by one issued just before the last
-bucket's (passes/data_parallel.py), then
+nodes issued as soon as their gradients exist, in buckets, the loss riding in the last bucket
+(passes/data_parallel.py), then
 the optimizer update: the replicas update identical weights with identical gradients and stay identical. It
 compiles once, as for one device; `replica_programs` then gives each worker its program:
 

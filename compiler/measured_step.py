@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 from tessel.runtime.instructions import AllReduce, program_from_json
 from tessel.runtime.step_profile import RUN, WAIT as WAIT_SPAN
 
-from .step_timeline import ALLREDUCE, WAIT, Bar, Timeline, replica_phases, stage_phases
+from .step_timeline import ALLREDUCE, WAIT, Bar, Timeline, forward_loss, replica_phases, stage_phases
 
 
 def run_phases(plan: Mapping) -> list[list[str]]:
@@ -25,7 +25,7 @@ def run_phases(plan: Mapping) -> list[list[str]]:
     if "pipeline" in plan:
         phases = [stage_phases(runs) for runs in plan["pipeline"]["phases"]]
     else:
-        loss = plan["workers"][0]["outputs"][0]
+        loss = forward_loss(plan)
         phases = [replica_phases(program, loss) for program in programs]
     return [[phase for instruction, phase in zip(program, worker) if not instruction.runs_at_load]
             for program, worker in zip(programs, phases)]

@@ -42,7 +42,8 @@ from .options import CompileError, CompileOptions
 from .plots.step_gantt import write_step_gantt
 from .ps_timeline import simulate_ps
 from .step_kernels import KernelTime, kernel_times
-from .step_timeline import ALLREDUCE, Timeline, WorkerProgram, replica_phases, reordered_stage, simulate
+from .step_timeline import (ALLREDUCE, Timeline, WorkerProgram, forward_loss, replica_phases, reordered_stage,
+                            simulate)
 
 _log = logging.getLogger("tessel.compile")
 
@@ -241,7 +242,7 @@ def predict_data(artifact, times: Mapping[str, KernelTime], link: Link, workers:
     `transport` when the group all-reduces through shared memory, else by the gloo `link` and its algorithm."""
     plan = artifact.plan
     programs = [program_from_json(w["instructions"]) for w in plan["workers"]]
-    loss = plan["workers"][0]["outputs"][0]
+    loss = forward_loss(plan)
     slice_bytes = _input_bytes(plan["workers"][0], plan["workers"][0]["inputs"])
     algorithms = set()
 
@@ -300,7 +301,7 @@ def predict_ps(artifact, times: Mapping[str, KernelTime], link: Link, workers: i
     if not any(sizes):
         return Alternative(PARAMETER_SERVER, "ps", None, None, runnable=False, note="no parameters to serve"), None
     program = program_from_json(worker["instructions"])
-    replica = WorkerProgram(program, replica_phases(program, worker["outputs"][0]), worker["values"])
+    replica = WorkerProgram(program, replica_phases(program, forward_loss(plan)), worker["values"])
     delivered = host_s + scatter_linear(link, workers, workers * _input_bytes(worker, worker["inputs"]))
     played = {servers: simulate_ps(replica, workers, sizes, servers, _kernel_seconds(times), link, delivered)
               for servers in range(1, min(workers, sum(1 for size in sizes if size)) + 1)}

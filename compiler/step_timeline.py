@@ -31,6 +31,15 @@ PHASES = (FORWARD, BACKWARD, ALLREDUCE, TRANSFER, UPDATE, WAIT)
 # The pipeline block kinds plan.json records (compiler/pipeline_programs.py block_runs) as step phases; the
 # once block (parameters prepared for the micro-batches) counts as forward.
 _BLOCK_PHASES = {"once": FORWARD, "F": FORWARD, "B": BACKWARD, "update": UPDATE}
+# plan.json of a data-parallel step: the replica's own loss, before its mean over the replicas (which rides in the
+# last gradient bucket, so the data flow from the loss output would take in the whole backward pass).
+REPLICA_LOSS = "replica_loss"
+
+
+def forward_loss(plan: Mapping) -> str:
+    """The value a data-parallel replica's forward pass ends with: the plan's replica loss, else (an artifact from
+    before it was recorded) the step's loss output."""
+    return plan.get(REPLICA_LOSS) or plan["workers"][0]["outputs"][0]
 
 
 @dataclass(frozen=True)

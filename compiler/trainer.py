@@ -45,6 +45,7 @@ from .dp_training import (allreduce_plan, compressed_bytes, replica_input_shapes
 from .options import CompileError, CompileOptions
 from .recompute import cheap_recompute_pass, place_recompute, recompute_pass
 from .state_program import PersistentState
+from .step_timeline import REPLICA_LOSS
 from .training import StepGraph, build_step_graph
 from .worker_programs import MachineShape
 
@@ -311,6 +312,7 @@ def compile_step(step_graph: StepGraph, source: ModelSource, loss: str | LossSpe
     if replicas > 1:
         shared = step_graph.scalar_inputs
         replicate = lambda program, graph: replica_programs(program, shared, replicas)  # noqa: E731
+        plan_extra = {**(plan_extra or {}), REPLICA_LOSS: step_graph.forward_loss}
     step = compile_graph(step_graph.graph, options, machine, source, state=state,
                          passes=_step_passes(options, step_graph), replicate=replicate, plan_extra=plan_extra)
     eval_names = {v.name for v in step_graph.eval_graph.inputs} & set(step_graph.state)
@@ -352,8 +354,8 @@ def _step_passes(options: CompileOptions, step_graph: StepGraph) -> tuple[Pass, 
     passes = options.passes
     if options.device_memory is not None:
         passes = place_recompute(passes, recompute_pass(options.device_memory, persistent=step_graph.state,
-                                                        loss=step_graph.loss_output, alignment=alignment))
-    return place_recompute(passes, cheap_recompute_pass(persistent=step_graph.state, loss=step_graph.loss_output,
+                                                        loss=step_graph.forward_loss, alignment=alignment))
+    return place_recompute(passes, cheap_recompute_pass(persistent=step_graph.state, loss=step_graph.forward_loss,
                                                         alignment=alignment))
 
 

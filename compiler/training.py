@@ -22,7 +22,7 @@ from tessel.ir.graph import Graph, Value
 from tessel.passes.autodiff import differentiate
 from tessel.passes.loss import LossSpec, add_loss
 from tessel.passes.optimizer_update import add_updates
-from tessel.passes.data_parallel import DEFAULT_BUCKET_BYTES, GradientCompression, averaged_gradients, loss_mean
+from tessel.passes.data_parallel import DEFAULT_BUCKET_BYTES, GradientCompression, averaged_step
 from tessel.passes.training_mode import TrainingModel, prepare_eval, prepare_training
 
 if TYPE_CHECKING:
@@ -48,6 +48,14 @@ class StepGraph:
     parameters: list[str]
     scalar_inputs: list[str]           # fed each step from optimizer.step_scalars(step)
     dropout_masks: dict[str, float]
+    # The replica's own loss, before any averaging over replicas: where the forward pass ends (recompute, step
+    # phases). None: the loss output is that value.
+    replica_loss: str | None = None
+
+    @property
+    def forward_loss(self) -> str:
+        """The value that ends the forward pass: the replica's own loss."""
+        return self.replica_loss or self.loss_output
 
 
 def build_step_graph(model, input_shapes: Mapping[str, Sequence[int]] | None, loss: str | LossSpec,
@@ -86,8 +94,7 @@ def assemble_step(training: TrainingModel, eval_graph: Graph, spec: LossSpec, op
     grads = differentiate(graph, added.loss, parameters)
     loss = added.loss
     if replicas > 1:
-        grads = averaged_gradients(graph, grads, bucket_bytes, compression)
-        loss = loss_mean(graph, loss)
+        grads, loss = averaged_step(graph, grads, loss, bucket_bytes, compression)
     updates = add_updates(graph, optimizer.rule, {p.name: (p, grads[p.name]) for p in parameters})
     kept = [_value(graph, name) for name in training.state_updates.values()]
     loss_value = _loss_output(graph, loss)
@@ -100,6 +107,7 @@ def assemble_step(training: TrainingModel, eval_graph: Graph, spec: LossSpec, op
         model_outputs=[v.name for v in eval_graph.outputs], state={**training.state, **updates.initial_slots()},
         state_updates=state_updates, parameters=list(training.parameters),
         scalar_inputs=[v.name for v in updates.scalar_inputs], dropout_masks=dict(training.dropout_masks),
+        replica_loss=added.loss.name if replicas > 1 else None,
     )
 
 

@@ -3,8 +3,9 @@
 AllReduce nodes (tessel domain, run by the runtime's AllReduce instruction, in the background until the
 first reader of its result, or at once where nothing is left to overlap) take the gradients in buckets:
 consecutive gradients in the order backward computes them, up to a bucket size, flattened and concatenated once the bucket's last gradient exists, and
-split back at the end of backward, just before the optimizer update reads them. The bucket size comes from
-the α-β link model: the smallest bucket whose latency is a small share of its all-reduce time.
+split back at the end of backward, just before the optimizer update reads them; the loss's mean rides in the last
+bucket. The bucket size comes from the α-β link model: the smallest bucket whose latency is a small share of its
+all-reduce time.
 
 Each bucket's all-reduce algorithm is chosen by its α-β cost (passes/collectives.py: ring, recursive halving
 and doubling, gloo's own) among those the runtime executes: today gloo's own only (runtime/comm.py runs
@@ -101,17 +102,6 @@ def replica_mean(graph: Graph, value: Value, parts: Sequence[Value] = (),
     return _mean(graph, value, _after(graph, value), attrs)
 
 
-def loss_mean(graph: Graph, loss: Value) -> Value:
-    """The loss averaged over the replicas by an AllReduce issued just before the last gradient bucket's (the
-    graph's last AllReduce): nothing reads the mean before the step ends. Where the update reads that bucket
-    right after its all-reduce (one bucket, uncompressed: the transformer block's), both run on the worker's own
-    thread (runtime/executor.py `reductions_read_next`) instead of the loss waking the reducer thread in the middle
-    of the step to take a core from the kernels; with several buckets they overlap the earlier buckets' updates on
-    the reducer thread."""
-    reduces = [node for node in graph.nodes if node.domain == TESSEL_DOMAIN and node.op_type == "AllReduce"]
-    return _mean(graph, loss, reduces[-1] if reduces else _after(graph, loss))
-
-
 def _mean(graph: Graph, value: Value, before, attrs: Mapping | None = None) -> Value:
     """`value` averaged over the replicas by an AllReduce node inserted before node `before` (None: at the end)."""
     node = add_op(graph, "AllReduce", [value], {"reduction": "mean", **(attrs or {})},
@@ -119,13 +109,15 @@ def _mean(graph: Graph, value: Value, before, attrs: Mapping | None = None) -> V
     return node.outputs[0]
 
 
-def averaged_gradients(graph: Graph, grads: Mapping[str, Value], bucket_bytes: int,
-                       compression: GradientCompression | None = None) -> dict[str, Value]:
-    """Each gradient averaged over the replicas, in buckets: in the order backward computes them, consecutive
-    gradients up to `bucket_bytes` together are flattened into one buffer, all-reduced as soon as the bucket's
-    last gradient exists, and split back at the end of backward (just before the optimizer update reads
-    them). A bucket of one gradient is all-reduced as it is. With a `compression` the workers exchange
-    encoded buckets instead (runtime/comm.py)."""
+def averaged_step(graph: Graph, grads: Mapping[str, Value], loss: Value, bucket_bytes: int,
+                  compression: GradientCompression | None = None) -> tuple[dict[str, Value], Value]:
+    """Each gradient and the loss averaged over the replicas. The gradients go in buckets: in the order backward
+    computes them, consecutive gradients up to `bucket_bytes` together are flattened into one buffer, all-reduced
+    as soon as the bucket's last gradient exists, and split back at the end of backward (just before the optimizer
+    update reads them); a bucket of one gradient is all-reduced as it is. Nothing reads the loss's mean before the
+    step ends, so it rides in the last bucket: one collective fewer, each a synchronisation of every replica. With
+    a `compression` the workers exchange encoded buckets instead (runtime/comm.py), and the loss, which must stay
+    exact, gets an AllReduce of its own, issued just before the last bucket's."""
     position = {id(node): k for k, node in enumerate(graph.nodes)}
     ordered = sorted(grads.items(), key=lambda item: position.get(id(item[1].producer), -1))
     buckets: list[list[tuple[str, Value]]] = []
@@ -136,30 +128,43 @@ def averaged_gradients(graph: Graph, grads: Mapping[str, Value], bucket_bytes: i
             size = 0
         buckets[-1].append((name, grad))
         size += grad.type.nbytes
+    rides = compression is None and bool(buckets) and all(grad.type.dtype == loss.type.dtype
+                                                          for _, grad in buckets[-1])
     averaged: dict[str, Value] = {}
-    for bucket in buckets:
-        if len(bucket) == 1:
+    loss_mean = None
+    for k, bucket in enumerate(buckets):
+        riders = [loss] if rides and k == len(buckets) - 1 else []
+        if len(bucket) == 1 and not riders:
             averaged[bucket[0][0]] = replica_mean(graph, bucket[0][1], [bucket[0][1]], compression)
-        else:
-            averaged.update(_bucket_mean(graph, bucket, compression))
-    return averaged
+            continue
+        means, rider_means = _bucket_mean(graph, bucket, compression, riders)
+        averaged.update(means)
+        if riders:
+            loss_mean = rider_means[0]
+    if loss_mean is None:
+        reduces = [node for node in graph.nodes if node.domain == TESSEL_DOMAIN and node.op_type == "AllReduce"]
+        loss_mean = _mean(graph, loss, reduces[-1] if reduces else _after(graph, loss))
+    return averaged, loss_mean
 
 
-def _bucket_mean(graph: Graph, bucket: list[tuple[str, Value]],
-                 compression: GradientCompression | None) -> dict[str, Value]:
-    """One AllReduce for the gradients of `bucket` (flattened and concatenated after the last of them is
-    computed); the averaged gradients split back out of it, appended to the graph's end."""
+def _bucket_mean(graph: Graph, bucket: list[tuple[str, Value]], compression: GradientCompression | None,
+                 riders: Sequence[Value] = ()) -> tuple[dict[str, Value], list[Value]]:
+    """One AllReduce for the gradients of `bucket` and the `riders` (values computed before them), flattened and
+    concatenated after the last gradient is computed; the averaged gradients and riders split back out of it,
+    appended to the graph's end."""
     following = _after(graph, bucket[-1][1])
-    flat = [add_op(graph, "Reshape", [grad, _constant(graph, "bucket_shape", [-1])], name=graph.unique_name("bucket/flat"),
-                   before=following).outputs[0] for _, grad in bucket]
+    parts_in = [grad for _, grad in bucket] + list(riders)
+    flat = [add_op(graph, "Reshape", [value, _constant(graph, "bucket_shape", [-1])], name=graph.unique_name("bucket/flat"),
+                   before=following).outputs[0] for value in parts_in]
     joined = add_op(graph, "Concat", flat, {"axis": 0}, name=graph.unique_name("bucket/concat"), before=following)
-    reduced = replica_mean(graph, joined.outputs[0], [grad for _, grad in bucket], compression)
-    sizes = [grad.type.numel for _, grad in bucket]
+    reduced = replica_mean(graph, joined.outputs[0], parts_in, compression)
+    sizes = [value.type.numel for value in parts_in]
     parts = add_op(graph, "Split", [reduced, _constant(graph, "bucket_split", sizes)], {"axis": 0},
-                   name=graph.unique_name("bucket/split"), num_outputs=len(bucket)).outputs
-    return {name: add_op(graph, "Reshape", [part, _constant(graph, "grad_shape", list(grad.type.shape))],
-                         name=graph.unique_name("bucket/unflat")).outputs[0]
-            for (name, grad), part in zip(bucket, parts)}
+                   name=graph.unique_name("bucket/split"), num_outputs=len(parts_in)).outputs
+    means = [add_op(graph, "Reshape", [part, _constant(graph, "grad_shape", list(value.type.shape))],
+                    name=graph.unique_name("bucket/unflat")).outputs[0]
+             for value, part in zip(parts_in, parts)]
+    return {name: mean for (name, _), mean in zip(bucket, means)}, means[len(bucket):]
 
 
 def _after(graph: Graph, value: Value):

@@ -11,6 +11,7 @@ import pytest
 import tessel
 from bench.training_models import SPECS, export
 from tessel.compiler.options import CompileError
+from tessel.compiler.step_timeline import ALLREDUCE, FORWARD, forward_loss, replica_phases
 from tessel.compiler.training import build_step_graph
 from tessel.ir.schema import TESSEL_DOMAIN
 from tessel.ir.interpret import interpret
@@ -18,6 +19,7 @@ from tessel.passes.collectives import allreduce_halving_doubling, allreduce_ring
 from tessel.passes.data_parallel import (DEFAULT_BUCKET_BYTES, MAX_BUCKET_BYTES, MIN_BUCKET_BYTES, bucket_bytes_for,
                                          choose_allreduce)
 from tessel.passes.machine import Link
+from tessel.runtime.instructions import program_from_json
 from tests.passes.test_sync_batchnorm import conv_bn_model, input_batch
 
 STEPS = 20
@@ -47,7 +49,12 @@ def test_two_workers_train_like_one_device_on_the_whole_batch(mlp, kernel_cache,
     parallel = _compile(spec, path, kernel_cache, devices=2, placement="data", bucket_bytes=10_000)
     try:
         assert parallel.workers == 2
-        # Every all-reduce (the loss, each bucket) is costed by algorithm; gloo's own is the one that runs.
+        # The forward pass ends at the replica's own loss (recorded in the plan), not at its mean, which comes back
+        # with the last bucket after the backward pass.
+        plan = parallel.step_artifact.plan
+        phases = replica_phases(program_from_json(plan["workers"][0]["instructions"]), forward_loss(plan))
+        assert FORWARD in phases and max(k for k, p in enumerate(phases) if p == FORWARD) < phases.index(ALLREDUCE)
+        # Every all-reduce (each bucket, the loss riding in the last) is costed by algorithm; gloo's own runs.
         report = (parallel.step_artifact.directory / "reports" / "data_parallel.md").read_text()
         assert report.count("-> gloo") >= 2 and "ring" in report and "halving_doubling" in report
         for x, labels in batches:
@@ -77,26 +84,36 @@ def test_a_replica_step_averages_each_gradient_right_after_it_is_computed(mlp):
     step = build_step_graph(str(path), {"x": spec.input_shape}, spec.loss, tessel.optim.SGD(lr=0.1), replicas=2,
                             bucket_bytes=1)
     nodes, reduces = step.graph.nodes, _all_reduces(step)
-    assert len(reduces) == len(step.parameters) + 1  # every gradient and the loss
-    # The loss's mean is read only when the step ends: it is issued with the last gradient's, just before it.
-    loss = next(k for k in reduces if nodes[k].inputs[0].name.startswith("loss"))
-    assert loss == reduces[-2] and all(nodes[k].attrs["reduction"] == "mean" for k in reduces)
+    assert len(reduces) == len(step.parameters)  # every gradient; the loss rides with the last one
+    assert all(nodes[k].attrs["reduction"] == "mean" for k in reduces)
+    # The loss's mean is read only when the step ends: it joins the last gradient's bucket.
+    last = nodes[reduces[-1]].inputs[0].producer
+    assert last.op_type == "Concat" and len(last.inputs) == 2
+    assert last.inputs[1].producer.inputs[0].name.startswith("loss")
+    assert step.graph.lookup(step.loss_output).producer.inputs[0].producer.op_type == "Split"
     for k in reduces:
-        if k == loss:
-            continue
         node = nodes[k]
         producer = node.inputs[0].producer
         # Issued as soon as its value exists: right after its producer (or after an earlier AllReduce there).
         assert all(nodes[j].op_type == "AllReduce" for j in range(nodes.index(producer) + 1, k))
 
 
+def test_recompute_and_the_step_phases_see_the_forward_pass_end_at_the_replicas_own_loss(mlp):
+    spec, path, _ = mlp
+    step = build_step_graph(str(path), {"x": spec.input_shape}, spec.loss, tessel.optim.SGD(lr=0.1), replicas=2)
+    nodes = step.graph.nodes
+    assert nodes.index(step.graph.lookup(step.forward_loss).producer) < min(_all_reduces(step))
+    assert forward_loss({"replica_loss": "mine", "workers": [{"outputs": ["loss"]}]}) == "mine"
+    assert forward_loss({"workers": [{"outputs": ["loss"]}]}) == "loss"  # an artifact from before the field
+
+
 def test_gradients_share_a_bucket_up_to_its_size(mlp):
     spec, path, _ = mlp
     step = build_step_graph(str(path), {"x": spec.input_shape}, spec.loss, tessel.optim.SGD(lr=0.1), replicas=2)
     nodes, reduces = step.graph.nodes, _all_reduces(step)
-    assert len(reduces) == 2  # the MLP's 27 KB of gradients in one bucket, and the loss
-    bucket = nodes[reduces[1]].inputs[0].producer
-    assert bucket.op_type == "Concat" and len(bucket.inputs) == len(step.parameters)
+    assert len(reduces) == 1  # the MLP's 27 KB of gradients in one bucket, the loss with them
+    bucket = nodes[reduces[0]].inputs[0].producer
+    assert bucket.op_type == "Concat" and len(bucket.inputs) == len(step.parameters) + 1
     # The bucket is split back only after the last backward node, just before the updates.
     split = next(k for k, node in enumerate(nodes) if node.op_type == "Split")
     backward = [k for k, node in enumerate(nodes) if node.name.endswith(("_grad", "_grad_1", "_grad_2"))]
