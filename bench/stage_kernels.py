@@ -1,8 +1,8 @@
 """Where does a pipeline stage's CPU go? Each stage program's kernels against the one-worker program's, node by node.
 
-Times every kernel call of each worker program of a pipeline artifact (its transfers skipped: a stand-in
-communicator does nothing) and of the one-worker program of the same batch, on the native host, one thread, in
-this process, with the arena filled with small random values (never NaN or denormal bit patterns). Each stage
+Times every kernel call of each worker program of a pipeline artifact (its transfers skipped, what they would bring
+filled with random data) and of the one-worker program of the same batch, on the native host, one thread, in
+this process, as compiler/step_kernels.py times a step's kernels for its predictions. Each stage
 runs its program once per micro-batch, so a stage's cost per request is `microbatches` x its program; the table
 gives, per node, that cost against the node's cost in the one-worker program, and the sums per stage.
 
@@ -18,60 +18,21 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
-from tessel.runtime.executor import Executor  # noqa: E402
-from tessel.runtime.instructions import KernelCall  # noqa: E402
-from tessel.runtime.native_host import NativeHost  # noqa: E402
-
-
-class _NoComm:
-    """A communicator whose transfers do nothing: a stage program's kernels run alone."""
-
-    rank = 0
-
-    def send(self, *args) -> None:
-        return None
-
-    def recv(self, *args) -> None:
-        return None
-
-    def start_send(self, *args):
-        return _nothing
-
-    def start_recv(self, *args):
-        return _nothing
-
-    def wait_sends(self) -> None:
-        return None
-
-
-def _nothing() -> None:
-    return None
+from tessel.backends.tvm_env import set_threads  # noqa: E402
+from tessel.compiler.step_kernels import worker_kernel_sites  # noqa: E402
 
 
 def node_us(directory: str, worker: int, runs: int) -> dict[str, float]:
-    """Microseconds per run of each node's kernel calls in worker `worker`'s program, in the program's order."""
-    executor = Executor(directory, threads=1, worker=worker, comm=_NoComm())
-    # Small random values everywhere: an uninitialized arena may hold denormals, which slow float kernels down.
-    arena = executor._memory._arena  # noqa: SLF001 - a bench fills the whole arena once
-    arena[: arena.nbytes // 4 * 4].view(np.float32)[:] = np.random.default_rng(0).uniform(
-        -1, 1, arena.nbytes // 4).astype(np.float32)
-    calls = [i for i in executor.run_instructions if isinstance(i, KernelCall)]
-    timed = NativeHost([calls], executor._buffer, executor._entries, timed=True)  # noqa: SLF001
-    timed.run(0)  # warm-up
-    timed.kernel_ns[:] = 0
-    for _ in range(runs):
-        status = timed.run(0)
-        if status:
-            raise SystemExit(f"{directory} worker {worker}: kernel call {status - 1} failed")
+    """Microseconds per run of each node's kernel calls in worker `worker`'s program, in the program's order: each
+    call timed where the program makes it (compiler/step_kernels.py `worker_kernel_sites`, the median of `runs`),
+    its inputs and what its transfers would bring filled with random data."""
     spent: dict[str, float] = {}
-    for site, ns in zip(timed.sites, timed.kernel_ns):
-        spent[site.instruction.node] = spent.get(site.instruction.node, 0.0) + float(ns) / runs / 1e3
+    for node, ms in worker_kernel_sites(Path(directory), worker, runs, by_node=True):
+        spent[node] = spent.get(node, 0.0) + 1e3 * ms
     return spent
 
 
@@ -82,6 +43,7 @@ def main() -> None:
     parser.add_argument("one", help="the same model and batch on one device")
     parser.add_argument("--runs", type=int, default=8)
     args = parser.parse_args()
+    set_threads(1)
     plan = json.loads((Path(args.pipeline) / "plan.json").read_text())
     microbatches = int(plan.get("microbatches", 1))
     one = node_us(args.one, 0, args.runs)

@@ -203,12 +203,12 @@ def _signature_estimate(kernel: Mapping) -> float:
 
 
 def worker_kernel_sites(directory: Path, worker: int, runs: int = STEP_RUNS,
-                        barrier: tuple[Path, int] | None = None) -> list[tuple[str, float]]:
-    """(kernel key, milliseconds) of each kernel call of worker `worker`'s program of the step artifact in
-    `directory`, in program order, timed inside the program (runtime/executor.py `kernel_site_seconds`, the median
-    of `runs` runs): its inputs and the values other workers would send it filled with data of their types (random
-    floats, zero integers: valid indices and labels). With `barrier` (a directory, and how many workers time at
-    once) the runs start when every worker has loaded."""
+                        barrier: tuple[Path, int] | None = None, by_node: bool = False) -> list[tuple[str, float]]:
+    """(kernel key, or with `by_node` the calling node, milliseconds) of each kernel call of worker `worker`'s
+    program of the artifact in `directory`, in program order, timed inside the program (runtime/executor.py
+    `kernel_site_seconds`, the median of `runs` runs): its inputs and the values other workers would send it
+    filled with data of their types (random floats, zero integers: valid indices and labels). With `barrier` (a
+    directory, and how many workers time at once) the runs start when every worker has loaded."""
     from tessel.runtime.executor import Executor
 
     executor = Executor(directory, worker=worker, kernels_only=True)
@@ -217,7 +217,7 @@ def worker_kernel_sites(directory: Path, worker: int, runs: int = STEP_RUNS,
               for name in list(executor.input_types) + executor.received_values()}
     if barrier is not None:
         _wait_for_all(*barrier, worker)
-    return [(kernel, 1e3 * seconds) for kernel, seconds in executor.kernel_site_seconds(values, runs)]
+    return [(key, 1e3 * seconds) for key, seconds in executor.kernel_site_seconds(values, runs, by_node)]
 
 
 def _wait_for_all(directory: Path, workers: int, worker: int) -> None:

@@ -60,9 +60,9 @@ def flops(node: Node) -> int:
         return seq * batch * directions * per_step
     if op in ("MaxPool", "AveragePool", "LpPool"):
         return out * math.prod(node.attrs.get("kernel_shape", (1,)))
-    if op == "MaxPoolWithTaps":  # each window searched twice: its maximum, then its first tap
+    if op == "MaxPoolWithTaps":  # every tap compared, and its index kept where it is the new maximum
         return 2 * out * math.prod(node.attrs["kernel_shape"])
-    if op == "BatchStats":  # the sum, then the squared deviations
+    if op == "BatchStats":  # one read: a subtract (the shift), two adds and a multiply per element
         return 4 * _numel(ins[0])
     if op.startswith("Reduce") or op.startswith("Global") or op in ("ArgMax", "ArgMin"):
         return _numel(ins[0])

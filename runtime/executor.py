@@ -680,12 +680,13 @@ class Executor:
         return sorted({name for i in self.run_instructions if not native_able(i) for name in i.writes()
                        if name in self._types})
 
-    def kernel_site_seconds(self, values: Mapping[str, np.ndarray], runs: int = 3) -> list[tuple[str, float]]:
-        """(kernel key, seconds) of each kernel call of the run program in program order (a call in pieces: one
-        per piece), the median of `runs` timed runs after an untimed one: every kernel timed where the step calls
-        it, on the step's own buffers, after the kernels before it (not the same kernel again and again, its data
-        left in the caches). Transfers and collectives do not run: `values` (by name: the inputs and
-        `received_values`) are written into their buffers before each run."""
+    def kernel_site_seconds(self, values: Mapping[str, np.ndarray], runs: int = 3,
+                            by_node: bool = False) -> list[tuple[str, float]]:
+        """(kernel key, or with `by_node` the calling node, seconds) of each kernel call of the run program in
+        program order (a call in pieces: one per piece), the median of `runs` timed runs after an untimed one:
+        every kernel timed where the step calls it, on the step's own buffers, after the kernels before it (not
+        the same kernel again and again, its data left in the caches). Transfers and collectives do not run:
+        `values` (by name: the inputs and `received_values`) are written into their buffers before each run."""
         timed = NativeHost([[i for i in self.run_instructions if native_able(i)]], self._buffer, self._entries,
                            timed=True)
         writes = [(self._buffer(name), np.asarray(array)) for name, array in values.items()]
@@ -698,7 +699,8 @@ class Executor:
             samples.append(timed.kernel_ns.copy())
         seconds = np.median(np.stack(samples[1:]), axis=0) / 1e9
         # A site that took no time did not run (a branch not taken).
-        return [(site.kernel, float(s)) for site, s in zip(timed.sites, seconds) if site.kernel and s > 0]
+        return [(site.instruction.node if by_node else site.kernel, float(s))
+                for site, s in zip(timed.sites, seconds) if site.kernel and s > 0]
 
     def kernel_profile(self, inputs: Mapping[str, np.ndarray], runs: int = 20) -> list[tuple[str, str, float]]:
         """(node, op, mean microseconds per run) of each kernel call site of the native program, slowest first."""
