@@ -121,6 +121,27 @@ def test_bf16_conv_equals_float32_conv_of_bf16_rounded_inputs(case, kernel_cache
 
 
 @needs_bf16
+def test_bf16_conv_unpacking_rows_with_a_residual_epilogue_equals_float32_on_bf16_rounded_inputs(kernel_cache):
+    # An NCHW result is unpacked row by row from a per-thread row buffer: a batch of 2, rows of 13 pixels (tiles
+    # padded past the row) and an epilogue reading another input (a residual Add) check the row's indexing.
+    weight = (RNG.standard_normal((32, 16, 3, 3)) * 0.2).astype(np.float32)
+    bias = RNG.standard_normal(32).astype(np.float32)
+
+    def residual(w):
+        nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1] * 4),
+                 helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+        inputs = [("x", F, [2, 16, 13, 13]), ("r", F, [2, 32, 13, 13])]
+        return model(nodes, inputs, [("y", F, None)], [("w", w), ("b", bias)])
+
+    x = RNG.standard_normal((2, 16, 13, 13)).astype(np.float32)
+    r = RNG.standard_normal((2, 32, 13, 13)).astype(np.float32)
+    artifact = compile_model(residual(weight), precision="bf16", cache_dir=kernel_cache)
+    assert list(artifact.report()["precision"]["bf16_nodes"].values()) == ["Conv"]
+    want = run_onnxruntime(residual(round_to_bf16(weight)), {"x": round_to_bf16(x), "r": r})[0]
+    np.testing.assert_allclose(artifact.run({"x": x, "r": r})["y"], want, rtol=0, atol=4e-6 * np.abs(want).max())
+
+
+@needs_bf16
 def test_bf16_convs_between_blocked_activations_stay_within_the_stated_tolerance_of_float32(kernel_cache):
     weights = [(RNG.standard_normal((64, 64, 3, 3)) * 0.06).astype(np.float32) for _ in range(2)]
     nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1] * 4), helper.make_node("Relu", ["c1"], ["r1"]),
