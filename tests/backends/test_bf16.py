@@ -54,11 +54,15 @@ def test_bf16_packing_pairs_input_channels_of_16_output_channel_tiles():
     assert not packed[2, :, :, :, :, 8:].any() and not packed[:, 1, :, :, 4:].any()  # the padding is zero
 
 
-def test_bf16_packing_tiles_32_channels_on_narrow_rows_and_leaves_small_convs_float32():
+def test_bf16_packing_tiles_32_channels_where_they_come_in_32s_and_leaves_small_convs_float32():
     _, narrow = _conv_packing(64, 64, NARROW_ROW - 1, "bf16")
     assert dict(narrow.attrs)[CONV_BLOCKS] == (16, 32, 0) and narrow.arrays[1].shape[-2:] == (32, 2)
     _, strided = _conv_packing(64, 64, 2 * NARROW_ROW - 2, "bf16", stride=2)  # narrow after its stride
     assert dict(strided.attrs)[CONV_BLOCKS][1] == 32
+    _, wide = _conv_packing(64, 64, 56, "bf16")  # 32-channel tiles on wide rows too, where channels come in 32s
+    assert dict(wide.attrs)[CONV_BLOCKS] == (16, 32, 0)
+    _, rgb64 = _conv_packing(64, 3, 56, "bf16")  # a conv pairing kernel columns keeps 16-channel tiles
+    assert dict(rgb64.attrs)[CONV_BLOCKS] == (1, 16, 0)
     rgb, odd = _conv_packing(16, 3, 32, "bf16")  # three input channels: pairs of kernel columns, one zero column
     assert dict(odd.attrs)[CONV_BLOCKS] == (1, 16, 0) and dict(odd.attrs)[BF16_WINDOW_PAIRS] == 1
     assert odd.arrays[1].shape == (1, 3, 3, 2, 16, 2) and odd.arrays[1][0, 2, 1, 1, 7, 0] == to_bf16_bits(rgb[7, 2, 1, 2])
@@ -101,6 +105,7 @@ CONV_CASES = {
     "3x3_narrow_rows_32_channel_tiles": (64, 64, 3, 1, 1, 7, 7),
     "3x3_tall_narrow_swapped": (16, 32, 3, 1, 1, 20, 5),
     "3x3_wide": (32, 48, 3, 1, 1, 28, 28),
+    "3x3_wide_32_channel_tiles": (32, 64, 3, 1, 1, 28, 28),
 }
 
 
