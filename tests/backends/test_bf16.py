@@ -2,6 +2,8 @@
 run on bf16-rounded inputs (equal up to the order of the float32 sums), and ResNet-18 against float32."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -144,6 +146,18 @@ def test_bf16_conv_unpacking_rows_with_a_residual_epilogue_equals_float32_on_bf1
     assert list(artifact.report()["precision"]["bf16_nodes"].values()) == ["Conv"]
     want = run_onnxruntime(residual(round_to_bf16(weight)), {"x": round_to_bf16(x), "r": r})[0]
     np.testing.assert_allclose(artifact.run({"x": x, "r": r})["y"], want, rtol=0, atol=4e-6 * np.abs(want).max())
+
+
+@needs_bf16
+@pytest.mark.slow  # ~15 s: it compiles and times every candidate
+def test_algorithm_selection_of_a_bf16_compile_times_the_bf16_kernels(kernel_cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSEL_CACHE_DIR", str(tmp_path))  # a profile database of this test's own
+    original, _ = _conv_relu(16, 32, 3, 1, 1, 14, 14)
+    artifact = compile_model(original, precision="bf16", algo_select="dp", cache_dir=kernel_cache)
+    assert list(artifact.report()["precision"]["bf16_nodes"].values()) == ["Conv"]
+    [kernel] = [path.stem for path in (artifact.directory / "kernels").iterdir()]  # the fused bf16 Conv + Relu
+    timed = json.loads((tmp_path / "profiles.json").read_text())
+    assert f"{kernel}@2" in timed or f"{kernel}@1" in timed  # the kernel run is the candidate timed, by its key
 
 
 @needs_bf16
