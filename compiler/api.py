@@ -293,7 +293,9 @@ def _select_algorithms(graph, spec, program, cache, reports, options: CompileOpt
     else:
         limit, source = None, "none given"
     layers = find_layers(graph, spec.kind, policy)
-    builder = ProgramBuilder(spec)
+    # The candidates in the compile's precision: a bf16 compile times the bf16 kernels its packed convs would run
+    # (their specs, hence their profile database keys, carry the precision), not the float32 ones.
+    builder = ProgramBuilder(spec, precision=options.precision)
     timing = time_candidates(layers, builder, spec, cache, ProfileDB(), options.profile_budget, options.reprofile,
                              progress=progress)
     try:

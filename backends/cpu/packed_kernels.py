@@ -36,7 +36,9 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
 
     In bf16 (PRECISION attribute), weights come packed (K/ocb, C/icb, R, S, icb/2, ocb, 2) as bf16 bits
     (uint16), the packed input holds bf16 bits (rounded once, when packed: never `direct`), and each
-    16-channel × 2-channel step of the reduction is one `vdpbf16ps` accumulating in f32 (bf16.py).
+    16-channel × 2-channel step of the reduction is one `vdpbf16ps` accumulating in f32 (bf16.py). A bf16 conv
+    whose result is NCHW (not kept blocked) unpacks each output row, with its epilogue, from a per-thread row
+    buffer right after computing it.
     """
     x, wp, bias = ctx.input(0), ctx.input(1), ctx.input(2)
     icb, ocb, swap = ctx.attr(CONV_BLOCKS)
@@ -152,6 +154,13 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
         qo, qi = sch.split(q, [None, reg_n])
         kio, kii = sch.split(ki, [None, lanes])
         sch.reorder(ni, ko, y, qo, rco, rkh, *reduction, qi, kio, kii, *pair)
+        # A bf16 conv with an NCHW result unpacks each output row while it is in L1, from a per-thread row buffer,
+        # instead of writing the whole NCHWc result to memory and reading it back.
+        row_unpack = bf16 and not tiles_to_output
+        if row_unpack:
+            sch.reverse_compute_at(tile_out, qo)
+            sch.reverse_compute_at(sch.get_sblock("unpack"), y)
+            sch.set_scope(tile_out, 0, "local")
         rows = sch.fuse(ni, ko, y)
         if big:
             sch.parallel(rows)
@@ -159,7 +168,8 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
         sch.unroll(kio)
         if not bf16:
             sch.vectorize(kii)
-        sch.reverse_compute_at(tile_out, qo)
+        if not row_unpack:
+            sch.reverse_compute_at(tile_out, qo)
         init = sch.decompose_reduction(block, rco)
         if bf16:  # the (16 channels × pair) loops become one vdpbf16ps; the tile starts at zero, a vector store
             sch.vectorize(sch.get_loops(init)[-1])
@@ -178,7 +188,9 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
             try_step(lambda: sch.vectorize(sch.split(loops[-1], [None, 16])[1]))
         else:
             try_step(lambda: sch.vectorize(loops[-1]) if icb in (4, 8, 16) else None)
-        if not tiles_to_output:
+        if row_unpack:
+            try_step(lambda: sch.vectorize(sch.get_loops(sch.get_sblock("unpack"))[-1]))
+        elif not tiles_to_output:
             schedule_rows(sch, "unpack", big, ow % 4 == 0)
 
     return SelfScheduled([out], schedule)

@@ -83,12 +83,17 @@ def pack_conv_weight(weight: np.ndarray, icb: int, ocb: int) -> np.ndarray:
 def bf16_conv_blocks(out_channels: int, in_channels: int, out_width: int) -> tuple[int, int] | None:
     """(icb, ocb) of a bf16 conv, or None where the output channels are fewer than 16 (the conv stays float32).
 
-    As `conv_blocks`, the input block rounded up to a pair: ocb is 16 output channels (one vdpbf16ps), or 32 on
-    narrow rows (measured: ResNet-18's 7 × 7 convs ran at ~55% of the bf16 peak with 16-channel tiles).
+    As `conv_blocks`, the input block rounded up to a pair; ocb is 32 output channels (two vdpbf16ps per broadcast
+    pair) wherever they come in 32s, on rows of any width: measured on ResNet-18 (narrow rows: its 7 × 7 convs ran
+    at ~55% of the bf16 peak with 16-channel tiles; wide rows: its 56 × 56 to 14 × 14 3 × 3 convs ran 7-12%
+    faster). A conv pairing kernel columns (BF16_WINDOW_MAX_CHANNELS input channels at most) keeps
+    `conv_blocks`' tiles: ResNet-18's stem ran ~10% slower with 32 channels on its 112-pixel rows.
     """
     if out_channels < LANES:
         return None
     icb, ocb = conv_blocks(out_channels, in_channels, out_width)
+    if out_channels % (2 * LANES) == 0 and in_channels > BF16_WINDOW_MAX_CHANNELS:
+        ocb = 2 * LANES
     return icb + icb % PAIR, ocb
 
 

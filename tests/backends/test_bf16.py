@@ -2,6 +2,8 @@
 run on bf16-rounded inputs (equal up to the order of the float32 sums), and ResNet-18 against float32."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -54,11 +56,15 @@ def test_bf16_packing_pairs_input_channels_of_16_output_channel_tiles():
     assert not packed[2, :, :, :, :, 8:].any() and not packed[:, 1, :, :, 4:].any()  # the padding is zero
 
 
-def test_bf16_packing_tiles_32_channels_on_narrow_rows_and_leaves_small_convs_float32():
+def test_bf16_packing_tiles_32_channels_where_they_come_in_32s_and_leaves_small_convs_float32():
     _, narrow = _conv_packing(64, 64, NARROW_ROW - 1, "bf16")
     assert dict(narrow.attrs)[CONV_BLOCKS] == (16, 32, 0) and narrow.arrays[1].shape[-2:] == (32, 2)
     _, strided = _conv_packing(64, 64, 2 * NARROW_ROW - 2, "bf16", stride=2)  # narrow after its stride
     assert dict(strided.attrs)[CONV_BLOCKS][1] == 32
+    _, wide = _conv_packing(64, 64, 56, "bf16")  # 32-channel tiles on wide rows too, where channels come in 32s
+    assert dict(wide.attrs)[CONV_BLOCKS] == (16, 32, 0)
+    _, rgb64 = _conv_packing(64, 3, 56, "bf16")  # a conv pairing kernel columns keeps 16-channel tiles
+    assert dict(rgb64.attrs)[CONV_BLOCKS] == (1, 16, 0)
     rgb, odd = _conv_packing(16, 3, 32, "bf16")  # three input channels: pairs of kernel columns, one zero column
     assert dict(odd.attrs)[CONV_BLOCKS] == (1, 16, 0) and dict(odd.attrs)[BF16_WINDOW_PAIRS] == 1
     assert odd.arrays[1].shape == (1, 3, 3, 2, 16, 2) and odd.arrays[1][0, 2, 1, 1, 7, 0] == to_bf16_bits(rgb[7, 2, 1, 2])
@@ -101,6 +107,7 @@ CONV_CASES = {
     "3x3_narrow_rows_32_channel_tiles": (64, 64, 3, 1, 1, 7, 7),
     "3x3_tall_narrow_swapped": (16, 32, 3, 1, 1, 20, 5),
     "3x3_wide": (32, 48, 3, 1, 1, 28, 28),
+    "3x3_wide_32_channel_tiles": (32, 64, 3, 1, 1, 28, 28),
 }
 
 
@@ -118,6 +125,39 @@ def test_bf16_conv_equals_float32_conv_of_bf16_rounded_inputs(case, kernel_cache
     want = run_onnxruntime(rounded, {"x": round_to_bf16(x)})[0]
     # bf16 x bf16 products are exact in float32: only the order of the float32 sums differs.
     np.testing.assert_allclose(got, want, rtol=0, atol=4e-6 * np.abs(want).max())
+
+
+@needs_bf16
+def test_bf16_conv_unpacking_rows_with_a_residual_epilogue_equals_float32_on_bf16_rounded_inputs(kernel_cache):
+    # An NCHW result is unpacked row by row from a per-thread row buffer: a batch of 2, rows of 13 pixels (tiles
+    # padded past the row) and an epilogue reading another input (a residual Add) check the row's indexing.
+    weight = (RNG.standard_normal((32, 16, 3, 3)) * 0.2).astype(np.float32)
+    bias = RNG.standard_normal(32).astype(np.float32)
+
+    def residual(w):
+        nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1] * 4),
+                 helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+        inputs = [("x", F, [2, 16, 13, 13]), ("r", F, [2, 32, 13, 13])]
+        return model(nodes, inputs, [("y", F, None)], [("w", w), ("b", bias)])
+
+    x = RNG.standard_normal((2, 16, 13, 13)).astype(np.float32)
+    r = RNG.standard_normal((2, 32, 13, 13)).astype(np.float32)
+    artifact = compile_model(residual(weight), precision="bf16", cache_dir=kernel_cache)
+    assert list(artifact.report()["precision"]["bf16_nodes"].values()) == ["Conv"]
+    want = run_onnxruntime(residual(round_to_bf16(weight)), {"x": round_to_bf16(x), "r": r})[0]
+    np.testing.assert_allclose(artifact.run({"x": x, "r": r})["y"], want, rtol=0, atol=4e-6 * np.abs(want).max())
+
+
+@needs_bf16
+@pytest.mark.slow  # ~15 s: it compiles and times every candidate
+def test_algorithm_selection_of_a_bf16_compile_times_the_bf16_kernels(kernel_cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSEL_CACHE_DIR", str(tmp_path))  # a profile database of this test's own
+    original, _ = _conv_relu(16, 32, 3, 1, 1, 14, 14)
+    artifact = compile_model(original, precision="bf16", algo_select="dp", cache_dir=kernel_cache)
+    assert list(artifact.report()["precision"]["bf16_nodes"].values()) == ["Conv"]
+    [kernel] = [path.stem for path in (artifact.directory / "kernels").iterdir()]  # the fused bf16 Conv + Relu
+    timed = json.loads((tmp_path / "profiles.json").read_text())
+    assert f"{kernel}@2" in timed or f"{kernel}@1" in timed  # the kernel run is the candidate timed, by its key
 
 
 @needs_bf16
