@@ -15,9 +15,9 @@ is printed beside it. Tessel's steps are compiled once beforehand and loaded by 
 timed.
 
 Tessel's predicted step time is the compiler's own (compiler/parallel_auto.py `predict_data`, what
-`--parallel auto` plans with), taken at compile time: every worker's program played out (compiler/step_timeline.py)
-with its kernels' times on one thread (measured on this machine inside the step's programs, all workers at once, and
-kept in the profile database; compiler/step_kernels.py),
+`--parallel auto` plans with), made at the start of each of its timing runs (the table gives the kept round's):
+every worker's program played out (compiler/step_timeline.py) with its kernels' times on one thread (timed again
+then, on this machine, inside the step's programs, all workers at once; compiler/step_kernels.py),
 the host's measured round trip, the batch's slices, and each all-reduce at the α-β of the transport the workers use:
 the shared-memory all-reduce (runtime/shared_reduce_link.py) or gloo over the loopback link (runtime/calibrate.py),
 both measured first by this bench and not stored. Several workers profile their timed steps
@@ -64,11 +64,9 @@ def _export(name: str, batch: int, image_size: int, path: Path) -> Path:
     return path
 
 
-def compile_tessel(name: str, batch: int, image_size: int, workers: int, directory: Path, allreduce: str,
-                   links: dict) -> dict:
-    """Compile the step (SGD with momentum) of `batch` on `workers` workers into `directory`, and the compiler's
-    prediction of its step time (`predicted_step`); for several workers, the bytes of each all-reduce in issue
-    order."""
+def compile_tessel(name: str, batch: int, image_size: int, workers: int, directory: Path, allreduce: str) -> dict:
+    """Compile the step (SGD with momentum) of `batch` on `workers` workers into `directory`; for several workers,
+    the bytes of each all-reduce in issue order."""
     import tessel
     from tessel.backends.tvm_env import set_threads
 
@@ -81,7 +79,6 @@ def compile_tessel(name: str, batch: int, image_size: int, workers: int, directo
                                       **({"allreduce": allreduce} if workers > 1 else {}))
     result = {"compile_s": time.perf_counter() - started}
     try:
-        result.update(predicted_step(trainer, workers, allreduce, links))
         trainer.save(str(directory))
         if workers > 1:
             report = json.loads((Path(trainer.step_artifact.directory) / "reports" / "data_parallel.json").read_text())
@@ -174,12 +171,14 @@ def _batches(name: str, batch: int, image_size: int, count: int) -> list:
     return [spec.batch(rng) for _ in range(count)]
 
 
-def worker_tessel(name: str, batch: int, image_size: int, steps: int, directory: str) -> dict:
+def worker_tessel(name: str, batch: int, image_size: int, steps: int, directory: str, allreduce: str,
+                  links: dict) -> dict:
     """Tessel: the compiled step loaded from `directory`, here on one thread, or on the session's workers (each
-    with the cores shared among them: one on a 2-core machine, the one this bench is for). The timed steps run
-    unprofiled (a profiled step sends every worker's spans to rank 0 before it answers: up to a millisecond more);
-    with several workers a second session of profiling workers then runs the same steps, and each of its steps'
-    measured phases per worker come back."""
+    with the cores shared among them: one on a 2-core machine, the one this bench is for). The compiler's
+    prediction (`predicted_step`, its kernels timed again) is made first, in this run: the machine a round's
+    steps see is the one its prediction saw. The timed steps run unprofiled (a profiled step sends every worker's
+    spans to rank 0 before it answers: up to a millisecond more); with several workers a second session of
+    profiling workers then runs the same steps, and each of its steps' measured phases per worker come back."""
     import tessel
     from tessel.backends.tvm_env import set_threads
     from tessel.compiler.measured_step import measured_timeline
@@ -203,7 +202,11 @@ def worker_tessel(name: str, batch: int, image_size: int, steps: int, directory:
 
         try:
             pids = trainer._step._session.worker_pids if trainer.workers > 1 else None
+            if not profiled:
+                prediction = predicted_step(trainer, trainer.workers, allreduce, links)
             timed = _timed(step, batches, steps, pids)
+            if not profiled:
+                timed["prediction"] = prediction
             splits = [phase_seconds(measured_timeline(trainer.step_artifact.plan, profile))
                       for profile in profiles[WARMUP_STEPS:]] if profiled else []
             return timed, splits, trainer.workers
@@ -310,18 +313,22 @@ def measure_transport(workers: int, repeat: int):
 
 def bench_model(name: str, batch: int, image_size: int, workers: int, repeats: int, steps: int, scratch: Path,
                 allreduce: str, links: dict) -> dict:
-    """Compile (with the compiler's predictions), then alternate the engines' timing runs; medians and ratios."""
+    """Compile, then alternate the engines' timing runs (Tessel's each with the compiler's prediction); the kept
+    medians, the kept rounds' predictions, and the ratios."""
     common = [name, str(batch), str(image_size), str(steps)]
     plans = {count: _isolated(["compile", name, str(batch), str(image_size), str(count),
-                               str(scratch / f"{name}_{count}"), allreduce, json.dumps(links)])
+                               str(scratch / f"{name}_{count}"), allreduce])
              for count in (1, workers)}
     runs: dict[tuple[str, int], list[dict]] = {}
     for _ in range(repeats):
         for count in (1, workers):
             for engine in ("ddp", "tessel"):
-                argv = [engine, *common] + ([str(scratch / f"{name}_{count}")] if engine == "tessel" else [])
+                argv = [engine, *common] + ([str(scratch / f"{name}_{count}"), allreduce, json.dumps(links)]
+                                            if engine == "tessel" else [])
                 runs.setdefault((engine, count), []).append(_isolated(argv, ranks=count if engine == "ddp" else 1))
     fastest = {key: min(rounds, key=lambda r: _median(r["seconds"])) for key, rounds in runs.items()}
+    for count in (1, workers):
+        plans[count].update(fastest[("tessel", count)]["prediction"])
     return {"model": name, "batch": batch, "workers": workers, "plans": plans, "runs": runs,
             "measured": {key: _median(r["seconds"]) for key, r in fastest.items()},
             "queued": {key: r["queued_s"] for key, r in fastest.items()},
@@ -377,11 +384,11 @@ def _worker_main(argv: list[str]) -> int:
     kind, name, batch, image_size, *rest = argv
     batch, image_size = int(batch), int(image_size)
     if kind == "compile":
-        result = compile_tessel(name, batch, image_size, int(rest[0]), Path(rest[1]), rest[2], json.loads(rest[3]))
+        result = compile_tessel(name, batch, image_size, int(rest[0]), Path(rest[1]), rest[2])
     elif kind == "ddp":
         result = worker_ddp(name, batch, image_size, int(rest[0]))
     else:
-        result = worker_tessel(name, batch, image_size, int(rest[0]), rest[1])
+        result = worker_tessel(name, batch, image_size, int(rest[0]), rest[1], rest[2], json.loads(rest[3]))
     print(json.dumps(result), flush=True)
     if kind == "ddp":
         # gloo's threads still abort now and then while the interpreter tears the group down, after the barrier and
