@@ -8,8 +8,8 @@ of memory. None of them depends on another (only the recurrent product does),
 so their rows can be stacked: Concat the inputs along axis 0, one Gemm reads the
 weight once for all of them, and a Split hands each old consumer its rows.
 
-A group is the Gemms with the same constant B, the same C (constant or absent)
-and the same attributes, transA = 0, each with at most SMALL_ROWS rows; a member
+A group is the Gemms with the same constant B, the same C (constant or absent,
+one row broadcast to all) and the same attributes, transA = 0, each with at most SMALL_ROWS rows; a member
 whose input depends on another member's output starts a later group (stacked
 with it, it would wait on itself).
 """
@@ -51,6 +51,8 @@ def _candidates(graph: Graph) -> dict[tuple, list[Node]]:
         c = node.inputs[2] if len(node.inputs) > 2 else None
         if a.is_constant or not b.is_constant or (c is not None and not c.is_constant):
             continue
+        if c is not None and len(c.type.shape) == 2 and c.type.shape[0] != 1:
+            continue  # a bias per row does not broadcast over the stacked rows
         if len(a.type.shape) != 2 or a.type.shape[0] > SMALL_ROWS:
             continue
         key = (id(b), id(c) if c is not None else None, node.attrs["alpha"], node.attrs["beta"],

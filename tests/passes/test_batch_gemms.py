@@ -67,8 +67,15 @@ def test_a_recurrence_is_left_alone():
     assert not batch_gemms(graph).changed and ops(graph).count("Gemm") == 4
 
 
-def test_different_weights_or_many_rows_are_left_alone():
-    for m in (_steps_model(3, shared=False), _steps_model(3, rows=SMALL_ROWS + 1), _steps_model(1)):
+def _row_bias_model():
+    """Two [2, K] Gemms whose bias has a row per input row: stacked, it would not broadcast."""
+    nodes = [helper.make_node("Gemm", [f"x{i}", "w", "c"], [f"y{i}"], transB=1) for i in range(2)]
+    return model(nodes, [(f"x{i}", F, [2, K]) for i in range(2)], [(f"y{i}", F, [2, N]) for i in range(2)],
+                 [("w", RNG.standard_normal((N, K)).astype(np.float32)), ("c", RNG.standard_normal((2, N)).astype(np.float32))])
+
+
+def test_different_weights_many_rows_or_a_bias_per_row_are_left_alone():
+    for m in (_steps_model(3, shared=False), _steps_model(3, rows=SMALL_ROWS + 1), _steps_model(1), _row_bias_model()):
         graph = graph_of(m)
         assert not batch_gemms(graph).changed
         assert "Concat" not in ops(graph) and "Split" not in ops(graph)
