@@ -128,20 +128,25 @@ def _layer_norm_script(rows: int, cols: int, axis: int = 1) -> str:
     return cpu_schedule.schedule(te.create_prim_func([x, topi.multiply(centered, inv_std)])).script()
 
 
+def _outer_loops(script: str) -> int:
+    """Outermost loops of a scheduled kernel (one per block, or one for all)."""
+    return sum(1 for line in script.splitlines() if line.startswith("    for "))
+
+
 def test_a_row_normalization_runs_every_block_in_one_parallel_loop_over_the_rows():
     script = _layer_norm_script(64, 256)
-    assert script.count("T.parallel(") == 1 and "T.parallel(64)" in script
+    assert _outer_loops(script) == 1 and script.count("T.parallel(") == 1 and "T.parallel(64)" in script
     assert script.count("_rf_update") == 2 and script.count("in T.vectorized(16)") >= 5  # sums in lanes, maps in vectors
 
 
 def test_statistics_over_the_rows_or_few_rows_keep_a_loop_per_block():
-    assert script_loops(_layer_norm_script(256, 64, axis=0)) > 1  # a column's mean needs every row first
-    assert script_loops(_layer_norm_script(cpu_schedule.ROWS_TOGETHER_MIN - 1, 4096)) > 1
-
-
-def script_loops(script: str) -> int:
-    """Outermost loops of a scheduled kernel (one per block, or one for all)."""
-    return sum(1 for line in script.splitlines() if line.startswith("    for "))
+    assert _outer_loops(_layer_norm_script(256, 64, axis=0)) > 1  # a column's mean needs every row first
+    assert _outer_loops(_layer_norm_script(cpu_schedule.ROWS_TOGETHER_MIN - 1, 4096)) > 1
+    mod = tvm()
+    a, b = mod.te.placeholder((64, 256), "float32", name="a"), mod.te.placeholder((256, 64), "float32", name="b")
+    product = mod.topi.add(mod.topi.matmul(a, b), mod.tirx.const(1.0, "float32"))
+    # A product reads b across rows: it keeps its register tiles, not row by row.
+    assert "_rf" not in cpu_schedule.schedule(mod.te.create_prim_func([a, b, product])).script()
 
 
 @pytest.mark.parametrize("op,shape", [("LayerNormalization", [64, 256]), ("Softmax", [4, 64, 64]),
