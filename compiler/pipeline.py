@@ -10,6 +10,7 @@ from tessel import ir
 from tessel.ir.graph import Graph
 from tessel.ir.schema import FUSED
 from tessel.passes.base import Pass
+from tessel.passes.batch_gemms import BATCH_GEMMS
 from tessel.passes.constant_fold import CONSTANT_FOLD
 from tessel.passes.cse import CSE
 from tessel.passes.dce import DCE
@@ -20,8 +21,8 @@ from tessel.passes.split_variadic import SPLIT_VARIADIC
 
 # Variadic ops are split right after simplification, so no later pass or kernel sees thousands of inputs. A
 # training step's pools keep their taps before CSE and DCE, so recomputation (placed after them) plans the
-# step's real memory.
-PIPELINE: tuple[Pass, ...] = (SIMPLIFY, SPLIT_VARIADIC, CONSTANT_FOLD, POOL_TAPS, CSE, DCE, FUSE)
+# step's real memory. Gemms stack after CSE, which makes one value of equal weights.
+PIPELINE: tuple[Pass, ...] = (SIMPLIFY, SPLIT_VARIADIC, CONSTANT_FOLD, POOL_TAPS, CSE, DCE, BATCH_GEMMS, FUSE)
 PASS_NAMES = tuple(p.name for p in PIPELINE)
 
 

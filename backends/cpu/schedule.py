@@ -4,7 +4,9 @@ Injective producers are inlined into their consumers. Every remaining block
 runs its outer spatial loops in parallel; a block's innermost spatial loop is
 vectorized, and a reduction block moves its reduction loops inside so the
 vectorized spatial tile accumulates in registers. A block its rule marks flat
-(FLAT_LOOPS_ATTR: elementwise over buffers of one shape) runs as one loop. Index arguments that a
+(FLAT_LOOPS_ATTR: elementwise over buffers of one shape) runs as one loop. A kernel that
+normalizes rows (LayerNorm, Softmax: reductions along a row, then elementwise over it) runs
+row by row instead, every block inside one parallel loop over the rows. Index arguments that a
 Gather-like block asked to check are asserted in range before the kernel body.
 """
 from __future__ import annotations
@@ -22,6 +24,9 @@ VECTOR_LANES = (16, 8, 4)
 MIN_PARALLEL_EXTENT = 2
 # Pooling rows up to this long with no vector width dividing them accumulate a whole row at once.
 MAX_ROW_TILE = 32
+# A row-normalizing kernel runs row by row (`_rows_together`) from this many rows: on fewer, the row loop alone
+# would leave cores idle that the blocks' own parallel loops keep busy.
+ROWS_TOGETHER_MIN = 8
 
 
 def _extent(sch, loop) -> int:
@@ -95,12 +100,145 @@ def schedule(func, index_checks: bool = True):
         # A padding or layout stage inlined into a reduction puts bounds checks in its inner loop.
         if not any(_iter_kinds(sch, block)) and not feeds_reduction and not _stores_indices(sch, block):
             try_step(lambda b=block: sch.compute_inline(b))
+    together = _rows_together(sch)
+    if together is not None:
+        return add_index_checks(together.mod["main"], checks)
     for block in sch.get_child_blocks(root):
         if any(_iter_kinds(sch, block)):
             _schedule_reduction(sch, block)
         else:
             _schedule_spatial(sch, block)
     return add_index_checks(sch.mod["main"], checks)
+
+
+def _work(sch, block) -> int:
+    """Iterations of `block`'s loop nest (its spatial extents times its reduction lengths)."""
+    work = 1
+    for loop in sch.get_loops(block):
+        work *= _extent(sch, loop)
+    return work
+
+
+def _rows_together(sch):
+    """A copy of `sch` whose blocks all run inside one (parallel) loop over the rows of the kernel's output, or None
+    when the kernel is not of that form.
+
+    The form: the last block writes the output elementwise, the blocks before it reduce or map along the rows it
+    writes (a LayerNorm's mean and variance, a Softmax's max and sum). Scheduled block by block, each of them is a
+    parallel loop of its own, and on small rows (minigpt_small's 64 × 256 LayerNorm: seven loops) the cores' fork
+    and join costs more than the arithmetic; row by row there is one, and a row's intermediates stay in L1. The rows
+    are the output's leading loops, as many as every block computes without repeating work (a reduction over
+    the rows themselves, e.g. a BatchNorm's statistics, cannot go inside them).
+    """
+    root = sch.get_sblock("root")
+    blocks = sch.get_child_blocks(root)
+    if len(blocks) < 2 or any(_iter_kinds(sch, blocks[-1])) or not any(any(_iter_kinds(sch, b)) for b in blocks[:-1]):
+        return None
+    if any(_stores_indices(sch, b) or _is_pooling(sch, b) for b in blocks):
+        return None
+    names = [sch.get(b).name_hint for b in blocks]
+    for depth in range(len(sch.get_loops(blocks[-1])) - 1, 0, -1):
+        trial = s_tir.Schedule(sch.mod)
+        if try_step(lambda t=trial, d=depth: _run_rows_together(t, names, d)):
+            return trial
+    return None
+
+
+class _NotTogether(Exception):
+    """The kernel does not run row by row: too few rows, a reduction that is not along whole vectors of a row,
+    or a block that would repeat work inside the row loop."""
+
+
+def _run_rows_together(sch, names: list[str], depth: int) -> None:
+    """Put every block of `names` (the last one writing the output) inside the output's first `depth` loops,
+    fused into one row loop; raises when a block would repeat work there or the rows are too few.
+
+    A reduction along its rows splits into vector lanes first (rfactor refuses a block that is not the first
+    in its loop, as it is once inside the rows)."""
+    blocks = [sch.get_sblock(name) for name in names]
+    for block in blocks[:-1]:
+        if not any(_iter_kinds(sch, block)):
+            continue
+        loops = sch.get_loops(block)
+        # Only whole vectors of a row (a product's reduction reads its weight across rows and keeps its own
+        # register tiles; a row with a partial last vector keeps the schedule that runs it apart).
+        if not (_reads_rows(sch, loops[-1]) and _extent(sch, loops[-1]) % REDUCTION_LANES == 0
+                and _row_reduction_applies(sch, block)):
+            raise _NotTogether(f"block {sch.get(block).name_hint} does not reduce whole vectors of a row")
+        _, lane = sch.split(loops[-1], [None, REDUCTION_LANES])
+        sch.rfactor(lane, len(sch.get(block).writes[0].region))
+    inside = sch.get_child_blocks(sch.get_sblock("root"))
+    work = {sch.get(block).name_hint: _work(sch, block) for block in inside}
+    out_loops = sch.get_loops(inside[-1])
+    rows = sch.fuse(*out_loops[:depth]) if depth > 1 else out_loops[0]
+    count = _extent(sch, rows)
+    if count < ROWS_TOGETHER_MIN:
+        raise _NotTogether(f"{count} rows")
+    for block in reversed(inside[:-1]):
+        sch.compute_at(block, rows, preserve_unit_loops=False)
+    for name in work:
+        if count * _inner_work(sch, sch.get_sblock(name), rows) != work[name]:
+            raise _NotTogether(f"block {name} repeats work inside the rows")
+    if sum(work.values()) >= MIN_PARALLEL_WORK:
+        sch.parallel(rows)
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        if any(_iter_kinds(sch, block)):
+            _reduce_inside_row(sch, block)
+        else:
+            _map_inside_row(sch, block)
+
+
+def _reduce_inside_row(sch, block) -> None:
+    """A reduction block inside the row loop: its innermost spatial loop (a vector of lane partials, or of
+    outputs) goes inside the reduction loops and is vectorized, so the partial results accumulate in a register."""
+    loops = sch.get_loops(block)[1:]
+    kinds = _loop_kinds(sch, block, loops)
+    spatial = [loop for loop, is_reduce in zip(loops, kinds) if not is_reduce]
+    reduce = [loop for loop, is_reduce in zip(loops, kinds) if is_reduce]
+    if not spatial or not reduce:
+        return
+    extent = _extent(sch, spatial[-1])
+    if lanes_for(extent) != extent or extent > VECTOR_LANES[0]:
+        return
+    sch.reorder(*spatial[:-1], *reduce, spatial[-1])
+    # Vectorized while the block still has its init: decomposed, it is no longer a reduction block TVM vectorizes.
+    try_step(lambda: sch.vectorize(spatial[-1]))
+    init = sch.decompose_reduction(block, reduce[0])
+    try_step(lambda: sch.vectorize(sch.get_loops(init)[-1]))
+
+
+def _loop_kinds(sch, block, loops) -> list[bool]:
+    """True per loop of `loops` that some reduction iterator of `block` is bound to."""
+    _, bindings = _bindings(sch, sch.get_loops(block)[-1])
+    return [any(_is_reduction(iter_var) and _uses(value, sch.get(loop).loop_var) for iter_var, value in bindings)
+            for loop in loops]
+
+
+def _map_inside_row(sch, block) -> None:
+    """An elementwise block inside the row loop: its innermost loop vectorized."""
+    loops = sch.get_loops(block)[1:]
+    if not loops:
+        return
+    extent = _extent(sch, loops[-1])
+    lanes = lanes_for(extent)
+    if lanes is not None:
+        _, vector = sch.split(loops[-1], [None, lanes])
+        try_step(lambda: sch.vectorize(vector))
+    elif extent >= 2 * VECTOR_LANES[0]:
+        try_step(lambda: _vectorize_whole_vectors(sch, loops[-1], extent))
+
+
+def _inner_work(sch, block, rows) -> int:
+    """Iterations of `block`'s loops inside the loop `rows` (the block must be inside it)."""
+    loops = [sch.get(loop) for loop in sch.get_loops(block)]
+    row_loop = sch.get(rows)
+    at = next((i for i, loop in enumerate(loops) if loop.same_as(row_loop)), None)
+    if at is None:
+        raise _NotTogether("a block outside the rows")
+    work = 1
+    for loop in loops[at + 1:]:
+        work *= int(loop.extent)
+    return work
 
 
 def _index_checks(sch, root) -> list:

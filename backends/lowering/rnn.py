@@ -39,6 +39,9 @@ BLOCK = 64
 PROJECTION_TILE_K = 128
 # Side of the square tiles in which the kernel transposes the weights.
 TRANSPOSE_TILE = 16
+# Gate rows the input projection sums at once: 8 AVX-512 vectors of running sums, enough in flight to hide the FMA
+# latency (4 wait on it); its column tile shrinks to keep the block's columns of Wᵀ at 32 KiB.
+PROJECTION_BLOCK = 128
 
 
 @dataclass(frozen=True)
@@ -69,13 +72,14 @@ class _Weights:
     transposed: object
     part: object  # [dirs, LANES] partial sums of the dot-product form
     block: object  # [BLOCK] running sums of the transposed form (None on GPUs)
+    projection: object = None  # [PROJECTION_BLOCK] running sums of the input projection (None on GPUs)
 
 
-def _block_size(rows: int, vectorize: bool) -> int:
-    """The largest block of LANES multiples up to BLOCK that divides `rows` (0: none, products go row by row)."""
+def _block_size(rows: int, vectorize: bool, most: int = BLOCK) -> int:
+    """The largest block of LANES multiples up to `most` that divides `rows` (0: none, products go row by row)."""
     if not vectorize:
         return 0
-    return next((size for size in range(BLOCK, LANES - 1, -LANES) if rows % size == 0), 0)
+    return next((size for size in range(most, LANES - 1, -LANES) if rows % size == 0), 0)
 
 
 def _matvec(weights: _Weights, d, out, where, rows: int, n: int, x, base, vectorize: bool, offset: int = 0) -> None:
@@ -99,11 +103,11 @@ def _matvec(weights: _Weights, d, out, where, rows: int, n: int, x, base, vector
 
 
 def _block_product(weights: _Weights, d, first, size: int, n: int, x, base, out, where, offset: int = 0,
-                   first_k: int = 0) -> None:
+                   first_k: int = 0, acc=None) -> None:
     """out[where(j)] = base(j) + Σ_k<n x(k) · weights[d, offset + j, first_k + k] for the `size` rows j from
     `first`, through the transposed weights. The block's sums live in a small stack buffer that LLVM keeps in
     registers across the loop over k."""
-    acc, wt = weights.block, weights.transposed
+    acc, wt = weights.block if acc is None else acc, weights.transposed
     with T.vectorized(0, size) as lane:
         T.buffer_store(acc, base(first + lane), [lane])
     with T.serial(0, n) as k:
@@ -238,7 +242,8 @@ def _recurrent(ctx: LowerContext, gates: int):
                 d = device.enter_context(loop)
                 # Each direction's own block sums: declared inside its (parallel) loop, on the stack.
                 block = None if ctx.gpu else T.alloc_buffer((BLOCK,), "float32")
-                w_weights, r_weights = _Weights(W, wt, part, block), _Weights(R, rt, part, block)
+                projection = None if ctx.gpu else T.alloc_buffer((PROJECTION_BLOCK,), "float32")
+                w_weights, r_weights = _Weights(W, wt, part, block, projection), _Weights(R, rt, part, block)
                 if transpose and not packed:
                     _transpose(W, wt, d, gh, width, not ctx.gpu)
                     _transpose(R, rt, d, gh, hidden, not ctx.gpu)
@@ -284,20 +289,21 @@ def _project(weights: _Weights, d, X, gx, start, steps: int, batch: int, gh: int
     def x_at(t, b, k):
         return X[b, t, k] if layout else X[t, b, k]
 
-    size = _block_size(gh, vectorize) if weights.transposed is not None else 0
+    size = _block_size(gh, vectorize, PROJECTION_BLOCK) if weights.transposed is not None else 0
     if not size:
         with T.serial(0, steps) as t:
             with T.serial(0, batch) as b:
                 _matvec(weights, d, gx, lambda j: [d, t, b, j], gh, width, lambda k: x_at(t, b, k), start, vectorize)
         return
+    tile_k = PROJECTION_TILE_K * BLOCK // size  # the same 32 KiB of Wᵀ whatever the block
     with T.serial(0, gh // size) as outer:
-        for first_k in range(0, width, PROJECTION_TILE_K):
+        for first_k in range(0, width, tile_k):
             with T.serial(0, steps) as t:
                 with T.serial(0, batch) as b:
                     base = start if first_k == 0 else (lambda j: gx[d, t, b, j])
-                    _block_product(weights, d, outer * size, size, min(PROJECTION_TILE_K, width - first_k),
+                    _block_product(weights, d, outer * size, size, min(tile_k, width - first_k),
                                    lambda k: x_at(t, b, first_k + k), base, gx, lambda j: [d, t, b, j],
-                                   first_k=first_k)
+                                   first_k=first_k, acc=weights.projection)
 
 
 def _clip(value, clip):

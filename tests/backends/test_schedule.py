@@ -116,3 +116,52 @@ def test_a_reduction_over_several_axes_keeps_its_lane_partials_across_the_outer_
     got = compile(str(path), cache_dir=kernel_cache).executor().run({"x": data})["y"]
     np.testing.assert_allclose(got, data.astype(np.float64).sum((1, 2), keepdims=True), rtol=0,
                                atol=1e-6 * float(np.abs(data).sum((1, 2)).max()))
+
+
+def _layer_norm_script(rows: int, cols: int, axis: int = 1) -> str:
+    mod = tvm()
+    te, topi = mod.te, mod.topi
+    x = te.placeholder((rows, cols), "float32", name="x")
+    count = mod.tirx.const(float(rows if axis == 0 else cols), "float32")
+    centered = topi.subtract(x, topi.divide(topi.sum(x, axis, True), count))
+    inv_std = topi.rsqrt(topi.divide(topi.sum(topi.multiply(centered, centered), axis, True), count))
+    return cpu_schedule.schedule(te.create_prim_func([x, topi.multiply(centered, inv_std)])).script()
+
+
+def _outer_loops(script: str) -> int:
+    """Outermost loops of a scheduled kernel (one per block, or one for all)."""
+    return sum(1 for line in script.splitlines() if line.startswith("    for "))
+
+
+def test_a_row_normalization_runs_every_block_in_one_parallel_loop_over_the_rows():
+    script = _layer_norm_script(64, 256)
+    assert _outer_loops(script) == 1 and script.count("T.parallel(") == 1 and "T.parallel(64)" in script
+    assert script.count("_rf_update") == 2 and script.count("in T.vectorized(16)") >= 5  # sums in lanes, maps in vectors
+
+
+def test_statistics_over_the_rows_or_few_rows_keep_a_loop_per_block():
+    assert _outer_loops(_layer_norm_script(256, 64, axis=0)) > 1  # a column's mean needs every row first
+    assert _outer_loops(_layer_norm_script(cpu_schedule.ROWS_TOGETHER_MIN - 1, 4096)) > 1
+    mod = tvm()
+    a, b = mod.te.placeholder((64, 256), "float32", name="a"), mod.te.placeholder((256, 64), "float32", name="b")
+    product = mod.topi.add(mod.topi.matmul(a, b), mod.tirx.const(1.0, "float32"))
+    # A product reads b across rows: it keeps its register tiles, not row by row.
+    assert "_rf" not in cpu_schedule.schedule(mod.te.create_prim_func([a, b, product])).script()
+
+
+@pytest.mark.parametrize("op,shape", [("LayerNormalization", [64, 256]), ("Softmax", [4, 64, 64]),
+                                      ("LayerNormalization", [8, 3, 1024])])
+def test_row_normalizations_run_row_by_row_equal_onnxruntime(op, shape, tmp_path, kernel_cache):
+    rng = np.random.default_rng(11)
+    cols = shape[-1]
+    if op == "Softmax":
+        node, initializers = helper.make_node(op, ["x"], ["y"], axis=-1), []
+    else:
+        node = helper.make_node(op, ["x", "scale", "bias"], ["y"], axis=-1, epsilon=1e-5)
+        initializers = [("scale", rng.standard_normal(cols).astype(np.float32)),
+                        ("bias", rng.standard_normal(cols).astype(np.float32))]
+    path = tmp_path / "rows.onnx"
+    onnx.save(model([node], [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, shape)], initializers), path)
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    got = compile(str(path), cache_dir=kernel_cache).executor().run({"x": x})["y"]
+    np.testing.assert_allclose(got, run_onnxruntime(str(path), {"x": x})[0], rtol=2e-5, atol=2e-5)
