@@ -13,8 +13,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from tessel.backends.kernel import (ALGORITHM, ARG, ARG_BLOCKS, BF16, DATA, PRECISION, RESULT_BLOCKS, KernelInput,
-                                    KernelMember, KernelSpec)
+from tessel.backends.kernel import (ALGORITHM, ARG, ARG_ALIGNMENT, ARG_BLOCKS, BF16, DATA, DEFAULT_ALIGNMENT,
+                                    INPUT_ALIGNMENT, PRECISION, RESULT_BLOCKS, KernelInput, KernelMember, KernelSpec)
 from tessel.backends.lowering import LoweringError, static_inputs, supports
 from tessel.backends.cpu.algorithms import ALGORITHM_OPS, BACKWARD_OPS
 from tessel.backends.cpu.packing import plan_packing
@@ -90,6 +90,9 @@ class ProgramBuilder:
         # (node, algorithm) → its whole-batch spec: every micro-batch size resizes the same one (a Winograd weight
         # transform takes a good part of a second).
         self._candidates: dict[tuple[int, str], tuple[Node, tuple[KernelSpec, list[str]] | None]] = {}
+        # The model inputs and the views of them: the caller's arrays, which the runtime reads in place when they are
+        # as aligned as the kernels reading them assume (INPUT_ALIGNMENT, numpy's own, on a CPU).
+        self.input_aliases: set[str] = set()
 
     def read(self, value: Value) -> str:
         """Note that `value` is read at run time; constants become weights."""
@@ -127,6 +130,8 @@ class ProgramBuilder:
         if node.op_type == "If":
             return self._if(node, where)
         if op_traits(node.op_type).view and not is_kernel(node):
+            if node.inputs[0].name in self.input_aliases:
+                self.input_aliases.add(node.outputs[0].name)
             return View(**where, input=self.read(node.inputs[0]), output=self.write(node.outputs[0]))
         if node.name in self.choices:
             return self._pieces_call(node, where, self.choices[node.name])
@@ -217,7 +222,16 @@ class ProgramBuilder:
             made = (member[0], args) if member is not None else None
         if made is None:
             return None
-        return self._with_blocks(made[0], made[1], [v for v in node.outputs if v is not None]), made[1]
+        spec = self._with_blocks(made[0], made[1], [v for v in node.outputs if v is not None])
+        return self._with_alignment(spec, made[1]), made[1]
+
+    def _with_alignment(self, spec: KernelSpec, args: list[str]) -> KernelSpec:
+        """The spec of a CPU kernel reading a model input (or a view of one) assuming INPUT_ALIGNMENT of those
+        arguments (ARG_ALIGNMENT); every other spec unchanged."""
+        if self.target.kind != "llvm" or not self.input_aliases.intersection(args):
+            return spec
+        alignment = tuple(INPUT_ALIGNMENT if name in self.input_aliases else DEFAULT_ALIGNMENT for name in args)
+        return dataclasses.replace(spec, attrs=spec.attrs + ((ARG_ALIGNMENT, alignment),))
 
     def _with_blocks(self, spec: KernelSpec, args: list[str], outputs: list[Value]) -> KernelSpec:
         """The spec with its blocked arguments and results marked (as a fused kernel: its members
@@ -332,6 +346,7 @@ def build_program(graph: Graph, target, device: int | None = None, placement: Ma
     builder = ProgramBuilder(target, choices, _blocked(graph, target, choices) if blocked_layout else {}, precision)
     home = device in (None, HOME_DEVICE)
     inputs = [builder.write(v) for v in graph.inputs] if home else []
+    builder.input_aliases.update(inputs)
     if placement is None:
         instructions = builder.instructions(graph)
     else:

@@ -148,6 +148,9 @@ class Executor:
             enable_cuda()  # a runtime-only TVM registers no CUDA module loader by itself
         kernels = {}
         self._entries: dict[str, int] = {}
+        # The alignment in bytes each kernel assumes of each argument's data, where the plan says (else ALIGNMENT).
+        self._alignments: dict[str, tuple[int, ...]] = {
+            key: tuple(entry["arg_alignment"]) for key, entry in self.plan["kernels"].items() if "arg_alignment" in entry}
         used = set(kernel_keys(self.instructions))
         for key, entry in self.plan["kernels"].items():
             if key not in used:
@@ -574,7 +577,7 @@ class Executor:
         takes = whole and layout_holds() and len(self.plan["inputs"]) <= MAX_TAKEN_INPUTS
         inputs = self._bound_inputs() if takes else ()
         self._native = NativeHost(segments, self._buffer, self._entries, inputs=inputs,
-                                  owned=self._owned_ranges() if inputs else ())
+                                  owned=self._owned_ranges() if inputs else (), alignments=self._alignments)
         steps, segment = [], 0
         for part in parts:
             if isinstance(part, list):
@@ -654,23 +657,36 @@ class Executor:
         """Seconds each of `runs` runs spends inside kernels (a timed copy of the native program times each
         call); the rest of a run's time is the host's.
 
-        Needs the native host and a program without transfers.
+        The timed copy takes the inputs as `run` does: where `run` reads an array in place, its kernels read it
+        there too (the same addresses, the same caches), else it is copied into its slot. Needs the native host and
+        a program without transfers.
         """
         if self._whole_native is None:
             raise ArtifactError(f"{self.directory}: kernel times need the native host on a one-worker program")
         if self._timed is None:
-            self._timed = NativeHost([self.run_instructions], self._buffer, self._entries, timed=True)
+            inputs_taken = self._bound_inputs() if self._taking_inputs is not None else ()
+            self._timed = NativeHost([self.run_instructions], self._buffer, self._entries, timed=True,
+                                     inputs=inputs_taken, owned=self._owned_ranges() if inputs_taken else (),
+                                     alignments=self._alignments)
         totals = []
         for _ in range(runs):
             self._timed.kernel_ns[:] = 0
-            self._write_inputs(inputs)
-            self._run_timed(self._timed)
+            self._run_timed(self._timed, inputs)
             totals.append(int(self._timed.kernel_ns.sum()) / 1e9)
         return totals
 
-    def _run_timed(self, timed: NativeHost) -> None:
-        """One run of a timed copy of the native program (its kernel times add up in `timed.kernel_ns`)."""
-        status = timed.run(0)
+    def _run_timed(self, timed: NativeHost, inputs: Mapping[str, np.ndarray] | None = None) -> None:
+        """One run of a timed copy of the native program (its kernel times add up in `timed.kernel_ns`), given
+        `inputs` (taken as `run` takes them), or on the slots as they are."""
+        if inputs is not None and timed.bound is not None:
+            arrays = self._input_arrays(inputs)
+            status = timed.bound(*arrays)
+            if status == NOT_CONTIGUOUS:
+                status = timed.bound(*map(np.ascontiguousarray, arrays))
+        else:
+            if inputs is not None:
+                self._write_inputs(inputs)
+            status = timed.run(0)
         if status:
             raise self._native_error(timed, status)
 
@@ -707,8 +723,7 @@ class Executor:
         self.kernel_times(inputs, 1)
         self._timed.kernel_ns[:] = 0
         for _ in range(runs):
-            self._write_inputs(inputs)
-            self._run_timed(self._timed)
+            self._run_timed(self._timed, inputs)
         rows = [(site.instruction.node, site.instruction.op, float(ns) / runs / 1e3)
                 for site, ns in zip(self._timed.sites, self._timed.kernel_ns)]
         return sorted(rows, key=lambda row: -row[2])

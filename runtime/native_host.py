@@ -78,6 +78,7 @@ class _Call:
     arrays: list[np.ndarray]
     site: int
     names: tuple[str, ...]
+    kernel: str
     first_arg: int = 0
 
 
@@ -101,18 +102,21 @@ class NativeHost:
 
     def __init__(self, segments: Sequence[Sequence[Instruction]], buffer: Callable[[str], np.ndarray],
                  entries: Mapping[str, int], timed: bool = False, inputs: Sequence[BoundInput] = (),
-                 owned: Sequence[tuple[int, int]] = ()):
+                 owned: Sequence[tuple[int, int]] = (), alignments: Mapping[str, Sequence[int]] | None = None):
         """`buffer(name)` gives each value's host buffer (its address is baked in), `entries` each kernel key's
         C entry address (ffi_abi.kernel_entry); `inputs`: the arrays `bound` takes (one segment only); `owned`:
         the [start, end) address ranges of the executor's own memory (arena, weights, state). An input array
         overlapping one is copied, never read in place: the run may overwrite it (an output of an earlier run
-        taken without a copy, fed back as the next run's state)."""
+        taken without a copy, fed back as the next run's state). `alignments`: kernel key → the alignment in bytes
+        it assumes of each argument (its inputs, then its outputs), for kernels compiled to assume less than
+        ALIGNMENT of some (backends/kernel.py ARG_ALIGNMENT)."""
         import llvmlite.binding as llvm
         import llvmlite.ir as ir
 
         if inputs and len(segments) != 1:
             raise ValueError("only a one-segment program takes its inputs")
         self._buffer, self._entries = buffer, entries
+        self._alignments = alignments or {}
         self.sites: list[Site] = []
         self._calls: list[_Call] = []
         # Names read other than as kernel arguments (conditions, moves) or written: never redirected.
@@ -199,7 +203,7 @@ class NativeHost:
         for array in arrays:
             if not array.flags.c_contiguous:
                 raise ValueError("a kernel argument is not contiguous")
-        call = _Call(self._entries[kernel], arrays, self._site(site), names)
+        call = _Call(self._entries[kernel], arrays, self._site(site), names, kernel)
         self._calls.append(call)
         return call
 
@@ -231,6 +235,12 @@ class NativeHost:
         start = spec.buffer.ctypes.data
         return [(call.first_arg + k, array.ctypes.data - start) for call in self._calls
                 for k, (name, array) in enumerate(zip(call.names, call.arrays)) if name in spec.aliases]
+
+    def _input_alignment(self, spec: BoundInput) -> int:
+        """The alignment (bytes) an input array needs to be read in place: the most any kernel reading it assumes
+        of that argument (ALIGNMENT unless the kernel was compiled to assume less)."""
+        return max((self._alignments.get(call.kernel, ())[k:k + 1] or (ALIGNMENT,))[0] for call in self._calls
+                   for k, name in enumerate(call.names) if name in spec.aliases)
 
     # ---- code -------------------------------------------------------------
     def _emit_segment(self, module, name: str, steps: list, inputs: Sequence[BoundInput] = ()) -> None:
@@ -278,7 +288,10 @@ class NativeHost:
                 if redirects is None:
                     self._emit_copy(builder, slot, data, spec.buffer.nbytes)
                 else:
-                    aligned = builder.icmp_unsigned("==", builder.and_(builder.sub(data, slot), ir.Constant(i64, ALIGNMENT - 1)),
+                    # The slot is ALIGNMENT-aligned, and every argument reading the input lies at the same offset from
+                    # the array as from the slot: the array's remainder modulo what the kernels assume decides.
+                    alignment = self._input_alignment(spec)
+                    aligned = builder.icmp_unsigned("==", builder.and_(builder.sub(data, slot), ir.Constant(i64, alignment - 1)),
                                                     ir.Constant(i64, 0))
                     end = builder.add(data, ir.Constant(i64, spec.buffer.nbytes))
                     for start, stop in self._owned:
