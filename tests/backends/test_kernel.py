@@ -110,7 +110,7 @@ def test_a_kernel_assumes_the_alignment_its_spec_gives_each_argument():
     from tessel.backends.lower import build, op_attrs
 
     plain = KernelSpec("Relu", (), (KernelInput("float32[4,64]", ARG),), ("float32[4,64]",))
-    relaxed = KernelSpec("Relu", ((ARG_ALIGNMENT, (16,)),), plain.inputs, plain.outputs)
+    relaxed = KernelSpec("Relu", ((ARG_ALIGNMENT, (16, 64)),), plain.inputs, plain.outputs)
     assert arg_alignments(plain) is None and arg_alignments(relaxed) == (16, 64) and op_attrs(relaxed) == {}
     target = parse_target("llvm")
     assert relaxed.key(target) != plain.key(target)
