@@ -13,10 +13,13 @@ per run. It is estimated in pairs, in the measuring process: a run (`Artifact.ru
 timed from Python around the whole call, as the latency column times it) and then a
 run of a timed copy of the native program on the same inputs, taken the same way
 (read in place or copied in), which times each kernel call alone; `overhead` is the
-median over the pairs of the run's time minus the paired run's kernel time. Pairing
-cancels what drifts between samples (load, frequency); the median of single
-differences is as unbiased as the difference of medians and steadier on a model of
-0.5 ms, where two medians taken apart differ by more than the few µs measured.
+median over the pairs of the run's time minus the paired run's kernel time. It
+estimates the same quantity as the difference of the two medians (the JSON keeps
+that one too, from the same samples, as `overhead_unpaired_us`), but pairing
+cancels what drifts between samples (load, frequency), which on a 0.5 ms model
+moves two medians taken apart by more than the few µs measured. Each kernel's
+time includes about one clock read (~20 ns; `overhead` is low by that times the
+kernel calls: 0.2 µs on mtcnn_pnet's 8, 0.5 µs on oww_embedding's 25).
 
 OpenVINO is the second baseline: f32 forced (INFERENCE_PRECISION_HINT=f32; its
 default on CPUs with avx512_bf16 is bf16), the same threads as onnxruntime; its

@@ -7,7 +7,9 @@ buffers live outside the arena and keep what each run's Assigns and updates writ
 one-worker program reads each input array in place instead when it is as aligned
 as the kernels assume: runtime/native_host.py), runs the instructions
 in order on pre-bound arguments (kernel calls, views, branches, and with other
-workers, transfers and collectives over `comm`), and copies the outputs out.
+workers, transfers and collectives over `comm`), and copies the outputs out (that
+native host has its kernels write each output into the run's fresh array instead,
+where it can).
 
 Two hosts run the instructions. "native" (the default for host memory) compiles
 the run loop to machine code when the executor loads (runtime/native_host.py):
@@ -774,9 +776,11 @@ class Executor:
         A cuda artifact also takes inputs already on its GPU (any DLPack tensor there: runtime/device_inputs.py),
         copied device to device. With `copy=False` the outputs may be views of the executor's buffers (on the native host
         of a one-worker program they are): valid until the next run, and cheaper on small models. The native host of
-        a one-worker program reads a C-contiguous input array where it lies when it is as aligned as its slot and
-        outside the executor's own memory: the array must stay unchanged until `run` returns. An executor runs one
-        call at a time (the session and the artifact call it from one thread).
+        a one-worker program reads a C-contiguous input array where it lies when it is as aligned as the kernels
+        reading it assume (numpy's 16 bytes for kernels compiled so) and outside the executor's own memory: the array
+        must stay unchanged until `run` returns; with `copy`, its kernels write each output into the fresh array
+        returned where they can. An executor runs one call at a time (the session and the artifact call it from
+        one thread).
         """
         if self._taking_inputs is not None:
             # The whole run is one native call, given the arrays: it reads the inputs in place or copies them in,

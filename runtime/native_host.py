@@ -18,16 +18,25 @@ added to `kernel_ns[k]` (k its site): the kernels' own time, without the host's.
 
 With `inputs` (a one-segment program: no transfers), the program also takes the run's input arrays, one
 `PyObject*` per input (ctypes `py_object`; runtime/numpy_abi.py: where it reads their data pointer and
-flags), and reads each where it lies when it can: `bound(*arrays)` returns -1 (NOT_CONTIGUOUS) before
-anything ran when an array is not C-contiguous, else as a segment does. An input whose data pointer is as
-aligned as its arena slot (the same remainder modulo ALIGNMENT; TVM's kernels assume 64-byte aligned
-arguments: `llvm.assume` "align" 64 on each) has the address of every DLTensor that reads it or one of its
+flags), and reads each where it lies when it can: `bound(*arrays, *outputs)` returns -1 (NOT_CONTIGUOUS) before
+anything ran when an input array is not C-contiguous, else as a segment does. An input whose data pointer is as
+aligned as every kernel reading it assumes (the same remainder as its arena slot modulo that alignment: TVM's
+kernels assume 64-byte aligned arguments, `llvm.assume` "align" 64 on each, and those compiled to read a model input
+assume numpy's 16, backends/kernel.py ARG_ALIGNMENT) has the address of every DLTensor that reads it or one of its
 `aliases` (its views, slices of pieces) set into the array, at the same byte offset; any other array is
 copied into the slot (a memmove) and those addresses set back to the slot, and so is an array lying in the
 executor's own memory (`owned`). Only kernel arguments are so redirected, all of them read-only: an input read
 by a branch condition or a move, or written by anything, is always copied (`in_place[k]`: whether input k may
 be read in place). The caller's array is never written; a value the memory plan puts in the input's slot after
-its last use is written to the arena as before. The no-argument
+its last use is written to the arena as before.
+
+With `outputs`, it then takes one array per model output, the mirror of the inputs: every DLTensor that writes or
+reads an output's value (the value a top-level kernel writes, and its views: `BoundOutput.aliases`) is pointed at
+the array when it is aligned as those kernels assume (kernels taking a model output assume 16 bytes), else at the
+slot, and the slot is copied into the array at the end; an output with no aliases (another output shares its
+value; an input, weight or state; written under an If or by an Assign) is copied from its buffer at the end
+(`written_in_place[k]`). Given the executor's own buffer as the array, nothing moves. Every run sets every
+redirected address again, so no run writes or reads an array another run was given. The no-argument
 function of segment 0 (`run(0)`, `function`) runs the same code on the slots as they are written.
 """
 from __future__ import annotations
