@@ -624,9 +624,10 @@ class Executor:
 
     def _bound_outputs(self) -> list[BoundOutput]:
         """Each output's buffer with the names kernels write and read it by: the value a top-level kernel call
-        writes (through the views the output is of) and its views, all of the output's size. None for an output
+        writes (through the views the output is of) and its views, all of the output's size. No names for an output
         another output shares that value with (each run returns distinct arrays), nor for one that is an input, a
-        weight or state, a view of one, or made at load: those are copied out of their buffers."""
+        weight or persistent state (its buffer must keep what the run writes), a view of one, or made at load: those
+        are copied out of their buffers."""
         source = {i.output: i.input for i in walk(self.run_instructions) if isinstance(i, View)}
         written = {name for i in self.run_instructions if isinstance(i, KernelCall) for name in i.outputs}
 
@@ -642,7 +643,7 @@ class Executor:
         bound = []
         for name, of in zip(self.plan["outputs"], roots):
             aliases = frozenset({of, *views.get(of, ())})
-            alone = roots.count(of) == 1 and of in written and of not in self._input_names
+            alone = roots.count(of) == 1 and of in written and of not in self._input_names and of not in self.state_names
             same_size = all(self._types[alias].nbytes == self._types[name].nbytes for alias in aliases)
             bound.append(BoundOutput(self._buffer(name), aliases if alone and same_size else frozenset()))
         return bound
