@@ -50,6 +50,24 @@ ALGORITHM = "tessel_algorithm"
 # The precision of an anchor op's dot products where it is not the model's float32: BF16 (bf16 products, f32
 # accumulation; backends/cpu/bf16.py). Absent on every float32 kernel, whose specs (and cache keys) it leaves alone.
 PRECISION, BF16 = "tessel_precision", "bf16"
+# The alignment in bytes a kernel assumes of each argument's data (its runtime inputs, then its outputs): a
+# kernel-level attribute (backends/lower.py keeps it from the op's lowering rule). Set only on kernels that take a
+# model input or output (or a view of one; compiler/program.py), at NUMPY_ALIGNMENT for those arguments: the
+# runtime then reads a caller's array, and writes a fresh output array, in place when it is that aligned
+# (runtime/native_host.py). Absent on every other kernel, whose specs (and cache keys) it leaves alone.
+ARG_ALIGNMENT = "tessel_arg_alignment"
+# TVM's default assumption of every buffer argument (`llvm.assume` align 64 on its data pointer).
+DEFAULT_ALIGNMENT = 64
+# What numpy's default allocator gives (malloc on 64-bit Linux): an array numpy makes (a caller's input, a run's
+# fresh output) is this aligned.
+NUMPY_ALIGNMENT = 16
+
+
+def arg_alignments(spec: "KernelSpec") -> tuple[int, ...] | None:
+    """The alignment in bytes the kernel assumes of each argument (runtime inputs, then outputs), or None when it
+    assumes DEFAULT_ALIGNMENT of all of them."""
+    given = dict(spec.attrs).get(ARG_ALIGNMENT)
+    return tuple(given) if given else None
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,38 @@ import numpy as np
 
 from tessel.ir.types import TensorType
 
-from .kernel import ARG, ARG_BLOCKS, RESULT_BLOCKS, KernelSpec
+from .kernel import ARG, ARG_ALIGNMENT, ARG_BLOCKS, DEFAULT_ALIGNMENT, RESULT_BLOCKS, KernelSpec
 from .target import TargetSpec
 
 
 def build(spec: KernelSpec, target: TargetSpec):
     """Lower, schedule and compile one kernel (one op or a fused group); returns TVM's Executable."""
     func, scheduled = schedule_kernel(spec, target)
+    alignments = dict(spec.attrs).get(ARG_ALIGNMENT)
+    if alignments and target.kind == "llvm":
+        from .cpu import schedule as cpu_schedule
+
+        # Scheduled first: the schedule sees the same function as every other kernel's.
+        func, scheduled = _with_alignments(func if scheduled else cpu_schedule.schedule(func), alignments), True
     return _compile(func, target, scheduled)
+
+
+def _with_alignments(func, alignments: Sequence[int]):
+    """`func` with its first parameters' buffers assuming `alignments` (bytes) of their data pointers: TVM emits `llvm.assume` align and aligned vector accesses from each buffer's data_alignment."""
+    if all(a == DEFAULT_ALIGNMENT for a in alignments):
+        return func
+    from .tvm_env import tvm
+
+    tir = tvm().tirx
+    from tvm.tirx.transform.common import BufferReplacer
+
+    replaced = {}
+    for param, alignment in zip(func.params, alignments):
+        t = param.ty
+        if alignment != t.data_alignment:
+            replaced[param] = tir.decl_buffer(list(t.shape), t.dtype, param.name, data_alignment=alignment,
+                                              elem_offset=t.elem_offset, offset_factor=t.offset_factor)
+    return BufferReplacer(replaced)(func) if replaced else func
 
 
 def workspace_bytes(spec: KernelSpec, target: TargetSpec) -> int:
@@ -78,7 +102,7 @@ def schedule_kernel(spec: KernelSpec, target: TargetSpec):
             else:
                 tensors.append(_constant_tensor(te, tir, item.data, t, f"const{m}_{index}"))
         out_types = [TensorType.parse(o) if o is not None else None for o in op.outputs]
-        ctx = LowerContext(op.op_type, dict(op.attrs), tensors, types, data, out_types, gpu=target.is_gpu,
+        ctx = LowerContext(op.op_type, op_attrs(op), tensors, types, data, out_types, gpu=target.is_gpu,
                            arch=target.arch, tf32=target.tf32)
         results = rule(widen_half_accumulation(ctx, tvm_mod.topi))
         if isinstance(results, SelfScheduled):
@@ -121,6 +145,12 @@ def schedule_kernel(spec: KernelSpec, target: TargetSpec):
     return func, False
 
 
+def op_attrs(op: KernelSpec) -> dict[str, Any]:
+    """An op's own attributes, as its lowering rule reads them: without the kernel-level ARG_ALIGNMENT (a kernel of
+    one op carries it among them)."""
+    return {name: value for name, value in op.attrs if name != ARG_ALIGNMENT}
+
+
 def _unblocked(te, blocked, block: int, name: str):
     """The NCHW view of an NCHW[block]c placeholder (inlined into its readers)."""
     n, cb, h, w, _ = (int(d) for d in blocked.shape)
@@ -140,7 +170,7 @@ def _rule(op: KernelSpec, target: TargetSpec):
     from .cuda.conv import gpu_rule
     from .lowering import RULES, LoweringError
 
-    attrs = dict(op.attrs)
+    attrs = op_attrs(op)
     rule = (gpu_rule(op.op_type, attrs) if target.is_gpu else None) or variant_rule(op.op_type, attrs) \
         or RULES.get(op.op_type)
     if rule is None:

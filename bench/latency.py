@@ -8,8 +8,18 @@ with `conv_layout="nchw"`), and how much faster Tessel is than TVM's own pipelin
 (`relax.frontend.onnx.from_onnx` + `tvm.compile`) where TVM imports the model.
 Tessel runs on its native host program (runtime/native_host.py); `py-host` is the
 same artifact on the python host, and `overhead` is Tessel's run time minus the
-time spent inside its kernels (each kernel call timed by a timed copy of the
-native program): what the host, Python's boundary included, costs per run.
+time spent inside its kernels: what the host, Python's boundary included, costs
+per run. It is estimated in pairs, in the measuring process: a run (`Artifact.run`,
+timed from Python around the whole call, as the latency column times it) and then a
+run of a timed copy of the native program on the same inputs, taken the same way
+(read in place or copied in), which times each kernel call alone; `overhead` is the
+median over the pairs of the run's time minus the paired run's kernel time. It
+estimates the same quantity as the difference of the two medians (the JSON keeps
+that one too, from the same samples, as `overhead_unpaired_us`), but pairing
+cancels what drifts between samples (load, frequency), which on a 0.5 ms model
+moves two medians taken apart by more than the few µs measured. Each kernel's
+time includes about one clock read (~20 ns; `overhead` is low by that times the
+kernel calls: 0.2 µs on mtcnn_pnet's 8, 0.5 µs on oww_embedding's 25).
 
 OpenVINO is the second baseline: f32 forced (INFERENCE_PRECISION_HINT=f32; its
 default on CPUs with avx512_bf16 is bf16), the same threads as onnxruntime; its
@@ -116,24 +126,26 @@ def measure_tessel(model, runs: int, skip_passes=(), conv_layout="blocked", prec
     feeds = model.make_inputs()
     ms = _median_ms(lambda: artifact.run(feeds), runs)
     executor = artifact.executor() if artifact.devices == 1 and artifact.microbatches == 1 else None
-    overhead = _overhead_us(artifact, executor, feeds, runs, ms) if executor is not None and executor.host == "native" else None
-    return {"ms": ms, "overhead_us": overhead, "blocked": artifact.report()["conv_layout"]["blocked_values"]}
+    overhead = (_overhead_us(artifact, executor, feeds, runs, ms) if executor is not None and executor.host == "native"
+                else {"overhead_us": None})
+    return {"ms": ms, **overhead, "blocked": artifact.report()["conv_layout"]["blocked_values"]}
 
 
-def _overhead_us(artifact, executor, feeds, runs: int, ms: float) -> float:
-    """Median µs of a run minus median µs of its kernels: samples of timed runs alternate with samples of
-    runs of the timed native program (the kernels' own time), so both see the same load."""
-    calls = max(1, math.ceil(MIN_SAMPLE_S / max(ms / 1e3, 1e-6)))
+def _overhead_us(artifact, executor, feeds, runs: int, ms: float) -> dict:
+    """The host's µs per run, paired (the module docstring): the median over pairs of one run's time minus the
+    kernel time of a timed run right after it, on the same inputs; and, from the same samples, the median run
+    minus the median kernel time (the estimator before pairing, for comparison)."""
+    pairs = runs * max(1, math.ceil(MIN_SAMPLE_S / max(ms / 1e3, 1e-6)))
+    given = artifact.with_defaults(feeds)
     run_times, kernel_times = [], []
-    for _ in range(runs):
-        for _ in range(calls):
-            started = time.perf_counter()
-            artifact.run(feeds)
-            run_times.append(time.perf_counter() - started)
-        kernel_times.extend(executor.kernel_times(artifact.with_defaults(feeds), calls))
-    run_times.sort()
-    kernel_times.sort()
-    return 1e6 * (run_times[len(run_times) // 2] - kernel_times[len(kernel_times) // 2])
+    for _ in range(pairs):
+        started = time.perf_counter()
+        artifact.run(feeds)
+        run_times.append(time.perf_counter() - started)
+        kernel_times.extend(executor.kernel_times(given, 1))
+    paired = statistics.median(r - k for r, k in zip(run_times, kernel_times))
+    return {"overhead_us": 1e6 * paired,
+            "overhead_unpaired_us": 1e6 * (statistics.median(run_times) - statistics.median(kernel_times))}
 
 
 def measure_tessel_python_host(model, runs: int) -> dict:

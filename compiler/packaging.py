@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from tessel.backends.cache import KernelCache
+from tessel.backends.kernel import arg_alignments
 from tessel.ir.types import TensorType
 from tessel.runtime.artifact_files import FORMAT, PLAN_FILE, file_hash, sealed_plan_bytes
 from tessel.runtime.instructions import FORMAT_VERSION, KernelCall, program_to_json, walk
@@ -62,6 +63,10 @@ def write_artifact(root: Path, programs: Sequence[Program], memories: Sequence[A
                 if source.is_file():
                     shutil.copyfile(source, root / "kernels" / f"{key}{suffix}")
             kernel_entries[key] = {"file": f"kernels/{key}.so", "op": spec.op_type}
+            alignments = arg_alignments(spec)
+            if alignments is not None:
+                # The runtime reads a model input in place when it is as aligned as every kernel reading it assumes.
+                kernel_entries[key]["arg_alignment"] = list(alignments)
     for key, signature in kernel_signatures(programs).items():
         kernel_entries[key]["signature"] = signature
     sections = []

@@ -13,8 +13,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from tessel.backends.kernel import (ALGORITHM, ARG, ARG_BLOCKS, BF16, DATA, PRECISION, RESULT_BLOCKS, KernelInput,
-                                    KernelMember, KernelSpec)
+from tessel.backends.kernel import (ALGORITHM, ARG, ARG_ALIGNMENT, ARG_BLOCKS, BF16, DATA, DEFAULT_ALIGNMENT,
+                                    NUMPY_ALIGNMENT, PRECISION, RESULT_BLOCKS, KernelInput, KernelMember, KernelSpec)
 from tessel.backends.lowering import LoweringError, static_inputs, supports
 from tessel.backends.cpu.algorithms import ALGORITHM_OPS, BACKWARD_OPS
 from tessel.backends.cpu.packing import plan_packing
@@ -90,6 +90,11 @@ class ProgramBuilder:
         # (node, algorithm) → its whole-batch spec: every micro-batch size resizes the same one (a Winograd weight
         # transform takes a good part of a second).
         self._candidates: dict[tuple[int, str], tuple[Node, tuple[KernelSpec, list[str]] | None]] = {}
+        # The model inputs and the views of them, and the values the model outputs are (views of): the caller's
+        # arrays and the run's fresh output arrays, which the runtime reads and writes in place when they are as
+        # aligned as the kernels taking them assume (NUMPY_ALIGNMENT, numpy's own, on a CPU).
+        self.input_aliases: set[str] = set()
+        self.output_aliases: set[str] = set()
 
     def read(self, value: Value) -> str:
         """Note that `value` is read at run time; constants become weights."""
@@ -127,6 +132,8 @@ class ProgramBuilder:
         if node.op_type == "If":
             return self._if(node, where)
         if op_traits(node.op_type).view and not is_kernel(node):
+            if node.inputs[0].name in self.input_aliases:
+                self.input_aliases.add(node.outputs[0].name)
             return View(**where, input=self.read(node.inputs[0]), output=self.write(node.outputs[0]))
         if node.name in self.choices:
             return self._pieces_call(node, where, self.choices[node.name])
@@ -217,7 +224,18 @@ class ProgramBuilder:
             made = (member[0], args) if member is not None else None
         if made is None:
             return None
-        return self._with_blocks(made[0], made[1], [v for v in node.outputs if v is not None]), made[1]
+        outputs = [v for v in node.outputs if v is not None]
+        spec = self._with_blocks(made[0], made[1], outputs)
+        return self._with_alignment(spec, made[1] + [v.name for v in outputs]), made[1]
+
+    def _with_alignment(self, spec: KernelSpec, arguments: list[str]) -> KernelSpec:
+        """The spec of a CPU kernel taking a model input or output (or a view of one) among its `arguments` (inputs,
+        then outputs) assuming NUMPY_ALIGNMENT of those (ARG_ALIGNMENT); every other spec unchanged."""
+        relaxed = self.input_aliases | self.output_aliases
+        if self.target.kind != "llvm" or not relaxed.intersection(arguments):
+            return spec
+        alignment = tuple(NUMPY_ALIGNMENT if name in relaxed else DEFAULT_ALIGNMENT for name in arguments)
+        return dataclasses.replace(spec, attrs=spec.attrs + ((ARG_ALIGNMENT, alignment),))
 
     def _with_blocks(self, spec: KernelSpec, args: list[str], outputs: list[Value]) -> KernelSpec:
         """The spec with its blocked arguments and results marked (as a fused kernel: its members
@@ -332,6 +350,9 @@ def build_program(graph: Graph, target, device: int | None = None, placement: Ma
     builder = ProgramBuilder(target, choices, _blocked(graph, target, choices) if blocked_layout else {}, precision)
     home = device in (None, HOME_DEVICE)
     inputs = [builder.write(v) for v in graph.inputs] if home else []
+    builder.input_aliases.update(inputs)
+    if home:
+        builder.output_aliases.update(_viewed_values(graph.outputs))
     if placement is None:
         instructions = builder.instructions(graph)
     else:
@@ -381,6 +402,19 @@ def joined_programs(first: Program, second: Program, inputs: list[str], outputs:
                    {**first.values, **second.values}, {**first.weights, **second.weights}, inputs, outputs,
                    first.unsupported + second.unsupported, first.init_values + second.init_values,
                    {**first.blocked, **second.blocked})
+
+
+def _viewed_values(values: Sequence[Value]) -> set[str]:
+    """The names of `values` and of the values each is a view of (through view ops that are not kernels)."""
+    names = set()
+    for value in values:
+        while value is not None and value.name not in names:
+            names.add(value.name)
+            producer = value.producer
+            if producer is None or not op_traits(producer.op_type).view or is_kernel(producer):
+                break
+            value = producer.inputs[0]
+    return names
 
 
 def _used(builder: ProgramBuilder) -> dict[str, int]:

@@ -7,7 +7,9 @@ buffers live outside the arena and keep what each run's Assigns and updates writ
 one-worker program reads each input array in place instead when it is as aligned
 as the kernels assume: runtime/native_host.py), runs the instructions
 in order on pre-bound arguments (kernel calls, views, branches, and with other
-workers, transfers and collectives over `comm`), and copies the outputs out.
+workers, transfers and collectives over `comm`), and copies the outputs out (that
+native host has its kernels write each output into the run's fresh array instead,
+where it can).
 
 Two hosts run the instructions. "native" (the default for host memory) compiles
 the run loop to machine code when the executor loads (runtime/native_host.py):
@@ -39,14 +41,14 @@ from .held_sends import HeldSends, held_send_names, wait_points
 from .instructions import (AllReduce, Assign, Fail, Gather, If, Instruction, KernelCall, Recv, Scatter, Send, View,
                            kernel_keys, program_from_json, reads_within, walk)
 from .memory import HostMemory
-from .native_host import NOT_CONTIGUOUS, BoundInput, NativeHost, native_able
+from .native_host import NOT_CONTIGUOUS, BoundInput, BoundOutput, NativeHost, native_able
 from .numpy_abi import layout_holds
 
 Op = Callable[[], None]
 HOSTS = ("native", "python")
-# The most inputs the native program takes as arguments, one each (ctypes calls a function of at most 1024): a
-# model with more has its inputs copied into their slots.
-MAX_TAKEN_INPUTS = 256
+# The most inputs and outputs the native program takes as arguments, one each (ctypes calls a function of at most
+# 1024): a model with more has its inputs copied into their slots and its outputs copied out of theirs.
+MAX_TAKEN_ARRAYS = 256
 
 
 class Executor:
@@ -124,7 +126,8 @@ class Executor:
         self._native = None
         self._steps: list[Op] = self._ops
         self._whole_native: Callable[[], int] | None = None
-        # The whole native program taking the input arrays themselves (reading them in place when it can).
+        # The whole native program taking the input arrays themselves (reading them in place when it can), then the
+        # output arrays (writing them in place when it can, else copying into them).
         self._taking_inputs: Callable[..., int] | None = None
         if native:
             self._use_native_host(per_instruction)
@@ -148,6 +151,9 @@ class Executor:
             enable_cuda()  # a runtime-only TVM registers no CUDA module loader by itself
         kernels = {}
         self._entries: dict[str, int] = {}
+        # The alignment in bytes each kernel assumes of each argument's data, where the plan says (else ALIGNMENT).
+        self._alignments: dict[str, tuple[int, ...]] = {
+            key: tuple(entry["arg_alignment"]) for key, entry in self.plan["kernels"].items() if "arg_alignment" in entry}
         used = set(kernel_keys(self.instructions))
         for key, entry in self.plan["kernels"].items():
             if key not in used:
@@ -571,10 +577,12 @@ class Executor:
             return
         segments = [part for part in parts if isinstance(part, list)]
         whole = len(parts) == 1 and self._comm is None
-        takes = whole and layout_holds() and len(self.plan["inputs"]) <= MAX_TAKEN_INPUTS
+        takes = whole and layout_holds() and len(self.plan["inputs"]) + len(self.plan["outputs"]) <= MAX_TAKEN_ARRAYS
         inputs = self._bound_inputs() if takes else ()
+        outputs = self._bound_outputs() if takes else ()
         self._native = NativeHost(segments, self._buffer, self._entries, inputs=inputs,
-                                  owned=self._owned_ranges() if inputs else ())
+                                  owned=self._owned_ranges() if inputs else (), alignments=self._alignments,
+                                  outputs=outputs)
         steps, segment = [], 0
         for part in parts:
             if isinstance(part, list):
@@ -588,6 +596,9 @@ class Executor:
             self._whole_native = self._native.function
             self._taking_inputs = self._native.bound
             self._outputs = [(name, self._buffer(name)) for name in self.plan["outputs"]]
+            # Each run's fresh output arrays are made as these are (shape, dtype); copy=False passes the buffers.
+            self._output_buffers = [buffer for _, buffer in self._outputs]
+            self._output_names = [name for name, _ in self._outputs]
 
     def _owned_ranges(self) -> list[tuple[int, int]]:
         """The [start, end) address ranges of every buffer this executor holds (the arena, weights, state), the
@@ -610,6 +621,32 @@ class Executor:
             if isinstance(instruction, View) and instruction.input in root:
                 root[instruction.output] = root[instruction.input]
         return root
+
+    def _bound_outputs(self) -> list[BoundOutput]:
+        """Each output's buffer with the names kernels write and read it by: the value a top-level kernel call
+        writes (through the views the output is of) and its views, all of the output's size. No names for an output
+        another output shares that value with (each run returns distinct arrays), nor for one that is an input, a
+        weight or persistent state (its buffer must keep what the run writes), a view of one, or made at load: those
+        are copied out of their buffers."""
+        source = {i.output: i.input for i in walk(self.run_instructions) if isinstance(i, View)}
+        written = {name for i in self.run_instructions if isinstance(i, KernelCall) for name in i.outputs}
+
+        def root(name: str) -> str:
+            while name in source:
+                name = source[name]
+            return name
+
+        roots = [root(name) for name in self.plan["outputs"]]
+        views: dict[str, set[str]] = {}
+        for view in source:
+            views.setdefault(root(view), set()).add(view)
+        bound = []
+        for name, of in zip(self.plan["outputs"], roots):
+            aliases = frozenset({of, *views.get(of, ())})
+            alone = roots.count(of) == 1 and of in written and of not in self._input_names and of not in self.state_names
+            same_size = all(self._types[alias].nbytes == self._types[name].nbytes for alias in aliases)
+            bound.append(BoundOutput(self._buffer(name), aliases if alone and same_size else frozenset()))
+        return bound
 
     def _bound_inputs(self) -> list[BoundInput]:
         """Each input's slot with the names kernels read it by (itself and its views, branches included); none for
@@ -654,23 +691,34 @@ class Executor:
         """Seconds each of `runs` runs spends inside kernels (a timed copy of the native program times each
         call); the rest of a run's time is the host's.
 
-        Needs the native host and a program without transfers.
+        The timed copy takes the inputs and outputs as `run` does: where `run` reads an input array in place, its
+        kernels read it there too (the same addresses, the same caches), else it is copied into its slot; the
+        outputs go to fresh arrays. Needs the native host and a program without transfers.
         """
         if self._whole_native is None:
             raise ArtifactError(f"{self.directory}: kernel times need the native host on a one-worker program")
         if self._timed is None:
-            self._timed = NativeHost([self.run_instructions], self._buffer, self._entries, timed=True)
+            taking = self._taking_inputs is not None
+            self._timed = NativeHost([self.run_instructions], self._buffer, self._entries, timed=True,
+                                     inputs=self._bound_inputs() if taking else (),
+                                     owned=self._owned_ranges() if taking else (), alignments=self._alignments,
+                                     outputs=self._bound_outputs() if taking else ())
         totals = []
         for _ in range(runs):
             self._timed.kernel_ns[:] = 0
-            self._write_inputs(inputs)
-            self._run_timed(self._timed)
+            self._run_timed(self._timed, inputs)
             totals.append(int(self._timed.kernel_ns.sum()) / 1e9)
         return totals
 
-    def _run_timed(self, timed: NativeHost) -> None:
-        """One run of a timed copy of the native program (its kernel times add up in `timed.kernel_ns`)."""
-        status = timed.run(0)
+    def _run_timed(self, timed: NativeHost, inputs: Mapping[str, np.ndarray] | None = None) -> None:
+        """One run of a timed copy of the native program (its kernel times add up in `timed.kernel_ns`), given
+        `inputs` (taken as `run` takes them), or on the slots as they are."""
+        if inputs is not None and timed.bound is not None:
+            status, _, _ = self._call_taking(timed.bound, inputs, True)
+        else:
+            if inputs is not None:
+                self._write_inputs(inputs)
+            status = timed.run(0)
         if status:
             raise self._native_error(timed, status)
 
@@ -707,8 +755,7 @@ class Executor:
         self.kernel_times(inputs, 1)
         self._timed.kernel_ns[:] = 0
         for _ in range(runs):
-            self._write_inputs(inputs)
-            self._run_timed(self._timed)
+            self._run_timed(self._timed, inputs)
         rows = [(site.instruction.node, site.instruction.op, float(ns) / runs / 1e3)
                 for site, ns in zip(self._timed.sites, self._timed.kernel_ns)]
         return sorted(rows, key=lambda row: -row[2])
@@ -730,23 +777,21 @@ class Executor:
         A cuda artifact also takes inputs already on its GPU (any DLPack tensor there: runtime/device_inputs.py),
         copied device to device. With `copy=False` the outputs may be views of the executor's buffers (on the native host
         of a one-worker program they are): valid until the next run, and cheaper on small models. The native host of
-        a one-worker program reads a C-contiguous input array where it lies when it is as aligned as its slot and
-        outside the executor's own memory: the array must stay unchanged until `run` returns. An executor runs one
-        call at a time (the session and the artifact call it from one thread).
+        a one-worker program reads a C-contiguous input array where it lies when it is as aligned as the kernels
+        reading it assume (numpy's 16 bytes for kernels compiled so) and outside the executor's own memory: the array
+        must stay unchanged until `run` returns; with `copy`, its kernels write each output into the fresh array
+        returned where they can. An executor runs one call at a time (the session and the artifact call it from
+        one thread).
         """
         if self._taking_inputs is not None:
-            # The whole run is one native call, given the arrays: it reads them in place or copies them in.
-            arrays = self._input_arrays(inputs)
-            status = self._taking_inputs(*arrays)
-            if status == NOT_CONTIGUOUS:
-                status = self._taking_inputs(*map(np.ascontiguousarray, arrays))
+            # The whole run is one native call, given the arrays: it reads the inputs in place or copies them in,
+            # and writes the outputs into fresh arrays (or leaves them in its buffers: copy=False).
+            status, arrays, outputs = self._call_taking(self._taking_inputs, inputs, copy)
             if status:
                 # The error names offending values: an input's come from the caller's array (its slot may hold a
                 # later value, or nothing when it was read in place).
                 raise self._native_error(self._native, status, dict(zip(self.plan["inputs"], arrays)))
-            if copy:
-                return {name: buffer.copy() for name, buffer in self._outputs}
-            return dict(self._outputs)
+            return dict(zip(self._output_names, outputs))
         if self._whole_native is not None:
             # The whole run is one native call: the inputs go straight into their slots.
             self._write_inputs(inputs)
@@ -757,6 +802,17 @@ class Executor:
                 return {name: buffer.copy() for name, buffer in self._outputs}
             return dict(self._outputs)
         return self.start(inputs)()
+
+    def _call_taking(self, program: Callable[..., int], inputs: Mapping[str, np.ndarray],
+                     fresh: bool) -> tuple[int, list[np.ndarray], list[np.ndarray]]:
+        """Call a native program taking the arrays: (its status, the input arrays, the output arrays). The outputs
+        are fresh arrays (`fresh`), which no earlier run's result shares, or the executor's own buffers."""
+        arrays = self._input_arrays(inputs)
+        outputs = [np.empty(b.shape, b.dtype) for b in self._output_buffers] if fresh else self._output_buffers
+        status = program(*arrays, *outputs)
+        if status == NOT_CONTIGUOUS:
+            status = program(*map(np.ascontiguousarray, arrays), *outputs)
+        return status, arrays, outputs
 
     def _input_arrays(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """The inputs as numpy arrays in the program's order; the full check only when one is not an exact match."""

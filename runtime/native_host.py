@@ -18,16 +18,25 @@ added to `kernel_ns[k]` (k its site): the kernels' own time, without the host's.
 
 With `inputs` (a one-segment program: no transfers), the program also takes the run's input arrays, one
 `PyObject*` per input (ctypes `py_object`; runtime/numpy_abi.py: where it reads their data pointer and
-flags), and reads each where it lies when it can: `bound(*arrays)` returns -1 (NOT_CONTIGUOUS) before
-anything ran when an array is not C-contiguous, else as a segment does. An input whose data pointer is as
-aligned as its arena slot (the same remainder modulo ALIGNMENT; TVM's kernels assume 64-byte aligned
-arguments: `llvm.assume` "align" 64 on each) has the address of every DLTensor that reads it or one of its
+flags), and reads each where it lies when it can: `bound(*arrays, *outputs)` returns -1 (NOT_CONTIGUOUS) before
+anything ran when an input array is not C-contiguous, else as a segment does. An input whose data pointer is as
+aligned as every kernel reading it assumes (the same remainder as its arena slot modulo that alignment: TVM's
+kernels assume 64-byte aligned arguments, `llvm.assume` "align" 64 on each, and those compiled to read a model input
+assume numpy's 16, backends/kernel.py ARG_ALIGNMENT) has the address of every DLTensor that reads it or one of its
 `aliases` (its views, slices of pieces) set into the array, at the same byte offset; any other array is
 copied into the slot (a memmove) and those addresses set back to the slot, and so is an array lying in the
 executor's own memory (`owned`). Only kernel arguments are so redirected, all of them read-only: an input read
 by a branch condition or a move, or written by anything, is always copied (`in_place[k]`: whether input k may
 be read in place). The caller's array is never written; a value the memory plan puts in the input's slot after
-its last use is written to the arena as before. The no-argument
+its last use is written to the arena as before.
+
+With `outputs`, it then takes one array per model output, the mirror of the inputs: every DLTensor that writes or
+reads an output's value (the value a top-level kernel writes, and its views: `BoundOutput.aliases`) is pointed at
+the array when it is aligned as those kernels assume (kernels taking a model output assume 16 bytes), else at the
+slot, and the slot is copied into the array at the end; an output with no aliases (another output shares its
+value; an input, weight or state; written under an If or by an Assign) is copied from its buffer at the end
+(`written_in_place[k]`). Given the executor's own buffer as the array, nothing moves. Every run sets every
+redirected address again, so no run writes or reads an array another run was given. The no-argument
 function of segment 0 (`run(0)`, `function`) runs the same code on the slots as they are written.
 """
 from __future__ import annotations
@@ -50,6 +59,16 @@ ALIGNMENT = 64
 class BoundInput:
     """A model input the program takes per run: `buffer` its arena slot, `aliases` the names kernels read it by
     (itself and its views; empty: never read in place)."""
+
+    buffer: np.ndarray
+    aliases: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class BoundOutput:
+    """A model output the program writes into an array it is given per run: `buffer` where the plan keeps it,
+    `aliases` the names kernels write and read it by (the value a kernel writes, and its views, all of its size;
+    empty: never written in place, copied from `buffer` at the end)."""
 
     buffer: np.ndarray
     aliases: frozenset[str] = frozenset()
@@ -78,6 +97,7 @@ class _Call:
     arrays: list[np.ndarray]
     site: int
     names: tuple[str, ...]
+    kernel: str
     first_arg: int = 0
 
 
@@ -101,32 +121,42 @@ class NativeHost:
 
     def __init__(self, segments: Sequence[Sequence[Instruction]], buffer: Callable[[str], np.ndarray],
                  entries: Mapping[str, int], timed: bool = False, inputs: Sequence[BoundInput] = (),
-                 owned: Sequence[tuple[int, int]] = ()):
+                 owned: Sequence[tuple[int, int]] = (), alignments: Mapping[str, Sequence[int]] | None = None,
+                 outputs: Sequence[BoundOutput] = ()):
         """`buffer(name)` gives each value's host buffer (its address is baked in), `entries` each kernel key's
         C entry address (ffi_abi.kernel_entry); `inputs`: the arrays `bound` takes (one segment only); `owned`:
         the [start, end) address ranges of the executor's own memory (arena, weights, state). An input array
         overlapping one is copied, never read in place: the run may overwrite it (an output of an earlier run
-        taken without a copy, fed back as the next run's state)."""
+        taken without a copy, fed back as the next run's state). `alignments`: kernel key → the alignment in bytes
+        it assumes of each argument (its inputs, then its outputs), for kernels compiled to assume less than
+        ALIGNMENT of some (backends/kernel.py ARG_ALIGNMENT). `outputs`: the output arrays `bound` takes after the
+        inputs (one segment only)."""
         import llvmlite.binding as llvm
         import llvmlite.ir as ir
 
-        if inputs and len(segments) != 1:
-            raise ValueError("only a one-segment program takes its inputs")
+        if (inputs or outputs) and len(segments) != 1:
+            raise ValueError("only a one-segment program takes its inputs and outputs")
         self._buffer, self._entries = buffer, entries
+        self._alignments = alignments or {}
         self.sites: list[Site] = []
         self._calls: list[_Call] = []
-        # Names read other than as kernel arguments (conditions, moves) or written: never redirected.
-        self._fixed: set[str] = set()
+        # Names read or written other than as kernel arguments (conditions, moves, Assigns): never redirected.
+        self._special: set[str] = set()
+        # Names kernels write: an input is never redirected to one, an output only to the one a kernel writes.
+        self._written: set[str] = set()
         plans = [self._plan(list(segment)) for segment in segments]
         self._pack_arguments()
         self._inputs = list(inputs)
+        self._outputs = list(outputs)
         self._owned = list(owned)
         self.in_place = [self._redirects(spec) is not None for spec in self._inputs]
+        # Whether each output is written where the array given lies (when it is aligned enough), not copied there.
+        self.written_in_place = [self._redirects(spec) is not None for spec in self._outputs]
         self.kernel_ns = np.zeros(max(len(self.sites), 1), np.int64) if timed else None
         self._ir = ir
         module = ir.Module("tessel_host")
         for index, steps in enumerate(plans):
-            self._emit_segment(module, f"segment{index}", steps, self._inputs if index == 0 else ())
+            self._emit_segment(module, f"segment{index}", steps, *((self._inputs, self._outputs) if index == 0 else ((), ())))
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
         parsed = llvm.parse_assembly(str(module))
@@ -137,9 +167,9 @@ class NativeHost:
         prototype = ctypes.CFUNCTYPE(ctypes.c_int32)
         self._functions = [prototype(self._engine.get_function_address(f"segment{k}")) for k in range(len(plans))]
         self.bound: Callable[..., int] | None = None
-        if self._inputs:
-            taking = ctypes.CFUNCTYPE(ctypes.c_int32, *[ctypes.py_object] * len(self._inputs))
-            self.bound = taking(self._engine.get_function_address("segment0_inputs"))
+        if self._inputs or self._outputs:
+            taking = ctypes.CFUNCTYPE(ctypes.c_int32, *[ctypes.py_object] * (len(self._inputs) + len(self._outputs)))
+            self.bound = taking(self._engine.get_function_address("segment0_arrays"))
 
     def run(self, segment: int) -> int:
         """Run segment `segment`; 0, or 1 + the index in `sites` of where it stopped."""
@@ -163,7 +193,7 @@ class NativeHost:
                 outputs = [self._buffer(n) for n in instruction.outputs]
                 moves = {field: [(out, self._buffer(r)) for out, r in zip(outputs, branch.results)]
                          for field, branch in branches.items()}
-                self._fixed.update((instruction.condition, *instruction.outputs,
+                self._special.update((instruction.condition, *instruction.outputs,
                                     *(r for branch in branches.values() for r in branch.results)))
                 steps.append(_Branch(self._buffer(instruction.condition),
                                      self._plan(list(branches["then_branch"].instructions)),
@@ -172,7 +202,7 @@ class NativeHost:
             elif isinstance(instruction, Fail):
                 steps.append(self._site(Site(instruction)))
             elif isinstance(instruction, Assign):
-                self._fixed.update((instruction.src, instruction.dst))
+                self._special.update((instruction.src, instruction.dst))
                 steps.append(_Copy(self._buffer(instruction.dst), self._buffer(instruction.src)))
             else:
                 raise ValueError(f"{type(instruction).__name__} at node {instruction.node!r} does not run natively")
@@ -183,7 +213,7 @@ class NativeHost:
         return len(self.sites) - 1
 
     def _plan_call(self, call: KernelCall) -> list[_Call]:
-        self._fixed.update(call.outputs)
+        self._written.update(call.outputs)
         if not call.pieces:
             names = call.inputs + call.outputs
             return [self._add_call(call.kernel, [self._buffer(n) for n in names], names, Site(call, call.inputs, call.kernel))]
@@ -199,7 +229,7 @@ class NativeHost:
         for array in arrays:
             if not array.flags.c_contiguous:
                 raise ValueError("a kernel argument is not contiguous")
-        call = _Call(self._entries[kernel], arrays, self._site(site), names)
+        call = _Call(self._entries[kernel], arrays, self._site(site), names, kernel)
         self._calls.append(call)
         return call
 
@@ -223,34 +253,48 @@ class NativeHost:
                                     self._tensors.ctypes.data + slot * ffi_abi.DLTENSOR.itemsize)
                 slot, dim = slot + 1, dim + array.ndim
 
-    def _redirects(self, spec: BoundInput) -> list[tuple[int, int]] | None:
-        """(DLTensor index, byte offset from the input's slot) of every kernel argument that reads the input, or
-        None when it must stay in its slot (it has no aliases, or one is read or written otherwise)."""
-        if not spec.aliases or spec.aliases & self._fixed:
+    def _redirects(self, spec: BoundInput | BoundOutput) -> list[tuple[int, int]] | None:
+        """(DLTensor index, byte offset from the value's slot) of every kernel argument that reads the input (or
+        writes or reads the output), or None when it must stay in its slot (it has no aliases, or one is read or
+        written otherwise; an input written at all)."""
+        fixed = self._special | self._written if isinstance(spec, BoundInput) else self._special
+        if not spec.aliases or spec.aliases & fixed:
             return None
         start = spec.buffer.ctypes.data
         return [(call.first_arg + k, array.ctypes.data - start) for call in self._calls
                 for k, (name, array) in enumerate(zip(call.names, call.arrays)) if name in spec.aliases]
 
+    def _alignment(self, spec: BoundInput | BoundOutput) -> int:
+        """The alignment (bytes) an array needs to be read (an input) or written (an output) in place: the most any
+        kernel taking it assumes of that argument (ALIGNMENT unless the kernel was compiled to assume less)."""
+        return max((self._alignments.get(call.kernel, ())[k:k + 1] or (ALIGNMENT,))[0] for call in self._calls
+                   for k, name in enumerate(call.names) if name in spec.aliases)
+
     # ---- code -------------------------------------------------------------
-    def _emit_segment(self, module, name: str, steps: list, inputs: Sequence[BoundInput] = ()) -> None:
-        """The segment's function; with `inputs`, as `NAME_inputs` taking them, and NAME calling it on the slots."""
+    def _emit_segment(self, module, name: str, steps: list, inputs: Sequence[BoundInput] = (),
+                      outputs: Sequence[BoundOutput] = ()) -> None:
+        """The segment's function; with `inputs` or `outputs`, as `NAME_arrays` taking them, and NAME calling it on
+        the slots."""
         ir = self._ir
         i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-        function = ir.Function(module, ir.FunctionType(i32, [i8p] * len(inputs)), f"{name}_inputs" if inputs else name)
+        taking = len(inputs) + len(outputs)
+        function = ir.Function(module, ir.FunctionType(i32, [i8p] * taking), f"{name}_arrays" if taking else name)
         builder = ir.IRBuilder(function.append_basic_block("entry"))
         self._clock = builder.alloca(ir.LiteralStructType([ir.IntType(64), ir.IntType(64)])) if self.kernel_ns is not None else None
         if inputs:
-            self._emit_inputs(builder, function, inputs)
+            self._emit_inputs(builder, function, function.args[:len(inputs)], inputs)
+        copies = self._emit_outputs(builder, function.args[len(inputs):], outputs) if outputs else []
         self._emit_steps(builder, function, steps)
+        for destination, spec in copies:
+            self._emit_copy_out(builder, destination, spec)
         builder.ret(ir.Constant(i32, 0))
-        if inputs:
-            # The no-argument entry: every input already in its slot (NULL: read the slot).
+        if taking:
+            # The no-argument entry: every input already in its slot, every output left in its (NULL: the slot).
             plain = ir.Function(module, ir.FunctionType(i32, []), name)
             caller = ir.IRBuilder(plain.append_basic_block("entry"))
-            caller.ret(caller.call(function, [ir.Constant(i8p, None)] * len(inputs)))
+            caller.ret(caller.call(function, [ir.Constant(i8p, None)] * taking))
 
-    def _emit_inputs(self, builder, function, inputs: Sequence[BoundInput]) -> None:
+    def _emit_inputs(self, builder, function, arguments, inputs: Sequence[BoundInput]) -> None:
         """Refuse a non-contiguous array; then read each array in place or copy it into its slot, and point the
         DLTensors that read it at where it is."""
         from .numpy_abi import C_CONTIGUOUS, DATA_OFFSET, FLAGS_OFFSET
@@ -258,7 +302,7 @@ class NativeHost:
         ir = self._ir
         i8p, i32, i64 = ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(64)
         base = builder.alloca(i64)
-        for argument in function.args:
+        for argument in arguments:
             given = builder.icmp_unsigned("!=", argument, ir.Constant(i8p, None))
             with builder.if_then(given):
                 flags = builder.load(builder.bitcast(builder.gep(argument, [ir.Constant(i64, FLAGS_OFFSET)]), i32.as_pointer()))
@@ -268,7 +312,7 @@ class NativeHost:
                 builder.position_at_end(refused)
                 builder.ret(ir.Constant(i32, NOT_CONTIGUOUS))
                 builder.position_at_end(fine)
-        for argument, spec in zip(function.args, inputs):
+        for argument, spec in zip(arguments, inputs):
             slot = ir.Constant(i64, spec.buffer.ctypes.data)
             redirects = self._redirects(spec)
             builder.store(slot, base)
@@ -278,7 +322,10 @@ class NativeHost:
                 if redirects is None:
                     self._emit_copy(builder, slot, data, spec.buffer.nbytes)
                 else:
-                    aligned = builder.icmp_unsigned("==", builder.and_(builder.sub(data, slot), ir.Constant(i64, ALIGNMENT - 1)),
+                    # The slot is ALIGNMENT-aligned, and every argument reading the input lies at the same offset from
+                    # the array as from the slot: the array's remainder modulo what the kernels assume decides.
+                    alignment = self._alignment(spec)
+                    aligned = builder.icmp_unsigned("==", builder.and_(builder.sub(data, slot), ir.Constant(i64, alignment - 1)),
                                                     ir.Constant(i64, 0))
                     end = builder.add(data, ir.Constant(i64, spec.buffer.nbytes))
                     for start, stop in self._owned:
@@ -291,10 +338,59 @@ class NativeHost:
                         with copied:
                             self._emit_copy(builder, slot, data, spec.buffer.nbytes)
             if redirects:
-                address = builder.load(base)
-                for index, offset in redirects:
-                    field = self._tensors.ctypes.data + index * ffi_abi.DLTENSOR.itemsize  # `data` is its first field
-                    builder.store(builder.add(address, ir.Constant(i64, offset)), self._pointer(builder, field, i64.as_pointer()))
+                self._emit_redirects(builder, builder.load(base), redirects)
+
+    def _emit_redirects(self, builder, address, redirects: list[tuple[int, int]]) -> None:
+        """Point each DLTensor of `redirects` at `address` plus its offset."""
+        i64 = self._ir.IntType(64)
+        for index, offset in redirects:
+            field = self._tensors.ctypes.data + index * ffi_abi.DLTENSOR.itemsize  # `data` is its first field
+            builder.store(builder.add(address, self._ir.Constant(i64, offset)), self._pointer(builder, field, i64.as_pointer()))
+
+    def _emit_outputs(self, builder, arguments, outputs: Sequence[BoundOutput]) -> list:
+        """Point the DLTensors that write (and read) each output at the array given for it when it is aligned enough,
+        else at its slot; returns (where the array's address is kept, or 0 when nothing is to be copied, the output)
+        for the copies out of the slots at the end. The arrays are C-contiguous ones the executor made (or its own
+        buffers: then nothing moves)."""
+        from .numpy_abi import DATA_OFFSET
+
+        ir = self._ir
+        i8p, i64 = ir.IntType(8).as_pointer(), ir.IntType(64)
+        copies = []
+        for argument, spec in zip(arguments, outputs):
+            slot = ir.Constant(i64, spec.buffer.ctypes.data)
+            redirects = self._redirects(spec)
+            base, destination = builder.alloca(i64), builder.alloca(i64)
+            builder.store(slot, base)
+            builder.store(ir.Constant(i64, 0), destination)
+            given = builder.icmp_unsigned("!=", argument, ir.Constant(i8p, None))
+            with builder.if_then(given):
+                data = builder.load(builder.bitcast(builder.gep(argument, [ir.Constant(i64, DATA_OFFSET)]), i64.as_pointer()))
+                elsewhere = builder.icmp_unsigned("!=", data, slot)
+                if redirects is None:
+                    with builder.if_then(elsewhere):
+                        builder.store(data, destination)
+                else:
+                    aligned = builder.icmp_unsigned("==", builder.and_(builder.sub(data, slot),
+                                                                       ir.Constant(i64, self._alignment(spec) - 1)),
+                                                    ir.Constant(i64, 0))
+                    with builder.if_else(aligned) as (in_place, copied):
+                        with in_place:
+                            builder.store(data, base)
+                        with copied:
+                            builder.store(data, destination)
+            if redirects:
+                self._emit_redirects(builder, builder.load(base), redirects)
+            copies.append((destination, spec))
+        return copies
+
+    def _emit_copy_out(self, builder, destination, spec: BoundOutput) -> None:
+        """Copy an output from its slot into the array given for it, when one was and it is not written in place."""
+        ir = self._ir
+        i64 = ir.IntType(64)
+        address = builder.load(destination)
+        with builder.if_then(builder.icmp_unsigned("!=", address, ir.Constant(i64, 0))):
+            self._emit_copy(builder, address, ir.Constant(i64, spec.buffer.ctypes.data), spec.buffer.nbytes)
 
     def _emit_copy(self, builder, destination, source, nbytes: int) -> None:
         """Copy `nbytes` from address `source` to `destination` (a memmove: the caller's array may overlap the

@@ -135,6 +135,11 @@ def _check_plan(plan: Any) -> None:
         _str(_field(entry, "op", f"kernels['{key}']"), f"kernels['{key}'].op")
         for k, spec in enumerate(_list(entry.get("signature", []), f"kernels['{key}'].signature")):
             _str(spec, f"kernels['{key}'].signature[{k}]")
+        for k, alignment in enumerate(_list(entry.get("arg_alignment", []), f"kernels['{key}'].arg_alignment")):
+            # The native host reads an input in place when its address is a multiple: a power of two.
+            at = f"kernels['{key}'].arg_alignment[{k}]"
+            if _int(alignment, at, 1, 4096) & (alignment - 1):
+                raise _Invalid(at, f"{alignment} is not a power of two")
     hashes = _dict(_field(top, "hashes", "plan"), "hashes")
     for name, digest in hashes.items():
         plain_relative_path(name, f"hashes['{name}']")

@@ -101,3 +101,23 @@ def test_targets_parse(text, expected):
 def test_bad_targets_are_refused(text):
     with pytest.raises(TargetError):
         parse_target(text)
+
+
+def test_a_kernel_assumes_the_alignment_its_spec_gives_each_argument():
+    """ARG_ALIGNMENT relaxes TVM's 64-byte `llvm.assume` of the arguments it names (the others keep 64), and the op's
+    lowering rule never sees it."""
+    from tessel.backends.kernel import ARG_ALIGNMENT, arg_alignments
+    from tessel.backends.lower import build, op_attrs
+
+    plain = KernelSpec("Relu", (), (KernelInput("float32[4,64]", ARG),), ("float32[4,64]",))
+    relaxed = KernelSpec("Relu", ((ARG_ALIGNMENT, (16, 64)),), plain.inputs, plain.outputs)
+    assert arg_alignments(plain) is None and arg_alignments(relaxed) == (16, 64) and op_attrs(relaxed) == {}
+    target = parse_target("llvm")
+    assert relaxed.key(target) != plain.key(target)
+
+    def assumed(spec):
+        code = build(spec, target).mod.inspect_source("ll")
+        return sorted({int(line.split("i64 ")[-1].split(")")[0]) for line in code.splitlines()
+                       if "llvm.assume" in line and '"align"' in line})
+
+    assert assumed(plain) == [64] and assumed(relaxed) == [16, 64]

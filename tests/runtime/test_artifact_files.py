@@ -237,9 +237,12 @@ def test_one_edited_offset_is_refused_even_with_the_hash_recomputed(artifact, ca
     (lambda plan: plan["workers"][0]["memory"].update(arena_bytes=1 << 60), "out of range"),
     (lambda plan: plan["workers"][0]["memory"].update(arena_bytes=1 << 40), "need at most"),
     (lambda plan: plan["workers"][0]["values"].update(h="float32[4294967296,4294967296]"), "more than"),
+    (lambda plan: kernel_entry(plan).update(arg_alignment=[16, 3]), "3 is not a power of two"),
+    (lambda plan: kernel_entry(plan).update(arg_alignment=[0]), "out of range"),
 ], ids=["arena-string", "offset-float", "offset-bool", "steps-object", "bad-type", "unknown-kind", "unknown-value",
         "unknown-kernel", "extra-argument", "other-kernel", "no-memory", "kernels-list", "short-hash", "negative-offset", "huge-offset",
-        "offset-past-arena", "misaligned-offset", "huge-arena", "arena-beyond-buffers", "huge-value"])
+        "offset-past-arena", "misaligned-offset", "huge-arena", "arena-beyond-buffers", "huge-value", "odd-alignment",
+        "zero-alignment"])
 def test_damaged_plan_is_refused_with_one_line(artifact, foreign_library, capsys, change, expected):
     library, marker = foreign_library
     # The kernel is the foreign library: a plan that got as far as loading kernels would run its constructor.

@@ -124,6 +124,8 @@ def test_kernel_times_time_the_kernels_alone(nested_if):
     feeds = {"x": np.ones((2, 3), np.float32), "c": np.array(True), "d": np.array(True)}
     times = executor.kernel_times(feeds, runs=50)
     assert len(times) == 50 and 0 < np.median(times) < 1e-3
+    # The timed program takes the inputs as `run` does: x is read where it lies, never copied into its slot.
+    assert executor._timed.in_place == executor._native.in_place == [True, False, False]
     rows = executor.kernel_profile(feeds, runs=5)
     assert {node for node, _, _ in rows} == {"fused_Relu_0", "Neg_0", "Abs_0"} and all(us >= 0 for _, _, us in rows)
     with pytest.raises(Exception, match="native host"):
@@ -201,7 +203,25 @@ def test_an_aligned_input_is_read_where_it_lies_by_every_kernel_and_view(readers
     np.testing.assert_array_equal(aligned, x)  # and nothing wrote it
 
 
-@pytest.mark.parametrize("remainder", [4, 16, 32])
+@pytest.mark.parametrize("remainder", [16, 32, 48])
+def test_an_input_as_aligned_as_numpy_makes_it_is_read_in_place(readers, remainder):
+    """The kernels reading a model input are compiled assuming 16-byte alignment of it (numpy's own), not 64."""
+    original, artifact = readers
+    executor = Executor(artifact.directory)
+    readers_of_x = {call.kernel for call in executor._native._calls if {"x", "xv"} & set(call.names)}
+    assert {key for key, entry in executor.plan["kernels"].items() if "arg_alignment" in entry} == readers_of_x
+    x = np.random.default_rng(3).standard_normal((1, 256)).astype(np.float32)
+    array = _at(x, remainder)
+    for _ in range(2):
+        executor.poison()
+        poisoned = _slot_bytes(executor, "x")
+        np.testing.assert_allclose(executor.run({"x": array})["y"], run_onnxruntime(original, {"x": x})[0],
+                                   rtol=1e-5, atol=1e-5)
+        assert _slot_bytes(executor, "x") == poisoned
+    np.testing.assert_array_equal(array, x)
+
+
+@pytest.mark.parametrize("remainder", [4, 8, 20])
 def test_a_misaligned_input_is_copied_into_its_slot(readers, remainder):
     original, artifact = readers
     executor = Executor(artifact.directory)
@@ -284,3 +304,79 @@ def test_branch_conditions_are_copied_and_branch_kernels_read_in_place(nested_if
     _, artifact = nested_if
     executor = Executor(artifact.directory)
     assert dict(zip(executor.plan["inputs"], executor._native.in_place)) == {"x": True, "c": False, "d": False}
+
+
+def _outputs_model():
+    """r = Relu(x), an output that a later kernel reads; nv = Reshape(Neg(r)), an output through a view."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["n"]),
+             helper.make_node("Reshape", ["n", "flat"], ["nv"])]
+    return model(nodes, [("x", F, [4, 64])], [("r", F, [4, 64]), ("nv", F, [256])],
+                 [("flat", np.array([256], np.int64))])
+
+
+@pytest.fixture(scope="module")
+def outputs(kernel_cache):
+    original = _outputs_model()
+    return original, compile(original, cache_dir=kernel_cache)
+
+
+def test_outputs_are_written_into_fresh_arrays_where_they_lie(outputs):
+    """The kernels write each output into the run's own fresh array (numpy's 16-byte alignment is enough): nothing
+    is copied out of the arena, no run's result shares memory with another's, and a later kernel reads the output
+    there."""
+    original, artifact = outputs
+    executor = Executor(artifact.directory)
+    assert executor._native.written_in_place == [True, True]
+    rng = np.random.default_rng(7)
+    results = []
+    for _ in range(3):
+        x = rng.standard_normal((4, 64)).astype(np.float32)
+        executor.poison()
+        poisoned = {name: _slot_bytes(executor, name) for name in ("r", "nv")}
+        got = executor.run({"x": x})
+        for name, expected in zip(("r", "nv"), run_onnxruntime(original, {"x": x})):
+            np.testing.assert_array_equal(got[name], expected)
+            assert got[name].ctypes.data % 16 == 0 and _slot_bytes(executor, name) == poisoned[name]
+        results.append((x, got))
+    arrays = [array for _, got in results for array in got.values()]
+    assert not any(np.shares_memory(a, b) for k, a in enumerate(arrays) for b in arrays[k + 1:])
+    for x, got in results:  # later runs left earlier results alone
+        np.testing.assert_array_equal(got["r"], np.maximum(x, 0))
+    # copy=False: the executor's own buffers, as before.
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    views = executor.run({"x": x}, copy=False)
+    assert all(np.shares_memory(views[name], executor._buffer(name)) for name in ("r", "nv"))
+    np.testing.assert_array_equal(views["nv"], -np.maximum(x, 0).reshape(-1))
+    # The python-side path after runs into fresh arrays writes the buffers again.
+    np.testing.assert_array_equal(executor.start({"x": x})()["r"], np.maximum(x, 0))
+
+
+def test_an_output_array_less_aligned_than_its_kernels_assume_is_copied_into(outputs):
+    original, artifact = outputs
+    executor = Executor(artifact.directory)
+    x = np.random.default_rng(8).standard_normal((4, 64)).astype(np.float32)
+    r, nv = _at(np.zeros((4, 64), np.float32), 4), _at(np.zeros(256, np.float32), 32)
+    executor.poison()
+    assert executor._taking_inputs(_at(x, 0), r, nv) == 0
+    np.testing.assert_array_equal(r, np.maximum(x, 0))
+    np.testing.assert_array_equal(nv, -np.maximum(x, 0).reshape(-1))
+    assert _slot_bytes(executor, "r") == r.tobytes()  # written in the arena, then copied
+    assert _slot_bytes(executor, "nv") != nv.tobytes()  # aligned enough: written in place
+
+
+def test_outputs_sharing_a_value_or_not_written_by_a_kernel_are_copied(kernel_cache):
+    """Two outputs of one value get two arrays; an output that is an input or a weight is copied out of its buffer."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "flat"], ["rv"]),
+             helper.make_node("Identity", ["x"], ["y"]), helper.make_node("Identity", ["w"], ["wy"])]
+    proto = model(nodes, [("x", F, [4, 16])], [("r", F, [4, 16]), ("rv", F, [64]), ("y", F, [4, 16]), ("wy", F, [3])],
+                  [("flat", np.array([64], np.int64)), ("w", np.arange(3, dtype=np.float32))])
+    artifact = compile(proto, cache_dir=kernel_cache)
+    executor = Executor(artifact.directory)
+    assert executor._native.written_in_place == [False] * 4
+    x = np.random.default_rng(9).standard_normal((4, 16)).astype(np.float32)
+    for _ in range(2):
+        executor.poison()
+        got = executor.run({"x": x})
+        for name, expected in zip(("r", "rv", "y", "wy"), run_onnxruntime(proto, {"x": x})):
+            np.testing.assert_array_equal(got[name], expected)
+        assert not np.shares_memory(got["r"], got["rv"]) and not np.shares_memory(got["y"], x)
