@@ -24,7 +24,7 @@ from tessel.backends.target import parse_target  # noqa: E402
 from tessel.compiler.algo import find_layers, time_candidates  # noqa: E402
 from tessel.compiler.corpus import load_corpus  # noqa: E402
 from tessel.compiler.pipeline import run_pipeline  # noqa: E402
-from tessel.compiler.program import ProgramBuilder  # noqa: E402
+from tessel.compiler.program import selection_builder  # noqa: E402
 from tessel.ir.onnx_import import with_batch  # noqa: E402
 from tessel.runtime.profile_db import ProfileDB  # noqa: E402
 
@@ -43,7 +43,7 @@ def main() -> int:
     spec = parse_target("llvm")
     layers = find_layers(graph, spec.kind, args.policy)
     started = time.perf_counter()
-    timing = time_candidates(layers, ProgramBuilder(spec), spec, KernelCache(), ProfileDB(), args.budget,
+    timing = time_candidates(layers, selection_builder(graph, spec), spec, KernelCache(), ProfileDB(), args.budget,
                              remeasure=True)
     wall = time.perf_counter() - started
     total = timing.measured + timing.estimated

@@ -329,6 +329,8 @@ def bench_model(name: str, batch: int, image_size: int, workers: int, repeats: i
     fastest = {key: min(rounds, key=lambda r: _median(r["seconds"])) for key, rounds in runs.items()}
     for count in (1, workers):
         plans[count].update(fastest[("tessel", count)]["prediction"])
+    # The measured phases beside the prediction are the kept round's too.
+    plans[workers]["measured_splits"] = fastest[("tessel", workers)].get("splits", [])
     return {"model": name, "batch": batch, "workers": workers, "plans": plans, "runs": runs,
             "measured": {key: _median(r["seconds"]) for key, r in fastest.items()},
             "queued": {key: r["queued_s"] for key, r in fastest.items()},
@@ -359,8 +361,9 @@ def _table(results: list[dict]) -> str:
 
 
 def _split_lines(results: list[dict]) -> str:
-    """Per model: the compiler's predicted phases per worker, and the measured ones (median over the timed steps
-    of every round), with the client's step beside the workers' span (the rest: host, request and batch)."""
+    """Per model: the compiler's predicted phases per worker, and the measured ones (median over the profiled
+    steps of the kept round), with the client's step beside the workers' span (the rest: host, request and
+    batch)."""
     lines = []
     for r in results:
         plan = r["plans"][r["workers"]]
@@ -368,7 +371,7 @@ def _split_lines(results: list[dict]) -> str:
                      f"host round trip {1e3 * plan['host_s']:.2f} ms); one worker: kernels "
                      f"{1e3 * r['plans'][1]['kernel_s']:.1f} ms predicted")
         lines.append("  predicted, per worker: " + "; ".join(_phases(w) for w in plan["predicted_split"]))
-        splits = [s for t in r["runs"][("tessel", r["workers"])] for s in t.get("splits", [])]
+        splits = plan["measured_splits"]
         if splits:
             merged = [{key: _median([s[w].get(key, 0.0) for s in splits]) for key in splits[0][w]}
                       for w in range(len(splits[0]))]
@@ -415,9 +418,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = parser.parse_args(argv)
     unknown = [m for m in args.models if m not in BENCH_MODELS]
-    if unknown or args.workers < 2:
+    if unknown or args.workers < 2 or args.repeats < 1 or (args.steps is not None and args.steps < 1):
         print(f"train_distributed: unknown model(s) {', '.join(unknown)}" if unknown else
-              "train_distributed: --workers must be at least 2", file=sys.stderr)
+              "train_distributed: --workers must be at least 2, --repeats and --steps at least 1", file=sys.stderr)
         return 2
     link = measure_link(args.link_repeats)
     transport = measure_transport(args.workers, args.link_repeats)

@@ -282,7 +282,7 @@ def _warn_idle_workers(programs, placement: dict | None) -> None:
 def _select_algorithms(graph, spec, program, cache, reports, options: CompileOptions, capacity, progress, name):
     """Choose algorithms and micro-batches, write reports/algo.*; the program rebuilt with the choices."""
     from .algo import AlgoSelectionError, find_layers, markdown, report, select, time_candidates
-    from .program import ProgramBuilder
+    from .program import selection_builder
 
     mode, policy = options.algo_select, options.batch_policy
     if options.workspace_limit is not None:
@@ -295,7 +295,7 @@ def _select_algorithms(graph, spec, program, cache, reports, options: CompileOpt
     layers = find_layers(graph, spec.kind, policy)
     # The candidates in the compile's precision: a bf16 compile times the bf16 kernels its packed convs would run
     # (their specs, hence their profile database keys, carry the precision), not the float32 ones.
-    builder = ProgramBuilder(spec, precision=options.precision)
+    builder = selection_builder(graph, spec, options.precision)
     timing = time_candidates(layers, builder, spec, cache, ProfileDB(), options.profile_budget, options.reprofile,
                              progress=progress)
     try:

@@ -364,6 +364,16 @@ def build_program(graph: Graph, target, device: int | None = None, placement: Ma
                    _used(builder), bf16_nodes=builder.bf16_nodes)
 
 
+def selection_builder(graph: Graph, target, precision: str = "fp32") -> ProgramBuilder:
+    """A builder for algorithm selection's candidates of `graph`: their kernels get the specs (hence the profile
+    database keys) that build_program's own get, the relaxed alignment of those touching a model input or output
+    included, so the kernel timed is the kernel run."""
+    builder = ProgramBuilder(target, precision=precision)
+    builder.input_aliases.update(v.name for v in graph.inputs)
+    builder.output_aliases.update(_viewed_values(graph.outputs))
+    return builder
+
+
 def stage_program(graph: Graph, target, nodes: set[str], inputs: list[Value], outputs: list[Value],
                   blocked_layout: bool = True, precision: str = "fp32") -> Program:
     """The program running only `nodes` of `graph` (in order), fed `inputs` and returning `outputs`:

@@ -4,7 +4,7 @@ AllReduce nodes (tessel domain, run by the runtime's AllReduce instruction, in t
 first reader of its result, or at once where nothing is left to overlap) take the gradients in buckets:
 consecutive gradients in the order backward computes them, up to a bucket size, flattened and concatenated once the bucket's last gradient exists, and
 split back at the end of backward, just before the optimizer update reads them; the loss's mean rides in the last
-bucket. The bucket size comes from the α-β link model: the smallest bucket whose latency is a small share of its
+bucket where that bucket joins several gradients. The bucket size comes from the α-β link model: the smallest bucket whose latency is a small share of its
 all-reduce time.
 
 Each bucket's all-reduce algorithm is chosen by its α-β cost (passes/collectives.py: ring, recursive halving
@@ -115,9 +115,10 @@ def averaged_step(graph: Graph, grads: Mapping[str, Value], loss: Value, bucket_
     computes them, consecutive gradients up to `bucket_bytes` together are flattened into one buffer, all-reduced
     as soon as the bucket's last gradient exists, and split back at the end of backward (just before the optimizer
     update reads them); a bucket of one gradient is all-reduced as it is. Nothing reads the loss's mean before the
-    step ends, so it rides in the last bucket: one collective fewer, each a synchronisation of every replica. With
-    a `compression` the workers exchange encoded buckets instead (runtime/comm.py), and the loss, which must stay
-    exact, gets an AllReduce of its own, issued just before the last bucket's."""
+    step ends, so it rides in the last bucket when that bucket is a joined one anyway: one collective fewer, each a
+    synchronisation of every replica. Otherwise (a last bucket of one gradient, or a `compression`: the workers
+    then exchange encoded buckets, runtime/comm.py, and the loss must stay exact) the loss gets an AllReduce of its
+    own, issued just before the last bucket's."""
     position = {id(node): k for k, node in enumerate(graph.nodes)}
     ordered = sorted(grads.items(), key=lambda item: position.get(id(item[1].producer), -1))
     buckets: list[list[tuple[str, Value]]] = []
@@ -128,8 +129,10 @@ def averaged_step(graph: Graph, grads: Mapping[str, Value], loss: Value, bucket_
             size = 0
         buckets[-1].append((name, grad))
         size += grad.type.nbytes
-    rides = compression is None and bool(buckets) and all(grad.type.dtype == loss.type.dtype
-                                                          for _, grad in buckets[-1])
+    # A last bucket of one gradient is all-reduced where it lies: joining the loss to it would copy that gradient
+    # into a bucket and back every step (an embedding's or a first layer's: megabytes) to save a 4-byte collective.
+    rides = (compression is None and bool(buckets) and len(buckets[-1]) > 1
+             and all(grad.type.dtype == loss.type.dtype for _, grad in buckets[-1]))
     averaged: dict[str, Value] = {}
     loss_mean = None
     for k, bucket in enumerate(buckets):

@@ -302,7 +302,8 @@ class Executor:
         return start_all_reduce
 
     def _unread_reductions(self) -> frozenset[str]:
-        """The results of all-reduces into another value that nothing reads (a peer's copy of the loss)."""
+        """The results of all-reduces into another value that nothing reads (a peer's copy of the loss, where the loss
+        has an all-reduce of its own)."""
         read_later = set(self.plan["outputs"])
         unread = set()
         for instruction in reversed(self.run_instructions):
@@ -960,7 +961,8 @@ def reduction_readers(instructions: Iterable[Instruction]) -> set[int]:
 
 def reductions_read_next(instructions: Sequence[Instruction]) -> set[int]:
     """Indices of the all-reduces with nothing to overlap: the next instruction that does work (views skipped)
-    reads the result, or is such an all-reduce itself (the loss's, issued just before the last gradient bucket's).
+    reads the result, or is such an all-reduce itself (the loss's own, issued just before a last gradient bucket it
+    does not ride in: passes/data_parallel.py).
     On another thread such a reduction would overlap nothing, and that thread would wait for a core the worker's
     own thread holds: a training step's last gradient bucket, whose update comes right after."""
     at_once: set[int] = set()

@@ -84,14 +84,14 @@ def test_a_replica_step_averages_each_gradient_right_after_it_is_computed(mlp):
     step = build_step_graph(str(path), {"x": spec.input_shape}, spec.loss, tessel.optim.SGD(lr=0.1), replicas=2,
                             bucket_bytes=1)
     nodes, reduces = step.graph.nodes, _all_reduces(step)
-    assert len(reduces) == len(step.parameters)  # every gradient; the loss rides with the last one
-    assert all(nodes[k].attrs["reduction"] == "mean" for k in reduces)
-    # The loss's mean is read only when the step ends: it joins the last gradient's bucket.
-    last = nodes[reduces[-1]].inputs[0].producer
-    assert last.op_type == "Concat" and len(last.inputs) == 2
-    assert last.inputs[1].producer.inputs[0].name.startswith("loss")
-    assert step.graph.lookup(step.loss_output).producer.inputs[0].producer.op_type == "Split"
+    assert len(reduces) == len(step.parameters) + 1  # every gradient and the loss
+    # The loss's mean is read only when the step ends. The last bucket holds one gradient, all-reduced where it
+    # lies (the loss riding in it would copy the gradient there and back): the loss is issued just before it.
+    loss = next(k for k in reduces if nodes[k].inputs[0].name.startswith("loss"))
+    assert loss == reduces[-2] and all(nodes[k].attrs["reduction"] == "mean" for k in reduces)
     for k in reduces:
+        if k == loss:
+            continue
         node = nodes[k]
         producer = node.inputs[0].producer
         # Issued as soon as its value exists: right after its producer (or after an earlier AllReduce there).
@@ -105,6 +105,38 @@ def test_recompute_and_the_step_phases_see_the_forward_pass_end_at_the_replicas_
     assert nodes.index(step.graph.lookup(step.forward_loss).producer) < min(_all_reduces(step))
     assert forward_loss({"replica_loss": "mine", "workers": [{"outputs": ["loss"]}]}) == "mine"
     assert forward_loss({"workers": [{"outputs": ["loss"]}]}) == "loss"  # an artifact from before the field
+
+
+def test_a_loss_that_is_a_model_output_of_shape_1_trains_on_two_workers_as_on_one(tmp_path, kernel_cache):
+    """The model's own output is the loss, of shape [1]: made a scalar (a Reshape), then flattened into the last
+    bucket (another), a chain of views the compile collapses. The forward pass must still end at the replica's loss."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((3, 2)).astype(np.float32), "W"),
+               numpy_helper.from_array(rng.standard_normal(2).astype(np.float32), "b"),
+               numpy_helper.from_array(np.array([1], np.int64), "one")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"]),
+             helper.make_node("Mul", ["y", "y"], ["squares"]),
+             helper.make_node("ReduceMean", ["squares"], ["mean"], keepdims=1), helper.make_node("Reshape", ["mean", "one"], ["l"])]
+    graph = helper.make_graph(nodes, "output_loss", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+                              [helper.make_tensor_value_info("l", TensorProto.FLOAT, [1])], weights)
+    path = tmp_path / "output_loss.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    options = {"loss": "l", "optimizer": tessel.optim.SGD(lr=0.05), "input_shapes": {"x": [4, 3]},
+               "cache_dir": kernel_cache}
+    single = tessel.compile_training(str(path), **options)
+    parallel = tessel.compile_training(str(path), devices=2, placement="data", **options)
+    try:
+        assert parallel.step_artifact.plan["replica_loss"] == "mean"  # what the views of the loss reshape
+        for _ in range(3):
+            x = rng.standard_normal((4, 3)).astype(np.float32)
+            assert parallel.step({"x": x}) == pytest.approx(single.step({"x": x}), rel=1e-5)
+        got_state = parallel.state
+    finally:
+        parallel.close()
+    for name, value in single.state.items():
+        assert _relative(got_state[name], value) < 1e-5, name
 
 
 def test_gradients_share_a_bucket_up_to_its_size(mlp):
