@@ -307,16 +307,7 @@ def test_synchronised_batchnorm_on_four_workers_trains_the_cnn_as_one_device(tmp
     batches = [type(spec)(spec.name, spec.build, shape, spec.loss, spec.outputs).batch(rng) for _ in range(STEPS)]
     optimizer = tessel.optim.SGD(lr=0.05, momentum=0.9)
     options = {"loss": spec.loss, "optimizer": optimizer, "input_shapes": {"x": shape}, "cache_dir": kernel_cache}
-    single = tessel.compile_training(str(path), **options)
-    parallel = tessel.compile_training(str(path), devices=4, sync_batchnorm=True, **options)
-    try:
-        for x, labels in batches:
-            assert parallel.step({"x": x}, labels) == pytest.approx(single.step({"x": x}, labels), rel=1e-4)
-        got_state = parallel.state
-    finally:
-        parallel.close()
-    for name, value in single.state.items():
-        assert _relative(got_state[name], value) < 1e-4, name
+    _check_synchronised_training(path, batches, options, 4)
 
 
 # Tens of minutes on two cores (ResNet-18's float64 kernels, up to four worker processes): `pytest -m slow`.
@@ -335,6 +326,12 @@ def test_resnet18_with_synchronised_batchnorm_trains_as_one_device(workers, tmp_
     batches = [type(spec)(spec.name, spec.build, shape, spec.loss, spec.outputs).batch(rng) for _ in range(STEPS)]
     options = {"loss": spec.loss, "optimizer": tessel.optim.SGD(lr=0.01, momentum=0.9), "input_shapes": {"x": shape},
                "cache_dir": kernel_cache, "precision": "fp64"}
+    _check_synchronised_training(path, batches, options, workers)
+
+
+def _check_synchronised_training(path, batches, options, workers: int) -> None:
+    """`workers` data-parallel workers with synchronised BatchNorm step like one compiled device on the whole batch:
+    every step's loss, then the weights and BN statistics, within 1e-4."""
     single = tessel.compile_training(str(path), **options)
     parallel = tessel.compile_training(str(path), devices=workers, sync_batchnorm=True, **options)
     try:
