@@ -266,9 +266,10 @@ class NativeHost:
 
     def _alignment(self, spec: BoundInput | BoundOutput) -> int:
         """The alignment (bytes) an array needs to be read (an input) or written (an output) in place: the most any
-        kernel taking it assumes of that argument (ALIGNMENT unless the kernel was compiled to assume less)."""
-        return max((self._alignments.get(call.kernel, ())[k:k + 1] or (ALIGNMENT,))[0] for call in self._calls
-                   for k, name in enumerate(call.names) if name in spec.aliases)
+        kernel taking it assumes of that argument (ALIGNMENT unless the kernel was compiled to assume less), and
+        ALIGNMENT when no kernel call takes it (only other instructions, a view nothing calls a kernel on)."""
+        return max(((self._alignments.get(call.kernel, ())[k:k + 1] or (ALIGNMENT,))[0] for call in self._calls
+                    for k, name in enumerate(call.names) if name in spec.aliases), default=ALIGNMENT)
 
     # ---- code -------------------------------------------------------------
     def _emit_segment(self, module, name: str, steps: list, inputs: Sequence[BoundInput] = (),
