@@ -101,8 +101,12 @@ def _stack(graph: Graph, batch: list[Node]) -> None:
     attrs = {key: first.attrs[key] for key in ("alpha", "beta", "transA", "transB")}
     product = add_op(graph, "Gemm", [stacked, *first.inputs[1:]], attrs, before=first,
                      name=graph.unique_node_name(prefix)).outputs[0]
-    sizes = graph.add_constant(graph.unique_name(f"{prefix}/sizes"), np.asarray(rows, np.int64))
-    parts = add_op(graph, "Split", [product, sizes], {"axis": 0}, before=first, num_outputs=len(batch),
+    # Equal parts split without sizes, which would hold this batch's row counts: a graph rebatched to another batch
+    # (ir/rebatch.py) then splits its own rows evenly.
+    sizes = [] if len(set(rows)) == 1 else [graph.add_constant(graph.unique_name(f"{prefix}/sizes"),
+                                                                np.asarray(rows, np.int64))]
+    split = {"axis": 0} if sizes else {"axis": 0, "num_outputs": len(batch)}
+    parts = add_op(graph, "Split", [product, *sizes], split, before=first, num_outputs=len(batch),
                    name=graph.unique_node_name(f"{prefix}/split")).outputs
     for node, part in zip(batch, parts):
         retire(node, {0: part})
