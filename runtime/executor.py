@@ -579,11 +579,7 @@ class Executor:
         segments = [part for part in parts if isinstance(part, list)]
         whole = len(parts) == 1 and self._comm is None
         takes = whole and layout_holds() and len(self.plan["inputs"]) + len(self.plan["outputs"]) <= MAX_TAKEN_ARRAYS
-        inputs = self._bound_inputs() if takes else ()
-        outputs = self._bound_outputs() if takes else ()
-        self._native = NativeHost(segments, self._buffer, self._entries, inputs=inputs,
-                                  owned=self._owned_ranges() if inputs else (), alignments=self._alignments,
-                                  outputs=outputs)
+        self._native = self._native_program(segments, takes)
         steps, segment = [], 0
         for part in parts:
             if isinstance(part, list):
@@ -600,6 +596,14 @@ class Executor:
             # Each run's fresh output arrays are made as these are (shape, dtype); copy=False passes the buffers.
             self._output_buffers = [buffer for _, buffer in self._outputs]
             self._output_names = [name for name, _ in self._outputs]
+
+    def _native_program(self, segments: list[list[Instruction]], taking: bool, timed: bool = False) -> NativeHost:
+        """The native program of `segments`; `taking`: its whole-run function takes the input arrays (read in place
+        where they can be) and the output arrays (written in place where they can be)."""
+        return NativeHost(segments, self._buffer, self._entries, timed=timed,
+                          inputs=self._bound_inputs() if taking else (),
+                          owned=self._owned_ranges() if taking else (), alignments=self._alignments,
+                          outputs=self._bound_outputs() if taking else ())
 
     def _owned_ranges(self) -> list[tuple[int, int]]:
         """The [start, end) address ranges of every buffer this executor holds (the arena, weights, state), the
@@ -699,11 +703,7 @@ class Executor:
         if self._whole_native is None:
             raise ArtifactError(f"{self.directory}: kernel times need the native host on a one-worker program")
         if self._timed is None:
-            taking = self._taking_inputs is not None
-            self._timed = NativeHost([self.run_instructions], self._buffer, self._entries, timed=True,
-                                     inputs=self._bound_inputs() if taking else (),
-                                     owned=self._owned_ranges() if taking else (), alignments=self._alignments,
-                                     outputs=self._bound_outputs() if taking else ())
+            self._timed = self._native_program([self.run_instructions], self._taking_inputs is not None, timed=True)
         totals = []
         for _ in range(runs):
             self._timed.kernel_ns[:] = 0
