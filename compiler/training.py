@@ -19,11 +19,11 @@ import numpy as np
 
 from tessel.ir import from_onnx, load_model, verify
 from tessel.ir.graph import Graph, Value
-from tessel.ir.op_traits import op_traits
 from tessel.passes.autodiff import differentiate
 from tessel.passes.loss import LossSpec, add_loss
 from tessel.passes.optimizer_update import add_updates
 from tessel.passes.data_parallel import DEFAULT_BUCKET_BYTES, GradientCompression, averaged_step
+from tessel.passes.layout import shape_view_source
 from tessel.passes.training_mode import TrainingModel, prepare_eval, prepare_training
 
 if TYPE_CHECKING:
@@ -108,17 +108,10 @@ def assemble_step(training: TrainingModel, eval_graph: Graph, spec: LossSpec, op
         model_outputs=[v.name for v in eval_graph.outputs], state={**training.state, **updates.initial_slots()},
         state_updates=state_updates, parameters=list(training.parameters),
         scalar_inputs=[v.name for v in updates.scalar_inputs], dropout_masks=dict(training.dropout_masks),
-        replica_loss=_view_root(added.loss).name if replicas > 1 else None,
+        # What the chain of views from the loss starts from: collapsing views keeps it, not the views between it
+        # and their readers (a model output of shape [1] made a scalar, then flattened into the last bucket).
+        replica_loss=shape_view_source(added.loss, graph).name if replicas > 1 else None,
     )
-
-
-def _view_root(value: Value) -> Value:
-    """The value `value` reshapes (through Reshape, Flatten, Squeeze, Unsqueeze), else `value`: the pass that
-    collapses chains of views keeps the root, not the views between it and their readers (a loss that is a model
-    output of shape [1] made a scalar, then flattened into the last gradient bucket)."""
-    while value.producer is not None and op_traits(value.producer.op_type).shape_view:
-        value = value.producer.inputs[0]
-    return value
 
 
 def _value(graph: Graph, name: str) -> Value:

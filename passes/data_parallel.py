@@ -2,10 +2,10 @@
 
 AllReduce nodes (tessel domain, run by the runtime's AllReduce instruction, in the background until the
 first reader of its result, or at once where nothing is left to overlap) take the gradients in buckets:
-consecutive gradients in the order backward computes them, up to a bucket size, flattened and concatenated once the bucket's last gradient exists, and
-split back at the end of backward, just before the optimizer update reads them; the loss's mean rides in the last
-bucket where that bucket joins several gradients. The bucket size comes from the α-β link model: the smallest bucket whose latency is a small share of its
-all-reduce time.
+consecutive gradients in the order backward computes them, up to a bucket size, flattened and concatenated once
+the bucket's last gradient exists, and split back at the end of backward, just before the optimizer update reads
+them; the loss's mean rides in the last bucket where that bucket joins several gradients. The bucket size comes
+from the α-β link model: the smallest bucket whose latency is a small share of its all-reduce time.
 
 Each bucket's all-reduce algorithm is chosen by its α-β cost (passes/collectives.py: ring, recursive halving
 and doubling, gloo's own) among those the runtime executes: today gloo's own only (runtime/comm.py runs

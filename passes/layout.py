@@ -8,19 +8,25 @@ from __future__ import annotations
 
 import numpy as np
 
-from tessel.ir.graph import Node, Value
+from tessel.ir.graph import Graph, Node, Value
 from tessel.ir.op_traits import op_traits
 
 from .base import add_op, can_replace, retire, single_user
+
+
+def shape_view_source(value: Value, graph: Graph) -> Value:
+    """The value a chain of Reshape/Flatten/Squeeze/Unsqueeze in `graph` ending at `value` starts from (`value`
+    when no such view makes it): what `collapse_views` keeps of the chain."""
+    while value.producer is not None and op_traits(value.producer.op_type).shape_view and value.graph is graph:
+        value = value.producer.inputs[0]
+    return value
 
 
 def collapse_views(node: Node) -> str | None:
     """A chain of Reshape/Flatten/Squeeze/Unsqueeze becomes one Reshape; a no-op view disappears."""
     if not op_traits(node.op_type).shape_view:
         return None
-    source = node.inputs[0]
-    while source.producer is not None and op_traits(source.producer.op_type).shape_view and source.graph is node.graph:
-        source = source.producer.inputs[0]
+    source = shape_view_source(node.inputs[0], node.graph)
     out = node.outputs[0]
     if source.type.shape == out.type.shape:
         if not can_replace(out, source):
