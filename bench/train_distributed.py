@@ -17,11 +17,11 @@ timed.
 Tessel's predicted step time is the compiler's own (compiler/parallel_auto.py `predict_data`, what
 `--parallel auto` plans with), made at the start of each of its timing runs (the table gives the kept round's):
 every worker's program played out (compiler/step_timeline.py) with its kernels' times on one thread (timed again
-then, on this machine, inside the step's programs, all workers at once; compiler/step_kernels.py),
-the host's measured round trip, the batch's slices, and each all-reduce at the α-β of the transport the workers use:
-the shared-memory all-reduce (runtime/shared_reduce_link.py) or gloo over the loopback link (runtime/calibrate.py),
-both measured first by this bench and not stored. Several workers profile their timed steps
-(runtime/step_profile.py): the predicted and the measured phases per worker (forward, backward, all-reduce beside
+then, on this machine, inside the step's programs, all workers at once; compiler/step_kernels.py), the host's
+measured share of a step (Trainer.host_s: the feeds, the batch's slices on their way, the answer), and each
+all-reduce at the α-β of the transport the workers use: the shared-memory all-reduce (runtime/shared_reduce_link.py)
+or gloo over the loopback link (runtime/calibrate.py), both measured first by this bench and not stored. Several
+workers profile their timed steps (runtime/step_profile.py): the predicted and the measured phases per worker (forward, backward, all-reduce beside
 them, waiting, update) are printed under the table. The table gives the predicted and the measured step and the
 error, and how long each worker's threads waited for a core per step in the round kept (runnable but not running,
 /proc/PID/task/*/schedstat; DDP: rank 0's): on a shared machine that is other programs' load, which the prediction
@@ -91,8 +91,8 @@ def compile_tessel(name: str, batch: int, image_size: int, workers: int, directo
 def predicted_step(trainer, workers: int, allreduce: str, links: dict) -> dict:
     """The compiler's own prediction of the step (compiler/parallel_auto.py `predict_data`, what `--parallel auto`
     plans with): every worker's program played out with its kernels' times on one thread (timed inside the step's
-    programs where the profile database lacks them: compiler/step_kernels.py), the host's measured round trip, the
-    batch's slices, and the all-reduces at the shared-memory all-reduce's α-β (`links`["transport"], else the gloo
+    programs where the profile database lacks them: compiler/step_kernels.py), the host's measured share of a step
+    (Trainer.host_s), and the all-reduces at the shared-memory all-reduce's α-β (`links`["transport"], else the gloo
     link's)."""
     from tessel.compiler.parallel_auto import Transport, predict_data
     from tessel.compiler.step_kernels import kernel_times
@@ -108,7 +108,7 @@ def predicted_step(trainer, workers: int, allreduce: str, links: dict) -> dict:
     link = Link(*links["link"], measured=True)
     transport = (Transport("shared memory", Link(*links["transport"], measured=True), "measured by this bench")
                  if links.get("transport") else None)
-    alternative, timeline = predict_data(artifact, times, link, workers, allreduce, trainer.round_trip_s(),
+    alternative, timeline = predict_data(artifact, times, link, workers, allreduce, trainer.host_s(),
                                          transport)
     return {"predicted_s": alternative.predicted_s, "kernels": alternative.kernels, "host_s": alternative.host_s,
             "kernel_s": timeline.busy_s[0], "predicted_split": phase_seconds(timeline)}
@@ -368,7 +368,7 @@ def _split_lines(results: list[dict]) -> str:
     for r in results:
         plan = r["plans"][r["workers"]]
         lines.append(f"{r['model']}: predicted {1e3 * plan['predicted_s']:.1f} ms ({plan['kernels']} kernel times, "
-                     f"host round trip {1e3 * plan['host_s']:.2f} ms); one worker: kernels "
+                     f"the host's share {1e3 * plan['host_s']:.2f} ms); one worker: kernels "
                      f"{1e3 * r['plans'][1]['kernel_s']:.1f} ms predicted")
         lines.append("  predicted, per worker: " + "; ".join(_phases(w) for w in plan["predicted_split"]))
         splits = plan["measured_splits"]

@@ -65,7 +65,7 @@ class Alternative:
     schedule: str | None
     predicted_s: float | None
     kernels: str = ""          # where the kernel times came from: "measured", "estimated", "k of n measured"
-    host_s: float = 0.0        # the measured round trip of a request to the workers, in the prediction
+    host_s: float = 0.0        # the host's measured share of a step (Trainer.host_s; PS: an empty round trip)
     detail: str = ""
     runnable: bool = True
     note: str = ""
@@ -148,10 +148,10 @@ def _choose_and_compile(compile_training, model, training: Mapping, options: Map
     link, where = _measured(prepare_machine(CompileOptions.create(None, **options)).link)
     transport = allreduce_transport(devices)
     times = _step_kernel_times(data.step_artifact, devices, options.get("reprofile", False))
-    alternative, timeline = predict_data(data.step_artifact, times, link, devices, allreduce, data.round_trip_s(),
+    alternative, timeline = predict_data(data.step_artifact, times, link, devices, allreduce, data.host_s(),
                                          transport)
     alternatives, timelines = [alternative], {"data": timeline}
-    ps, ps_timeline = predict_ps(data.step_artifact, times, link, devices, data.names.parameters, alternative.host_s,
+    ps, ps_timeline = predict_ps(data.step_artifact, times, link, devices, data.names.parameters, data.round_trip_s(),
                                  parameter_server)
     alternatives.append(ps)
     if ps_timeline is not None:
@@ -167,7 +167,7 @@ def _choose_and_compile(compile_training, model, training: Mapping, options: Map
             note = str(exc)
     pipe_times = (_step_kernel_times(pipe.step_artifact, devices, options.get("reprofile", False))
                   if pipe is not None else {})
-    pipe_host_s = pipe.round_trip_s() if pipe is not None else 0.0
+    pipe_host_s = pipe.host_s() if pipe is not None else 0.0
     for schedule in (GPIPE, ONE_F_ONE_B):
         if pipe is None:
             alternative = Alternative(alternative_name(schedule), "pipeline", schedule, None, runnable=False, note=note)
@@ -237,13 +237,13 @@ def choose(alternatives: Sequence[Alternative]) -> Alternative:
 # ---- predictions -------------------------------------------------------------------------------------------
 def predict_data(artifact, times: Mapping[str, KernelTime], link: Link, workers: int, allreduce: str,
                  host_s: float, transport: Transport | None = None) -> tuple[Alternative, Timeline]:
-    """The data-parallel step and its timeline: the request's round trip (`host_s`) and the batch's slices piped to
-    the workers in turn, then every replica's program with its all-reduces overlapping backward, each priced by
-    `transport` when the group all-reduces through shared memory, else by the gloo `link` and its algorithm."""
+    """The data-parallel step and its timeline: the host's measured cost of a step's request (`host_s`: the
+    feeds made, the batch's slices on their way into the workers and the answer back, Trainer.host_s), then every replica's
+    program with its all-reduces overlapping backward, each priced by `transport` when the group all-reduces
+    through shared memory, else by the gloo `link` and its algorithm."""
     plan = artifact.plan
     programs = [program_from_json(w["instructions"]) for w in plan["workers"]]
     loss = forward_loss(plan)
-    slice_bytes = _input_bytes(plan["workers"][0], plan["workers"][0]["inputs"])
     algorithms = set()
 
     def allreduce_s(nbytes: int) -> float:
@@ -255,8 +255,7 @@ def predict_data(artifact, times: Mapping[str, KernelTime], link: Link, workers:
         return choice.costs[choice.algorithm]
 
     replicas = [WorkerProgram(p, replica_phases(p, loss), w["values"]) for p, w in zip(programs, plan["workers"])]
-    delivered = host_s + scatter_linear(link, workers, workers * slice_bytes)
-    timeline = simulate(replicas, _kernel_seconds(times), link, allreduce_s, delivered)
+    timeline = simulate(replicas, _kernel_seconds(times), link, allreduce_s, host_s)
     buckets = sum(1 for bar in timeline.bars if bar.worker == 0 and bar.phase == ALLREDUCE)
     detail = f"{buckets} all-reduce(s) a step ({', '.join(sorted(algorithms))})"
     return Alternative("data", "data", None, timeline.step_s, _source(times), host_s, detail), timeline
@@ -265,7 +264,8 @@ def predict_data(artifact, times: Mapping[str, KernelTime], link: Link, workers:
 def predict_pipeline(artifact, times: Mapping[str, KernelTime], link: Link, schedule: str,
                      host_s: float) -> tuple[Alternative, Timeline | None]:
     """A pipeline step under `schedule` and its timeline (None when it cannot run), from a compile under any
-    schedule (its stage blocks replayed in `schedule`'s order), after the request's round trip `host_s`."""
+    schedule (its stage blocks replayed in `schedule`'s order), after the host's measured cost of a step's request
+    `host_s` (the micro-batches on their way into the first stage and the answer back, Trainer.host_s)."""
     plan = artifact.plan
     pipe = plan["pipeline"]
     stages, micro = pipe["stages"], pipe["micro_batches"]
@@ -274,9 +274,8 @@ def predict_pipeline(artifact, times: Mapping[str, KernelTime], link: Link, sche
         instructions, phases = reordered_stage(program_from_json(worker["instructions"]), runs, schedule, stages,
                                                micro, s)
         workers.append(WorkerProgram(instructions, phases, worker["values"]))
-    delivered = host_s + link.seconds(_input_bytes(plan["workers"][0], plan["workers"][0]["inputs"]))
     try:
-        timeline = simulate(workers, _kernel_seconds(times), link, link.seconds, delivered)
+        timeline = simulate(workers, _kernel_seconds(times), link, link.seconds, host_s)
     except ValueError as exc:
         return Alternative(alternative_name(schedule), "pipeline", schedule, None, _source(times), host_s,
                            runnable=False, note=str(exc)), None
@@ -373,7 +372,7 @@ def report_markdown(doc: Mapping) -> str:
     lines = [f"# Parallel training: auto on {doc['workers']} workers", "",
              f"Link α {1e6 * link['alpha_s']:.1f} µs, β {1e9 * link['beta_s_per_byte']:.3f} ns/byte "
              f"({link['source']}).", "",
-             "| alternative | predicted step | kernel times | host round trip (measured) | detail |",
+             "| alternative | predicted step | kernel times | host's share of a step (measured) | detail |",
              "|---|---|---|---|---|"]
     for a in doc["alternatives"]:
         mark = " **(chosen)**" if a["name"] == doc["chosen"] else ""

@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -36,10 +37,12 @@ _log = logging.getLogger("tessel.compile")
 
 TIMING_RUNS = 7
 # Timed runs of a whole step program (after one untimed): a step takes up to seconds, and its kernels' times vary
-# less between runs than a lone kernel's.
-STEP_RUNS = 3
-# How long a worker timing its program waits for the others to load before it starts alone.
+# less between runs than a lone kernel's; the median of 5 keeps one disturbed run (of 3, it took two).
+STEP_RUNS = 5
+# How long a worker timing its program waits for the others to load (or reach a run) before it starts alone.
 BARRIER_TIMEOUT_S = 600
+# How often a worker that has loaded looks whether the others have.
+POLL_S = 0.01
 # How long the timing of a step's programs may take in all, loading included, before its processes are stopped.
 STEP_TIMEOUT_S = 2 * BARRIER_TIMEOUT_S
 
@@ -216,16 +219,32 @@ def worker_kernel_sites(directory: Path, worker: int, runs: int = STEP_RUNS,
     values = {name: _filler(TensorType.parse(executor.plan["values"][name]), rng)
               for name in list(executor.input_types) + executor.received_values()}
     if barrier is not None:
-        _wait_for_all(*barrier, worker)
-    return [(key, 1e3 * seconds) for key, seconds in executor.kernel_site_seconds(values, runs, by_node)]
+        _wait_for_all(*barrier, worker, "ready", POLL_S)
+    return [(key, 1e3 * seconds) for key, seconds
+            in executor.kernel_site_seconds(values, runs, by_node, _run_barrier(barrier, worker, runs))]
 
 
-def _wait_for_all(directory: Path, workers: int, worker: int) -> None:
-    """Say this worker is ready in `directory`, then wait (at most BARRIER_TIMEOUT_S) until all `workers` are."""
-    (Path(directory) / f"ready{worker}").touch()
+def _run_barrier(barrier: tuple[Path, int] | None, worker: int, runs: int) -> Callable[[], None] | None:
+    """What a worker timing its program calls before each of its `runs` + 1 runs: wait until every worker is about
+    to start that run (None without a `barrier`). A step's programs start together, so their memory-bound kernels
+    meet in the shared caches and memory; timed runs left to drift apart would not."""
+    if barrier is None:
+        return None
+    started = iter(range(runs + 1))
+    return lambda: _wait_for_all(*barrier, worker, f"run{next(started)}.", 0.0)
+
+
+def _wait_for_all(directory: Path, workers: int, worker: int, name: str, poll_s: float) -> None:
+    """Say this worker reached `name` in `directory`, then wait (at most BARRIER_TIMEOUT_S; polling every `poll_s`,
+    or with 0 yielding the core between looks, for a start within microseconds that a worker sharing its core with
+    another still lets run) until all `workers` did."""
+    (Path(directory) / f"{name}{worker}").touch()
     deadline = time.monotonic() + BARRIER_TIMEOUT_S
-    while time.monotonic() < deadline and sum(1 for _ in Path(directory).glob("ready*")) < workers:
-        time.sleep(0.01)
+    while time.monotonic() < deadline and sum(1 for _ in Path(directory).glob(f"{name}*")) < workers:
+        if poll_s:
+            time.sleep(poll_s)
+        else:
+            os.sched_yield()
 
 
 def _filler(t: TensorType, rng: np.random.Generator) -> np.ndarray:

@@ -24,7 +24,7 @@ from tessel.backends.target import parse_target
 from tessel.ir import from_onnx
 from tessel.ir import load_model as read_model
 from tessel.ir.onnx_import import with_batch
-from tessel.ir.types import TensorType
+from tessel.ir.types import TensorType, numpy_dtype
 from tessel.passes.base import Pass
 from tessel.passes.data_parallel import GradientCompression, bucket_bytes_for
 from tessel.passes.loss import LossSpec
@@ -50,6 +50,9 @@ from .training import StepGraph, build_step_graph
 from .worker_programs import MachineShape
 
 _log = logging.getLogger("tessel.compile")
+# Steps timed for the host's share of a step (Trainer.host_s), after HOST_WARMUP_STEPS untimed ones: the first
+# steps after the workers slept (while kernels were timed elsewhere, say) find them and the caches cold.
+HOST_STEPS, HOST_WARMUP_STEPS = 5, 3
 
 
 class Trainer:
@@ -104,6 +107,33 @@ class Trainer:
         """Median seconds of an empty request to the step's local workers and back: the host's fixed cost per step
         (0 on one worker, which runs in this process)."""
         return self._step.round_trip_s(repeats) if hasattr(self._step, "round_trip_s") else 0.0
+
+    def host_s(self, steps: int = HOST_STEPS) -> float:
+        """Median seconds of a step spent outside the workers' programs: its feeds made, the batch's slices on
+        their way into the workers, rank 0's answer back (a step's time less rank 0's time on it). Measured on
+        `steps` steps of a batch of ones after HOST_WARMUP_STEPS untimed ones, as a training loop runs them, each
+        right after the last (the caches as the workers' kernels left them); the state, the residuals and the step
+        count are restored after, so training goes on as if they had not run. 0 on one worker, which runs in this
+        process."""
+        if not hasattr(self._step, "last_worker_s"):
+            return 0.0
+        types = self._step_types
+        inputs = {name: np.ones(types[name].shape, numpy_dtype(types[name].dtype)) for name in self.names.data_inputs}
+        label = self.names.label_input
+        labels = np.zeros(types[label].shape, numpy_dtype(types[label].dtype)) if label is not None else None
+        state, residuals, done = self.state, self.residuals, self.steps_done
+        seconds = []
+        try:
+            for _ in range(HOST_WARMUP_STEPS + steps):
+                started = time.perf_counter()
+                self.step(inputs, labels)
+                seconds.append(time.perf_counter() - started - self._step.last_worker_s)
+        finally:
+            self._step.set_state(state)
+            if residuals:
+                self._step.set_residuals(residuals)
+            self.steps_done = done
+        return float(np.median(seconds[HOST_WARMUP_STEPS:]))
 
     def close(self) -> None:
         """Stop the data-parallel workers (a Trainer on one worker has none); the Trainer cannot step after."""

@@ -29,6 +29,8 @@ class WorkerStep:
         self.state_names = tuple(artifact.plan["state"]["names"])
         # The last step's spans per rank when the workers profile (runtime/step_profile.py), else None.
         self.last_profile: dict | None = None
+        # Seconds rank 0 spent on the last step, from taking the request to its answer.
+        self.last_worker_s: float | None = None
 
     def run(self, feeds: Mapping[str, np.ndarray], copy: bool = False) -> dict[str, np.ndarray]:
         """One step on the workers; rank 0's outputs. The optimizer's one-element scalars take the scalar shape
@@ -42,7 +44,7 @@ class WorkerStep:
         """The workers' outputs of one request; its profile kept in `last_profile`."""
         request = self._session.run_async(feeds)
         outputs = request.result()
-        self.last_profile = request.profile
+        self.last_profile, self.last_worker_s = request.profile, request.worker_seconds
         return outputs
 
     def state(self) -> dict[str, np.ndarray]:

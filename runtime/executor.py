@@ -729,13 +729,14 @@ class Executor:
         return sorted({name for i in self.run_instructions if not native_able(i) for name in i.writes()
                        if name in self._types})
 
-    def kernel_site_seconds(self, values: Mapping[str, np.ndarray], runs: int = 3,
-                            by_node: bool = False) -> list[tuple[str, float]]:
+    def kernel_site_seconds(self, values: Mapping[str, np.ndarray], runs: int = 3, by_node: bool = False,
+                            before_run: Callable[[], None] | None = None) -> list[tuple[str, float]]:
         """(kernel key, or with `by_node` the calling node, seconds) of each kernel call of the run program in
         program order (a call in pieces: one per piece), the median of `runs` timed runs after an untimed one:
         every kernel timed where the step calls it, on the step's own buffers, after the kernels before it (not
         the same kernel again and again, its data left in the caches). Transfers and collectives do not run:
-        `values` (by name: the inputs and `received_values`) are written into their buffers before each run."""
+        `values` (by name: the inputs and `received_values`) are written into their buffers before each run, and
+        `before_run` (when given) is called right before each run starts."""
         timed = NativeHost([[i for i in self.run_instructions if native_able(i)]], self._buffer, self._entries,
                            timed=True)
         writes = [(self._buffer(name), np.asarray(array)) for name, array in values.items()]
@@ -744,6 +745,8 @@ class Executor:
             for buffer, array in writes:
                 buffer[...] = array
             timed.kernel_ns[:] = 0
+            if before_run is not None:
+                before_run()
             self._run_timed(timed)
             samples.append(timed.kernel_ns.copy())
         seconds = np.median(np.stack(samples[1:]), axis=0) / 1e9

@@ -57,6 +57,9 @@ def test_two_workers_train_like_one_device_on_the_whole_batch(mlp, kernel_cache,
         # Every all-reduce (each bucket, the loss riding in the last) is costed by algorithm; gloo's own runs.
         report = (parallel.step_artifact.directory / "reports" / "data_parallel.md").read_text()
         assert report.count("-> gloo") >= 2 and "ring" in report and "halving_doubling" in report
+        # The host's share of a step (what a prediction adds to the programs): measured on real steps, after which
+        # training goes on as if they had not run (the comparison below).
+        assert parallel.host_s(3) > 0 and single.host_s(3) == 0.0 and parallel.steps_done == 0
         for x, labels in batches:
             want, got = single.step({"x": x}, labels), parallel.step({"x": x}, labels)
             assert got == pytest.approx(want, rel=1e-4)

@@ -230,6 +230,9 @@ class _FakeTrainer:
     def round_trip_s(self):
         return 1e-4
 
+    def host_s(self):
+        return 2e-4
+
     def close(self):
         self.closed = True
 

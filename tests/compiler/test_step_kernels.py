@@ -102,6 +102,31 @@ def test_the_workers_programs_are_timed_at_once_each_in_a_fresh_process(replicas
     assert set(times) == _always_called(plan) and all(ms > 0 for ms in times.values())
 
 
+def test_every_timed_run_starts_when_every_worker_is_about_to_start_it(tmp_path):
+    import threading
+    import time
+
+    assert step_kernels._run_barrier(None, 0, 2) is None
+    started: list[tuple[int, int, float]] = []
+
+    def worker(rank: int, delay_s: float) -> None:
+        before_run = step_kernels._run_barrier((tmp_path, 2), rank, 2)
+        for run in range(3):
+            time.sleep(delay_s)
+            before_run()
+            started.append((run, rank, time.monotonic()))
+
+    threads = [threading.Thread(target=worker, args=(rank, 0.02 * rank)) for rank in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # The slower worker sets the pace: the other's run r starts only after the slower one reached it.
+    for run in range(3):
+        fast, slow = (t for r, rank, t in sorted(started, key=lambda s: s[1]) if r == run)
+        assert abs(fast - slow) < 0.015
+
+
 def test_a_worker_that_fails_stops_the_others_at_once(tmp_path, monkeypatch):
     import subprocess
     import sys
