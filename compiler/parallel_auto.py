@@ -65,7 +65,7 @@ class Alternative:
     schedule: str | None
     predicted_s: float | None
     kernels: str = ""          # where the kernel times came from: "measured", "estimated", "k of n measured"
-    host_s: float = 0.0        # the host's measured share of a step (Trainer.host_s; PS: an empty round trip)
+    host_s: float = 0.0        # the host's measured share of a step (Trainer.host_s; PS: the data-parallel one's)
     detail: str = ""
     runnable: bool = True
     note: str = ""
@@ -151,7 +151,7 @@ def _choose_and_compile(compile_training, model, training: Mapping, options: Map
     alternative, timeline = predict_data(data.step_artifact, times, link, devices, allreduce, data.host_s(),
                                          transport)
     alternatives, timelines = [alternative], {"data": timeline}
-    ps, ps_timeline = predict_ps(data.step_artifact, times, link, devices, data.names.parameters, data.round_trip_s(),
+    ps, ps_timeline = predict_ps(data.step_artifact, times, link, devices, data.names.parameters, alternative.host_s,
                                  parameter_server)
     alternatives.append(ps)
     if ps_timeline is not None:
@@ -173,7 +173,7 @@ def _choose_and_compile(compile_training, model, training: Mapping, options: Map
             alternative = Alternative(alternative_name(schedule), "pipeline", schedule, None, runnable=False, note=note)
         else:
             alternative, timelines[alternative_name(schedule)] = predict_pipeline(
-                pipe.step_artifact, pipe_times, link, schedule, pipe_host_s)
+                pipe.step_artifact, pipe_times, link, schedule, pipe_host_s, slices_on_link=transport is None)
         alternatives.append(alternative)
     chosen = choose(alternatives)
     if chosen.parallel == "pipeline" and chosen.name not in trainers:  # 1F1B: compiled only now (GPipe's kernels)
@@ -237,10 +237,11 @@ def choose(alternatives: Sequence[Alternative]) -> Alternative:
 # ---- predictions -------------------------------------------------------------------------------------------
 def predict_data(artifact, times: Mapping[str, KernelTime], link: Link, workers: int, allreduce: str,
                  host_s: float, transport: Transport | None = None) -> tuple[Alternative, Timeline]:
-    """The data-parallel step and its timeline: the host's measured cost of a step's request (`host_s`: the
-    feeds made, the batch's slices on their way into the workers and the answer back, Trainer.host_s), then every replica's
-    program with its all-reduces overlapping backward, each priced by `transport` when the group all-reduces
-    through shared memory, else by the gloo `link` and its algorithm."""
+    """The data-parallel step and its timeline: the host's measured share of a step (`host_s`, Trainer.host_s: the
+    feeds made, the batch's slices on their way into the local workers' shared-memory slots, the answer back), then
+    every replica's program with its all-reduces overlapping backward, each priced by `transport` when the group
+    all-reduces through shared memory, else by the gloo `link` and its algorithm (the slices then piped to the
+    workers over the link as well: workers that share no memory share no slots)."""
     plan = artifact.plan
     programs = [program_from_json(w["instructions"]) for w in plan["workers"]]
     loss = forward_loss(plan)
@@ -255,17 +256,20 @@ def predict_data(artifact, times: Mapping[str, KernelTime], link: Link, workers:
         return choice.costs[choice.algorithm]
 
     replicas = [WorkerProgram(p, replica_phases(p, loss), w["values"]) for p, w in zip(programs, plan["workers"])]
-    timeline = simulate(replicas, _kernel_seconds(times), link, allreduce_s, host_s)
+    slice_bytes = _input_bytes(plan["workers"][0], plan["workers"][0]["inputs"])
+    delivered = host_s + (scatter_linear(link, workers, workers * slice_bytes) if transport is None else 0.0)
+    timeline = simulate(replicas, _kernel_seconds(times), link, allreduce_s, delivered)
     buckets = sum(1 for bar in timeline.bars if bar.worker == 0 and bar.phase == ALLREDUCE)
     detail = f"{buckets} all-reduce(s) a step ({', '.join(sorted(algorithms))})"
     return Alternative("data", "data", None, timeline.step_s, _source(times), host_s, detail), timeline
 
 
 def predict_pipeline(artifact, times: Mapping[str, KernelTime], link: Link, schedule: str,
-                     host_s: float) -> tuple[Alternative, Timeline | None]:
+                     host_s: float, slices_on_link: bool = False) -> tuple[Alternative, Timeline | None]:
     """A pipeline step under `schedule` and its timeline (None when it cannot run), from a compile under any
     schedule (its stage blocks replayed in `schedule`'s order), after the host's measured cost of a step's request
-    `host_s` (the micro-batches on their way into the first stage and the answer back, Trainer.host_s)."""
+    `host_s` (Trainer.host_s: the micro-batches on their way into the first stage's shared-memory slots, the answer
+    back), plus, with `slices_on_link` (workers that share no memory), the batch piped to it over the link."""
     plan = artifact.plan
     pipe = plan["pipeline"]
     stages, micro = pipe["stages"], pipe["micro_batches"]
@@ -274,8 +278,10 @@ def predict_pipeline(artifact, times: Mapping[str, KernelTime], link: Link, sche
         instructions, phases = reordered_stage(program_from_json(worker["instructions"]), runs, schedule, stages,
                                                micro, s)
         workers.append(WorkerProgram(instructions, phases, worker["values"]))
+    delivered = host_s + (link.seconds(_input_bytes(plan["workers"][0], plan["workers"][0]["inputs"]))
+                          if slices_on_link else 0.0)
     try:
-        timeline = simulate(workers, _kernel_seconds(times), link, link.seconds, host_s)
+        timeline = simulate(workers, _kernel_seconds(times), link, link.seconds, delivered)
     except ValueError as exc:
         return Alternative(alternative_name(schedule), "pipeline", schedule, None, _source(times), host_s,
                            runnable=False, note=str(exc)), None
@@ -290,8 +296,8 @@ def predict_pipeline(artifact, times: Mapping[str, KernelTime], link: Link, sche
 def predict_ps(artifact, times: Mapping[str, KernelTime], link: Link, workers: int, parameters: Sequence[str],
                host_s: float, runnable: bool) -> tuple[Alternative, Timeline | None]:
     """The synchronous parameter-server step and its timeline, played out (compiler/ps_timeline.py) on 1 to
-    `workers` standalone servers, the fastest kept: after the request's round trip (`host_s`, the data-parallel
-    workers') and the batch's slices, each worker pulls the weights of `parameters`, runs one replica's forward and
+    `workers` standalone servers, the fastest kept: after the host's share of a step (`host_s`, the data-parallel
+    workers', as a like-for-like fixed cost) and the batch's slices, each worker pulls the weights of `parameters`, runs one replica's forward and
     backward kernels and pushes the gradients; each server updates its shard. `runnable`: whether the caller can
     run a parameter server (`tessel train` can, with server processes of its own)."""
     plan = artifact.plan
