@@ -268,8 +268,8 @@ def _fake_auto(monkeypatch, tmp_path, predicted: dict, fail_pipeline: bool = Fal
     monkeypatch.setattr(parallel_auto, "predict_ps", lambda *a: (alternative("parameter server", "ps",
                                                                              runnable=a[-1]), timeline))
     monkeypatch.setattr(parallel_auto, "predict_pipeline", _deadlocks if fail_prediction else (
-        lambda artifact, times, link, schedule, host: (alternative(f"pipeline {schedule}", "pipeline", schedule),
-                                                      timeline)))
+        lambda artifact, times, link, schedule, host, **_: (alternative(f"pipeline {schedule}", "pipeline",
+                                                                       schedule), timeline)))
     monkeypatch.setattr(parallel_auto, "allreduce_transport", lambda workers: None)
     trainer = parallel_auto.compile_auto(compile_training, "model.onnx", {"loss": "mse"}, {"devices": 2}, 1, "auto",
                                          False, parameter_server)
