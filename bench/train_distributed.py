@@ -22,10 +22,10 @@ measured share of a step (Trainer.host_s: the feeds, the batch's slices on their
 all-reduce at the α-β of the transport the workers use: the shared-memory all-reduce (runtime/shared_reduce_link.py)
 or gloo over the loopback link (runtime/calibrate.py), both measured first by this bench and not stored. Several
 workers profile their timed steps (runtime/step_profile.py): the predicted and the measured phases per worker
-(forward, backward, all-reduce beside them, waiting, update) are printed under the table. The table gives the predicted and the measured step and the
-error, and how long each worker's threads waited for a core per step in the round kept (runnable but not running,
-/proc/PID/task/*/schedstat; DDP: rank 0's): on a shared machine that is other programs' load, which the prediction
-cannot know and which a 2-vs-1 comparison must not contain.
+(forward, backward, all-reduce beside them, waiting, update) are printed under the table. The table gives the
+predicted and the measured step and the error, and how long each worker's threads waited for a core per step in the
+round kept (runnable but not running, /proc/PID/task/*/schedstat; DDP: rank 0's): on a shared machine that is
+other programs' load, which the prediction cannot know and which a 2-vs-1 comparison must not contain.
 """
 from __future__ import annotations
 

@@ -298,8 +298,9 @@ def predict_ps(artifact, times: Mapping[str, KernelTime], link: Link, workers: i
     """The synchronous parameter-server step and its timeline, played out (compiler/ps_timeline.py) on 1 to
     `workers` standalone servers, the fastest kept: after the host's share of a step (`host_s`, the data-parallel
     workers', as a like-for-like fixed cost) and the batch's slices, each worker pulls the weights of `parameters`,
-    runs one replica's forward and backward kernels and pushes the gradients; each server updates its shard. `runnable`: whether the caller can
-    run a parameter server (`tessel train` can, with server processes of its own)."""
+    runs one replica's forward and backward kernels and pushes the gradients; each server updates its shard.
+    `runnable`: whether the caller can run a parameter server (`tessel train` can, with server processes of its
+    own)."""
     plan = artifact.plan
     worker = plan["workers"][0]
     sizes = [_input_bytes(worker, [name]) for name in parameters]

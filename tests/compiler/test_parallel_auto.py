@@ -215,7 +215,7 @@ def test_tessel_train_parallel_auto_on_two_workers(tmp_path):
     assert "## Measured" in text and (run / "reports" / "step_gantt.png").is_file()
 
 
-def _deadlocks(*args):
+def _deadlocks(*args, **keywords):
     raise ValueError("the step's programs would deadlock")
 
 
