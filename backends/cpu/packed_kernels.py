@@ -35,10 +35,10 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
     (with its epilogue) straight to the NCHW output.
 
     In bf16 (PRECISION attribute), weights come packed (K/ocb, C/icb, R, S, icb/2, ocb, 2) as bf16 bits
-    (uint16), the packed input holds bf16 bits (rounded once, when packed: never `direct`), and each
-    16-channel × 2-channel step of the reduction is one `vdpbf16ps` accumulating in f32 (bf16.py). A bf16 conv
-    whose result is NCHW (not kept blocked) unpacks each output row, with its epilogue, from a per-thread row
-    buffer right after computing it.
+    (uint16), the packed input holds bf16 bits (rounded once, when packed: never `direct`; a strided 1 × 1
+    conv packs only the pixels it reads), and each 16-channel × 2-channel step of the reduction is one
+    `vdpbf16ps` accumulating in f32 (bf16.py). A bf16 conv whose result is NCHW (not kept blocked) unpacks each
+    output row, with its epilogue, from a per-thread row buffer right after computing it.
     """
     x, wp, bias = ctx.input(0), ctx.input(1), ctx.input(2)
     icb, ocb, swap = ctx.attr(CONV_BLOCKS)
@@ -72,9 +72,14 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
         reg_n = min(choices, key=lambda t: (-(-ow // t) * t, -t))
     ow_padded = -(-ow // reg_n) * reg_n
     (pt, pl), (pb, pr) = before, after
-    hp = h + pt + pb
+    # A strided 1 × 1 bf16 conv (a ResNet downsample) packs only the pixels it reads, then runs with stride 1:
+    # converting the whole input to bf16 would read and write four times what the conv reads.
+    step = strides if bf16 and r == s == 1 and strides != [1, 1] else [1, 1]
+    if step != [1, 1]:
+        strides = [1, 1]
+    hp = -(-(h + pt + pb) // step[0])
     # Enough padded input for every (padded) output column.
-    wpad = max(w + pl + pr, (ow_padded - 1) * strides[1] + (s - 1) * dilations[1] + 1)
+    wpad = max(-(-(w + pl + pr) // step[1]), (ow_padded - 1) * strides[1] + (s - 1) * dilations[1] + 1)
     if window_pairs:  # whole 16-lane vectors per packed row: its blocks are single channels
         wpad = -(-wpad // 16) * 16
 
@@ -84,6 +89,8 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
         return x[ni, ci, wi, hi] if swap else x[ni, ci, hi, wi]
 
     def pack(ni, co, hi, wi, ci):
+        if step != [1, 1]:  # the pixel of the padded input this packed pixel holds
+            hi, wi = hi * step[0], wi * step[1]
         inside = tir.all(hi >= pt, hi < pt + h, wi >= pl, wi < pl + w, co * icb + ci < c)
         if bf16:
             return tir.if_then_else(inside, bits_of(source(ni, co * icb + ci, hi - pt, wi - pl)), tir.const(0, "uint16"))
