@@ -8,7 +8,10 @@ each layer's real time is its median over the inferences. The two are joined
 by the ONNX node that a Tessel kernel is named after (`fused_node_Conv_298` is
 `node_Conv_298` with what was fused into it) and that OpenVINO keeps as its
 layer's name; OpenVINO's fused layers (a conv's add and ReLU) are counted on
-the layer that executed them. Every number is measured.
+the layer that executed them. Every number is measured. With PERF_COUNT on,
+OpenVINO's layer times add up to more than its latency without it (ResNet-18:
+13.9 ms of layers against 8.4 ms end to end, one run): compare its layers with
+each other, and whole models with bench/latency.py.
 
     python bench/layer_compare.py resnet18 [--runs 50] [--algo-select off|dp] [--json]
 """
