@@ -16,7 +16,7 @@ import numpy as np
 from tessel.backends.kernel import (ALGORITHM, ARG, ARG_ALIGNMENT, ARG_BLOCKS, BF16, DATA, DEFAULT_ALIGNMENT,
                                     NUMPY_ALIGNMENT, PRECISION, RESULT_BLOCKS, KernelInput, KernelMember, KernelSpec)
 from tessel.backends.lowering import LoweringError, static_inputs, supports
-from tessel.backends.cpu.algorithms import ALGORITHM_OPS, BACKWARD_OPS
+from tessel.backends.cpu.algorithms import ALGORITHM_OPS, BACKWARD_OPS, default_algorithm
 from tessel.backends.cpu.packing import plan_packing
 from tessel.backends.micro_batch import BATCH_SUMMING, BATCHED_INPUTS, accumulating, resize_batch
 from tessel.ir.graph import Graph, Node, Value
@@ -290,8 +290,9 @@ class ProgramBuilder:
             self.unsupported.setdefault(node.op_type, node.name)
             return None
         attrs = tuple((name, v) for name, v in node.attrs.items() if not isinstance(v, Graph))
-        if self.algorithm is not None and node.op_type in ALGORITHM_OPS + BACKWARD_OPS:
-            attrs += ((ALGORITHM, self.algorithm),)
+        algorithm = self.algorithm if self.algorithm is not None else self._default_algorithm(node, attrs, inputs)
+        if algorithm is not None and node.op_type in ALGORITHM_OPS + BACKWARD_OPS:
+            attrs += ((ALGORITHM, algorithm),)
         packing = None
         if self.target.kind == "llvm":
             packing = plan_packing(node.op_type, dict(attrs), [v.type if v is not None else None for v in inputs],
@@ -323,6 +324,13 @@ class ProgramBuilder:
             sources.append(source)
         outputs = tuple(v.type.spec() if v is not None else None for v in node.outputs)
         return KernelSpec(node.op_type, attrs, tuple(specs), outputs), tuple(sources)
+
+    def _default_algorithm(self, node: Node, attrs, inputs: list[Value | None]) -> str | None:
+        """The algorithm an op runs without selection where it is not the default (backends/cpu/algorithms.py)."""
+        if self.target.kind != "llvm" or self.precision == BF16:
+            return None
+        return default_algorithm(node.op_type, dict(attrs), [v.type if v is not None else None for v in inputs],
+                                 [v.const if v is not None else None for v in inputs], self.target.kind)
 
     def _packed(self, value: Value, array: np.ndarray) -> Value:
         """A stand-in constant value for the packed copy of constant `value` (a weight once read)."""

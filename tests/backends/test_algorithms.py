@@ -11,7 +11,7 @@ from tessel.backends.lower import build, workspace_bytes
 from tessel.backends.target import parse_target
 from tessel.compiler.algo import find_layers
 from tessel.compiler.pipeline import run_pipeline, select_passes
-from tessel.compiler.program import ProgramBuilder
+from tessel.compiler.program import ProgramBuilder, build_program
 from tessel.runtime.memory import aligned_copy
 from tests.conftest import run_onnxruntime
 from tests.ir.helpers import F, model
@@ -129,3 +129,29 @@ def test_algorithm_choices_and_workspaces():
     assert find_layers(k18, "llvm", "all")[0].algorithms == ("nchwc", "im2col", "winograd")
     assert algorithms("Conv", {"group": 2}, [layer.node.inputs[0].type], [None, np.ones(1)], "llvm") == ()
     assert algorithms("Conv", {}, [layer.node.inputs[0].type], [None, np.ones((16, 8, 3, 3), np.float32)], "cuda") == ("gemm", "direct")
+
+
+def test_wide_unpadded_1x1_convs_run_direct_by_default():
+    from tessel.backends.cpu.algorithms import default_algorithm
+    from tessel.backends.kernel import ALGORITHM
+    from tessel.ir.types import TensorType
+
+    def choice(case, size=None, channels=None):
+        spec = dict(CONVS[case], **({"size": size} if size else {}), **({"channels": channels} if channels else {}))
+        cin, cout = spec["channels"]
+        attrs = {"pads": spec["pads"], "strides": spec["strides"], "dilations": spec["dilations"], "group": 1}
+        weight = np.ones((cout, cin, spec["kernel"], spec["kernel"]), np.float32)
+        x = TensorType("float32", (1, cin, spec["size"], spec["size"]))
+        return default_algorithm("Conv", attrs, [x, None], [None, weight], "llvm")
+
+    # 1×1 stride 1 without padding on rows of at least NARROW_ROW pixels; not on narrower rows (32-channel tiles),
+    # not padded, strided or wider windows, not with 18 output channels (no whole blocks), not on cuda.
+    assert choice("1x1", size=20) == "direct" and choice("1x1", size=12) == "direct"
+    assert choice("1x1", size=10) is None and choice("1x1", size=20, channels=(16, 18)) is None
+    assert all(choice(case, size=20) is None for case in ("3x3_pad1", "3x3_stride2", "7x7_stride2"))
+    graph, _ = run_pipeline(ir.from_onnx(conv_relu_model(**dict(CONVS["1x1"], size=16))), select_passes([]))
+    program = build_program(graph, LLVM)
+    (spec,) = program.kernels.values()
+    assert any(dict(m.spec.attrs).get(ALGORITHM) == "direct" for m in spec.members())
+    assert default_algorithm("Conv", {}, [graph.nodes[0].inputs[0].type], [None, np.ones((32, 16, 1, 1), np.float32)],
+                             "cuda") is None
