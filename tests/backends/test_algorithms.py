@@ -131,27 +131,37 @@ def test_algorithm_choices_and_workspaces():
     assert algorithms("Conv", {}, [layer.node.inputs[0].type], [None, np.ones((16, 8, 3, 3), np.float32)], "cuda") == ("gemm", "direct")
 
 
-def test_wide_unpadded_1x1_convs_run_direct_by_default():
+def test_wide_unpadded_1x1_convs_on_blocks_run_direct_by_default():
     from tessel.backends.cpu.algorithms import default_algorithm
     from tessel.backends.kernel import ALGORITHM
     from tessel.ir.types import TensorType
 
-    def choice(case, size=None, channels=None):
+    def choice(case, size=None, channels=None, blocks=True):
         spec = dict(CONVS[case], **({"size": size} if size else {}), **({"channels": channels} if channels else {}))
         cin, cout = spec["channels"]
         attrs = {"pads": spec["pads"], "strides": spec["strides"], "dilations": spec["dilations"], "group": 1}
         weight = np.ones((cout, cin, spec["kernel"], spec["kernel"]), np.float32)
         x = TensorType("float32", (1, cin, spec["size"], spec["size"]))
-        return default_algorithm("Conv", attrs, [x, None], [None, weight], "llvm")
+        return default_algorithm("Conv", attrs, [x, None], [None, weight], "llvm", blocks)
 
-    # 1×1 stride 1 without padding on rows of at least NARROW_ROW pixels; not on narrower rows (32-channel tiles),
-    # not padded, strided or wider windows, not with 18 output channels (no whole blocks), not on cuda.
+    # 1×1 stride 1 without padding, its input blocked, on rows of at least NARROW_ROW pixels; not on narrower rows
+    # (32-channel tiles), an NCHW input, padded, strided or wider windows, 18 output channels (no whole blocks).
     assert choice("1x1", size=20) == "direct" and choice("1x1", size=12) == "direct"
-    assert choice("1x1", size=10) is None and choice("1x1", size=20, channels=(16, 18)) is None
+    assert choice("1x1", size=10) is None and choice("1x1", size=20, blocks=False) is None
+    assert choice("1x1", size=20, channels=(16, 18)) is None
     assert all(choice(case, size=20) is None for case in ("3x3_pad1", "3x3_stride2", "7x7_stride2"))
-    graph, _ = run_pipeline(ir.from_onnx(conv_relu_model(**dict(CONVS["1x1"], size=16))), select_passes([]))
+    # Fewer output channels than a vector: direct, whatever the input.
+    assert choice("1x1", size=20, channels=(16, 1), blocks=False) == "direct"
+    x = TensorType("float32", (1, 16, 20, 20))
+    assert default_algorithm("Conv", {}, [x], [None, np.ones((32, 16, 1, 1), np.float32)], "cuda", True) is None
+    # In a program: a model input is NCHW (the default), a conv result kept blocked is read direct.
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]), helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"])]
+    weights = [(f"w{k}", rng.standard_normal((16, 16, 1, 1)).astype(np.float32)) for k in (1, 2)]
+    graph, _ = run_pipeline(ir.from_onnx(model(nodes, [("x", F, [1, 16, 14, 14])], [("y", F, None)], weights)),
+                            select_passes([]))
     program = build_program(graph, LLVM)
-    (spec,) = program.kernels.values()
-    assert any(dict(m.spec.attrs).get(ALGORITHM) == "direct" for m in spec.members())
-    assert default_algorithm("Conv", {}, [graph.nodes[0].inputs[0].type], [None, np.ones((32, 16, 1, 1), np.float32)],
-                             "cuda") is None
+    chosen = [dict(m.spec.attrs).get(ALGORITHM) for spec in program.kernels.values() for m in spec.members()
+              if m.spec.op_type == "Conv"]
+    assert sorted(chosen, key=str) == [None, "direct"]
