@@ -15,14 +15,17 @@ from tessel.passes.constant_fold import CONSTANT_FOLD
 from tessel.passes.cse import CSE
 from tessel.passes.dce import DCE
 from tessel.passes.fuse import FUSE, kernel_count
+from tessel.passes.one_hot_gather import ONE_HOT_GATHER
 from tessel.passes.pool_taps import POOL_TAPS
 from tessel.passes.simplify import SIMPLIFY
 from tessel.passes.split_variadic import SPLIT_VARIADIC
 
 # Variadic ops are split right after simplification, so no later pass or kernel sees thousands of inputs. A
 # training step's pools keep their taps before CSE and DCE, so recomputation (placed after them) plans the
-# step's real memory. Gemms stack after CSE, which makes one value of equal weights.
-PIPELINE: tuple[Pass, ...] = (SIMPLIFY, SPLIT_VARIADIC, CONSTANT_FOLD, POOL_TAPS, CSE, DCE, BATCH_GEMMS, FUSE)
+# step's real memory. Gemms stack after CSE, which makes one value of equal weights. One-hot products become gathers
+# once constant folding has made their class ranges constants.
+PIPELINE: tuple[Pass, ...] = (SIMPLIFY, SPLIT_VARIADIC, CONSTANT_FOLD, ONE_HOT_GATHER, POOL_TAPS, CSE, DCE, BATCH_GEMMS,
+                              FUSE)
 PASS_NAMES = tuple(p.name for p in PIPELINE)
 
 

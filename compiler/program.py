@@ -16,7 +16,7 @@ import numpy as np
 from tessel.backends.kernel import (ALGORITHM, ARG, ARG_ALIGNMENT, ARG_BLOCKS, BF16, DATA, DEFAULT_ALIGNMENT,
                                     NUMPY_ALIGNMENT, PRECISION, RESULT_BLOCKS, KernelInput, KernelMember, KernelSpec)
 from tessel.backends.lowering import LoweringError, static_inputs, supports
-from tessel.backends.cpu.algorithms import ALGORITHM_OPS, BACKWARD_OPS
+from tessel.backends.cpu.algorithms import ALGORITHM_OPS, BACKWARD_OPS, default_algorithm
 from tessel.backends.cpu.packing import plan_packing
 from tessel.backends.micro_batch import BATCH_SUMMING, BATCHED_INPUTS, accumulating, resize_batch
 from tessel.ir.graph import Graph, Node, Value
@@ -78,6 +78,8 @@ class ProgramBuilder:
         self.target = target
         # "bf16": the convs the bf16 kernels take run in bf16 (backends/cpu/packing.py); everything else as typed.
         self.precision = precision
+        # While a fused kernel's members are specified: its body's parameters (by id) → the values they stand for.
+        self._body_outer: dict[int, Value] = {}
         self.bf16_nodes: dict[str, str] = {}
         self.choices = choices or {}
         # Values kept in NCHW[16]c between conv kernels (passes/conv_layout.py): their buffers hold that layout.
@@ -263,15 +265,19 @@ class ProgramBuilder:
                 return ("member", *produced[id(value)])
             return ("arg", self._arg(args, value), 0)
 
-        for m, member in enumerate(body.nodes):
-            inputs = [outer.get(id(v), v) if v is not None else None for v in member.inputs]
-            made = self._member_spec(member, inputs, locate)
-            if made is None:
-                return None
-            members.append(KernelMember(*made))
-            for k, out in enumerate(member.outputs):
-                if out is not None:
-                    produced[id(out)] = (m, k)
+        self._body_outer = outer
+        try:
+            for m, member in enumerate(body.nodes):
+                inputs = [outer.get(id(v), v) if v is not None else None for v in member.inputs]
+                made = self._member_spec(member, inputs, locate)
+                if made is None:
+                    return None
+                members.append(KernelMember(*made))
+                for k, out in enumerate(member.outputs):
+                    if out is not None:
+                        produced[id(out)] = (m, k)
+        finally:
+            self._body_outer = {}
         arg_inputs = tuple(KernelInput(self.values[name], ARG) for name in args)
         outputs = tuple(v.type.spec() for v in body.outputs)
         results = tuple(produced[id(v)] for v in body.outputs)
@@ -290,8 +296,9 @@ class ProgramBuilder:
             self.unsupported.setdefault(node.op_type, node.name)
             return None
         attrs = tuple((name, v) for name, v in node.attrs.items() if not isinstance(v, Graph))
-        if self.algorithm is not None and node.op_type in ALGORITHM_OPS + BACKWARD_OPS:
-            attrs += ((ALGORITHM, self.algorithm),)
+        algorithm = self.algorithm if self.algorithm is not None else self._default_algorithm(node, attrs, inputs)
+        if algorithm is not None and node.op_type in ALGORITHM_OPS + BACKWARD_OPS:
+            attrs += ((ALGORITHM, algorithm),)
         packing = None
         if self.target.kind == "llvm":
             packing = plan_packing(node.op_type, dict(attrs), [v.type if v is not None else None for v in inputs],
@@ -323,6 +330,31 @@ class ProgramBuilder:
             sources.append(source)
         outputs = tuple(v.type.spec() if v is not None else None for v in node.outputs)
         return KernelSpec(node.op_type, attrs, tuple(specs), outputs), tuple(sources)
+
+    def _default_algorithm(self, node: Node, attrs, inputs: list[Value | None]) -> str | None:
+        """The algorithm an op runs without selection where it is not the default (backends/cpu/algorithms.py)."""
+        if self.target.kind != "llvm" or self.precision == BF16 or not inputs or inputs[0] is None:
+            return None
+        return default_algorithm(node.op_type, dict(attrs), [v.type if v is not None else None for v in inputs],
+                                 [v.const if v is not None else None for v in inputs], self.target.kind,
+                                 self._reads_blocks(node, inputs[0]))
+
+    def _reads_blocks(self, node: Node, value: Value) -> bool:
+        """Whether every activation `value` is computed from inside `node`'s kernel (its fused group, when it is a
+        member of one) is kept in NCHW[16]c."""
+        stack, seen, sources = [value], set(), []
+        while stack:
+            current = stack.pop()
+            current = self._body_outer.get(id(current), current)
+            if id(current) in seen or current.is_constant:
+                continue
+            seen.add(id(current))
+            producer = current.producer
+            if self._body_outer and producer is not None and producer.graph is node.graph:
+                stack.extend(v for v in producer.inputs if v is not None)
+            else:
+                sources.append(current)
+        return bool(sources) and all(source.name in self.blocked for source in sources)
 
     def _packed(self, value: Value, array: np.ndarray) -> Value:
         """A stand-in constant value for the packed copy of constant `value` (a weight once read)."""

@@ -46,17 +46,66 @@ def blocked_values(graph: Graph, algorithms: Callable[[Node], set[str]] | None =
         conv = _conv_anchor(node)
         return conv is not None and _blockable_conv(*conv, channels_axis) and algorithms(node) <= PACKED_ALGORITHMS
 
-    blocked = {}
+    # Candidates: every conv result and pass-through result not returned; then, until nothing changes, drop those
+    # with a reader that does not take blocks and pass-through results whose input is not blocked.
+    candidates: dict[str, Node] = {}
     for node in graph.nodes:
-        if len(node.outputs) != 1 or node.outputs[0] is None or not packed_conv_kernel(node, OUT_CHANNELS):
+        value = node.outputs[0] if node.outputs else None
+        if value is None or value.is_graph_output:
             continue
-        value = node.outputs[0]
-        if not _conv_result(node, value) or value.is_graph_output:
-            continue
-        readers = [user for user, _ in value.uses]
-        if readers and all(user.graph is graph and packed_conv_kernel(user, IN_CHANNELS) for user in readers):
-            blocked[value.name] = BLOCK
-    return blocked
+        if passes_blocks(node) or (len(node.outputs) == 1 and packed_conv_kernel(node, OUT_CHANNELS)
+                                   and _conv_result(node, value)):
+            candidates[value.name] = node
+
+    def takes_blocks(user: Node) -> bool:
+        if user.graph is not graph:
+            return False
+        if passes_blocks(user):
+            return user.outputs[0].name in candidates
+        return packed_conv_kernel(user, IN_CHANNELS)
+
+    changed = True
+    while changed:
+        changed = False
+        for name, node in list(candidates.items()):
+            readers = [user for user, _ in node.outputs[0].uses]
+            keep = bool(readers) and all(takes_blocks(user) for user in readers)
+            if keep and passes_blocks(node):
+                keep = node.inputs[0].name in candidates
+            if not keep:
+                del candidates[name]
+                changed = True
+    return {name: BLOCK for name in candidates}
+
+
+def passes_blocks(node: Node) -> bool:
+    """Whether a (top-level, unfused) kernel maps each channel on its own and can run on NCHW[16]c: a 2-D float32
+    MaxPool without Indices, or a Slice of whole 16-channel blocks along axis 1 of a 4-D float32 value."""
+    if node.domain != "" or node.op_type not in ("MaxPool", "Slice") or not node.inputs or node.inputs[0] is None:
+        return False
+    x = node.inputs[0]
+    if x.type.dtype != "float32" or x.type.rank != 4 or x.type.shape[1] % BLOCK:
+        return False
+    if any(out is not None and (out.uses or out.is_graph_output) for out in node.outputs[1:]):
+        return False
+    if node.op_type == "MaxPool":
+        return True
+    return _block_slice(node, x.type.shape[1])
+
+
+def _block_slice(node: Node, channels: int) -> bool:
+    """Whether a Slice keeps every axis but the channels whole and cuts those at multiples of BLOCK, step 1."""
+    operands = list(node.inputs[1:]) + [None] * (4 - len(node.inputs[1:]))
+    starts, ends, axes, steps = operands[:4]
+    if any(v is not None and not v.is_constant for v in (starts, ends, axes, steps)) or starts is None or ends is None:
+        return False
+    starts, ends = starts.const.reshape(-1).tolist(), ends.const.reshape(-1).tolist()
+    axes = axes.const.reshape(-1).tolist() if axes is not None else list(range(len(starts)))
+    steps = steps.const.reshape(-1).tolist() if steps is not None else [1] * len(starts)
+    if [a % 4 for a in axes] != [1] or steps != [1]:
+        return False
+    start, end = (min(max(b + channels if b < 0 else b, 0), channels) for b in (starts[0], ends[0]))
+    return start < end and start % BLOCK == 0 and end % BLOCK == 0
 
 
 def _conv_anchor(node: Node) -> tuple[Node, Mapping[int, Value]] | None:

@@ -13,7 +13,8 @@ Matmul with constant weights on llvm: "packed" (the default) and "direct".
 The backward convolutions of a training step (ConvTranspose, the data gradient; ConvGradFilter, the filter
 gradient), whose weights are known only at run time, on llvm: "tiled" (register-tiled products, the default) and
 "generic" (the target-neutral rule under the generic schedule); elsewhere "generic" only.
-The chosen one is the ALGORITHM attribute of the op in its kernel spec (variants.py lowers it).
+The chosen one is the ALGORITHM attribute of the op in its kernel spec (variants.py lowers it). Without
+algorithm selection a kernel runs the default, except where `default_algorithm` names another.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ import numpy as np
 from tessel.ir.types import TensorType
 
 from ..kernel import ALGORITHM
-from .packing import conv_blocks, conv_kind, default_conv_algorithm, plan_packing
+from .bf16 import LANES
+from .packing import NARROW_ROW, conv_blocks, conv_kind, default_conv_algorithm, plan_packing
 from .winograd import applies as winograd_applies
 
 # The ops with several algorithms to choose from (where `algorithms` finds them applicable).
@@ -71,3 +73,31 @@ def backward_algorithms(op_type: str, attrs: Mapping[str, Any], input_types: Seq
     tiled = (target_kind == "llvm" and attrs.get("group", 1) == 1 and input_types[0].rank == 4
              and input_types[0].dtype == "float32" and input_types[1].dtype == "float32")
     return ("tiled", "generic") if tiled else ("generic",)
+
+
+def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[TensorType | None],
+                      constants: Sequence[np.ndarray | None], target_kind: str, reads_blocks: bool) -> str | None:
+    """The algorithm an op runs when no selection chose one, where it is not the first of `algorithms`; else None.
+
+    A 1×1 stride-1 conv without padding whose input arrives in NCHW[16]c (`reads_blocks`: every activation it is
+    computed from is kept blocked) runs "direct": packing that input copies it whole (no padding to add, already in
+    blocks), and on YOLOv8n's 1×1 convs (rows of 20 to 80 pixels, inputs of 32 to 384 channels, most of them
+    concats) the copy and its second read cost more than the product. Each kernel alone (TVM's time_evaluator, min
+    of 9): 1.5-3.3× faster direct, except the 10-pixel rows of its 32-channel tiles (narrower than NARROW_ROW), 1.6×
+    slower; those keep the default. A conv of fewer output channels than a vector (YOLOv8n's DFL conv: one) runs
+    direct whatever its input: its packed tiles are one channel wide, scalar (59 → 8 µs in the model). An NCHW
+    input with an elementwise prologue (ppocr_v4_rec's squeeze-excite scaling) ran 2× slower direct: it keeps the
+    default.
+    """
+    if op_type != "Conv" or target_kind != "llvm" or "direct" not in algorithms(op_type, attrs, input_types, constants,
+                                                                                target_kind):
+        return None
+    window = tuple(constants[1].shape[2:])
+    strides = tuple(attrs.get("strides") or (1, 1))
+    pads = tuple(attrs.get("pads") or (0, 0, 0, 0))
+    out_width = input_types[0].shape[-1]
+    if window != (1, 1) or strides != (1, 1) or any(pads) or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        return None
+    if constants[1].shape[0] < LANES:
+        return "direct"
+    return "direct" if reads_blocks and out_width >= NARROW_ROW else None

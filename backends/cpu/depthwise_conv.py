@@ -22,7 +22,7 @@ from ..lowering.context import LowerContext, SelfScheduled
 from ..tvm_env import tvm
 from .packed_kernels import CONV_TILE_CHOICES
 from .packing import DEPTHWISE_BLOCK
-from .schedule import MIN_PARALLEL_WORK, schedule_rows, try_step, writes_blocks
+from .schedule import MIN_PARALLEL_WORK, reads_blocks, schedule_rows, try_step, writes_blocks
 
 _tvm = tvm()
 te, tir = _tvm.te, _tvm.tirx
@@ -36,18 +36,9 @@ MAX_ROW_VECTORS = 2
 def conv_depthwise(ctx: LowerContext, before, after):
     """Depthwise conv of x (N, C, H, W) with weights packed (C/cb, R, S, cb), plus the optional bias."""
     strides = tuple(ctx.attr("strides") or (1, 1))
-    if strides == (1, 1) and not _reads_blocks(ctx.input(0)):
+    if strides == (1, 1) and not reads_blocks(ctx.input(0)):
         return _along_rows(ctx, before, after)
     return _channel_blocked(ctx, before, after)
-
-
-def _reads_blocks(x) -> bool:
-    """Whether `x` is the NCHW view of an NCHW[b]c kernel argument (backends/lower.py's view of a blocked argument):
-    a compute over one 5-D placeholder."""
-    if not isinstance(x.op, te.ComputeOp) or len(x.op.input_tensors) != 1:
-        return False
-    source = x.op.input_tensors[0]
-    return isinstance(source.op, te.PlaceholderOp) and source.ndim == 5
 
 
 def _channel_blocked(ctx: LowerContext, before, after):

@@ -14,6 +14,10 @@ That is kh + kw compares per pixel of the kh×kw window's kh·kw (fewer for stri
 same count for 3×3 stride 2, where the gain is contiguous loads and no padded copy). The column maxima live in a
 per-row scratch row (stack, per thread) computed under the output row's loop. Both steps keep NaN as the generic
 rule does: a NaN anywhere in a window is the window's max.
+
+A pool whose input arrives in NCHW[16]c (passes/conv_layout.py keeps it blocked between conv kernels: YOLO's SPPF)
+runs the same two steps on the blocks, one 16-channel vector per pixel: its rows of 10 pixels (YOLOv8n at 320)
+are no vector width.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from ..lowering.context import LowerContext, SelfScheduled
 from ..lowering.pool import pool_window
 from ..lowering.reduce import lowest
 from ..tvm_env import tvm
-from .schedule import lanes_for, try_step
+from .schedule import lanes_for, reads_blocks, try_step
 
 _tvm = tvm()
 te, tir = _tvm.te, _tvm.tirx
@@ -54,6 +58,15 @@ def applies(ctx: LowerContext) -> bool:
     reads = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out_dims, strides, kernel, dilations)]
     padded = any(before) or any(r > i for r, i in zip(reads, in_dims))
     return padded or lanes_for(out_dims[-1]) is None
+
+
+def reads_channel_blocks(ctx: LowerContext) -> bool:
+    """Whether the blocked kernel runs this MaxPool: float32 on CPU, 2-D windows, no Indices output, its input the
+    view of an NCHW[16]c argument."""
+    x = ctx.input(0)
+    wants_indices = len(ctx.output_types) > 1 and ctx.output_types[1] is not None
+    return (not ctx.gpu and str(x.dtype) == "float32" and len(x.shape) == 4 and not wants_indices
+            and reads_blocks(x))
 
 
 def fold_max(values, dtype):
@@ -112,6 +125,56 @@ def max_pool_separable(ctx: LowerContext) -> SelfScheduled:
         # One row per thread, on its stack: a global scratch buffer would be shared by the parallel rows.
         sch.set_scope(scratch, 0, "local")
         vectorize_pool_row(sch, sch.get_loops(scratch)[-1], width)
+
+    return SelfScheduled([rows], schedule)
+
+
+def max_pool_blocks(ctx: LowerContext) -> SelfScheduled:
+    """MaxPool of an NCHW[b]c input (`reads_channel_blocks`) in the two steps, each pixel's b channels one vector.
+
+    The result is NCHW (lower.py writes it as blocks when it is kept blocked: the same loop then writes each
+    pixel's vector whole)."""
+    x = ctx.input(0)
+    source = x.op.input_tensors[0]  # the (N, C/b, H, W, b) argument x is the NCHW view of
+    n, blocks, h, w, lanes = (int(d) for d in source.shape)
+    (kh, kw), (sh, sw), (dh, dw), (bh, bw), _ = pool_window(ctx, x)
+    out_shape = [int(d) for d in ctx.out_shape()]
+    oh, ow = out_shape[2:]
+    width = (ow - 1) * sw + (kw - 1) * dw + 1
+    floor = lowest(x.dtype)
+
+    def read(ni, co, y, xw, ci):
+        """The input at (y, xw) of the padded input: -inf in the padding."""
+        inside = tir.all(y >= 0, y < h, xw >= 0, xw < w)
+        value = source[ni, co, tir.max(tir.min(y, h - 1), 0), tir.max(tir.min(xw, w - 1), 0), ci]
+        return tir.Select(inside, value, floor)
+
+    cols = te.compute(
+        (n, blocks, oh, width, lanes),
+        lambda ni, co, yo, xw, ci: fold_max([read(ni, co, yo * sh + i * dh - bh, xw - bw, ci) for i in range(kh)],
+                                            x.dtype),
+        name="pool_cols")
+    rows = te.compute(
+        out_shape,
+        lambda ni, c, yo, xo: fold_max([cols[ni, c // lanes, yo, xo * sw + j * dw, c % lanes] for j in range(kw)],
+                                       x.dtype),
+        name="pool_rows")
+    # As many channel rows as the NCHW kernel's threshold counts.
+    parallel = n * blocks * lanes * oh >= MIN_PARALLEL_ROWS
+
+    def schedule(sch) -> None:
+        block = sch.get_sblock("pool_rows")
+        batch, channel, row, column = sch.get_loops(block)
+        channel_block, lane = sch.split(channel, [None, lanes])
+        sch.reorder(batch, channel_block, row, column, lane)
+        outer = sch.fuse(batch, channel_block, row)
+        if parallel:
+            sch.parallel(outer)
+        sch.vectorize(lane)
+        scratch = sch.get_sblock("pool_cols")
+        sch.compute_at(scratch, outer)
+        sch.set_scope(scratch, 0, "local")
+        try_step(lambda: sch.vectorize(sch.get_loops(scratch)[-1]))
 
     return SelfScheduled([rows], schedule)
 

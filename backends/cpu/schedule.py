@@ -65,6 +65,16 @@ def writes_blocks(sch, name: str) -> bool:
     return len(sch.get(block).writes[0].region) == len(sch.get_loops(block)) + 1
 
 
+def reads_blocks(x) -> bool:
+    """Whether `x` is the NCHW view of an NCHW[b]c kernel argument (backends/lower.py's view of a blocked argument):
+    a compute over one 5-D placeholder."""
+    te = _tvm.te
+    if not isinstance(x.op, te.ComputeOp) or len(x.op.input_tensors) != 1:
+        return False
+    source = x.op.input_tensors[0]
+    return isinstance(source.op, te.PlaceholderOp) and source.ndim == 5
+
+
 def schedule_rows(sch, name: str, parallel: bool, vectorize: bool) -> None:
     """A conv's NCHW output block: every axis but the last fused (and parallel), the last vectorized.
 

@@ -27,7 +27,8 @@ from .conv_transpose import applies as tiled_conv_transpose_applies, conv_transp
 from .depthwise_conv import conv_depthwise
 from .grouped_conv import conv_grouped
 from .im2col import conv_im2col
-from .max_pool import applies as separable_max_pool_applies, max_pool_separable
+from .max_pool import (applies as separable_max_pool_applies, max_pool_blocks, max_pool_separable,
+                       reads_channel_blocks)
 from .max_pool_taps import applies as one_pass_taps_applies, max_pool_with_taps
 from .packed_kernels import conv_packed, matmul_packed
 from .packing import CONV_BLOCKS, DEPTHWISE_BLOCK, GROUPED_LAYOUT, MATMUL_BLOCK
@@ -80,6 +81,8 @@ def _conv_unpacked(ctx: LowerContext):
 
 
 def _max_pool(ctx: LowerContext):
+    if reads_channel_blocks(ctx):
+        return max_pool_blocks(ctx)
     if not separable_max_pool_applies(ctx):
         return GENERIC_NN_RULES["MaxPool"](ctx)
     return max_pool_separable(ctx)

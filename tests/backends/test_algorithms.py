@@ -11,7 +11,7 @@ from tessel.backends.lower import build, workspace_bytes
 from tessel.backends.target import parse_target
 from tessel.compiler.algo import find_layers
 from tessel.compiler.pipeline import run_pipeline, select_passes
-from tessel.compiler.program import ProgramBuilder
+from tessel.compiler.program import ProgramBuilder, build_program
 from tessel.runtime.memory import aligned_copy
 from tests.conftest import run_onnxruntime
 from tests.ir.helpers import F, model
@@ -136,3 +136,39 @@ def test_algorithm_choices_and_workspaces():
     assert find_layers(k18, "llvm", "all")[0].algorithms == ("nchwc", "im2col", "winograd")
     assert algorithms("Conv", {"group": 2}, [layer.node.inputs[0].type], [None, np.ones(1)], "llvm") == ()
     assert algorithms("Conv", {}, [layer.node.inputs[0].type], [None, np.ones((16, 8, 3, 3), np.float32)], "cuda") == ("gemm", "direct")
+
+
+def test_wide_unpadded_1x1_convs_on_blocks_run_direct_by_default():
+    from tessel.backends.cpu.algorithms import default_algorithm
+    from tessel.backends.kernel import ALGORITHM
+    from tessel.ir.types import TensorType
+
+    def choice(case, size=None, channels=None, blocks=True):
+        spec = dict(CONVS[case], **({"size": size} if size else {}), **({"channels": channels} if channels else {}))
+        cin, cout = spec["channels"]
+        attrs = {"pads": spec["pads"], "strides": spec["strides"], "dilations": spec["dilations"], "group": 1}
+        weight = np.ones((cout, cin, spec["kernel"], spec["kernel"]), np.float32)
+        x = TensorType("float32", (1, cin, spec["size"], spec["size"]))
+        return default_algorithm("Conv", attrs, [x, None], [None, weight], "llvm", blocks)
+
+    # 1×1 stride 1 without padding, its input blocked, on rows of at least NARROW_ROW pixels; not on narrower rows
+    # (32-channel tiles), an NCHW input, padded, strided or wider windows, 18 output channels (no whole blocks).
+    assert choice("1x1", size=20) == "direct" and choice("1x1", size=12) == "direct"
+    assert choice("1x1", size=10) is None and choice("1x1", size=20, blocks=False) is None
+    assert choice("1x1", size=20, channels=(16, 18)) is None
+    assert all(choice(case, size=20) is None for case in ("3x3_pad1", "3x3_stride2", "7x7_stride2"))
+    # Fewer output channels than a vector: direct, whatever the input.
+    assert choice("1x1", size=20, channels=(16, 1), blocks=False) == "direct"
+    x = TensorType("float32", (1, 16, 20, 20))
+    assert default_algorithm("Conv", {}, [x], [None, np.ones((32, 16, 1, 1), np.float32)], "cuda", True) is None
+    # In a program: a model input is NCHW (the default), a conv result kept blocked is read direct.
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]), helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"])]
+    weights = [(f"w{k}", rng.standard_normal((16, 16, 1, 1)).astype(np.float32)) for k in (1, 2)]
+    graph, _ = run_pipeline(ir.from_onnx(model(nodes, [("x", F, [1, 16, 14, 14])], [("y", F, None)], weights)),
+                            select_passes([]))
+    program = build_program(graph, LLVM)
+    chosen = [dict(m.spec.attrs).get(ALGORITHM) for spec in program.kernels.values() for m in spec.members()
+              if m.spec.op_type == "Conv"]
+    assert sorted(chosen, key=str) == [None, "direct"]
