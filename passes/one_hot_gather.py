@@ -13,7 +13,8 @@ The pattern, after constant folding:
 becomes
   idx = Where(0 <= x < K, x, K) reshaped to one axis (-1: any batch)
   y = Gather(alpha · [W; 0], idx) (+ beta · C)
-Each intermediate of the pattern must have no other reader.
+The Equal, its Cast and the reshapes between must have no other reader (the product's own input may have others);
+x must be int32 or int64, the index types Gather takes.
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from tessel.ir.graph import Graph, Node, Value
 
 from .base import Pass, PassResult, add_op, graphs_in, retire, single_user
 
-INTEGER_TYPES = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"})
+# The index types Gather takes (ONNX's Tind): a one-hot of narrower integers is left as it is.
+INDEX_TYPES = frozenset({"int32", "int64"})
 
 
 def one_hot_gather(graph: Graph) -> PassResult:
@@ -64,7 +66,7 @@ def _match(product: Node) -> tuple[Value, int] | None:
     if equal is None or equal.op_type != "Equal" or equal.domain or single_user(cast.inputs[0]) is not cast:
         return None
     for x, r in (equal.inputs, reversed(equal.inputs)):
-        if _is_range(r, classes) and not x.is_constant and x.type.dtype in INTEGER_TYPES and x.type.shape[-1:] == (1,):
+        if _is_range(r, classes) and not x.is_constant and x.type.dtype in INDEX_TYPES and x.type.shape[-1:] == (1,):
             return x, classes
     return None
 

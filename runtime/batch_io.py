@@ -51,7 +51,10 @@ def worker_feeds(plan: dict[str, Any], inputs: Mapping[str, np.ndarray]) -> list
         if name in split and np.ndim(array):
             # Plain slices (np.split's generality costs tens of microseconds a call, on every step): the checked
             # batch divides evenly.
-            rows = len(array) // len(workers)
+            rows, left = divmod(len(array), len(workers))
+            if left:
+                raise InputError(f"input '{name}' has {len(array)} rows, which do not split evenly among "
+                                 f"{len(workers)} workers: give a multiple of {len(workers)} rows")
             for k, feed in enumerate(feeds):
                 feed[name] = np.ascontiguousarray(array[k * rows:(k + 1) * rows])
         else:

@@ -17,12 +17,14 @@ RNG = np.random.default_rng(11)
 ROWS, CLASSES, N = 6, 10, 4
 
 
-def _one_hot_model(classes=None, product: str = "Gemm", alpha: float = 1.0, beta: float = 1.0, extra_read=False):
+def _one_hot_model(classes=None, product: str = "Gemm", alpha: float = 1.0, beta: float = 1.0, extra_read=False,
+                   index_type=TensorProto.INT32):
     """magika's embedding, small: x int32 [1, ROWS] → Equal with range(CLASSES) → float → [ROWS, CLASSES] · W
-    (+ C). `classes` replaces the range; `extra_read` also returns the one-hot matrix."""
-    classes = np.arange(CLASSES, dtype=np.int32) if classes is None else classes
-    weights = [("w", RNG.standard_normal((CLASSES, N)).astype(np.float32)), ("c", RNG.standard_normal(N).astype(np.float32)),
-               ("r", classes.reshape(1, 1, CLASSES)), ("column", np.array([-1, ROWS, 1], np.int64)),
+    (+ C). `classes` replaces the range; `extra_read` also returns the one-hot matrix; `index_type`: x's type."""
+    dtype = helper.tensor_dtype_to_np_dtype(index_type)
+    classes = np.arange(CLASSES, dtype=dtype) if classes is None else classes
+    weights = [("w", RNG.standard_normal((CLASSES, N)).astype(np.float32)),
+               ("c", RNG.standard_normal(N).astype(np.float32)), ("r", classes.reshape(1, 1, CLASSES)), ("column", np.array([-1, ROWS, 1], np.int64)),
                ("flat", np.array([-1, CLASSES], np.int64))]
     nodes = [helper.make_node("Reshape", ["x", "column"], ["xc"]), helper.make_node("Equal", ["xc", "r"], ["hot"]),
              helper.make_node("Cast", ["hot"], ["hotf"], to=TensorProto.FLOAT),
@@ -32,7 +34,7 @@ def _one_hot_model(classes=None, product: str = "Gemm", alpha: float = 1.0, beta
     else:
         nodes.append(helper.make_node("MatMul", ["a", "w"], ["y"]))
     outputs = [("y", F, None)] + ([("hotf", F, None)] if extra_read else [])
-    return model(nodes, [("x", TensorProto.INT32, [1, ROWS])], outputs, weights)
+    return model(nodes, [("x", index_type, [1, ROWS])], outputs, weights)
 
 
 # In range, the ends of the range, and outside it on both sides (a row of zeros: the bias alone).
@@ -50,8 +52,9 @@ def test_one_hot_products_become_gathers():
 
 
 def test_other_products_are_left_alone():
-    # Classes that are not 0..K-1, and a one-hot matrix read elsewhere too.
-    for m in (_one_hot_model(classes=np.arange(CLASSES, dtype=np.int32) * 2), _one_hot_model(extra_read=True)):
+    # Classes that are not 0..K-1, a one-hot matrix read elsewhere too, and indices of a type Gather does not take.
+    for m in (_one_hot_model(classes=np.arange(CLASSES, dtype=np.int32) * 2), _one_hot_model(extra_read=True),
+              _one_hot_model(index_type=TensorProto.UINT8)):
         graph = graph_of(m)
         constant_fold(graph)
         assert not one_hot_gather(graph).changed and "Gemm" in ops(graph)

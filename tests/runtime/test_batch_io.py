@@ -1,8 +1,10 @@
 """A whole batch against what each worker takes (runtime/batch_io.py): a data-parallel step's inputs are split
 among the workers, a pipeline's go to rank 0 alone."""
 import numpy as np
+import pytest
 
 from tessel.runtime.batch_io import batch_input_types, worker_feeds
+from tessel.runtime.errors import InputError
 
 
 def _worker(inputs: dict[str, str]) -> dict:
@@ -28,3 +30,10 @@ def test_a_pipeline_takes_its_inputs_on_rank_0_alone():
     x = np.ones((4, 3), np.float32)
     feeds = worker_feeds(plan, {"x": x})
     assert feeds[0]["x"] is x and feeds[1] == {}
+
+
+def test_a_batch_that_does_not_split_evenly_is_refused_in_one_line():
+    replica = {"x": "float32[2,3]"}
+    plan = {"workers": [_worker(replica), _worker(replica)]}
+    with pytest.raises(InputError, match="input 'x' has 5 rows, which do not split evenly among 2 workers"):
+        worker_feeds(plan, {"x": np.ones((5, 3), np.float32)})
