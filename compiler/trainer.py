@@ -55,6 +55,12 @@ _log = logging.getLogger("tessel.compile")
 HOST_STEPS, HOST_WARMUP_STEPS = 5, 3
 
 
+def _filled(t: TensorType) -> np.ndarray:
+    """A batch input of type `t` for timing steps: ones for floats, zeros (a valid index) for integers."""
+    dtype = np.dtype(numpy_dtype(t.dtype))
+    return np.ones(t.shape, dtype) if dtype.kind == "f" else np.zeros(t.shape, dtype)
+
+
 class Trainer:
     """Runs a compiled training step on persistent state; `steps_done` steps so far."""
 
@@ -103,37 +109,45 @@ class Trainer:
         started; runtime/step_profile.py), else None (and always on one worker)."""
         return getattr(self._step, "last_profile", None)
 
-    def round_trip_s(self, repeats: int = 20) -> float:
-        """Median seconds of an empty request to the step's local workers and back: the host's fixed cost per step
-        (0 on one worker, which runs in this process)."""
-        return self._step.round_trip_s(repeats) if hasattr(self._step, "round_trip_s") else 0.0
-
     def host_s(self, steps: int = HOST_STEPS) -> float:
         """Median seconds of a step spent outside the workers' programs: its feeds made, the batch's slices on
         their way into the workers, rank 0's answer back (a step's time less rank 0's time on it). Measured on
-        `steps` steps of a batch of ones after HOST_WARMUP_STEPS untimed ones, as a training loop runs them, each
-        right after the last (the caches as the workers' kernels left them); the state, the residuals and the step
-        count are restored after, so training goes on as if they had not run. 0 on one worker, which runs in this
-        process."""
+        `steps` (at least 1) steps of a batch of ones (zeros for integer inputs: valid indices) after
+        HOST_WARMUP_STEPS untimed ones, as a training loop runs them, each right after the last (the caches as the
+        workers' kernels left them); the state, the error-feedback residuals and the step count are restored
+        after, so training goes on as if they had not run. 0 on one worker, which runs in this process."""
+        if steps < 1:
+            raise ValueError(f"host_s needs at least 1 timed step, got {steps}")
         if not hasattr(self._step, "last_worker_s"):
             return 0.0
         types = self._step_types
-        inputs = {name: np.ones(types[name].shape, numpy_dtype(types[name].dtype)) for name in self.names.data_inputs}
+        inputs = {name: _filled(types[name]) for name in self.names.data_inputs}
         label = self.names.label_input
         labels = np.zeros(types[label].shape, numpy_dtype(types[label].dtype)) if label is not None else None
         state, residuals, done = self.state, self.residuals, self.steps_done
-        seconds = []
+        seconds, finished = [], False
         try:
             for _ in range(HOST_WARMUP_STEPS + steps):
                 started = time.perf_counter()
                 self.step(inputs, labels)
                 seconds.append(time.perf_counter() - started - self._step.last_worker_s)
+            finished = True
         finally:
-            self._step.set_state(state)
-            if residuals:
-                self._step.set_residuals(residuals)
-            self.steps_done = done
+            try:
+                self._restore(state, residuals, done)
+            except Exception:
+                if finished:  # else the step's own error says what went wrong, not the restore's after it
+                    raise
         return float(np.median(seconds[HOST_WARMUP_STEPS:]))
+
+    def _restore(self, state: Mapping[str, np.ndarray], residuals: Mapping[str, np.ndarray], done: int) -> None:
+        """Put back the state, the residuals (those made since start from zero, as on a fresh trainer) and the
+        step count that `state`, `residuals` and `steps_done` gave."""
+        self._step.set_state(state)
+        made = self.residuals
+        if made or residuals:
+            self._step.set_residuals({**{key: np.zeros_like(r) for key, r in made.items()}, **residuals})
+        self.steps_done = done
 
     def close(self) -> None:
         """Stop the data-parallel workers (a Trainer on one worker has none); the Trainer cannot step after."""

@@ -4,7 +4,6 @@ data-parallel step's workers each take a slice of the batch; a pipeline's stages
 (compiler/pipeline_training.py)."""
 from __future__ import annotations
 
-import time
 from typing import Mapping
 
 import numpy as np
@@ -70,16 +69,6 @@ class WorkerStep:
     def close(self) -> None:
         """Stop the workers."""
         self._session.close()
-
-    def round_trip_s(self, repeats: int) -> float:
-        """Median seconds of `repeats` empty requests through the workers and back (a set_state of nothing): the
-        host's fixed cost of every step, besides the step itself."""
-        seconds = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            self._session.set_state({})
-            seconds.append(time.perf_counter() - started)
-        return float(np.median(seconds))
 
 
 class PipelineRunner(WorkerStep):

@@ -22,10 +22,14 @@ from tests.compiler.train_fixtures import write_classifier
 STEPS, BATCH = 6, 8
 
 
-def _train(model: Path, kernel_cache, **options) -> tuple[list[float], dict, dict]:
+def _train(model: Path, kernel_cache, host_first: bool = False, **options) -> tuple[list[float], dict, dict]:
+    """STEPS steps on 2 workers: (losses, state, the data-parallel report); with `host_first`, after measuring the
+    host's share of a step (Trainer.host_s), which runs steps of its own and then undoes them."""
     trainer = tessel.compile_training(str(model), loss="cross_entropy", optimizer=tessel.optim.SGD(lr=0.5),
                                       input_shapes={"x": (BATCH, 4)}, devices=2, cache_dir=kernel_cache, **options)
     try:
+        if host_first:
+            assert trainer.host_s(1) > 0 and trainer.steps_done == 0
         rng = np.random.default_rng(0)
         losses = []
         for _ in range(STEPS):
@@ -67,6 +71,17 @@ def test_compressed_gradients_train_and_report_their_bytes(tmp_path, kernel_cach
     one_bit_losses, _, one_bit = _train(model, kernel_cache, compression="1bit")
     assert one_bit_losses[-1] < one_bit_losses[0]
     assert one_bit["compression"]["bytes_per_step"] == 4 * 4 + 2
+
+
+def test_measuring_the_host_share_leaves_no_error_feedback_behind(tmp_path, kernel_cache):
+    # Its steps of ones make residuals where there were none: they must start from zero again, as on a fresh
+    # trainer, or the next real steps (and a checkpoint) would carry them.
+    model = write_classifier(tmp_path / "m.onnx")
+    losses, state, _ = _train(model, kernel_cache, compression="1bit")
+    measured_losses, measured_state, _ = _train(model, kernel_cache, host_first=True, compression="1bit")
+    assert measured_losses == losses
+    for name, value in state.items():
+        np.testing.assert_array_equal(measured_state[name], value, err_msg=name)
 
 
 def test_a_resumed_compressed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, kernel_cache):

@@ -227,9 +227,6 @@ class _FakeTrainer:
         self.step_artifact = SimpleNamespace(directory=directory)
         self.names = SimpleNamespace(parameters=["w"])
 
-    def round_trip_s(self):
-        return 1e-4
-
     def host_s(self):
         return 2e-4
 
