@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from tessel.ir.types import TensorType
-from tessel.passes.collectives import scatter_linear
 from tessel.passes.data_parallel import choose_allreduce
 from tessel.passes.machine import Link
 from tessel.passes.pipeline_schedule import GPIPE, ONE_F_ONE_B, bubble_fraction
@@ -173,7 +172,7 @@ def _choose_and_compile(compile_training, model, training: Mapping, options: Map
             alternative = Alternative(alternative_name(schedule), "pipeline", schedule, None, runnable=False, note=note)
         else:
             alternative, timelines[alternative_name(schedule)] = predict_pipeline(
-                pipe.step_artifact, pipe_times, link, schedule, pipe_host_s, slices_on_link=transport is None)
+                pipe.step_artifact, pipe_times, link, schedule, pipe_host_s)
         alternatives.append(alternative)
     chosen = choose(alternatives)
     if chosen.parallel == "pipeline" and chosen.name not in trainers:  # 1F1B: compiled only now (GPipe's kernels)
@@ -238,10 +237,9 @@ def choose(alternatives: Sequence[Alternative]) -> Alternative:
 def predict_data(artifact, times: Mapping[str, KernelTime], link: Link, workers: int, allreduce: str,
                  host_s: float, transport: Transport | None = None) -> tuple[Alternative, Timeline]:
     """The data-parallel step and its timeline: the host's measured share of a step (`host_s`, Trainer.host_s: the
-    feeds made, the batch's slices on their way into the local workers' shared-memory slots, the answer back), then
-    every replica's program with its all-reduces overlapping backward, each priced by `transport` when the group
-    all-reduces through shared memory, else by the gloo `link` and its algorithm (the slices then piped to the
-    workers over the link as well: workers that share no memory share no slots)."""
+    feeds made, the batch's slices on their way into the local workers, the answer back), then every replica's
+    program with its all-reduces overlapping backward, each priced by `transport` when the group all-reduces
+    through shared memory, else by the gloo `link` and its algorithm."""
     plan = artifact.plan
     programs = [program_from_json(w["instructions"]) for w in plan["workers"]]
     loss = forward_loss(plan)
@@ -256,20 +254,17 @@ def predict_data(artifact, times: Mapping[str, KernelTime], link: Link, workers:
         return choice.costs[choice.algorithm]
 
     replicas = [WorkerProgram(p, replica_phases(p, loss), w["values"]) for p, w in zip(programs, plan["workers"])]
-    slice_bytes = _input_bytes(plan["workers"][0], plan["workers"][0]["inputs"])
-    delivered = host_s + (scatter_linear(link, workers, workers * slice_bytes) if transport is None else 0.0)
-    timeline = simulate(replicas, _kernel_seconds(times), link, allreduce_s, delivered)
+    timeline = simulate(replicas, _kernel_seconds(times), link, allreduce_s, host_s)
     buckets = sum(1 for bar in timeline.bars if bar.worker == 0 and bar.phase == ALLREDUCE)
     detail = f"{buckets} all-reduce(s) a step ({', '.join(sorted(algorithms))})"
     return Alternative("data", "data", None, timeline.step_s, _source(times), host_s, detail), timeline
 
 
 def predict_pipeline(artifact, times: Mapping[str, KernelTime], link: Link, schedule: str,
-                     host_s: float, slices_on_link: bool = False) -> tuple[Alternative, Timeline | None]:
+                     host_s: float) -> tuple[Alternative, Timeline | None]:
     """A pipeline step under `schedule` and its timeline (None when it cannot run), from a compile under any
     schedule (its stage blocks replayed in `schedule`'s order), after the host's measured cost of a step's request
-    `host_s` (Trainer.host_s: the micro-batches on their way into the first stage's shared-memory slots, the answer
-    back), plus, with `slices_on_link` (workers that share no memory), the batch piped to it over the link."""
+    `host_s` (Trainer.host_s: the micro-batches on their way into the first stage, the answer back)."""
     plan = artifact.plan
     pipe = plan["pipeline"]
     stages, micro = pipe["stages"], pipe["micro_batches"]
@@ -278,10 +273,8 @@ def predict_pipeline(artifact, times: Mapping[str, KernelTime], link: Link, sche
         instructions, phases = reordered_stage(program_from_json(worker["instructions"]), runs, schedule, stages,
                                                micro, s)
         workers.append(WorkerProgram(instructions, phases, worker["values"]))
-    delivered = host_s + (link.seconds(_input_bytes(plan["workers"][0], plan["workers"][0]["inputs"]))
-                          if slices_on_link else 0.0)
     try:
-        timeline = simulate(workers, _kernel_seconds(times), link, link.seconds, delivered)
+        timeline = simulate(workers, _kernel_seconds(times), link, link.seconds, host_s)
     except ValueError as exc:
         return Alternative(alternative_name(schedule), "pipeline", schedule, None, _source(times), host_s,
                            runnable=False, note=str(exc)), None
@@ -297,8 +290,9 @@ def predict_ps(artifact, times: Mapping[str, KernelTime], link: Link, workers: i
                host_s: float, runnable: bool) -> tuple[Alternative, Timeline | None]:
     """The synchronous parameter-server step and its timeline, played out (compiler/ps_timeline.py) on 1 to
     `workers` standalone servers, the fastest kept: after the host's share of a step (`host_s`, the data-parallel
-    workers', as a like-for-like fixed cost) and the batch's slices, each worker pulls the weights of `parameters`,
-    runs one replica's forward and backward kernels and pushes the gradients; each server updates its shard.
+    workers', as a like-for-like fixed cost; no slices are sent, its workers read their own rows of the data),
+    each worker pulls the weights of `parameters`, runs one replica's forward and backward kernels and pushes the
+    gradients; each server updates its shard.
     `runnable`: whether the caller can run a parameter server (`tessel train` can, with server processes of its
     own)."""
     plan = artifact.plan
@@ -308,8 +302,7 @@ def predict_ps(artifact, times: Mapping[str, KernelTime], link: Link, workers: i
         return Alternative(PARAMETER_SERVER, "ps", None, None, runnable=False, note="no parameters to serve"), None
     program = program_from_json(worker["instructions"])
     replica = WorkerProgram(program, replica_phases(program, forward_loss(plan)), worker["values"])
-    delivered = host_s + scatter_linear(link, workers, workers * _input_bytes(worker, worker["inputs"]))
-    played = {servers: simulate_ps(replica, workers, sizes, servers, _kernel_seconds(times), link, delivered)
+    played = {servers: simulate_ps(replica, workers, sizes, servers, _kernel_seconds(times), link, host_s)
               for servers in range(1, min(workers, sum(1 for size in sizes if size)) + 1)}
     servers = min(played, key=lambda count: played[count].step_s)
     note = "" if runnable else "runs through `tessel train --parallel ps` or `--parallel auto` (server processes)"

@@ -41,8 +41,9 @@ TIMING_RUNS = 7
 STEP_RUNS = 5
 # How long a worker timing its program waits for the others to load (or reach a run) before it starts alone.
 BARRIER_TIMEOUT_S = 600
-# How often a worker that has loaded looks whether the others have.
-POLL_S = 0.01
+# How often a worker waiting for the others looks whether they are there, and how long it first keeps looking before
+# each timed run (the workers' runs take about as long: the wait is short, and its end is to be seen at once).
+POLL_S, RUN_SPIN_S = 0.01, 0.05
 # How long the timing of a step's programs may take in all, loading included, before its processes are stopped.
 STEP_TIMEOUT_S = 2 * BARRIER_TIMEOUT_S
 
@@ -231,20 +232,20 @@ def _run_barrier(barrier: tuple[Path, int] | None, worker: int, runs: int) -> Ca
     if barrier is None:
         return None
     started = iter(range(runs + 1))
-    return lambda: _wait_for_all(*barrier, worker, f"run{next(started)}.", 0.0)
+    return lambda: _wait_for_all(*barrier, worker, f"run{next(started)}.", POLL_S, RUN_SPIN_S)
 
 
-def _wait_for_all(directory: Path, workers: int, worker: int, name: str, poll_s: float) -> None:
-    """Say this worker reached `name` in `directory`, then wait (at most BARRIER_TIMEOUT_S; polling every `poll_s`,
-    or with 0 yielding the core between looks, for a start within microseconds that a worker sharing its core with
-    another still lets run) until all `workers` did."""
+def _wait_for_all(directory: Path, workers: int, worker: int, name: str, poll_s: float, spin_s: float = 0.0) -> None:
+    """Say this worker reached `name` in `directory`, then wait (at most BARRIER_TIMEOUT_S) until all `workers` did:
+    for `spin_s` looking again and again, yielding the core in between (a start within microseconds, which a
+    worker sharing its core with another still lets run), then every `poll_s`."""
     (Path(directory) / f"{name}{worker}").touch()
-    deadline = time.monotonic() + BARRIER_TIMEOUT_S
-    while time.monotonic() < deadline and sum(1 for _ in Path(directory).glob(f"{name}*")) < workers:
-        if poll_s:
-            time.sleep(poll_s)
-        else:
+    started = time.monotonic()
+    while time.monotonic() < started + BARRIER_TIMEOUT_S and sum(1 for _ in Path(directory).glob(f"{name}*")) < workers:
+        if time.monotonic() < started + spin_s:
             os.sched_yield()
+        else:
+            time.sleep(poll_s)
 
 
 def _filler(t: TensorType, rng: np.random.Generator) -> np.ndarray:

@@ -215,7 +215,7 @@ def test_tessel_train_parallel_auto_on_two_workers(tmp_path):
     assert "## Measured" in text and (run / "reports" / "step_gantt.png").is_file()
 
 
-def _deadlocks(*args, **keywords):
+def _deadlocks(*args):
     raise ValueError("the step's programs would deadlock")
 
 
@@ -265,8 +265,8 @@ def _fake_auto(monkeypatch, tmp_path, predicted: dict, fail_pipeline: bool = Fal
     monkeypatch.setattr(parallel_auto, "predict_ps", lambda *a: (alternative("parameter server", "ps",
                                                                              runnable=a[-1]), timeline))
     monkeypatch.setattr(parallel_auto, "predict_pipeline", _deadlocks if fail_prediction else (
-        lambda artifact, times, link, schedule, host, **_: (alternative(f"pipeline {schedule}", "pipeline",
-                                                                       schedule), timeline)))
+        lambda artifact, times, link, schedule, host: (alternative(f"pipeline {schedule}", "pipeline", schedule),
+                                                      timeline)))
     monkeypatch.setattr(parallel_auto, "allreduce_transport", lambda workers: None)
     trainer = parallel_auto.compile_auto(compile_training, "model.onnx", {"loss": "mse"}, {"devices": 2}, 1, "auto",
                                          False, parameter_server)
