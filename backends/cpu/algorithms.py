@@ -25,9 +25,11 @@ import numpy as np
 from tessel.ir.types import TensorType
 
 from ..kernel import ALGORITHM
-from .bf16 import LANES
 from .packing import NARROW_ROW, conv_blocks, conv_kind, default_conv_algorithm, plan_packing
 from .winograd import applies as winograd_applies
+
+# float32 lanes of an AVX-512 vector: a conv of fewer output channels has scalar packed tiles.
+F32_LANES = 16
 
 # The ops with several algorithms to choose from (where `algorithms` finds them applicable).
 ALGORITHM_OPS = ("Conv", "MatMul", "Gemm")
@@ -98,6 +100,6 @@ def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Seque
     out_width = input_types[0].shape[-1]
     if window != (1, 1) or strides != (1, 1) or any(pads) or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
         return None
-    if constants[1].shape[0] < LANES:
+    if constants[1].shape[0] < F32_LANES:
         return "direct"
     return "direct" if reads_blocks and out_width >= NARROW_ROW else None

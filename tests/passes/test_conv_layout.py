@@ -76,7 +76,6 @@ def test_blocked_kernels_equal_onnxruntime_and_the_nchw_layout(kernel_cache):
             assert_matches_onnxruntime(artifact.run(feeds), expected)
 
 
-
 def pass_through_model():
     """YOLOv8's C2f split and SPPF pools between convs: a (32 channels) → Split 16/16 → b reads the second half,
     c reads the concat of all three; c → MaxPool (5×5, pads 2) twice → e reads the concat of c and both pools. An
@@ -93,7 +92,8 @@ def pass_through_model():
     pool = dict(kernel_shape=[5, 5], pads=[2, 2, 2, 2], strides=[1, 1])
     nodes[1:1] = [helper.make_node("Split", ["a", "sizes16"], ["a0", "a1"], axis=1)]
     nodes[3:3] = [helper.make_node("Concat", ["a0", "a1", "b"], ["abc"], axis=1)]
-    nodes[5:5] = [helper.make_node("MaxPool", ["c"], ["p1"], **pool), helper.make_node("MaxPool", ["p1"], ["p2"], **pool),
+    nodes[5:5] = [helper.make_node("MaxPool", ["c"], ["p1"], **pool),
+                  helper.make_node("MaxPool", ["p1"], ["p2"], **pool),
                   helper.make_node("Concat", ["c", "p1", "p2"], ["cpp"], axis=1)]
     nodes[9:9] = [helper.make_node("Split", ["e", "sizes8"], ["e0", "e1"], axis=1)]
     nodes[11:11] = [helper.make_node("MaxPool", ["x"], ["xp"], **pool)]

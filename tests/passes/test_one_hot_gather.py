@@ -24,8 +24,8 @@ def _one_hot_model(classes=None, product: str = "Gemm", alpha: float = 1.0, beta
     dtype = helper.tensor_dtype_to_np_dtype(index_type)
     classes = np.arange(CLASSES, dtype=dtype) if classes is None else classes
     weights = [("w", RNG.standard_normal((CLASSES, N)).astype(np.float32)),
-               ("c", RNG.standard_normal(N).astype(np.float32)), ("r", classes.reshape(1, 1, CLASSES)), ("column", np.array([-1, ROWS, 1], np.int64)),
-               ("flat", np.array([-1, CLASSES], np.int64))]
+               ("c", RNG.standard_normal(N).astype(np.float32)), ("r", classes.reshape(1, 1, CLASSES)),
+               ("column", np.array([-1, ROWS, 1], np.int64)), ("flat", np.array([-1, CLASSES], np.int64))]
     nodes = [helper.make_node("Reshape", ["x", "column"], ["xc"]), helper.make_node("Equal", ["xc", "r"], ["hot"]),
              helper.make_node("Cast", ["hot"], ["hotf"], to=TensorProto.FLOAT),
              helper.make_node("Reshape", ["hotf", "flat"], ["a"])]
