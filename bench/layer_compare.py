@@ -44,6 +44,7 @@ def _model(name: str):
 
 def tessel_layers(model, runs: int, algo_select: str) -> list[dict]:
     """Per kernel call: node, op, median ms and GFLOP (`tessel run --profile`)."""
+    from tessel.backends.kernel import ALGORITHM
     from tessel.compiler.api import compile as compile_model
     from tessel.compiler.kernel_profile import kernel_profile
 
@@ -52,7 +53,7 @@ def tessel_layers(model, runs: int, algo_select: str) -> list[dict]:
     # A kernel's chosen algorithm is an attribute of its anchor op, inside a fused node's body.
     chosen = {}
     for node in json.loads((artifact.directory / "graph.json").read_text())["graph"]["nodes"]:
-        found = re.search(r'"tessel_algorithm": "(\w+)"', json.dumps(node))
+        found = re.search(rf'"{ALGORITHM}": "(\w+)"', json.dumps(node))
         if found:
             chosen[node["name"]] = found.group(1)
     return [{"node": row["node"], "op": row["op"], "ms": row["ms"], "gflop": row["gflop"],
@@ -85,7 +86,8 @@ def openvino_layers(model, runs: int) -> list[dict]:
             for name, times in samples.items()]
 
 
-WORKERS = {"tessel": tessel_layers, "openvino": openvino_layers}
+# Each engine's measurement, by --worker: (corpus model, runs, Tessel's algorithm selection) -> rows.
+WORKERS = {"tessel": tessel_layers, "openvino": lambda model, runs, algo_select: openvino_layers(model, runs)}
 
 
 def _isolated(kind: str, name: str, runs: int, algo_select: str) -> list[dict]:
@@ -107,7 +109,7 @@ def _onnx_node(tessel_node: str) -> str:
 
 
 def side_by_side(tessel: list[dict], openvino: list[dict]) -> list[dict]:
-    """Rows in Tessel's order of the model (its node names' numbers), each joined to OpenVINO's layer of the same
+    """Rows in the order of Tessel's profile (slowest kernel first), each joined to OpenVINO's layer of the same
     ONNX node where it has one; OpenVINO's remaining layers last."""
     by_name = {row["node"]: row for row in openvino}
     rows, used = [], set()
@@ -141,8 +143,9 @@ def print_table(rows: list[dict]) -> None:
               f"{_cell(g / o * 1e3 if g and o else None, 1):>8} {_cell(gap):>8}  {row['exec_type']}")
     tessel_total = sum(row["tessel_ms"] or 0.0 for row in rows)
     openvino_total = sum(row["openvino_ms"] or 0.0 for row in rows)
+    ratio = f"{tessel_total / openvino_total:.3f}" if openvino_total else "-"
     print(f"total (sum of layers, measured): tessel {tessel_total:.3f} ms, openvino {openvino_total:.3f} ms, "
-          f"ratio {tessel_total / openvino_total:.3f}")
+          f"ratio {ratio}")
 
 
 def main(argv=None) -> int:
@@ -159,12 +162,14 @@ def main(argv=None) -> int:
         return 2
     model = _model(args.model)
     if args.worker:
-        measure = WORKERS[args.worker]
-        rows = measure(model, args.runs, args.algo_select) if args.worker == "tessel" else measure(model, args.runs)
-        print(json.dumps(rows))
+        print(json.dumps(WORKERS[args.worker](model, args.runs, args.algo_select)))
         return 0
-    rows = side_by_side(_isolated("tessel", args.model, args.runs, args.algo_select),
-                        _isolated("openvino", args.model, args.runs, args.algo_select))
+    try:
+        rows = side_by_side(_isolated("tessel", args.model, args.runs, args.algo_select),
+                            _isolated("openvino", args.model, args.runs, args.algo_select))
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        print(f"layer_compare: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(rows, indent=1))
     else:

@@ -28,3 +28,14 @@ def test_bad_arguments_are_one_line():
         done = subprocess.run([sys.executable, "bench/layer_compare.py", *args], cwd=REPO, capture_output=True,
                               text=True, timeout=120)
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_an_engine_that_fails_is_one_line(monkeypatch, capsys):
+    import layer_compare
+
+    def failing(kind, name, runs, algo_select):
+        raise RuntimeError(f"{kind}: No module named 'openvino'")
+
+    monkeypatch.setattr(layer_compare, "_isolated", failing)
+    assert layer_compare.main(["resnet18"]) == 2
+    assert capsys.readouterr().err == "layer_compare: tessel: No module named 'openvino'\n"
