@@ -217,7 +217,7 @@ def worker_kernel_sites(directory: Path, worker: int, runs: int = STEP_RUNS,
 
     executor = Executor(directory, worker=worker, kernels_only=True)
     rng = np.random.default_rng(worker)
-    values = {name: _filler(TensorType.parse(executor.plan["values"][name]), rng)
+    values = {name: timing_data(TensorType.parse(executor.plan["values"][name]), rng)
               for name in list(executor.input_types) + executor.received_values()}
     if barrier is not None:
         _wait_for_all(*barrier, worker, "ready", POLL_S)
@@ -248,8 +248,9 @@ def _wait_for_all(directory: Path, workers: int, worker: int, name: str, poll_s:
             time.sleep(poll_s)
 
 
-def _filler(t: TensorType, rng: np.random.Generator) -> np.ndarray:
-    """Data of type `t` to time kernels on: standard normal floats (no denormals, no NaN), else zeros."""
+def timing_data(t: TensorType, rng: np.random.Generator) -> np.ndarray:
+    """Data of type `t` to time kernels or steps on: standard normal floats (no denormals, no NaN), else zeros (a
+    valid index, a valid label)."""
     dtype = np.dtype(numpy_dtype(t.dtype))
     if np.issubdtype(dtype, np.floating):
         return rng.standard_normal(t.shape).astype(dtype)

@@ -24,7 +24,7 @@ from tessel.backends.target import parse_target
 from tessel.ir import from_onnx
 from tessel.ir import load_model as read_model
 from tessel.ir.onnx_import import with_batch
-from tessel.ir.types import TensorType, numpy_dtype
+from tessel.ir.types import TensorType
 from tessel.passes.base import Pass
 from tessel.passes.data_parallel import GradientCompression, bucket_bytes_for
 from tessel.passes.loss import LossSpec
@@ -45,6 +45,7 @@ from .dp_training import (allreduce_plan, compressed_bytes, replica_input_shapes
 from .options import CompileError, CompileOptions
 from .recompute import cheap_recompute_pass, place_recompute, recompute_pass
 from .state_program import PersistentState
+from .step_kernels import timing_data
 from .step_timeline import REPLICA_LOSS
 from .training import StepGraph, build_step_graph
 from .worker_programs import MachineShape
@@ -53,12 +54,6 @@ _log = logging.getLogger("tessel.compile")
 # Steps timed for the host's share of a step (Trainer.host_s), after HOST_WARMUP_STEPS untimed ones: the first
 # steps after the workers slept (while kernels were timed elsewhere, say) find them and the caches cold.
 HOST_STEPS, HOST_WARMUP_STEPS = 5, 3
-
-
-def _filled(t: TensorType) -> np.ndarray:
-    """A batch input of type `t` for timing steps: ones for floats, zeros (a valid index) for integers."""
-    dtype = np.dtype(numpy_dtype(t.dtype))
-    return np.ones(t.shape, dtype) if dtype.kind == "f" else np.zeros(t.shape, dtype)
 
 
 class Trainer:
@@ -112,7 +107,7 @@ class Trainer:
     def host_s(self, steps: int = HOST_STEPS) -> float:
         """Median seconds of a step spent outside the workers' programs: its feeds made, the batch's slices on
         their way into the workers, rank 0's answer back (a step's time less rank 0's time on it). Measured on
-        `steps` (at least 1) steps of a batch of ones (zeros for integer inputs: valid indices) after
+        `steps` (at least 1) steps of a batch of timing data (step_kernels.timing_data: integers zero) after
         HOST_WARMUP_STEPS untimed ones, as a training loop runs them, each right after the last (the caches as the
         workers' kernels left them); the state, the error-feedback residuals and the step count are restored
         after, so training goes on as if they had not run. 0 on one worker, which runs in this process."""
@@ -120,10 +115,9 @@ class Trainer:
             raise ValueError(f"host_s needs at least 1 timed step, got {steps}")
         if not hasattr(self._step, "last_worker_s"):
             return 0.0
-        types = self._step_types
-        inputs = {name: _filled(types[name]) for name in self.names.data_inputs}
-        label = self.names.label_input
-        labels = np.zeros(types[label].shape, numpy_dtype(types[label].dtype)) if label is not None else None
+        types, rng, label = self._step_types, np.random.default_rng(0), self.names.label_input
+        inputs = {name: timing_data(types[name], rng) for name in self.names.data_inputs}
+        labels = timing_data(types[label], rng) if label is not None else None
         state, residuals, done = self.state, self.residuals, self.steps_done
         seconds, finished = [], False
         try:
