@@ -78,8 +78,6 @@ class ProgramBuilder:
         self.target = target
         # "bf16": the convs the bf16 kernels take run in bf16 (backends/cpu/packing.py); everything else as typed.
         self.precision = precision
-        # While a fused kernel's members are specified: its body's parameters (by id) → the values they stand for.
-        self._body_outer: dict[int, Value] = {}
         self.bf16_nodes: dict[str, str] = {}
         self.choices = choices or {}
         # Values kept in NCHW[16]c between conv kernels (passes/conv_layout.py): their buffers hold that layout.
@@ -265,19 +263,15 @@ class ProgramBuilder:
                 return ("member", *produced[id(value)])
             return ("arg", self._arg(args, value), 0)
 
-        self._body_outer = outer
-        try:
-            for m, member in enumerate(body.nodes):
-                inputs = [outer.get(id(v), v) if v is not None else None for v in member.inputs]
-                made = self._member_spec(member, inputs, locate)
-                if made is None:
-                    return None
-                members.append(KernelMember(*made))
-                for k, out in enumerate(member.outputs):
-                    if out is not None:
-                        produced[id(out)] = (m, k)
-        finally:
-            self._body_outer = {}
+        for m, member in enumerate(body.nodes):
+            inputs = [outer.get(id(v), v) if v is not None else None for v in member.inputs]
+            made = self._member_spec(member, inputs, locate, outer)
+            if made is None:
+                return None
+            members.append(KernelMember(*made))
+            for k, out in enumerate(member.outputs):
+                if out is not None:
+                    produced[id(out)] = (m, k)
         arg_inputs = tuple(KernelInput(self.values[name], ARG) for name in args)
         outputs = tuple(v.type.spec() for v in body.outputs)
         results = tuple(produced[id(v)] for v in body.outputs)
@@ -290,13 +284,16 @@ class ProgramBuilder:
             args.append(name)
         return args.index(name)
 
-    def _member_spec(self, node: Node, inputs: list[Value | None], locate) -> tuple[KernelSpec, tuple] | None:
-        """The spec of one op whose inputs are `inputs` (outer values), and per input where it comes from."""
+    def _member_spec(self, node: Node, inputs: list[Value | None], locate,
+                     outer: Mapping[int, Value] | None = None) -> tuple[KernelSpec, tuple] | None:
+        """The spec of one op whose inputs are `inputs` (outer values), and per input where it comes from; `outer`:
+        for a member of a fused kernel, the body's parameters (by id) → the values they stand for."""
         if node.domain not in ("", TESSEL_DOMAIN) or not supports(node.op_type):  # Tessel ops with a lowering: kernels
             self.unsupported.setdefault(node.op_type, node.name)
             return None
         attrs = tuple((name, v) for name, v in node.attrs.items() if not isinstance(v, Graph))
-        algorithm = self.algorithm if self.algorithm is not None else self._default_algorithm(node, attrs, inputs)
+        algorithm = (self.algorithm if self.algorithm is not None
+                     else self._default_algorithm(node, attrs, inputs, outer or {}))
         if algorithm is not None and node.op_type in ALGORITHM_OPS + BACKWARD_OPS:
             attrs += ((ALGORITHM, algorithm),)
         packing = None
@@ -331,26 +328,28 @@ class ProgramBuilder:
         outputs = tuple(v.type.spec() if v is not None else None for v in node.outputs)
         return KernelSpec(node.op_type, attrs, tuple(specs), outputs), tuple(sources)
 
-    def _default_algorithm(self, node: Node, attrs, inputs: list[Value | None]) -> str | None:
+    def _default_algorithm(self, node: Node, attrs, inputs: list[Value | None],
+                           outer: Mapping[int, Value]) -> str | None:
         """The algorithm an op runs without selection where it is not the default (backends/cpu/algorithms.py)."""
         if self.target.kind != "llvm" or self.precision == BF16 or not inputs or inputs[0] is None:
             return None
         return default_algorithm(node.op_type, dict(attrs), [v.type if v is not None else None for v in inputs],
                                  [v.const if v is not None else None for v in inputs], self.target.kind,
-                                 self._reads_blocks(node, inputs[0]))
+                                 self._reads_blocks(node, inputs[0], outer))
 
-    def _reads_blocks(self, node: Node, value: Value) -> bool:
+    def _reads_blocks(self, node: Node, value: Value, outer: Mapping[int, Value]) -> bool:
         """Whether every activation `value` is computed from inside `node`'s kernel (its fused group, when it is a
-        member of one) is kept in NCHW[16]c."""
+        member of one: `outer` maps the group body's parameters to the values they stand for) is kept in
+        NCHW[16]c."""
         stack, seen, sources = [value], set(), []
         while stack:
             current = stack.pop()
-            current = self._body_outer.get(id(current), current)
+            current = outer.get(id(current), current)
             if id(current) in seen or current.is_constant:
                 continue
             seen.add(id(current))
             producer = current.producer
-            if self._body_outer and producer is not None and producer.graph is node.graph:
+            if outer and producer is not None and producer.graph is node.graph:
                 stack.extend(v for v in producer.inputs if v is not None)
             else:
                 sources.append(current)
