@@ -59,8 +59,8 @@ def test_the_plan_names_the_state_outside_inputs_outputs_and_arena(artifact):
     assert plan["state"] == {"names": ["W", "b"], "updates": {"W": "W_next", "b": "b_next"}, "file": "state.npz"}
     assert worker["inputs"] == ["x", "labels", LR] and worker["outputs"] == ["loss"]
     assert not {"W", "b"} & set(worker["memory"]["offsets"])
-    assigns = [step for step in worker["instructions"] if step["kind"] == "assign"]
-    assert {(a["src"], a["dst"]) for a in assigns} == {("W_next", "W"), ("b_next", "b")}
+    assigns = [step for step in program_from_json(worker["instructions"]) if isinstance(step, Assign)]
+    assert {(a.src, a.dst) for a in assigns} == {("W_next", "W"), ("b_next", "b")}
     # Nothing that reads the state runs at load: the state changes every run.
     assert not any(step.get("init") and {"W", "b"} & set(step.get("inputs", [])) for step in worker["instructions"])
 
@@ -128,7 +128,8 @@ def _edited(artifact, edit) -> dict:
 
 
 def _assign_index(worker: dict, state: str) -> int:
-    return next(k for k, i in enumerate(worker["instructions"]) if i["kind"] == "assign" and i["dst"] == state)
+    return next(k for k, i in enumerate(program_from_json(worker["instructions"]))
+                if isinstance(i, Assign) and i.dst == state)
 
 
 def _producer(worker: dict, name: str) -> dict:
