@@ -4,17 +4,27 @@ The corpus models with MaxPools (mtcnn_*, resnet18, yolov8n_320, captcha_crnn, o
 onnxruntime in tests/compiler/test_api.py."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tessel.backends.kernel import KernelSpec
+from tessel import ir
+from tessel.backends.kernel import ARG_BLOCKS, KernelSpec
 from tessel.backends.lower import build, schedule_kernel
 from tessel.backends.target import parse_target
 from tessel.backends.tvm_env import tvm
+from tessel.compiler.pipeline import run_pipeline, select_passes
+from tessel.compiler.program import build_program
 from tests.conftest import run_onnxruntime
 from tests.ir.helpers import model
+
+REPO = Path(__file__).resolve().parents[2]
 
 # (input shape, MaxPool attributes): mtcnn's 3×3 stride-2 pools (SAME_UPPER pads one column and row after, VALID),
 # ResNet's stem (pads 1, large enough to run parallel), YOLO's 5×5 stride-1 SPPF, a ceil-mode window that overhangs
@@ -109,3 +119,43 @@ def test_indices_and_other_element_types_keep_the_generic_rule():
     doubles, scheduled = schedule_kernel(_spec((1, 4, 8, 8), {"kernel_shape": [2, 2], "strides": [2, 2]}, (1, 4, 4, 4),
                                                False, "float64"), parse_target("llvm"))
     assert not scheduled and "pool_rows" not in doubles.script()
+
+
+def _blocked_pool_spec(channels: int, size: int, attrs) -> KernelSpec:
+    """The MaxPool kernel of conv -> pool -> conv, its input kept NCHW[16]c between the convs."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("MaxPool", ["a"], ["p"], **attrs),
+             helper.make_node("Conv", ["p", "w2"], ["y"])]
+    weights = [("w", rng.standard_normal((channels, channels, 3, 3)).astype(np.float32)),
+               ("w2", rng.standard_normal((channels, channels, 1, 1)).astype(np.float32))]
+    proto = model(nodes, [("x", TensorProto.FLOAT, [1, channels, size, size])], [("y", TensorProto.FLOAT, None)],
+                  weights)
+    graph, _ = run_pipeline(ir.from_onnx(proto), select_passes([]))
+    program = build_program(graph, parse_target("llvm"))
+    [spec] = [program.kernels[call.kernel] for call in program.instructions if getattr(call, "op", None) == "MaxPool"]
+    assert dict(spec.attrs)[ARG_BLOCKS] == (16,)
+    return spec
+
+
+# Windows that read padding on every side, one that overhangs the input (ceil mode), and the blocked kernel's
+# stem-like and SPPF-like pools: the reads TVM may simplify the bounds of, at the input's first and last rows.
+STEM_POOL = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+GUARDED = [
+    ("stem", lambda: _spec((1, 64, 112, 112), STEM_POOL, (1, 64, 56, 56), False)),
+    ("same-upper", lambda: _spec((1, 32, 22, 22), {"kernel_shape": [3, 3], "strides": [2, 2],
+                                                   "auto_pad": "SAME_UPPER"}, (1, 32, 11, 11), False)),
+    ("ceil", lambda: _spec((1, 16, 10, 10), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
+                           (1, 16, 5, 5), False)),
+    ("blocked-stem", lambda: _blocked_pool_spec(64, 56, STEM_POOL)),
+    ("blocked-sppf", lambda: _blocked_pool_spec(16, 20, {"kernel_shape": [5, 5], "strides": [1, 1],
+                                                         "pads": [2, 2, 2, 2]})),
+]
+
+
+def test_max_pool_reads_nothing_outside_its_input():
+    specs = {name: make().to_json() for name, make in GUARDED}
+    ran = subprocess.run([sys.executable, "-m", "tests.backends.guarded_kernel_worker"], input=json.dumps(specs),
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, (ran.returncode, ran.stdout[-500:], ran.stderr[-2000:])
+    assert ran.stdout.split("\n")[:-1] == [f"ran {name} {at}" for name in specs for at in ("start", "end")]
