@@ -223,7 +223,36 @@ def _ceil_pool_infer(op_type: str):
     return infer
 
 
-_CUSTOM_INFER = {"If": _infer_if, "MaxPool": _ceil_pool_infer("MaxPool"), "AveragePool": _ceil_pool_infer("AveragePool")}
+def _channel_checked_infer(op_type: str):
+    """ONNX's inference for a Conv or ConvTranspose, after checking what it leaves unchecked: the weight's channels
+    against the input's and the group, and the bias's length (onnxruntime rejects such a model; unchecked, Tessel
+    would compile kernels that read past the weight)."""
+    def infer(attrs, input_types, input_data, num_outputs):
+        x, weight = input_types[0], input_types[1]
+        bias = input_types[2] if len(input_types) > 2 else None
+        if x is not None and weight is not None and len(x.shape) >= 3 and len(weight.shape) == len(x.shape):
+            group = int(attrs.get("group", 1))
+            if op_type == "Conv":
+                in_channels, out_channels = weight.shape[1] * group, weight.shape[0]
+                if out_channels % group:
+                    raise InferenceFailure(f"weight {list(weight.shape)} has {out_channels} output channels, "
+                                           f"not a multiple of group {group}")
+            else:
+                in_channels, out_channels = weight.shape[0], weight.shape[1] * group
+            if x.shape[1] != in_channels:
+                raise InferenceFailure(f"input {list(x.shape)} has {x.shape[1]} channels; weight {list(weight.shape)} "
+                                       f"with group {group} takes {in_channels}")
+            if bias is not None and tuple(bias.shape) != (out_channels,):
+                raise InferenceFailure(f"bias {list(bias.shape)} is not one value per output channel "
+                                       f"({out_channels})")
+        return _onnx_infer(_default_domain_schemas()[op_type], attrs, input_types, input_data, num_outputs)
+
+    return infer
+
+
+_CUSTOM_INFER = {"If": _infer_if,
+                 "MaxPool": _ceil_pool_infer("MaxPool"), "AveragePool": _ceil_pool_infer("AveragePool"),
+                 "Conv": _channel_checked_infer("Conv"), "ConvTranspose": _channel_checked_infer("ConvTranspose")}
 
 def _forward_schema(op_type: str) -> "OpSchema":
     """The default-domain schema a gradient op's inference checks its dy against (ir/grad_ops.py)."""

@@ -143,6 +143,23 @@ def test_conv_and_softmax_on_empty_tensors_give_empty_constants():
     assert not graph.nodes and graph.outputs[0].type.shape == (0, 4, 8, 8)
 
 
+@pytest.mark.parametrize("op, weight, bias, group, says", [
+    ("Conv", (4, 3, 3, 3), None, 1, "input [1, 8, 5, 5] has 8 channels; weight [4, 3, 3, 3] with group 1 takes 3"),
+    ("Conv", (4, 3, 3, 3), None, 2, "weight [4, 3, 3, 3] with group 2 takes 6"),
+    ("Conv", (6, 2, 3, 3), None, 4, "weight [6, 2, 3, 3] has 6 output channels, not a multiple of group 4"),
+    ("Conv", (4, 8, 3, 3), 5, 1, "bias [5] is not one value per output channel (4)"),
+    ("ConvTranspose", (4, 2, 3, 3), None, 1, "input [1, 8, 5, 5] has 8 channels; weight [4, 2, 3, 3] with group 1 "
+                                             "takes 4"),
+    ("ConvTranspose", (8, 2, 3, 3), 2, 2, "bias [2] is not one value per output channel (4)"),
+])
+def test_a_conv_weight_or_bias_that_does_not_fit_its_input_is_one_line_naming_the_node(op, weight, bias, group, says):
+    initializers = [("w", np.zeros(weight, np.float32))] + ([("b", np.zeros(bias, np.float32))] if bias else [])
+    node = helper.make_node(op, ["x", "w"] + (["b"] if bias else []), ["y"], group=group, name="conv")
+    with pytest.raises(ModelImportError) as exc:
+        ir.from_onnx(model([node], [("x", F, [1, 8, 5, 5])], [("y", F, None)], initializers=initializers))
+    assert _one_line(exc).startswith(f"node 'conv' ({op}):") and says in _one_line(exc)
+
+
 def test_concat_drops_empty_parts():
     m = model([helper.make_node("Concat", ["x", "e"], ["y"], axis=1)], [("x", F, [2, 3]), ("e", F, [2, 0])], [("y", F, None)])
     graph = ir.from_onnx(m)
