@@ -700,16 +700,39 @@ class Executor:
         kernels read it there too (the same addresses, the same caches), else it is copied into its slot; the
         outputs go to fresh arrays. Needs the native host and a program without transfers.
         """
-        if self._whole_native is None:
-            raise ArtifactError(f"{self.directory}: kernel times need the native host on a one-worker program")
-        if self._timed is None:
-            self._timed = self._native_program([self.run_instructions], self._taking_inputs is not None, timed=True)
+        self._timed_program()
         totals = []
         for _ in range(runs):
             self._timed.kernel_ns[:] = 0
             self._run_timed(self._timed, inputs)
             totals.append(int(self._timed.kernel_ns.sum()) / 1e9)
         return totals
+
+    def kernel_samples(self, inputs: Mapping[str, np.ndarray], runs: int = 20) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """(the node of each kernel call site, the seconds each site took in each of `runs` timed runs (runs × sites),
+        each timed run's whole seconds as Python's clock sees the call): what `kernel_times` adds up, per kernel, and
+        the run around it, so that a run's time outside its kernels (the host's) is its whole time minus its row's
+        sum. Sites that did not run (a branch not taken) are left out; the timed copy is the one `kernel_times` uses (no
+        run before the first sample: warm up first)."""
+        timed = self._timed_program()
+        walls, rows = [], []
+        for _ in range(runs):
+            timed.kernel_ns[:] = 0
+            started = time.perf_counter()
+            self._run_timed(timed, inputs)
+            walls.append(time.perf_counter() - started)
+            rows.append(timed.kernel_ns.copy())
+        per_site = np.stack(rows) / 1e9
+        ran = [k for k, site in enumerate(timed.sites) if site.kernel and per_site[:, k].any()]
+        return [timed.sites[k].instruction.node for k in ran], per_site[:, ran], np.array(walls)
+
+    def _timed_program(self) -> NativeHost:
+        """The timed copy of the native program (made on first use), taking the inputs and outputs as `run` does."""
+        if self._whole_native is None:
+            raise ArtifactError(f"{self.directory}: kernel times need the native host on a one-worker program")
+        if self._timed is None:
+            self._timed = self._native_program([self.run_instructions], self._taking_inputs is not None, timed=True)
+        return self._timed
 
     def _run_timed(self, timed: NativeHost, inputs: Mapping[str, np.ndarray] | None = None) -> None:
         """One run of a timed copy of the native program (its kernel times add up in `timed.kernel_ns`), given

@@ -380,3 +380,13 @@ def test_outputs_sharing_a_value_or_not_written_by_a_kernel_are_copied(kernel_ca
         for name, expected in zip(("r", "rv", "y", "wy"), run_onnxruntime(proto, {"x": x})):
             np.testing.assert_array_equal(got[name], expected)
         assert not np.shares_memory(got["r"], got["rv"]) and not np.shares_memory(got["y"], x)
+
+
+def test_kernel_samples_give_each_kernels_time_per_run_within_the_runs_time(nested_if):
+    _, artifact = nested_if
+    executor = Executor(artifact.directory)
+    feeds = {"x": np.ones((2, 3), np.float32), "c": np.array(False), "d": np.array(True)}
+    nodes, per_site, walls = executor.kernel_samples(feeds, runs=8)
+    # The else branch's inner then-branch ran: Neg alone (the sites of branches not taken are left out).
+    assert nodes == ["Neg_0"] and per_site.shape == (8, 1) and walls.shape == (8,)
+    assert (per_site > 0).all() and (walls >= per_site.sum(axis=1)).all()
