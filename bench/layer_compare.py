@@ -4,7 +4,9 @@ Each engine runs in its own process (thread pools of one skew the other on 2
 cores). Tessel: the model compiled as `tessel compile` does (extra options
 with --algo-select), then each kernel call timed on its own (`tessel run
 --profile`'s medians). OpenVINO: f32 forced, the same threads, PERF_COUNT on;
-each layer's real time is its median over the inferences. The two are joined
+each layer's real time is its median over the inferences. `--bf16`: Tessel
+compiled with `--precision bf16` beside OpenVINO bf16 (INFERENCE_PRECISION_HINT
+bf16, its default on CPUs with avx512_bf16). The two are joined
 by the ONNX node that a Tessel kernel is named after (`fused_node_Conv_298` is
 `node_Conv_298` with what was fused into it) and that OpenVINO keeps as its
 layer's name; OpenVINO's fused layers (a conv's add and ReLU) are counted on
@@ -13,7 +15,7 @@ OpenVINO's layer times add up to more than its latency without it (ResNet-18:
 13.9 ms of layers against 8.4 ms end to end, one run): compare its layers with
 each other, and whole models with bench/latency.py.
 
-    python bench/layer_compare.py resnet18 [--runs 50] [--algo-select off|dp] [--json]
+    python bench/layer_compare.py resnet18 [--runs 50] [--algo-select off|dp] [--bf16] [--json]
 """
 from __future__ import annotations
 
@@ -42,13 +44,18 @@ def _model(name: str):
     return models[name]
 
 
-def tessel_layers(model, runs: int, algo_select: str) -> list[dict]:
-    """Per kernel call: node, op, median ms and GFLOP (`tessel run --profile`)."""
+# OpenVINO's INFERENCE_PRECISION_HINT for each precision a run compares in.
+OPENVINO_PRECISION = {"fp32": "f32", "bf16": "bf16"}
+
+
+def tessel_layers(model, runs: int, algo_select: str, precision: str = "fp32") -> list[dict]:
+    """Per kernel call: node, op, median ms and GFLOP (`tessel run --profile`), compiled in `precision`."""
     from tessel.backends.kernel import ALGORITHM
     from tessel.compiler.api import compile as compile_model
     from tessel.compiler.kernel_profile import kernel_profile
 
-    artifact = compile_model(model.path, input_shapes=model.input_shapes, algo_select=algo_select)
+    artifact = compile_model(model.path, input_shapes=model.input_shapes, algo_select=algo_select,
+                             precision=precision)
     rows = kernel_profile(artifact, model.make_inputs(), runs)
     # A kernel's chosen algorithm is an attribute of its anchor op, inside a fused node's body.
     chosen = {}
@@ -60,14 +67,15 @@ def tessel_layers(model, runs: int, algo_select: str) -> list[dict]:
              "algorithm": chosen.get(row["node"], "")} for row in rows]
 
 
-def openvino_layers(model, runs: int) -> list[dict]:
-    """Per executed OpenVINO layer: name, exec type and median real ms over `runs` inferences."""
+def openvino_layers(model, runs: int, precision: str = "fp32") -> list[dict]:
+    """Per executed OpenVINO layer: name, exec type and median real ms over `runs` inferences, in `precision`
+    (OpenVINO's INFERENCE_PRECISION_HINT: f32 or bf16)."""
     import openvino as ov
 
     core = ov.Core()
     network = core.read_model(str(model.path))
     network.reshape({name: list(shape) for name, shape in model.input_shapes.items()})
-    compiled = core.compile_model(network, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "PERF_COUNT": "YES",
+    compiled = core.compile_model(network, "CPU", {"INFERENCE_PRECISION_HINT": OPENVINO_PRECISION[precision], "PERF_COUNT": "YES",
                                                    "INFERENCE_NUM_THREADS": os.cpu_count() or 1})
     request = compiled.create_infer_request()
     feeds = model.make_inputs()
@@ -86,14 +94,15 @@ def openvino_layers(model, runs: int) -> list[dict]:
             for name, times in samples.items()]
 
 
-# Each engine's measurement, by --worker: (corpus model, runs, Tessel's algorithm selection) -> rows.
-WORKERS = {"tessel": tessel_layers, "openvino": lambda model, runs, algo_select: openvino_layers(model, runs)}
+# Each engine's measurement, by --worker: (corpus model, runs, Tessel's algorithm selection, precision) -> rows.
+WORKERS = {"tessel": tessel_layers,
+           "openvino": lambda model, runs, algo_select, precision: openvino_layers(model, runs, precision)}
 
 
-def _isolated(kind: str, name: str, runs: int, algo_select: str) -> list[dict]:
+def _isolated(kind: str, name: str, runs: int, algo_select: str, precision: str = "fp32") -> list[dict]:
     """One engine's layers, measured in a fresh process."""
     command = [sys.executable, str(Path(__file__).resolve()), name, "--worker", kind, "--runs", str(runs),
-               "--algo-select", algo_select]
+               "--algo-select", algo_select] + (["--bf16"] if precision == "bf16" else [])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=1800)
     lines = [line for line in done.stdout.splitlines() if line.startswith("[")]
@@ -154,6 +163,8 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=50, help="timed runs per layer (default 50)")
     parser.add_argument("--algo-select", default="off", choices=("off", "dp", "ilp"),
                         help="Tessel's algorithm selection (as `tessel compile --algo-select`)")
+    parser.add_argument("--bf16", action="store_true",
+                        help="Tessel with --precision bf16 beside OpenVINO bf16 (default: both float32)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -161,12 +172,13 @@ def main(argv=None) -> int:
         print("layer_compare: --runs must be at least 1", file=sys.stderr)
         return 2
     model = _model(args.model)
+    precision = "bf16" if args.bf16 else "fp32"
     if args.worker:
-        print(json.dumps(WORKERS[args.worker](model, args.runs, args.algo_select)))
+        print(json.dumps(WORKERS[args.worker](model, args.runs, args.algo_select, precision)))
         return 0
     try:
-        rows = side_by_side(_isolated("tessel", args.model, args.runs, args.algo_select),
-                            _isolated("openvino", args.model, args.runs, args.algo_select))
+        rows = side_by_side(_isolated("tessel", args.model, args.runs, args.algo_select, precision),
+                            _isolated("openvino", args.model, args.runs, args.algo_select, precision))
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         print(f"layer_compare: {exc}", file=sys.stderr)
         return 2

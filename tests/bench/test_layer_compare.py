@@ -33,7 +33,7 @@ def test_bad_arguments_are_one_line():
 def test_an_engine_that_fails_is_one_line(monkeypatch, capsys):
     import layer_compare
 
-    def failing(kind, name, runs, algo_select):
+    def failing(kind, name, runs, algo_select, precision="fp32"):
         raise RuntimeError(f"{kind}: No module named 'openvino'")
 
     monkeypatch.setattr(layer_compare, "_isolated", failing)
