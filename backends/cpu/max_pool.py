@@ -69,15 +69,25 @@ def reads_channel_blocks(ctx: LowerContext) -> bool:
             and reads_blocks(x))
 
 
+def is_nan(value):
+    """TIR: whether a float32 value is NaN, from its bits (exponent all ones, a fraction that is not zero).
+
+    Not `tir.isnan`: TVM's VectorizeLoop does not vectorize that call and turns the whole loop back into scalars
+    (LLVM then vectorized the blocked pool across pixels, with gathers: ResNet-18's stem pool ran 0.21 ms instead of
+    0.09); and not `value != value`, which TVM's simplifier folds to false."""
+    u32 = "uint32"
+    return (tir.reinterpret(u32, value) & tir.const(0x7FFFFFFF, u32)) > tir.const(0x7F800000, u32)
+
+
 def fold_max(values, dtype):
     """The max of `values`, NaN when one of them is: a plain max and an any-NaN flag, each value read once by each.
 
     Folding NAN_MAX's combine instead (a select that reads its accumulator three times) makes an expression of
     3^(k-1) terms for a window of k: TVM took minutes to build a 5×5 pool.
     """
-    top, nan = values[0], tir.isnan(values[0])
+    top, nan = values[0], is_nan(values[0])
     for value in values[1:]:
-        top, nan = tir.max(top, value), tir.Or(nan, tir.isnan(value))
+        top, nan = tir.max(top, value), tir.Or(nan, is_nan(value))
     return tir.Select(nan, tir.const(float("nan"), dtype), top)
 
 
