@@ -111,6 +111,8 @@ CONV_CASES = {
     "3x3_tall_narrow_swapped": (16, 32, 3, 1, 1, 20, 5),
     "3x3_wide": (32, 48, 3, 1, 1, 28, 28),
     "3x3_wide_32_channel_tiles": (32, 64, 3, 1, 1, 28, 28),
+    "3x3_narrow_rows_prefetching_the_next_blocks_weights": (256, 512, 3, 1, 1, 7, 7),
+    "3x3_stride2_prefetching_the_next_blocks_weights": (256, 512, 3, 2, 1, 14, 14),
 }
 
 
@@ -128,6 +130,27 @@ def test_bf16_conv_equals_float32_conv_of_bf16_rounded_inputs(case, kernel_cache
     want = run_onnxruntime(rounded, {"x": round_to_bf16(x)})[0]
     # bf16 x bf16 products are exact in float32: only the order of the float32 sums differs.
     np.testing.assert_allclose(got, want, rtol=0, atol=4e-6 * np.abs(want).max())
+
+
+def _kernel_asm(original) -> str:
+    """The assembly of the bf16 conv kernel of a one-conv model."""
+    from tessel.backends.lower import build
+
+    target = parse_target("llvm")
+    program = build_program(from_onnx(original), target, precision="bf16")
+    [spec] = [spec for spec in program.kernels.values() if PRECISION in dict(spec.members()[0].spec.attrs)]
+    return build(spec, target).mod.inspect_source("asm")
+
+
+@needs_bf16
+def test_bf16_convs_with_large_weights_and_small_tiles_prefetch_the_next_blocks_weights():
+    # 2.4 MB of weights on 7-pixel rows: the next 32 output channels' weights, one prefetch per 128-byte step.
+    large, _ = _conv_relu(256, 512, 3, 1, 1, 7, 7)
+    assert "prefetcht1\t147456(" in _kernel_asm(large)  # 256 × 9 × 32 × 2 bytes further: the next block
+    # 1.2 MB on 14-pixel rows: a register tile of 1.8 KB, in a heap workspace, which a prefetch would spill.
+    tiled, _ = _conv_relu(256, 256, 3, 1, 1, 14, 14)
+    small, _ = _conv_relu(64, 128, 3, 1, 1, 7, 7)  # 0.15 MB: stays in L2
+    assert "prefetch" not in _kernel_asm(tiled) and "prefetch" not in _kernel_asm(small)
 
 
 @needs_bf16
