@@ -38,7 +38,8 @@ and keeps each one's fastest median (the machine is shared; the issue's method).
 `--baseline DIR` also times Tessel as another checkout DIR builds it (e.g. a
 git worktree of the commit before a change), alternating with this one
 `--repeats` times per model, and prints this/baseline from the fastest median
-of each: a change's before/after in one run, under the same load.
+of each: a change's before/after in one run, under the same load. With `--bf16`
+both sides are compiled with `--precision bf16`.
 
     python bench/latency.py [MODEL ...] [--runs 20] [--skip-tvm] [--skip-unfused] [--skip-nchw]
                             [--skip-python-host] [--skip-openvino] [--bf16] [--rounds 1] [--baseline DIR] [--repeats 3]
@@ -267,7 +268,8 @@ def main(argv=None) -> int:
         print(f"latency.py: error: not in the corpus: {', '.join(unknown)}", file=sys.stderr)
         return 2
     if args.baseline:
-        return _before_after(names, args.baseline.resolve(), args.runs, args.repeats)
+        return _before_after(names, args.baseline.resolve(), args.runs, args.repeats,
+                             "tessel_bf16" if args.bf16 else "tessel")
     openvino = not args.skip_openvino and importlib.util.find_spec("openvino") is not None
     peak, where = _measured_peak()
     print("f32 FMA peak (measured, bench/peak.py): " + (f"{peak:.1f} GFLOP/s ({where})" if peak else f"n/a ({where})"),
@@ -378,10 +380,11 @@ def _fastest_rounds(name: str, runs: int, rounds: int, openvino: bool) -> tuple:
     return min(filter(None, ort), default=None), min(filter(None, ov), default=None), (tessel, why)
 
 
-def _before_after(names: list[str], baseline: Path, runs: int, repeats: int) -> int:
-    """Tessel of `baseline` against this checkout's, alternating per model; the fastest median of each."""
+def _before_after(names: list[str], baseline: Path, runs: int, repeats: int, kind: str = "tessel") -> int:
+    """Tessel of `baseline` against this checkout's, alternating per model; the fastest median of each. `kind`: the
+    measurement ("tessel", or "tessel_bf16" for both compiled with --precision bf16)."""
     print(f"{'model':<20} {'baseline ms':>12} {'this ms':>10} {'this/baseline':>14} {'overhead µs':>17}  (fastest of "
-          f"{repeats} medians of {runs}; overhead: baseline/this, each one's fastest; baseline {baseline})")
+          f"{repeats} medians of {runs}; overhead: baseline/this, each one's fastest; baseline {baseline}; {kind})")
     ratios = []
     for name in names:
         samples: dict[str, list[float]] = {"baseline": [], "this": []}
@@ -389,7 +392,7 @@ def _before_after(names: list[str], baseline: Path, runs: int, repeats: int) -> 
         why = ""
         for _ in range(repeats):
             for side, root in (("baseline", baseline), ("this", ROOT)):
-                measured = _isolated("tessel", name, runs, 1800, root)
+                measured = _isolated(kind, name, runs, 1800, root)
                 if measured[0]:
                     samples[side].append(measured[0]["ms"])
                     if measured[0].get("overhead_us") is not None:
