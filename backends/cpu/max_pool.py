@@ -73,8 +73,9 @@ def is_nan(value):
     """TIR: whether a float32 value is NaN, from its bits (exponent all ones, a fraction that is not zero).
 
     Not `tir.isnan`: TVM's VectorizeLoop does not vectorize that call and turns the whole loop back into scalars
-    (LLVM then vectorized the blocked pool across pixels, with gathers: ResNet-18's stem pool ran 0.21 ms instead of
-    0.09); and not `value != value`, which TVM's simplifier folds to false."""
+    (LLVM then vectorized the blocked pool across pixels, with gathers: ResNet-18's stem pool took 0.18-0.23 ms in the
+    model instead of 0.05-0.10; YOLOv8n's 5 × 5 SPPF pools 0.017 instead of 0.004); and not `value != value`, which
+    TVM's simplifier folds to false."""
     u32 = "uint32"
     return (tir.reinterpret(u32, value) & tir.const(0x7FFFFFFF, u32)) > tir.const(0x7F800000, u32)
 
