@@ -22,7 +22,7 @@ from .fuse import is_kernel, kernel_members
 
 BLOCK = 16
 # The conv algorithms whose kernels pack their input and unpack their output in 16-channel blocks.
-PACKED_ALGORITHMS = frozenset({"nchwc", "direct"})
+PACKED_ALGORITHMS = frozenset({"nchwc", "direct", "winograd"})
 DEFAULT_ALGORITHM = "nchwc"
 # Axes of a conv weight (K, C, R, S): the channels a kernel writes and reads.
 OUT_CHANNELS, IN_CHANNELS = 0, 1

@@ -27,6 +27,7 @@ from tessel.ir.types import TensorType
 from ..kernel import ALGORITHM
 from .packing import NARROW_ROW, conv_blocks, conv_kind, default_conv_algorithm, plan_packing
 from .winograd import applies as winograd_applies
+from .winograd_blocks import by_default as winograd_by_default
 
 # float32 lanes of an AVX-512 vector: a conv of fewer output channels has scalar packed tiles.
 F32_LANES = 16
@@ -91,8 +92,12 @@ def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Seque
     input with an elementwise prologue (ppocr_v4_rec's squeeze-excite scaling) ran 2× slower direct: it keeps the
     default.
     """
-    if op_type != "Conv" or target_kind != "llvm" or "direct" not in algorithms(op_type, attrs, input_types, constants,
-                                                                                target_kind):
+    if op_type != "Conv" or target_kind != "llvm":
+        return None
+    choices = algorithms(op_type, attrs, input_types, constants, target_kind)
+    if reads_blocks and "winograd" in choices and winograd_by_default(constants[1].shape, input_types[0].shape):
+        return "winograd"
+    if "direct" not in choices:
         return None
     window = tuple(constants[1].shape[2:])
     strides = tuple(attrs.get("strides") or (1, 1))
