@@ -105,35 +105,47 @@ def conv_winograd_blocks(ctx: LowerContext, before, after):
         rows = sch.fuse(ni, ty)
         if big:
             sch.parallel(rows)
-        _schedule_input(sch)
-        _schedule_product(sch, gemm, pair, reg_n)
+        _schedule_input(sch, alpha, cb, tiles_w)
+        _schedule_product(sch, gemm, alpha, kb, tiles_w, cb, pair, reg_n)
 
     return SelfScheduled([out], schedule)
 
 
-def _schedule_input(sch) -> None:
+def _inner_loops(sch, block, extents: dict[str, int]) -> dict[str, object]:
+    """The loops compute_at made for `block` under the row loop, by name; compute_at makes none for an axis of
+    extent 1 (a single channel block, a single tile), whose name maps to None."""
+    present = [name for name, extent in extents.items() if extent > 1]
+    loops = sch.get_loops(block)[len(sch.get_loops(block)) - len(present):]
+    named = dict(zip(present, loops))
+    return {name: named.get(name) for name in extents}
+
+
+def _schedule_input(sch, alpha: int, cb: int, tiles_w: int) -> None:
     """Per (channel block, tile): the α × α transformed points unrolled, the 16 channels a vector."""
     block = sch.get_sblock("winob_in")
-    *_, e, nu, ci, tx, cl = sch.get_loops(block)
-    sch.reorder(ci, tx, e, nu, cl)
-    sch.unroll(e)
-    sch.unroll(nu)
-    try_step(lambda: sch.vectorize(cl))
+    loops = _inner_loops(sch, block, {"e": alpha, "nu": alpha, "ci": cb, "tx": tiles_w, "cl": LANES})
+    sch.reorder(*[loops[n] for n in ("ci", "tx", "e", "nu", "cl") if loops[n] is not None])
+    sch.unroll(loops["e"])
+    sch.unroll(loops["nu"])
+    try_step(lambda: sch.vectorize(loops["cl"]))
 
 
-def _schedule_product(sch, gemm, pair: int, reg_n: int) -> None:
+def _schedule_product(sch, gemm, alpha: int, kb: int, tiles_w: int, cb: int, pair: int, reg_n: int) -> None:
     """Register tiles of reg_n tiles × `pair` 16-channel vectors, accumulated in registers and copied out."""
     tile_out = sch.cache_write(gemm, 0, "global")
-    *_, e, nu, ko, tx, kl, rc, rl = sch.get_loops(gemm)
-    koo, koi = sch.split(ko, [None, pair])
-    txo, txi = sch.split(tx, [None, reg_n])
-    sch.reorder(e, nu, koo, txo, rc, rl, txi, koi, kl)
-    sch.reverse_compute_at(tile_out, txo)
-    sch.unroll(txi)
-    sch.unroll(koi)
-    sch.vectorize(kl)
+    loops = _inner_loops(sch, gemm, {"e": alpha, "nu": alpha, "ko": kb, "tx": tiles_w, "kl": LANES, "rc": cb,
+                                     "rl": LANES})
+    koo, koi = sch.split(loops["ko"], [None, pair]) if pair > 1 else (loops["ko"], None)
+    txo, txi = sch.split(loops["tx"], [None, reg_n]) if loops["tx"] is not None else (None, None)
+    order = [loops["e"], loops["nu"], koo, txo, loops["rc"], loops["rl"], txi, koi, loops["kl"]]
+    sch.reorder(*[loop for loop in order if loop is not None])
+    sch.reverse_compute_at(tile_out, next(loop for loop in (txo, koo, loops["nu"]) if loop is not None))
+    for loop in (txi, koi):
+        if loop is not None:
+            sch.unroll(loop)
+    sch.vectorize(loops["kl"])
     try_step(lambda: sch.vectorize(sch.get_loops(tile_out)[-1]))
-    sch.decompose_reduction(gemm, rc)
+    sch.decompose_reduction(gemm, loops["rc"] if loops["rc"] is not None else loops["rl"])
 
 
 def by_default(weight_shape, input_shape) -> bool:
