@@ -3,7 +3,7 @@
 Conv (dense, 2-D, float32) on llvm: "nchwc" (weights packed at compile time,
 register-tiled; the default), "im2col" (column buffer + GEMM), "direct" (the
 same register tiles reading the input in place: no workspace) and, for 3×3
-stride-1 convs, "winograd" (F(4×4, 3×3)). A 2-D depthwise conv on llvm: "nchwc" (channel-blocked,
+stride-1 convs, "winograd" (F(4×4, 3×3); on an NCHW[16]c input, winograd_blocks.py). A 2-D depthwise conv on llvm: "nchwc" (channel-blocked,
 depthwise_conv.py; the default) and "generic" (the target-neutral rule); another grouped conv: "grouped_gemm"
 (a GEMM per group, grouped_conv.py; the default) and "generic". On cuda: "gemm" (an implicit GEMM with shared-memory tiles,
 cuda/conv.py; the default) and "direct" (dlight's schedule of the generic rule). "im2col" is not offered on cuda:
@@ -81,6 +81,9 @@ def backward_algorithms(op_type: str, attrs: Mapping[str, Any], input_types: Seq
 def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[TensorType | None],
                       constants: Sequence[np.ndarray | None], target_kind: str, reads_blocks: bool) -> str | None:
     """The algorithm an op runs when no selection chose one, where it is not the first of `algorithms`; else None.
+
+    A 3×3 stride-1 conv whose input arrives in NCHW[16]c runs "winograd" (winograd_blocks.py: F(4×4, 3×3) on the
+    blocks) where `winograd_blocks.by_default` says it measured faster: wide rows, at most 128 × 128 channels.
 
     A 1×1 stride-1 conv without padding whose input arrives in NCHW[16]c (`reads_blocks`: every activation it is
     computed from is kept blocked) runs "direct": packing that input copies it whole (no padding to add, already in

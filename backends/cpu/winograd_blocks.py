@@ -25,8 +25,10 @@ LANES = 16
 # Accumulators of a product's register tile: 28 of the 32 zmm registers (the rest hold the weights), as
 # packed_kernels.TILE_ACCUMULATORS.
 TILE_ACCUMULATORS = 28
-# The narrowest input rows on which a blocked conv runs Winograd by default.
-MIN_DEFAULT_WIDTH = 28
+# Where a blocked conv runs Winograd by default (`by_default`): rows of at least this many pixels (4 tiles of F(4×4)),
+# and at most this many input × output channels (transformed weights of 2.4 MB, read again for every tile row).
+MIN_DEFAULT_WIDTH = 16
+MAX_DEFAULT_CHANNEL_PRODUCT = 128 * 128
 
 
 def applies(x, weight_u) -> bool:
@@ -150,6 +152,15 @@ def _schedule_product(sch, gemm, alpha: int, kb: int, tiles_w: int, cb: int, pai
 
 def by_default(weight_shape, input_shape) -> bool:
     """Whether a 3×3 stride-1 conv whose input arrives blocked runs Winograd when no selection chose: whole
-    16-channel blocks in and out, and rows of at least MIN_DEFAULT_WIDTH pixels."""
+    16-channel blocks in and out, rows of at least MIN_DEFAULT_WIDTH pixels, at most MAX_DEFAULT_CHANNEL_PRODUCT
+    input × output channels.
+
+    Measured per kernel inside the whole program (min of 300-450 runs, 2 cores): faster on every such conv of
+    ResNet-18 (56² × 64 channels: 0.455 → 0.18 ms; 28² × 128: 0.455 → 0.265) and YOLOv8n-320 (80² × 16: 0.075 →
+    0.048; 40² × 32: 0.066 → 0.031; 40² × 64: 0.245 → 0.091; 20² × 64: 0.072 → 0.045-0.051); slower on the
+    narrower ones: 14² × 256 (0.49 → 0.53: 9.4 MB of transformed weights read for each of 4 tile rows), 7² × 512
+    (0.56 → 1.45), YOLOv8n's 10² × 128 (0.085 → 0.135: 3 tile rows, padded from 10 to 12 pixels).
+    """
     out_channels, in_channels = weight_shape[:2]
-    return (out_channels % LANES == 0 and in_channels % LANES == 0 and input_shape[-1] >= MIN_DEFAULT_WIDTH)
+    return (out_channels % LANES == 0 and in_channels % LANES == 0 and input_shape[-1] >= MIN_DEFAULT_WIDTH
+            and in_channels * out_channels <= MAX_DEFAULT_CHANNEL_PRODUCT)
