@@ -44,7 +44,8 @@ def tile_pixels(tiles_w: int, vectors: int) -> int:
 
 
 def conv_winograd_blocks(ctx: LowerContext, before, after):
-    """Dense 3×3 stride-1 conv of a blocked input, weights pre-transformed to (α, α, C, K)."""
+    """Dense 3×3 stride-1 conv of a blocked input, weights pre-transformed to (α, α, C, K). The padding `after`
+    needs nothing of its own: the last tiles read zeros past the input and write only the output's pixels."""
     x, u, bias = ctx.input(0), ctx.input(1), ctx.input(2)
     blocked = x.op.input_tensors[0]  # (N, C/16, H, W, 16)
     n, cb, h, wd, _ = (int(d) for d in blocked.shape)
