@@ -28,6 +28,8 @@ TILE_ACCUMULATORS = 28
 # Where a blocked conv runs Winograd by default (`by_default`): rows of at least this many pixels (4 tiles of F(4×4)),
 # and at most this many input × output channels (transformed weights of 2.4 MB, read again for every tile row).
 MIN_DEFAULT_WIDTH = 16
+# Fewer tile rows than this, and an odd number, run as two halves of the output channels each.
+ODD_ROWS_SPLIT = 16
 MAX_DEFAULT_CHANNEL_PRODUCT = 128 * 128
 
 
@@ -88,28 +90,37 @@ def conv_winograd_blocks(ctx: LowerContext, before, after):
     out = te.compute(ctx.out_shape(), output, name="winob_result")
     big = n * k * oh * ow * c * 9 >= MIN_PARALLEL_WORK * 16
 
+    rows_total = n * tiles_h
+    # An odd, small number of tile rows leaves a core idle at the end (ResNet-18's 28² layers: 7 rows, 4 + 3 on 2
+    # cores): each row then runs as two halves of the output channels, each transforming the row's input again.
+    halves = 2 if big and rows_total % 2 and rows_total < ODD_ROWS_SPLIT and kb % (2 * pair) == 0 else 1
+
     def schedule(sch) -> None:
         result = sch.get_sblock("winob_result")
         blocked_out = writes_blocks(sch, "winob_result")
         ni, ko, y, q = sch.get_loops(result)
         ty, vh = sch.split(y, [None, m])
         tx, vw = sch.split(q, [None, m])
+        inner = [tx, vh, vw]
         if blocked_out:  # NCHW[16]c: the 16 channels of a block are the vector
-            kob, kl = sch.split(ko, [None, LANES])
-            sch.reorder(ni, ty, kob, tx, vh, vw, kl)
+            ko, kl = sch.split(ko, [None, LANES])
+            inner.append(kl)
             sch.vectorize(kl)
-        else:
-            sch.reorder(ni, ty, ko, tx, vh, vw)
+        outer = [ni, ty]
+        if halves > 1:
+            half, ko = sch.split(ko, [halves, None])
+            outer.append(half)
+        sch.reorder(*outer, ko, *inner)
         sch.unroll(vh)
         sch.unroll(vw)
         gemm = sch.get_sblock("winob_gemm")
-        sch.compute_at(gemm, ty)
-        sch.compute_at(sch.get_sblock("winob_in"), ty)
-        rows = sch.fuse(ni, ty)
+        sch.compute_at(gemm, outer[-1])
+        sch.compute_at(sch.get_sblock("winob_in"), outer[-1])
+        rows = sch.fuse(*outer)
         if big:
             sch.parallel(rows)
         _schedule_input(sch, alpha, cb, tiles_w)
-        _schedule_product(sch, gemm, alpha, kb, tiles_w, cb, pair, reg_n)
+        _schedule_product(sch, gemm, alpha, kb // halves, tiles_w, cb, pair, reg_n)
 
     return SelfScheduled([out], schedule)
 

@@ -74,10 +74,10 @@ def test_winograd_is_the_default_only_where_it_measured_faster():
     assert set(program.blocked) == {"a", "b", "c"}
 
 
-# (batch, size, channels, out_channels): rows a tile divides, two 16-channel vectors per product tile; rows of
-# 18 pixels (a partial last tile row and column), one input block and three output blocks (one vector per tile), a
-# batch of two.
-CASES = [(1, 16, 32, 32), (2, 18, 16, 48)]
+# (batch, size, channels, out_channels): rows a tile divides, two 16-channel vectors per product tile, an odd number
+# of tile rows (5: b runs each as two halves of its output channels); rows of 18 pixels (a partial last tile row and
+# column), one input block and three output blocks (one vector per tile), a batch of two.
+CASES = [(1, 20, 32, 64), (2, 18, 16, 48)]
 
 
 @pytest.mark.slow
