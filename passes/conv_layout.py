@@ -21,8 +21,9 @@ from tessel.ir.types import TensorType
 from .fuse import is_kernel, kernel_members
 
 BLOCK = 16
-# The conv algorithms whose kernels pack their input and unpack their output in 16-channel blocks.
-PACKED_ALGORITHMS = frozenset({"nchwc", "direct"})
+# The conv algorithms whose kernels pack their input and unpack their output in 16-channel blocks (Winograd's
+# transform them from and to the blocks: backends/cpu/winograd_blocks.py).
+PACKED_ALGORITHMS = frozenset({"nchwc", "direct", "winograd"})
 DEFAULT_ALGORITHM = "nchwc"
 # Axes of a conv weight (K, C, R, S): the channels a kernel writes and reads.
 OUT_CHANNELS, IN_CHANNELS = 0, 1

@@ -3,7 +3,7 @@
 Conv (dense, 2-D, float32) on llvm: "nchwc" (weights packed at compile time,
 register-tiled; the default), "im2col" (column buffer + GEMM), "direct" (the
 same register tiles reading the input in place: no workspace) and, for 3×3
-stride-1 convs, "winograd" (F(4×4, 3×3)). A 2-D depthwise conv on llvm: "nchwc" (channel-blocked,
+stride-1 convs, "winograd" (F(4×4, 3×3); on an NCHW[16]c input, winograd_blocks.py). A 2-D depthwise conv on llvm: "nchwc" (channel-blocked,
 depthwise_conv.py; the default) and "generic" (the target-neutral rule); another grouped conv: "grouped_gemm"
 (a GEMM per group, grouped_conv.py; the default) and "generic". On cuda: "gemm" (an implicit GEMM with shared-memory tiles,
 cuda/conv.py; the default) and "direct" (dlight's schedule of the generic rule). "im2col" is not offered on cuda:
@@ -27,6 +27,7 @@ from tessel.ir.types import TensorType
 from ..kernel import ALGORITHM
 from .packing import NARROW_ROW, conv_blocks, conv_kind, default_conv_algorithm, plan_packing
 from .winograd import applies as winograd_applies
+from .winograd_blocks import by_default as winograd_by_default
 
 # float32 lanes of an AVX-512 vector: a conv of fewer output channels has scalar packed tiles.
 F32_LANES = 16
@@ -81,6 +82,9 @@ def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Seque
                       constants: Sequence[np.ndarray | None], target_kind: str, reads_blocks: bool) -> str | None:
     """The algorithm an op runs when no selection chose one, where it is not the first of `algorithms`; else None.
 
+    A 3×3 stride-1 conv whose input arrives in NCHW[16]c runs "winograd" (winograd_blocks.py: F(4×4, 3×3) on the
+    blocks) where `winograd_blocks.by_default` says it measured faster: wide rows, at most 128 × 128 channels.
+
     A 1×1 stride-1 conv without padding whose input arrives in NCHW[16]c (`reads_blocks`: every activation it is
     computed from is kept blocked) runs "direct": packing that input copies it whole (no padding to add, already in
     blocks), and on YOLOv8n's 1×1 convs (rows of 20 to 80 pixels, inputs of 32 to 384 channels, most of them
@@ -91,8 +95,12 @@ def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Seque
     input with an elementwise prologue (ppocr_v4_rec's squeeze-excite scaling) ran 2× slower direct: it keeps the
     default.
     """
-    if op_type != "Conv" or target_kind != "llvm" or "direct" not in algorithms(op_type, attrs, input_types, constants,
-                                                                                target_kind):
+    if op_type != "Conv" or target_kind != "llvm":
+        return None
+    choices = algorithms(op_type, attrs, input_types, constants, target_kind)
+    if reads_blocks and "winograd" in choices and winograd_by_default(constants[1].shape, input_types[0].shape):
+        return "winograd"
+    if "direct" not in choices:
         return None
     window = tuple(constants[1].shape[2:])
     strides = tuple(attrs.get("strides") or (1, 1))

@@ -34,6 +34,7 @@ from .packed_kernels import conv_packed, matmul_packed
 from .packing import CONV_BLOCKS, DEPTHWISE_BLOCK, GROUPED_LAYOUT, MATMUL_BLOCK
 from .tall_product import applies as tall_product_applies, gemm_tall
 from .winograd import conv_winograd
+from .winograd_blocks import applies as winograd_blocks_applies, conv_winograd_blocks
 
 
 def _conv_packed(ctx: LowerContext):
@@ -53,6 +54,8 @@ def _conv_im2col(ctx: LowerContext):
 
 
 def _conv_winograd(ctx: LowerContext):
+    if winograd_blocks_applies(ctx.input(0), ctx.input(1)):
+        return conv_winograd_blocks(ctx, *conv_pads(ctx))
     return conv_winograd(ctx, *conv_pads(ctx))
 
 

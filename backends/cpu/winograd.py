@@ -45,7 +45,7 @@ def applies(kernel: tuple[int, int], strides, dilations) -> bool:
     return tuple(kernel) == (3, 3) and tuple(strides) == (1, 1) and tuple(dilations) == (1, 1)
 
 
-def _combine(matrix: np.ndarray, index, term) -> object:
+def combine(matrix: np.ndarray, index, term) -> object:
     """Σ_r matrix[r, index] · term(r) for a loop variable `index`, as a select over its values.
 
     Each branch is a sum with constant coefficients and no zero terms; once the
@@ -90,16 +90,16 @@ def conv_winograd(ctx: LowerContext, before, after):
     # Input tiles gathered once (overlapping, zero-padded), then transformed along rows and columns.
     gathered = te.compute((alpha, alpha, c, padded), tile_input, name="wino_tiles")
     half = te.compute((alpha, alpha, c, padded),
-                      lambda e, xb, ci, p: _combine(b_np, e, lambda r: gathered[r, xb, ci, p]), name="wino_in_rows")
+                      lambda e, xb, ci, p: combine(b_np, e, lambda r: gathered[r, xb, ci, p]), name="wino_in_rows")
     data = te.compute((alpha, alpha, c, padded),
-                      lambda e, nu, ci, p: _combine(b_np, nu, lambda r: half[e, r, ci, p]), name="wino_in")
+                      lambda e, nu, ci, p: combine(b_np, nu, lambda r: half[e, r, ci, p]), name="wino_in")
     rc = te.reduce_axis((0, c), "rc")
     product = te.compute((alpha, alpha, k, padded),
                          lambda e, nu, ko, p: te.sum(u[e, nu, rc, ko] * data[e, nu, rc, p], axis=rc), name="wino_gemm")
     out_rows = te.compute((m, alpha, k, padded),
-                          lambda vh, nu, ko, p: _combine(a_np, vh, lambda r: product[r, nu, ko, p]), name="wino_out_rows")
+                          lambda vh, nu, ko, p: combine(a_np, vh, lambda r: product[r, nu, ko, p]), name="wino_out_rows")
     result = te.compute((m, m, k, padded),
-                        lambda vh, vw, ko, p: _combine(a_np, vw, lambda r: out_rows[vh, r, ko, p]), name="wino_out")
+                        lambda vh, vw, ko, p: combine(a_np, vw, lambda r: out_rows[vh, r, ko, p]), name="wino_out")
 
     def output(ni, ko, y, q):
         p = ni * (tiles_h * tiles_w) + (y // m) * tiles_w + q // m
