@@ -1,0 +1,37 @@
+"""The packed conv kernel (backends/cpu/packed_kernels.py) reading a Concat fused into it."""
+from __future__ import annotations
+
+from tessel import ir
+from tessel.backends.lower import schedule_kernel
+from tessel.backends.target import parse_target
+from tessel.backends.tvm_env import tvm
+from tessel.compiler.pipeline import run_pipeline, select_passes
+from tessel.compiler.program import build_program
+from tests.passes.test_conv_layout import pass_through_model
+
+LLVM = parse_target("llvm")
+
+
+def _lowered(spec) -> str:
+    """The kernel's TIR after TVM's passes up to loop partitioning (as tvm.compile runs them), as text."""
+    tvm_mod = tvm()
+    s_tir, tirx = tvm_mod.s_tir, tvm_mod.tirx
+    func, _ = schedule_kernel(spec, LLVM)
+    passes = [s_tir.transform.CanonicalizeLoop(), s_tir.transform.LowerInitBlock(),
+              s_tir.transform.PlanAndUpdateBufferAllocationLocation(), s_tir.transform.ConvertBlocksToOpaque(),
+              s_tir.transform.CompactBufferAllocation(), s_tir.transform.LowerMatchBuffer(),
+              s_tir.transform.StmtSimplify(), s_tir.transform.LowerOpaqueBlock(), tirx.transform.FlattenBuffer(),
+              s_tir.transform.LoopPartition(), tirx.transform.StmtSimplify()]
+    return tvm_mod.ir.transform.Sequential(passes)(tvm_mod.IRModule({"main": func}))["main"].script()
+
+
+def test_a_conv_over_a_concat_of_blocks_reads_each_part_in_its_own_loop():
+    # e: a 1 × 1 conv over the concat of c and its two pools (32 channels, two blocks, each), all kept blocked.
+    graph, _ = run_pipeline(ir.from_onnx(pass_through_model()), select_passes([]))
+    program = build_program(graph, LLVM)
+    spec = next(spec for spec in program.kernels.values() if [m.spec.op_type for m in spec.members()][:2] == ["Concat", "Conv"])
+    loops = [line.strip() for line in _lowered(spec).splitlines() if line.strip().startswith("for ico")]
+    # One loop over each part's two input-channel blocks, none choosing its part per element (before: one loop
+    # over all six blocks, an if_then_else per element read).
+    assert loops == ["for ico, ici in T.grid(2, 16):"] * 3
+    assert "if_then_else" not in _lowered(spec)
