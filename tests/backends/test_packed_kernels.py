@@ -1,12 +1,18 @@
-"""The packed conv kernel (backends/cpu/packed_kernels.py) reading a Concat fused into it."""
+"""The packed conv kernel (backends/cpu/packed_kernels.py): a Concat fused into it, its register tiles."""
 from __future__ import annotations
+
+import numpy as np
+from onnx import helper
 
 from tessel import ir
 from tessel.backends.lower import schedule_kernel
 from tessel.backends.target import parse_target
 from tessel.backends.tvm_env import tvm
+from tessel.compiler.api import compile
 from tessel.compiler.pipeline import run_pipeline, select_passes
 from tessel.compiler.program import build_program
+from tests.conftest import assert_matches_onnxruntime, run_onnxruntime
+from tests.ir.helpers import F, model
 from tests.passes.test_conv_layout import pass_through_model
 
 LLVM = parse_target("llvm")
@@ -35,3 +41,17 @@ def test_a_conv_over_a_concat_of_blocks_reads_each_part_in_its_own_loop():
     # over all six blocks, an if_then_else per element read).
     assert loops == ["for ico, ici in T.grid(2, 16):"] * 3
     assert "if_then_else" not in _lowered(spec)
+
+
+def test_rows_of_10_and_20_pixels_run_10_pixel_tiles_equal_onnxruntime(kernel_cache):
+    rng = np.random.default_rng(4)
+    for size in (10, 20):
+        weight = (rng.standard_normal((32, 16, 3, 3)) / 12).astype(np.float32)
+        conv = model([helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
+                     [("x", F, [1, 16, size, size])], [("y", F, None)], [("w", weight)])
+        graph, _ = run_pipeline(ir.from_onnx(conv), select_passes([]))
+        (spec,) = build_program(graph, LLVM).kernels.values()
+        # Tiles of 10 pixels (20 accumulators) cover the row exactly; 7 padded it to 14 or 21.
+        assert "q_1 in T.unroll(10)" in schedule_kernel(spec, LLVM)[0].script()
+        x = rng.standard_normal((1, 16, size, size)).astype(np.float32)
+        assert_matches_onnxruntime(compile(conv, cache_dir=kernel_cache).run({"x": x}), run_onnxruntime(conv, {"x": x}))
