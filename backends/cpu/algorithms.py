@@ -25,7 +25,7 @@ import numpy as np
 from tessel.ir.types import TensorType
 
 from ..kernel import ALGORITHM
-from .packing import NARROW_ROW, conv_blocks, conv_kind, default_conv_algorithm, plan_packing
+from .packing import conv_blocks, conv_kind, default_conv_algorithm, f32_conv_blocks, plan_packing, tile_axis
 from .winograd import applies as winograd_applies
 from .winograd_blocks import by_default as winograd_by_default
 
@@ -85,15 +85,20 @@ def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Seque
     A 3×3 stride-1 conv whose input arrives in NCHW[16]c runs "winograd" (winograd_blocks.py: F(4×4, 3×3) on the
     blocks) where `winograd_blocks.by_default` says it measured faster: wide rows, at most 128 × 128 channels.
 
-    A 1×1 stride-1 conv without padding whose input arrives in NCHW[16]c (`reads_blocks`: every activation it is
-    computed from is kept blocked) runs "direct": packing that input copies it whole (no padding to add, already in
-    blocks), and on YOLOv8n's 1×1 convs (rows of 20 to 80 pixels, inputs of 32 to 384 channels, most of them
-    concats) the copy and its second read cost more than the product. Each kernel alone (TVM's time_evaluator, min
-    of 9): 1.5-3.3× faster direct, except the 10-pixel rows of its 32-channel tiles (narrower than NARROW_ROW), 1.6×
-    slower; those keep the default. A conv of fewer output channels than a vector (YOLOv8n's DFL conv: one) runs
-    direct whatever its input: its packed tiles are one channel wide, scalar (59 → 8 µs in the model). An NCHW
-    input with an elementwise prologue (ppocr_v4_rec's squeeze-excite scaling) ran 2× slower direct: it keeps the
-    default.
+    Any other conv whose input arrives in NCHW[16]c (`reads_blocks`: every activation it is computed from is kept
+    blocked) runs "direct" where a register tile of CONV_TILE_CHOICES divides its output rows (in more than one tile when
+    the conv pads): packing that input copies it whole (only adding the padding), and reading it in place costs
+    little once the kernel's loops are cut where the padding and a fused Concat's parts start (packed_kernels.py):
+    only the edge tiles and rows check. Measured on YOLOv8n's (320²) kernels, each alone (TVM's time_evaluator,
+    min over 5 rounds of 5 × 20 runs, interleaved with "nchwc"): its 3 × 3 convs 1-11% faster (stride 2: 8-11%),
+    its 1 × 1 convs on 10-pixel rows 30-37%; in the program (min of 360 runs) its kernels' times add up to 4.73
+    against main's 6.11 ms (with the Concat and 10-pixel tile changes; before Winograd's default). On ResNet-18
+    (min of 240 runs in the program) its 3 × 3 convs on rows of 56 and 28 pixels ran the same or 2% faster, its
+    7-pixel rows (one padded tile) 20% slower: those keep "nchwc". (Before the loop cutting, direct ran only 1 × 1 stride-1 convs on rows of at least 12 pixels: 1.5-3.3× faster there, 1.6×
+    slower on 10-pixel rows.)
+    A conv of fewer output channels than a vector (YOLOv8n's DFL conv: one) runs direct whatever its input: its
+    packed tiles are one channel wide, scalar (59 → 8 µs in the model). An NCHW input with an elementwise prologue
+    (ppocr_v4_rec's squeeze-excite scaling) ran 2× slower direct: NCHW inputs keep the default.
     """
     if op_type != "Conv" or target_kind != "llvm":
         return None
@@ -102,12 +107,24 @@ def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Seque
         return "winograd"
     if "direct" not in choices:
         return None
-    window = tuple(constants[1].shape[2:])
-    strides = tuple(attrs.get("strides") or (1, 1))
-    pads = tuple(attrs.get("pads") or (0, 0, 0, 0))
-    out_width = input_types[0].shape[-1]
-    if window != (1, 1) or strides != (1, 1) or any(pads) or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-        return None
     if constants[1].shape[0] < F32_LANES:
         return "direct"
-    return "direct" if reads_blocks and out_width >= NARROW_ROW else None
+    return "direct" if reads_blocks and _direct_tiles(attrs, input_types[0], constants[1]) else None
+
+
+def _direct_tiles(attrs: Mapping[str, Any], x: TensorType, weight: np.ndarray) -> bool:
+    """Whether one of the packed kernel's register tiles divides the conv's output rows (`direct` needs whole tiles:
+    it writes them straight to the output), in more than one tile where the conv pads its input."""
+    from .packed_kernels import CONV_TILE_CHOICES, TILE_ACCUMULATORS
+
+    swap, _ = tile_axis(attrs, *x.shape[2:])
+    if swap or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        return False
+    pads = attrs.get("pads") or (0, 0, 0, 0)
+    dilation = (attrs.get("dilations") or (1, 1))[-1]
+    stride = (attrs.get("strides") or (1, 1))[-1]
+    out_width = (x.shape[3] + pads[1] + pads[3] - dilation * (weight.shape[3] - 1) - 1) // stride + 1
+    vectors = -(-f32_conv_blocks(*weight.shape[:2], out_width)[1] // F32_LANES)
+    tile = next((t for t in CONV_TILE_CHOICES if out_width % t == 0 and t * vectors <= TILE_ACCUMULATORS), None)
+    # A padded row of one tile keeps the padding checks inside its tile (on its first and last pixels).
+    return tile is not None and (out_width > tile or not any(pads))

@@ -110,7 +110,9 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
     def pack(ni, co, hi, wi, ci):
         if step != [1, 1]:  # the pixel of the padded input this packed pixel holds
             hi, wi = hi * step[0], wi * step[1]
-        inside = tir.all(hi >= pt, hi < pt + h, wi >= pl, wi < pl + w, co * icb + ci < c)
+        bounds = (hi >= pt, hi < pt + h, wi >= pl, wi < pl + w, co * icb + ci < c)
+        # Read in place (`direct`), the padding checks are marked `likely` for the schedule's loop partitioning.
+        inside = tir.all(*(tir.likely(bound) for bound in bounds)) if direct else tir.all(*bounds)
         if bf16:
             return tir.if_then_else(inside, bits_of(source(ni, co * icb + ci, hi - pt, wi - pl)), tir.const(0, "uint16"))
         return tir.if_then_else(inside, source(ni, co * icb + ci, hi - pt, wi - pl), tir.const(0.0, x.dtype))
@@ -193,8 +195,14 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
         # An input concatenated inside the kernel (YOLOv8n's C2f and neck 1 × 1 convs: a Concat of blocked values)
         # picks its part per element, in the innermost loop; cut at the parts' starts (lowering/tensor.py's Concat
         # marks them `likely`), each input-channel block loop reads one part directly. Measured in yolov8n_320 (min
-        # of 450 runs in the program): 0.12-0.25 → 0.05-0.09 ms for these convs.
-        sch.annotate(rco, PARTITION_HINT, 1)
+        # of 450 runs in the program): 0.12-0.25 → 0.05-0.09 ms for these convs. `direct` reads its input in place:
+        # cut the tiles' loop and the kernel rows' loop where the padding starts, only the edge tiles and rows check
+        # it. (Float32 only: the bf16 kernels are left as they are.)
+        if not bf16:
+            sch.annotate(rco, PARTITION_HINT, 1)
+        for loop, extent in ((qo, ow_padded // reg_n), (rkh, r)):
+            if direct and extent > 1:
+                sch.annotate(loop, PARTITION_HINT, 1)
         # A conv with an NCHW result unpacks each output row while it is in L1, from a per-thread row buffer,
         # instead of writing the whole NCHWc result to memory and reading it back. In float32 only wide rows do
         # (measured on ResNet-18: its f32 stem, 112-pixel rows, took 0.61 instead of 0.74 ms; its last conv, 7-pixel

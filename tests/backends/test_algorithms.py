@@ -138,7 +138,7 @@ def test_algorithm_choices_and_workspaces():
     assert algorithms("Conv", {}, [layer.node.inputs[0].type], [None, np.ones((16, 8, 3, 3), np.float32)], "cuda") == ("gemm", "direct")
 
 
-def test_wide_unpadded_1x1_convs_on_blocks_run_direct_by_default():
+def test_convs_on_blocks_run_direct_where_whole_tiles_cover_their_rows():
     from tessel.backends.cpu.algorithms import default_algorithm
     from tessel.backends.kernel import ALGORITHM
     from tessel.ir.types import TensorType
@@ -151,12 +151,15 @@ def test_wide_unpadded_1x1_convs_on_blocks_run_direct_by_default():
         x = TensorType("float32", (1, cin, spec["size"], spec["size"]))
         return default_algorithm("Conv", attrs, [x, None], [None, weight], "llvm", blocks)
 
-    # 1×1 stride 1 without padding, its input blocked, on rows of at least NARROW_ROW pixels; not on narrower rows
-    # (32-channel tiles), an NCHW input, padded, strided or wider windows, 18 output channels (no whole blocks).
-    assert choice("1x1", size=20) == "direct" and choice("1x1", size=12) == "direct"
-    assert choice("1x1", size=10) is None and choice("1x1", size=20, blocks=False) is None
-    assert choice("1x1", size=20, channels=(16, 18)) is None
-    assert all(choice(case, size=20) is None for case in ("3x3_pad1", "3x3_stride2", "7x7_stride2"))
+    # Its input blocked, rows a register tile divides: 1 × 1 on rows of 20, 12 and 10 pixels; 3 × 3 (padded) on rows
+    # of two tiles or more (20 pixels: two of 10; stride 2 from 40 to 20).
+    assert [choice("1x1", size=size) for size in (20, 12, 10)] == ["direct"] * 3
+    assert choice("3x3_pad1", size=20) == "direct" and choice("3x3_stride2", size=40) == "direct"
+    # Not: an NCHW input; 18 output channels (no whole blocks); a padded row of one tile (14 pixels; 7 × 7 stride 2
+    # from 20 to 10), whose edge checks stay in its tile; rows of 13 pixels, which no tile divides.
+    assert choice("1x1", size=20, blocks=False) is None and choice("1x1", size=20, channels=(16, 18)) is None
+    assert choice("3x3_pad1", size=14) is None and choice("7x7_stride2", size=20) is None
+    assert choice("3x3_pad1", size=13) is None and choice("1x1", size=13) is None
     # Fewer output channels than a vector: direct, whatever the input.
     assert choice("1x1", size=20, channels=(16, 1), blocks=False) == "direct"
     x = TensorType("float32", (1, 16, 20, 20))

@@ -5,6 +5,7 @@ import numpy as np
 from onnx import helper
 
 from tessel import ir
+from tessel.backends.kernel import ALGORITHM
 from tessel.backends.lower import schedule_kernel
 from tessel.backends.target import parse_target
 from tessel.backends.tvm_env import tvm
@@ -55,3 +56,21 @@ def test_rows_of_10_and_20_pixels_run_10_pixel_tiles_equal_onnxruntime(kernel_ca
         assert "q_1 in T.unroll(10)" in schedule_kernel(spec, LLVM)[0].script()
         x = rng.standard_normal((1, 16, size, size)).astype(np.float32)
         assert_matches_onnxruntime(compile(conv, cache_dir=kernel_cache).run({"x": x}), run_onnxruntime(conv, {"x": x}))
+
+
+def test_padded_convs_on_blocks_read_them_in_place_equal_onnxruntime(kernel_cache):
+    # a (1 × 1) keeps its result blocked for b (3 × 3, rows of two 10-pixel tiles) and c (3 × 3, stride 2, from b's
+    # 20-pixel rows to 10: one tile, packed); both run direct on blocks, checking the padding only at the edges.
+    rng = np.random.default_rng(6)
+    shapes = {"a": (32, 16, 1, 1), "b": (32, 32, 3, 3), "c": (32, 32, 3, 3)}
+    weights = [(f"w{n}", (rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32)) for n, s in shapes.items()]
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["a"]), helper.make_node("Relu", ["a"], ["ar"]),
+             helper.make_node("Conv", ["ar", "wb"], ["b"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["b", "wc"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])]
+    convs = model(nodes, [("x", F, [1, 16, 20, 20])], [("c", F, None)], weights)
+    graph, _ = run_pipeline(ir.from_onnx(convs), select_passes([]))
+    chosen = sorted(str(dict(m.spec.attrs).get(ALGORITHM)) for spec in build_program(graph, LLVM).kernels.values()
+                    for m in spec.members() if m.spec.op_type == "Conv")
+    assert chosen == ["None", "None", "direct"]
+    x = rng.standard_normal((1, 16, 20, 20)).astype(np.float32)
+    assert_matches_onnxruntime(compile(convs, cache_dir=kernel_cache).run({"x": x}), run_onnxruntime(convs, {"x": x}))
