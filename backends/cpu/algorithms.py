@@ -96,8 +96,9 @@ def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Seque
     (min of 240 runs in the program) its 3 × 3 convs on rows of 56 and 28 pixels ran the same or 2% faster, its
     7-pixel rows (one padded tile) 20% slower: those keep "nchwc". (Before the loop cutting, direct ran only 1 × 1 stride-1 convs on rows of at least 12 pixels: 1.5-3.3× faster there, 1.6×
     slower on 10-pixel rows.)
-    A conv of fewer output channels than a vector (YOLOv8n's DFL conv: one) runs direct whatever its input: its
-    packed tiles are one channel wide, scalar (59 → 8 µs in the model). An NCHW input with an elementwise prologue
+    A 1 × 1 stride-1 conv of fewer output channels than a vector (YOLOv8n's DFL conv: one) runs direct whatever its
+    input: its packed tiles are one channel wide, scalar (59 → 8 µs in the model); not a wider window (mtcnn_pnet's
+    3 × 3 stem of 10 channels on its NCHW image: the model ran 2.7× slower). An NCHW input with an elementwise prologue
     (ppocr_v4_rec's squeeze-excite scaling) ran 2× slower direct: NCHW inputs keep the default.
     """
     if op_type != "Conv" or target_kind != "llvm":
@@ -107,7 +108,9 @@ def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Seque
         return "winograd"
     if "direct" not in choices:
         return None
-    if constants[1].shape[0] < F32_LANES:
+    pointwise = (tuple(constants[1].shape[2:]) == (1, 1) and tuple(attrs.get("strides") or (1, 1)) == (1, 1)
+                 and not any(attrs.get("pads") or ()) and attrs.get("auto_pad", "NOTSET") in ("NOTSET", "VALID"))
+    if pointwise and constants[1].shape[0] < F32_LANES:
         return "direct"
     return "direct" if reads_blocks and _direct_tiles(attrs, input_types[0], constants[1]) else None
 

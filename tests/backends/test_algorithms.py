@@ -160,7 +160,8 @@ def test_convs_on_blocks_run_direct_where_whole_tiles_cover_their_rows():
     assert choice("1x1", size=20, blocks=False) is None and choice("1x1", size=20, channels=(16, 18)) is None
     assert choice("3x3_pad1", size=14) is None and choice("7x7_stride2", size=20) is None
     assert choice("3x3_pad1", size=13) is None and choice("1x1", size=13) is None
-    # Fewer output channels than a vector: direct, whatever the input.
+    # Fewer output channels than a vector: a 1 × 1 conv runs direct, whatever the input; a 3 × 3 one on NCHW does not.
+    assert choice("3x3_pad1", size=20, channels=(8, 10), blocks=False) is None
     assert choice("1x1", size=20, channels=(16, 1), blocks=False) == "direct"
     x = TensorType("float32", (1, 16, 20, 20))
     assert default_algorithm("Conv", {}, [x], [None, np.ones((32, 16, 1, 1), np.float32)], "cuda", True) is None
