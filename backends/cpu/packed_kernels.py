@@ -23,8 +23,10 @@ te, topi, tir = _tvm.te, _tvm.topi, _tvm.tirx
 # Register tiles: output pixels per conv tile (with 16 channels), rows per matmul tile. 10 fits YOLOv8n's rows of 10
 # and 20 pixels (320² input) exactly, where 7 padded them to 14 and 21: measured on its 3 × 3 convs (each alone, min
 # of 20 × 20 runs, interleaved), 10-pixel rows 18-20% faster, 20-pixel rows 11%; its 40- and 80-pixel rows (8 or 10
-# pixels, both exact) ran the same. ResNet-18's rows (112, 56, 28, 14, 7) keep their tiles.
+# pixels, both exact) ran the same. ResNet-18's rows (112, 56, 28, 14, 7) keep their tiles. bf16 convs keep the
+# choices they were tuned with (BF16_TILE_CHOICES).
 CONV_TILE_CHOICES = (14, 16, 12, 10, 8, 7)
+BF16_TILE_CHOICES = (14, 16, 12, 8, 7)
 # Vector accumulators a conv's register tile may hold: 28 of the 32 zmm registers (the rest hold the weights).
 TILE_ACCUMULATORS = 28
 MATMUL_ROWS = (4, 2, 1)
@@ -87,7 +89,7 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
         reg_n = next((t for t in CONV_TILE_CHOICES if t in fits), None) or max(fits)
     else:
         # A tile of two 16-channel vectors per pixel keeps at most 14 pixels: 28 accumulators of 32 registers.
-        choices = [t for t in CONV_TILE_CHOICES if t * vectors <= TILE_ACCUMULATORS]
+        choices = [t for t in (BF16_TILE_CHOICES if bf16 else CONV_TILE_CHOICES) if t * vectors <= TILE_ACCUMULATORS]
         reg_n = min(choices, key=lambda t: (-(-ow // t) * t, -t))
     ow_padded = -(-ow // reg_n) * reg_n
     (pt, pl), (pb, pr) = before, after
