@@ -59,18 +59,19 @@ def test_rows_of_10_and_20_pixels_run_10_pixel_tiles_equal_onnxruntime(kernel_ca
 
 
 def test_padded_convs_on_blocks_read_them_in_place_equal_onnxruntime(kernel_cache):
-    # a (1 × 1) keeps its result blocked for b (3 × 3, rows of two 10-pixel tiles) and c (3 × 3, stride 2, from b's
-    # 20-pixel rows to 10: one tile, packed); both run direct on blocks, checking the padding only at the edges.
+    # a (1 × 1, on the NCHW input: packed) keeps its result blocked for b (3 × 3 on 40-pixel rows: Winograd's default
+    # on blocks) and c (3 × 3, stride 2, from b's 40-pixel rows to 20: two 10-pixel tiles), which runs direct on the
+    # blocks, checking the padding only in its edge tiles and rows.
     rng = np.random.default_rng(6)
     shapes = {"a": (32, 16, 1, 1), "b": (32, 32, 3, 3), "c": (32, 32, 3, 3)}
     weights = [(f"w{n}", (rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32)) for n, s in shapes.items()]
     nodes = [helper.make_node("Conv", ["x", "wa"], ["a"]), helper.make_node("Relu", ["a"], ["ar"]),
              helper.make_node("Conv", ["ar", "wb"], ["b"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
              helper.make_node("Conv", ["b", "wc"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])]
-    convs = model(nodes, [("x", F, [1, 16, 20, 20])], [("c", F, None)], weights)
+    convs = model(nodes, [("x", F, [1, 16, 40, 40])], [("c", F, None)], weights)
     graph, _ = run_pipeline(ir.from_onnx(convs), select_passes([]))
     chosen = sorted(str(dict(m.spec.attrs).get(ALGORITHM)) for spec in build_program(graph, LLVM).kernels.values()
                     for m in spec.members() if m.spec.op_type == "Conv")
-    assert chosen == ["None", "None", "direct"]
-    x = rng.standard_normal((1, 16, 20, 20)).astype(np.float32)
+    assert chosen == ["None", "direct", "winograd"]
+    x = rng.standard_normal((1, 16, 40, 40)).astype(np.float32)
     assert_matches_onnxruntime(compile(convs, cache_dir=kernel_cache).run({"x": x}), run_onnxruntime(convs, {"x": x}))
