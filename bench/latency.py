@@ -26,7 +26,9 @@ default on CPUs with avx512_bf16 is bf16), the same threads as onnxruntime; its
 column says n/a where the `openvino` package is not installed. The run starts by
 measuring the machine's f32 FMA peak (bench/peak.py, in its own process), and
 each model's achieved GFLOP/s (FLOPs counted from the imported graph, ir/costs.py)
-is shown with its share of that peak.
+is shown with its share of that peak. Those are a direct convolution's FLOPs: an
+effective rate, which passes the peak where Winograd convs (fewer multiplications)
+run, as ResNet-18's and YOLOv8n's do by default.
 
 `--bf16` (opt-in) adds a second table: OpenVINO bf16 (INFERENCE_PRECISION_HINT=bf16, its default on CPUs with
 avx512_bf16) against Tessel compiled with `--precision bf16`, each in its own process, the same threads, in the
@@ -274,6 +276,7 @@ def main(argv=None) -> int:
     peak, where = _measured_peak()
     print("f32 FMA peak (measured, bench/peak.py): " + (f"{peak:.1f} GFLOP/s ({where})" if peak else f"n/a ({where})"),
           flush=True)
+    print("GFLOP/s and %peak count the graph's direct-conv FLOPs: an effective rate (Winograd convs do fewer)")
     print(f"{'model':<20} {'onnxruntime':>12} {'openvino':>9} {'tvm':>10} {'unfused':>10} {'nchw':>10} {'py-host':>10} {'tessel':>10} "
           f"{'overhead':>9} {'tessel/ort':>11} {'tessel/ov':>10} {'GFLOP/s':>8} {'%peak':>6} {'fusion':>8} {'blocked':>8} {'layout':>8} {'tvm/tessel':>11}"
           "  (ms; overhead in µs)")
