@@ -145,16 +145,21 @@ def _dot_functions(prefetch: NextBlockPrefetch | None = None):
                         c[vi] = c[vi] + (T.reinterpret("float32", T.shift_left(T.Cast("uint32", a[vk]), T.uint32(16)))
                                          * T.reinterpret("float32", T.shift_left(T.Cast("uint32", b[vi, vk]), T.uint32(16))))
 
+    @T.macro
+    def dot(a, b, c):
+        """c += the 16 lanes' dot products of a's pair with b's: one vdpbf16ps."""
+        c[T.ramp(T.int32(0), 1, LANES)] = T.call_pure_extern(
+            "float32x16", DOT_FUNCTION, c.vload([0], "float32x16"),
+            T.broadcast(T.reinterpret(a.vload([0], "uint16x2"), dtype="int32"), LANES),
+            T.reinterpret(b.vload([0, 0], "uint16x32"), dtype="int32x16"))
+
     @T.prim_func(s_tir=True)
     def implementation(a: T.Buffer((PAIR,), u16, offset_factor=1), b: T.Buffer((LANES, PAIR), u16, offset_factor=1),
                        c: T.Buffer((LANES,), f32, offset_factor=1)) -> None:
         with T.sblock("root"):
             T.reads(c[0:LANES], a[0:PAIR], b[0:LANES, 0:PAIR])
             T.writes(c[0:LANES])
-            pair = T.reinterpret(a.vload([0], "uint16x2"), dtype="int32")
-            c[T.ramp(T.int32(0), 1, LANES)] = T.call_pure_extern(
-                "float32x16", DOT_FUNCTION, c.vload([0], "float32x16"), T.broadcast(pair, LANES),
-                T.reinterpret(b.vload([0, 0], "uint16x32"), dtype="int32x16"))
+            dot(a, b, c)
 
     if prefetch is None:
         return description, implementation
@@ -171,9 +176,6 @@ def _dot_functions(prefetch: NextBlockPrefetch | None = None):
                     T.floordiv(T.floormod(b.elem_offset, p.block), p.step)
                     - T.floormod(T.floordiv(a.elem_offset, p.row), p.rows), p.spread) == 0:
                 T.evaluate(T.call_intrin("void", "tirx.prefetch", b.access_ptr("r", offset=p.block), 0, 2, 1))
-            c[T.ramp(T.int32(0), 1, LANES)] = T.call_pure_extern(
-                "float32x16", DOT_FUNCTION, c.vload([0], "float32x16"),
-                T.broadcast(T.reinterpret(a.vload([0], "uint16x2"), dtype="int32"), LANES),
-                T.reinterpret(b.vload([0, 0], "uint16x32"), dtype="int32x16"))
+            dot(a, b, c)
 
     return description, prefetching
