@@ -75,8 +75,8 @@ def openvino_layers(model, runs: int, precision: str = "fp32") -> list[dict]:
     core = ov.Core()
     network = core.read_model(str(model.path))
     network.reshape({name: list(shape) for name, shape in model.input_shapes.items()})
-    compiled = core.compile_model(network, "CPU", {"INFERENCE_PRECISION_HINT": OPENVINO_PRECISION[precision], "PERF_COUNT": "YES",
-                                                   "INFERENCE_NUM_THREADS": os.cpu_count() or 1})
+    compiled = core.compile_model(network, "CPU", {"INFERENCE_PRECISION_HINT": OPENVINO_PRECISION[precision],
+                                                   "PERF_COUNT": "YES", "INFERENCE_NUM_THREADS": os.cpu_count() or 1})
     request = compiled.create_infer_request()
     feeds = model.make_inputs()
     for _ in range(10):

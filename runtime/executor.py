@@ -708,7 +708,8 @@ class Executor:
             totals.append(int(self._timed.kernel_ns.sum()) / 1e9)
         return totals
 
-    def kernel_samples(self, inputs: Mapping[str, np.ndarray], runs: int = 20) -> tuple[list[str], np.ndarray, np.ndarray]:
+    def kernel_samples(self, inputs: Mapping[str, np.ndarray],
+                       runs: int = 20) -> tuple[list[str], np.ndarray, np.ndarray]:
         """(the node of each kernel call site, the seconds each site took in each of `runs` timed runs (runs × sites),
         each timed run's whole seconds as Python's clock sees the call): what `kernel_times` adds up, per kernel, and
         the run around it, so that a run's time outside its kernels (the host's) is its whole time minus its row's

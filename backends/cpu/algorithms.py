@@ -3,7 +3,8 @@
 Conv (dense, 2-D, float32) on llvm: "nchwc" (weights packed at compile time,
 register-tiled; the default), "im2col" (column buffer + GEMM), "direct" (the
 same register tiles reading the input in place: no workspace) and, for 3×3
-stride-1 convs, "winograd" (F(4×4, 3×3); on an NCHW[16]c input, winograd_blocks.py). A 2-D depthwise conv on llvm: "nchwc" (channel-blocked,
+stride-1 convs, "winograd" (F(4×4, 3×3); on an NCHW[16]c input, winograd_blocks.py). A 2-D depthwise conv
+on llvm: "nchwc" (channel-blocked,
 depthwise_conv.py; the default) and "generic" (the target-neutral rule); another grouped conv: "grouped_gemm"
 (a GEMM per group, grouped_conv.py; the default) and "generic". On cuda: "gemm" (an implicit GEMM with shared-memory tiles,
 cuda/conv.py; the default) and "direct" (dlight's schedule of the generic rule). "im2col" is not offered on cuda:
@@ -86,20 +87,20 @@ def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Seque
     blocks) where `winograd_blocks.by_default` says it measured faster: wide rows, at most 128 × 128 channels.
 
     Any other conv whose input arrives in NCHW[16]c (`reads_blocks`: every activation it is computed from is kept
-    blocked) runs "direct" where a register tile of CONV_TILE_CHOICES divides its output rows (in more than one tile when
-    the conv pads): packing that input copies it whole (only adding the padding), and reading it in place costs
+    blocked) runs "direct" where a register tile of CONV_TILE_CHOICES divides its output rows (in more than one tile
+    when the conv pads): packing that input copies it whole (only adding the padding), and reading it in place costs
     little once the kernel's loops are cut where the padding and a fused Concat's parts start (packed_kernels.py):
-    only the edge tiles and rows check. Measured on YOLOv8n's (320²) kernels, each alone (TVM's time_evaluator,
-    min over 5 rounds of 5 × 20 runs, interleaved with "nchwc"): its 3 × 3 convs 1-11% faster (stride 2: 8-11%),
-    its 1 × 1 convs on 10-pixel rows 30-37%; in the program (min of 360 runs) its kernels' times add up to 4.73
-    against main's 6.11 ms (with the Concat and 10-pixel tile changes; before Winograd's default). On ResNet-18
-    (min of 240 runs in the program) its 3 × 3 convs on rows of 56 and 28 pixels ran the same or 2% faster, its
-    7-pixel rows (one padded tile) 20% slower: those keep "nchwc". (Before the loop cutting, direct ran only 1 × 1 stride-1 convs on rows of at least 12 pixels: 1.5-3.3× faster there, 1.6×
-    slower on 10-pixel rows.)
+    only the edge tiles and rows check. Measured on YOLOv8n's (320²) kernels, each alone (TVM's time_evaluator, min
+    over 5 rounds of 5 × 20 runs, interleaved with "nchwc"): its 3 × 3 convs 1-11% faster (stride 2: 8-11%), its 1 ×
+    1 convs on 10-pixel rows 30-37%; in the program (min of 360 runs) its kernels' times add up to 4.73 against
+    main's 6.11 ms (with the Concat and 10-pixel tile changes; before Winograd's default). On ResNet-18 (min of 240
+    runs in the program) its 3 × 3 convs on rows of 56 and 28 pixels ran the same or 2% faster, its 7-pixel rows
+    (one padded tile) 20% slower: those keep "nchwc". (Before the loop cutting, direct ran only 1 × 1 stride-1 convs
+    on rows of at least 12 pixels: 1.5-3.3× faster there, 1.6× slower on 10-pixel rows.)
     A 1 × 1 stride-1 conv of fewer output channels than a vector (YOLOv8n's DFL conv: one) runs direct whatever its
     input: its packed tiles are one channel wide, scalar (59 → 8 µs in the model); not a wider window (mtcnn_pnet's
-    3 × 3 stem of 10 channels on its NCHW image: the model ran 2.7× slower). An NCHW input with an elementwise prologue
-    (ppocr_v4_rec's squeeze-excite scaling) ran 2× slower direct: NCHW inputs keep the default.
+    3 × 3 stem of 10 channels on its NCHW image: the model ran 2.7× slower). An NCHW input with an elementwise
+    prologue (ppocr_v4_rec's squeeze-excite scaling) ran 2× slower direct: NCHW inputs keep the default.
     """
     if op_type != "Conv" or target_kind != "llvm":
         return None

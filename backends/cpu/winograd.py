@@ -97,7 +97,8 @@ def conv_winograd(ctx: LowerContext, before, after):
     product = te.compute((alpha, alpha, k, padded),
                          lambda e, nu, ko, p: te.sum(u[e, nu, rc, ko] * data[e, nu, rc, p], axis=rc), name="wino_gemm")
     out_rows = te.compute((m, alpha, k, padded),
-                          lambda vh, nu, ko, p: combine(a_np, vh, lambda r: product[r, nu, ko, p]), name="wino_out_rows")
+                          lambda vh, nu, ko, p: combine(a_np, vh, lambda r: product[r, nu, ko, p]),
+                          name="wino_out_rows")
     result = te.compute((m, m, k, padded),
                         lambda vh, vw, ko, p: combine(a_np, vw, lambda r: out_rows[vh, r, ko, p]), name="wino_out")
 

@@ -168,10 +168,11 @@ def by_default(weight_shape, input_shape) -> bool:
     input × output channels.
 
     Measured per kernel inside the whole program (min of 300-450 runs, 2 cores): faster on every such conv of
-    ResNet-18 (56² × 64 channels: 0.455 → 0.18 ms; 28² × 128: 0.45 → 0.22, its 7 tile rows in halves) and YOLOv8n-320 (80² × 16: 0.075 →
-    0.048; 40² × 32: 0.066 → 0.031; 40² × 64: 0.245 → 0.091; 20² × 64: 0.072 → 0.045-0.051); slower on the
-    narrower ones: 14² × 256 (0.49 → 0.53: 9.4 MB of transformed weights read for each of 4 tile rows), 7² × 512
-    (0.56 → 1.45), YOLOv8n's 10² × 128 (0.085 → 0.135: 3 tile rows, padded from 10 to 12 pixels).
+    ResNet-18 (56² × 64 channels: 0.455 → 0.18 ms; 28² × 128: 0.45 → 0.22, its 7 tile rows in halves) and
+    YOLOv8n-320 (80² × 16: 0.075 → 0.048; 40² × 32: 0.066 → 0.031; 40² × 64: 0.245 → 0.091; 20² × 64: 0.072 →
+    0.045-0.051); slower on the narrower ones: 14² × 256 (0.49 → 0.53: 9.4 MB of transformed weights read for each
+    of 4 tile rows), 7² × 512 (0.56 → 1.45), YOLOv8n's 10² × 128 (0.085 → 0.135: 3 tile rows, padded from 10 to 12
+    pixels).
     """
     out_channels, in_channels = weight_shape[:2]
     return (out_channels % LANES == 0 and in_channels % LANES == 0 and input_shape[-1] >= MIN_DEFAULT_WIDTH

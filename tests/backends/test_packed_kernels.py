@@ -36,7 +36,8 @@ def test_a_conv_over_a_concat_of_blocks_reads_each_part_in_its_own_loop():
     # e: a 1 × 1 conv over the concat of c and its two pools (32 channels, two blocks, each), all kept blocked.
     graph, _ = run_pipeline(ir.from_onnx(pass_through_model()), select_passes([]))
     program = build_program(graph, LLVM)
-    spec = next(spec for spec in program.kernels.values() if [m.spec.op_type for m in spec.members()][:2] == ["Concat", "Conv"])
+    spec = next(spec for spec in program.kernels.values()
+                if [m.spec.op_type for m in spec.members()][:2] == ["Concat", "Conv"])
     loops = [line.strip() for line in _lowered(spec).splitlines() if line.strip().startswith("for ico")]
     # One loop over each part's two input-channel blocks, none choosing its part per element (before: one loop
     # over all six blocks, an if_then_else per element read).
@@ -64,7 +65,8 @@ def test_padded_convs_on_blocks_read_them_in_place_equal_onnxruntime(kernel_cach
     # blocks, checking the padding only in its edge tiles and rows.
     rng = np.random.default_rng(6)
     shapes = {"a": (32, 16, 1, 1), "b": (32, 32, 3, 3), "c": (32, 32, 3, 3)}
-    weights = [(f"w{n}", (rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32)) for n, s in shapes.items()]
+    weights = [(f"w{n}", (rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32))
+               for n, s in shapes.items()]
     nodes = [helper.make_node("Conv", ["x", "wa"], ["a"]), helper.make_node("Relu", ["a"], ["ar"]),
              helper.make_node("Conv", ["ar", "wb"], ["b"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
              helper.make_node("Conv", ["b", "wc"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])]

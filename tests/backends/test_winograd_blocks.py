@@ -39,11 +39,13 @@ def block_model(batch: int, size: int, channels: int, out_channels: int):
     """x → a: 1×1 conv + ReLU → b: 3×3 conv + ReLU → c: 3×3 conv + a (residual) + ReLU, as ResNet's basic block,
     then d: a 3×3 conv to 16 channels, the model output (NCHW). b, c and d read blocked inputs."""
     rng = np.random.default_rng(3)
-    convs = [_conv("a", "x", "a_conv", 16, channels, rng, kernel=1), _conv("b", "a", "b_conv", channels, out_channels, rng),
+    convs = [_conv("a", "x", "a_conv", 16, channels, rng, kernel=1),
+             _conv("b", "a", "b_conv", channels, out_channels, rng),
              _conv("c", "b", "c_conv", out_channels, channels, rng), _conv("d", "c", "d", channels, 16, rng)]
     nodes = [convs[0][0], helper.make_node("Relu", ["a_conv"], ["a"]),
              convs[1][0], helper.make_node("Relu", ["b_conv"], ["b"]),
-             convs[2][0], helper.make_node("Add", ["c_conv", "a"], ["c_sum"]), helper.make_node("Relu", ["c_sum"], ["c"]),
+             convs[2][0], helper.make_node("Add", ["c_conv", "a"], ["c_sum"]),
+             helper.make_node("Relu", ["c_sum"], ["c"]),
              convs[3][0]]
     weights = [w for _, pair in convs for w in pair]
     return model(nodes, [("x", F, [batch, 16, size, size])], [("d", F, None)], weights)
@@ -57,8 +59,8 @@ def _choice(in_channels: int, out_channels: int, size: int, blocks: bool = True,
 
 
 def test_winograd_is_the_default_only_where_it_measured_faster():
-    # ResNet-18's 56² and 28² layers and YOLOv8n's 80² to 20² ones; not its 14² and 7² layers, 10-pixel rows, an NCHW
-    # input, a strided conv, channels that do not fill blocks, or more than 128 × 128 channels.
+    # ResNet-18's 56² and 28² layers and YOLOv8n's 80² to 20² ones; not its 14² and 7² layers, 10-pixel rows, an
+    # NCHW input, a strided conv, channels that do not fill blocks, or more than 128 × 128 channels.
     assert _choice(64, 64, 56) == _choice(128, 128, 28) == _choice(16, 16, 80) == _choice(64, 64, 20) == "winograd"
     assert _choice(256, 256, 14) is None and _choice(512, 512, 7) is None and _choice(128, 128, 10) is None
     # (A strided one, and more channels on blocked rows of two tiles or more, run direct: algorithms.py.)
@@ -102,6 +104,7 @@ def test_resnet18_with_winograd_equals_onnxruntime(kernel_cache):
     feeds = resnet.make_inputs()
     (want,) = run_onnxruntime(str(resnet.path), feeds)
     (got,) = artifact.run(feeds).values()
-    # The logits differ from onnxruntime's by at most 1e-5 of their range (measured: 1.9e-7 of it; with the direct convs, 2.0e-7).
+    # The logits differ from onnxruntime's by at most 1e-5 of their range (measured: 1.9e-7 of it; with the direct
+    # convs, 2.0e-7).
     assert np.abs(got - want).max() <= 1e-5 * (want.max() - want.min())
 

@@ -19,7 +19,8 @@ import host_gap  # noqa: E402
 
 def test_a_run_splits_into_its_kernels_and_the_host(kernel_cache):
     weight = np.random.default_rng(0).standard_normal((8, 4, 3, 3)).astype(np.float32)
-    proto = model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
+    proto = model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                   helper.make_node("Relu", ["c"], ["y"])],
                   [("x", F, [1, 4, 16, 16])], [("y", F, None)])
     proto.graph.initializer.append(numpy_helper.from_array(weight, "w"))
     artifact = compile(proto, cache_dir=kernel_cache)
