@@ -79,12 +79,21 @@ def backward_algorithms(op_type: str, attrs: Mapping[str, Any], input_types: Seq
     return ("tiled", "generic") if tiled else ("generic",)
 
 
+def _out_width(attrs: Mapping[str, Any], x: TensorType) -> int:
+    """The output row width of a 3×3 stride-1 conv of `x` (its pads, as the importer makes them explicit)."""
+    pads = list(attrs.get("pads") or [0, 0, 0, 0])
+    return int(x.shape[-1]) + pads[1] + pads[3] - 2
+
+
 def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[TensorType | None],
-                      constants: Sequence[np.ndarray | None], target_kind: str, reads_blocks: bool) -> str | None:
+                      constants: Sequence[np.ndarray | None], target_kind: str, reads_blocks: bool,
+                      input_blocked: bool = False) -> str | None:
     """The algorithm an op runs when no selection chose one, where it is not the first of `algorithms`; else None.
 
-    A 3×3 stride-1 conv whose input arrives in NCHW[16]c runs "winograd" (winograd_blocks.py: F(4×4, 3×3) on the
-    blocks) where `winograd_blocks.by_default` says it measured faster: wide rows, at most 128 × 128 channels.
+    A 3×3 stride-1 conv whose input is itself an NCHW[16]c argument of its kernel (`input_blocked`: not computed
+    in the kernel, as a fused Concat of blocked parts is, which the blocked Winograd kernel does not read) runs
+    "winograd" (winograd_blocks.py: F(4×4, 3×3) on the blocks) where `winograd_blocks.by_default` says it measured
+    faster: wide rows, whole register tiles, at most 128 × 128 channels.
 
     Any other conv whose input arrives in NCHW[16]c (`reads_blocks`: every activation it is computed from is kept
     blocked) runs "direct" where a register tile of CONV_TILE_CHOICES divides its output rows (in more than one tile
@@ -105,7 +114,8 @@ def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Seque
     if op_type != "Conv" or target_kind != "llvm":
         return None
     choices = algorithms(op_type, attrs, input_types, constants, target_kind)
-    if reads_blocks and "winograd" in choices and winograd_by_default(constants[1].shape, input_types[0].shape):
+    if input_blocked and "winograd" in choices and winograd_by_default(constants[1].shape, _out_width(attrs,
+                                                                                                      input_types[0])):
         return "winograd"
     if "direct" not in choices:
         return None

@@ -16,7 +16,7 @@ from __future__ import annotations
 from ..lowering.context import LowerContext, SelfScheduled
 from ..tvm_env import tvm
 from .schedule import MIN_PARALLEL_WORK, reads_blocks, try_step, writes_blocks
-from .winograd import combine, transform_matrices
+from .winograd import TILE, combine, transform_matrices
 
 _tvm = tvm()
 te, tir = _tvm.te, _tvm.tirx
@@ -26,11 +26,14 @@ LANES = 16
 # packed_kernels.TILE_ACCUMULATORS.
 TILE_ACCUMULATORS = 28
 # Where a blocked conv runs Winograd by default (`by_default`): rows of at least this many pixels (4 tiles of F(4×4)),
-# and at most this many input × output channels (transformed weights of 2.4 MB, read again for every tile row).
 MIN_DEFAULT_WIDTH = 16
+# register tiles of at least this many accumulators (a row of 19 tiles has no divisor but 1 and 19: tiles of one
+# tile, 2 accumulators; the measured ones have 10 to 28)...
+MIN_DEFAULT_ACCUMULATORS = 4
+# ...and at most this many input × output channels (transformed weights of 2.4 MB, read again for every tile row).
+MAX_DEFAULT_CHANNEL_PRODUCT = 128 * 128
 # Fewer tile rows than this, and an odd number, run as two halves of the output channels each.
 ODD_ROWS_SPLIT = 16
-MAX_DEFAULT_CHANNEL_PRODUCT = 128 * 128
 
 
 def applies(x, weight_u) -> bool:
@@ -162,10 +165,11 @@ def _schedule_product(sch, gemm, alpha: int, kb: int, tiles_w: int, cb: int, pai
     sch.decompose_reduction(gemm, loops["rc"] if loops["rc"] is not None else loops["rl"])
 
 
-def by_default(weight_shape, input_shape) -> bool:
+def by_default(weight_shape, out_width: int) -> bool:
     """Whether a 3×3 stride-1 conv whose input arrives blocked runs Winograd when no selection chose: whole
-    16-channel blocks in and out, rows of at least MIN_DEFAULT_WIDTH pixels, at most MAX_DEFAULT_CHANNEL_PRODUCT
-    input × output channels.
+    16-channel blocks in and out, output rows of at least MIN_DEFAULT_WIDTH pixels whose tiles make register tiles of
+    MIN_DEFAULT_ACCUMULATORS or more, at most MAX_DEFAULT_CHANNEL_PRODUCT input × output channels (measured: 128 ×
+    128 and fewer of each; a product within it of more of one, as 256 × 64, was not).
 
     Measured per kernel inside the whole program (min of 300-450 runs, 2 cores): faster on every such conv of
     ResNet-18 (56² × 64 channels: 0.455 → 0.18 ms; 28² × 128: 0.45 → 0.22, its 7 tile rows in halves) and
@@ -175,5 +179,9 @@ def by_default(weight_shape, input_shape) -> bool:
     pixels).
     """
     out_channels, in_channels = weight_shape[:2]
-    return (out_channels % LANES == 0 and in_channels % LANES == 0 and input_shape[-1] >= MIN_DEFAULT_WIDTH
+    if out_channels % LANES or in_channels % LANES or out_width < MIN_DEFAULT_WIDTH:
+        return False
+    vectors = 2 if (out_channels // LANES) % 2 == 0 else 1  # as conv_winograd_blocks' `pair`
+    tiles_w = -(-out_width // TILE)  # the output tile of winograd.transform_weight's default, as the packing makes
+    return (tile_pixels(tiles_w, vectors) * vectors >= MIN_DEFAULT_ACCUMULATORS
             and in_channels * out_channels <= MAX_DEFAULT_CHANNEL_PRODUCT)

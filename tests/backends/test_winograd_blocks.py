@@ -51,11 +51,14 @@ def block_model(batch: int, size: int, channels: int, out_channels: int):
     return model(nodes, [("x", F, [batch, 16, size, size])], [("d", F, None)], weights)
 
 
-def _choice(in_channels: int, out_channels: int, size: int, blocks: bool = True, stride: int = 1) -> str | None:
+def _choice(in_channels: int, out_channels: int, size: int, blocks: bool = True, stride: int = 1,
+            argument: bool = True, width: int | None = None) -> str | None:
+    """The default algorithm of a 3×3 conv of size × `width` (size × size) pixels, its input blocked (`blocks`),
+    and itself the kernel's argument (`argument`; else computed from blocked values in the kernel)."""
     attrs = {"pads": [1] * 4, "strides": [stride] * 2, "dilations": [1, 1], "group": 1}
     weight = np.ones((out_channels, in_channels, 3, 3), np.float32)
-    x = TensorType("float32", (1, in_channels, size, size))
-    return default_algorithm("Conv", attrs, [x, None], [None, weight], "llvm", blocks)
+    x = TensorType("float32", (1, in_channels, size, width or size))
+    return default_algorithm("Conv", attrs, [x, None], [None, weight], "llvm", blocks, blocks and argument)
 
 
 def test_winograd_is_the_default_only_where_it_measured_faster():
@@ -66,6 +69,10 @@ def test_winograd_is_the_default_only_where_it_measured_faster():
     # (A strided one, and more channels on blocked rows of two tiles or more, run direct: algorithms.py.)
     assert _choice(64, 64, 56, blocks=False) is None and _choice(64, 64, 56, stride=2) == "direct"
     assert _choice(64, 18, 56) is None and _choice(256, 128, 28) == "direct"
+    # Not over a fused Concat of blocked parts (the blocked kernel reads one blocked argument), nor on rows whose
+    # tile count has no divisor to make a register tile of 4 accumulators (mtcnn_pnet's 75-pixel rows: 19 tiles).
+    assert _choice(64, 64, 20, argument=False) == "direct"
+    assert _choice(16, 32, 57, width=75) != "winograd" and _choice(16, 32, 57, width=80) == "winograd"
     x = TensorType("float32", (1, 64, 56, 56))
     assert default_algorithm("Conv", {}, [x], [None, np.ones((64, 64, 3, 3), np.float32)], "cuda", True) is None
     # In a program: b, c and d read blocked values and run Winograd; the values between them stay blocked.
