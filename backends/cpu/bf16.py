@@ -97,7 +97,8 @@ class NextBlockPrefetch:
 
     `block`: weight elements per output-channel block; `step`: elements per reduction step (ocb × 2); `tile`:
     output pixels per register tile; `lanes`: output channels per tile (ocb); `row`: elements per packed input row;
-    `rows`: packed input rows per channel block; `spread`: at most the output rows, coprime with the row stride.
+    `rows`: packed input rows per channel block; `spread`: at most the output rows, coprime with the row stride;
+    `blocks`: output-channel blocks (the last prefetches nothing: past it is no weight of this conv).
     """
 
     block: int
@@ -107,11 +108,13 @@ class NextBlockPrefetch:
     row: int
     rows: int
     spread: int
+    blocks: int
 
     def name(self) -> str:
         """The intrinsic's registered name: one per set of parameters."""
         return f"{DOT_INTRINSIC}_prefetch_" + "_".join(str(v) for v in (self.block, self.step, self.tile, self.lanes,
-                                                                           self.row, self.rows, self.spread))
+                                                                           self.row, self.rows, self.spread,
+                                                                           self.blocks))
 
 
 def dot_intrinsic(prefetch: NextBlockPrefetch | None = None) -> str:
@@ -171,10 +174,12 @@ def _dot_functions(prefetch: NextBlockPrefetch | None = None):
         with T.sblock("root"):
             T.reads(c[0:LANES], a[0:PAIR], b[0:LANES, 0:PAIR])
             T.writes(c[0:LANES])
-            # The tile's first pixel (a constant once the tile's loops are unrolled), in 1 of `spread` steps.
+            # The tile's first pixel (a constant once the tile's loops are unrolled), in 1 of `spread` steps, of a block
+            # before the last.
             if T.floormod(T.floordiv(c.elem_offset, p.lanes), p.tile) == 0 and T.floormod(
                     T.floordiv(T.floormod(b.elem_offset, p.block), p.step)
-                    - T.floormod(T.floordiv(a.elem_offset, p.row), p.rows), p.spread) == 0:
+                    - T.floormod(T.floordiv(a.elem_offset, p.row), p.rows), p.spread) == 0 and T.floordiv(
+                    b.elem_offset, p.block) < p.blocks - 1:
                 T.evaluate(T.call_intrin("void", "tirx.prefetch", b.access_ptr("r", offset=p.block), 0, 2, 1))
             dot(a, b, c)
 

@@ -169,7 +169,7 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
     if (bf16 and not window_pairs and kb > 1 and oh > 1 and kb * block * 2 >= PREFETCH_MIN_WEIGHT_BYTES
             and reg_n * ocb * 4 <= PREFETCH_MAX_TILE_BYTES):
         prefetch = NextBlockPrefetch(block=block, step=ocb * PAIR, tile=reg_n, lanes=ocb, row=wpad * icb, rows=hp,
-                                     spread=max(m for m in range(1, oh + 1) if gcd(m, strides[0]) == 1))
+                                     spread=max(m for m in range(1, oh + 1) if gcd(m, strides[0]) == 1), blocks=kb)
     # Small convs run on one thread: waking the pool costs more than the work.
     big = n * kb * ocb * oh * ow * cb * icb * r * s >= MIN_PARALLEL_WORK * 16
 
