@@ -713,8 +713,11 @@ class Executor:
         """(the node of each kernel call site, the seconds each site took in each of `runs` timed runs (runs × sites),
         each timed run's whole seconds as Python's clock sees the call): what `kernel_times` adds up, per kernel, and
         the run around it, so that a run's time outside its kernels (the host's) is its whole time minus its row's
-        sum. Sites that did not run (a branch not taken) are left out; the timed copy is the one `kernel_times` uses (no
-        run before the first sample: warm up first)."""
+        sum. Every kernel call site is there, in program order: one that did not run (a branch not taken) took 0 s,
+        so samples taken by separate calls line up. The timed copy is the one `kernel_times` uses (no run before the
+        first sample: warm up first)."""
+        if runs < 1:
+            raise ValueError(f"kernel_samples needs at least 1 run, not {runs}")
         timed = self._timed_program()
         walls, rows = [], []
         for _ in range(runs):
@@ -723,9 +726,8 @@ class Executor:
             self._run_timed(timed, inputs)
             walls.append(time.perf_counter() - started)
             rows.append(timed.kernel_ns.copy())
-        per_site = np.stack(rows) / 1e9
-        ran = [k for k, site in enumerate(timed.sites) if site.kernel and per_site[:, k].any()]
-        return [timed.sites[k].instruction.node for k in ran], per_site[:, ran], np.array(walls)
+        sites = [k for k, site in enumerate(timed.sites) if site.kernel]
+        return [timed.sites[k].instruction.node for k in sites], np.stack(rows)[:, sites] / 1e9, np.array(walls)
 
     def _timed_program(self) -> NativeHost:
         """The timed copy of the native program (made on first use), taking the inputs and outputs as `run` does."""

@@ -31,8 +31,8 @@ def test_a_run_splits_into_its_kernels_and_the_host(kernel_cache):
     assert result["host_us"] > 0 and result["timed_run_ms"] >= result["kernels_ms"] > 0
 
 
-def test_bad_arguments_are_one_line():
-    for args in (["no_such_model"], ["no_such_model", "--runs", "0"]):
+def test_bad_arguments_are_one_line(tmp_path):
+    for args in (["no_such_model"], ["no_such_model", "--runs", "0"], [str(tmp_path)]):  # a directory, no artifact
         done = subprocess.run([sys.executable, "bench/host_gap.py", *args], cwd=REPO, capture_output=True, text=True,
                               timeout=120)
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr

@@ -387,6 +387,10 @@ def test_kernel_samples_give_each_kernels_time_per_run_within_the_runs_time(nest
     executor = Executor(artifact.directory)
     feeds = {"x": np.ones((2, 3), np.float32), "c": np.array(False), "d": np.array(True)}
     nodes, per_site, walls = executor.kernel_samples(feeds, runs=8)
-    # The else branch's inner then-branch ran: Neg alone (the sites of branches not taken are left out).
-    assert nodes == ["Neg_0"] and per_site.shape == (8, 1) and walls.shape == (8,)
-    assert (per_site > 0).all() and (walls >= per_site.sum(axis=1)).all()
+    # Every kernel site is there; the else branch's inner then-branch ran, Neg alone: the branches not taken took 0 s.
+    assert per_site.shape == (8, len(nodes)) and walls.shape == (8,) and len(nodes) > 1
+    ran = [node for node, column in zip(nodes, per_site.T) if column.any()]
+    assert ran == ["Neg_0"] and (per_site[:, nodes.index("Neg_0")] > 0).all()
+    assert (walls >= per_site.sum(axis=1)).all()
+    with pytest.raises(ValueError, match="at least 1 run"):
+        executor.kernel_samples(feeds, runs=0)
