@@ -239,6 +239,9 @@ def _channel_checked_infer(op_type: str):
                                            f"not a multiple of group {group}")
             else:
                 in_channels, out_channels = weight.shape[0], weight.shape[1] * group
+                if in_channels % group:
+                    raise InferenceFailure(f"weight {list(weight.shape)} has {in_channels} input channels, "
+                                           f"not a multiple of group {group}")
             if x.shape[1] != in_channels:
                 raise InferenceFailure(f"input {list(x.shape)} has {x.shape[1]} channels; weight {list(weight.shape)} "
                                        f"with group {group} takes {in_channels}")

@@ -151,6 +151,7 @@ def test_conv_and_softmax_on_empty_tensors_give_empty_constants():
     ("ConvTranspose", (4, 2, 3, 3), None, 1, "input [1, 8, 5, 5] has 8 channels; weight [4, 2, 3, 3] with group 1 "
                                              "takes 4"),
     ("ConvTranspose", (8, 2, 3, 3), 2, 2, "bias [2] is not one value per output channel (4)"),
+    ("ConvTranspose", (8, 2, 3, 3), None, 3, "weight [8, 2, 3, 3] has 8 input channels, not a multiple of group 3"),
 ])
 def test_a_conv_weight_or_bias_that_does_not_fit_its_input_is_one_line_naming_the_node(op, weight, bias, group, says):
     initializers = [("w", np.zeros(weight, np.float32))] + ([("b", np.zeros(bias, np.float32))] if bias else [])
