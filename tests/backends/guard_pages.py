@@ -13,8 +13,8 @@ import mmap
 import numpy as np
 
 PAGE = mmap.PAGESIZE
-# TVM takes a DLPack array without copying it only at this alignment, so an array `at="end"` ends up to
-# ALIGNMENT - 4 bytes before the guard page; the shapes the tests use are whole multiples of it.
+# TVM takes a DLPack array without copying it only at this alignment; an array `at="end"` must be a whole multiple of
+# it to end right at its guard page.
 ALIGNMENT = 64
 PROT_NONE = 0
 
@@ -24,6 +24,8 @@ class GuardedArray:
 
     def __init__(self, shape: tuple[int, ...], at: str):
         nbytes = int(np.prod(shape)) * 4
+        if nbytes % ALIGNMENT:
+            raise ValueError(f"{shape}: {nbytes} bytes, not a multiple of {ALIGNMENT}: it could not end at its guard")
         data_pages = -(-nbytes // PAGE)
         self._map = mmap.mmap(-1, (data_pages + 2) * PAGE)
         base = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
@@ -32,5 +34,5 @@ class GuardedArray:
         for page in (0, data_pages + 1):
             if libc.mprotect(base + page * PAGE, PAGE, PROT_NONE) != 0:
                 raise OSError(ctypes.get_errno(), "mprotect failed")
-        offset = PAGE if at == "start" else ((data_pages + 1) * PAGE - nbytes) // ALIGNMENT * ALIGNMENT
+        offset = PAGE if at == "start" else (data_pages + 1) * PAGE - nbytes
         self.array = np.frombuffer(self._map, np.float32, count=int(np.prod(shape)), offset=offset).reshape(shape)

@@ -27,8 +27,10 @@ def run_guarded(spec: KernelSpec, at: str) -> None:
     guarded = [GuardedArray(tuple(TensorType.parse(i.type).shape), at)
                for i in spec.inputs if i is not None and i.role == ARG]
     views = [mod.runtime.from_dlpack(g.array) for g in guarded]
-    for g in guarded:
+    for g, view in zip(guarded, views):
         g.array[...] = rng.standard_normal(g.array.shape)  # after from_dlpack: only a zero-copy view sees it
+        if not np.array_equal(view.numpy(), g.array):
+            raise RuntimeError("TVM copied a guarded array: the kernel would not read it against its guard page")
     outputs = [mod.runtime.tensor(np.zeros(TensorType.parse(t).shape, np.float32), mod.cpu()) for t in spec.outputs]
     executable.mod["main"](*views, *outputs)
 
