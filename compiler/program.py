@@ -335,8 +335,7 @@ class ProgramBuilder:
             return None
         return default_algorithm(node.op_type, dict(attrs), [v.type if v is not None else None for v in inputs],
                                  [v.const if v is not None else None for v in inputs], self.target.kind,
-                                 self._reads_blocks(node, inputs[0], outer),
-                                 outer.get(id(inputs[0]), inputs[0]).name in self.blocked)
+                                 self._reads_blocks(node, inputs[0], outer))
 
     def _reads_blocks(self, node: Node, value: Value, outer: Mapping[int, Value]) -> bool:
         """Whether every activation `value` is computed from inside `node`'s kernel (its fused group, when it is a
