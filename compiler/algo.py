@@ -350,7 +350,8 @@ def select(layers: Sequence[Layer], timing: Timing, mode: str, limit: int | None
 
 
 def weight_layouts(selection: Selection, default: Program, chosen: Program, builder: ProgramBuilder) -> dict:
-    """What the chosen algorithms store for each layer's weights, against the program without selection.
+    """What the chosen algorithms hold for each layer's weights at run time, against the program without selection
+    (a layout made at load, as Winograd's, is stored smaller: runtime/load_transforms.py).
 
     An algorithm may pack a weight its own way (`<weight>::packed<shape>`); a layer whose pieces run different
     algorithms stores one layout per algorithm. Per layer (node name → entry): each layout stored, the algorithms
@@ -441,7 +442,7 @@ def markdown(doc: dict) -> str:
     lines.append(f"Layers total: {1e3 * doc['total_seconds']:.3f} ms chosen ({doc['total_source']})"
                  + (f" vs {1e3 * base:.3f} ms ({doc['best_single_source']}) with the best single algorithm per layer "
                     f"({base / doc['total_seconds']:.2f}x)." if base else "."))
-    lines.append(f"Stored {weight_growth(doc['default_weight_bytes'], doc['weight_bytes'], doc['extra_layout_bytes'])}.")
+    lines.append(f"Held at run time: {weight_growth(doc['default_weight_bytes'], doc['weight_bytes'], doc['extra_layout_bytes'])}.")
     if "ilp" in doc:
         ilp = doc["ilp"]
         lines.append(f"ILP: objective {1e3 * ilp['objective_s']:.3f} ms, LP bound {1e3 * ilp['lp_bound_s']:.3f} ms, "

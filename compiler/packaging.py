@@ -30,10 +30,26 @@ def program_section(program: Program, memory, weights_file: str) -> dict[str, An
         "inputs": program.inputs,
         "outputs": program.outputs,
         "values": program.values,
-        "weights": {"file": weights_file, "names": sorted(program.weights)},
+        "weights": _weights_section(program, weights_file),
         "memory": {"alignment": memory.alignment, "arena_bytes": memory.arena_bytes, "offsets": memory.offsets},
         "instructions": program_to_json(program.instructions),
     }
+
+
+def _weights_section(program: Program, weights_file: str) -> dict[str, Any]:
+    """The weights file, the names it holds and, for those stored in their own form, how the loader transforms them."""
+    section: dict[str, Any] = {"file": weights_file, "names": sorted(program.weights)}
+    at_load = {name: entry for name, (entry, _) in sorted(program.at_load.items()) if name in program.weights}
+    if at_load:
+        section["at_load"] = at_load
+    return section
+
+
+def _stored_weights(program: Program) -> dict[str, np.ndarray]:
+    """The arrays the weights file holds: each weight as the kernels read it, or in its own form where it is
+    transformed at load."""
+    return {name: np.require(program.at_load[name][1] if name in program.at_load else array, requirements="C")
+            for name, array in program.weights.items()}
 
 
 def kernel_signatures(programs: Sequence[Program]) -> dict[str, list[str]]:
@@ -76,7 +92,7 @@ def write_artifact(root: Path, programs: Sequence[Program], memories: Sequence[A
         held = tuple(sorted((name, id(array)) for name, array in program.weights.items()))
         if held not in weight_files:
             weight_files[held] = "weights.npz" if not weight_files else f"weights_{worker}.npz"
-            np.savez(root / weight_files[held], **{name: np.require(a, requirements="C") for name, a in program.weights.items()})
+            np.savez(root / weight_files[held], **_stored_weights(program))
         sections.append(program_section(program, memory, weight_files[held]))
     plan: dict[str, Any] = {"format": FORMAT, "format_version": FORMAT_VERSION, "target": target, "workers": sections}
     plan.update(extra or {})

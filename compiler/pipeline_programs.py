@@ -407,7 +407,8 @@ def _stage_program(program: Program, sequence: list[Instruction], home: Mapping[
         values={name: program.values[_origin(name)] for name in sorted(used)},
         weights=weights, inputs=inputs, outputs=outputs, unsupported=[],
         init_values=[name for name in program.init_values if name in used], blocked=blocked,
-        state=[name for name in program.state if home.get(name) == stage])
+        state=[name for name in program.state if home.get(name) == stage],
+        at_load={name: program.at_load[name] for name in weights if name in program.at_load})
 
 
 def _dtype(program: Program) -> np.dtype:

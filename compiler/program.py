@@ -52,6 +52,9 @@ class Program:
     state: list[str] = field(default_factory=list)
     # The nodes (fused members included) whose products run in bf16 (precision "bf16"): name → op type.
     bf16_nodes: dict[str, str] = field(default_factory=dict)
+    # Weights the artifact stores in their own form, transformed at load (runtime/load_transforms.py): name → (the
+    # plan's entry, the stored array). `weights` holds them transformed, as the kernels read them.
+    at_load: dict[str, tuple[dict, np.ndarray]] = field(default_factory=dict)
 
 
 # A layer's configuration: (algorithm, micro-batch size) pieces, run in order over the batch.
@@ -86,6 +89,7 @@ class ProgramBuilder:
         self.kernels: dict[str, KernelSpec] = {}
         self.values: dict[str, str] = {}
         self.weights: dict[str, np.ndarray] = {}
+        self.at_load: dict[str, tuple[dict, np.ndarray]] = {}
         self.unsupported: dict[str, str] = {}
         # (node, algorithm) → its whole-batch spec: every micro-batch size resizes the same one (a Winograd weight
         # transform takes a good part of a second).
@@ -312,7 +316,7 @@ class ProgramBuilder:
             if value is None:
                 specs.append(None)
             elif packing is not None and index in packing.arrays:
-                packed = self._packed(value, packing.arrays[index])
+                packed = self._packed(value, packing.arrays[index], packing.at_load.get(index))
                 specs.append(KernelInput(packed.type.spec(), ARG))
                 source = locate(packed)
             elif index in static:
@@ -335,7 +339,8 @@ class ProgramBuilder:
             return None
         return default_algorithm(node.op_type, dict(attrs), [v.type if v is not None else None for v in inputs],
                                  [v.const if v is not None else None for v in inputs], self.target.kind,
-                                 self._reads_blocks(node, inputs[0], outer))
+                                 self._reads_blocks(node, inputs[0], outer),
+                                 outer.get(id(inputs[0]), inputs[0]).name in self.blocked)
 
     def _reads_blocks(self, node: Node, value: Value, outer: Mapping[int, Value]) -> bool:
         """Whether every activation `value` is computed from inside `node`'s kernel (its fused group, when it is a
@@ -355,9 +360,12 @@ class ProgramBuilder:
                 sources.append(current)
         return bool(sources) and all(source.name in self.blocked for source in sources)
 
-    def _packed(self, value: Value, array: np.ndarray) -> Value:
-        """A stand-in constant value for the packed copy of constant `value` (a weight once read)."""
+    def _packed(self, value: Value, array: np.ndarray, at_load: dict | None = None) -> Value:
+        """A stand-in constant value for the packed copy of constant `value` (a weight once read); with `at_load`
+        (a plan entry of runtime/load_transforms.py), the artifact stores `value` itself, transformed at load."""
         name = f"{value.name}{PACKED_SUFFIX}{'x'.join(map(str, array.shape))}"
+        if at_load is not None:
+            self.at_load[name] = (at_load, value.const)
         stand_in = Value(name, TensorType.of(array), value.graph)
         stand_in.const = array
         return stand_in
@@ -392,7 +400,7 @@ def build_program(graph: Graph, target, device: int | None = None, placement: Ma
     instructions, init_values = _marked_init(instructions, builder.weights)
     unsupported = [f"{op} (first node '{name}')" for op, name in builder.unsupported.items()]
     return Program(instructions, builder.kernels, builder.values, builder.weights, inputs, outputs, unsupported, init_values,
-                   _used(builder), bf16_nodes=builder.bf16_nodes)
+                   _used(builder), bf16_nodes=builder.bf16_nodes, at_load=builder.at_load)
 
 
 def selection_builder(graph: Graph, target, precision: str = "fp32") -> ProgramBuilder:
@@ -419,7 +427,7 @@ def stage_program(graph: Graph, target, nodes: set[str], inputs: list[Value], ou
     instructions, init_values = _marked_init(instructions, builder.weights)
     unsupported = [f"{op} (first node '{name}')" for op, name in builder.unsupported.items()]
     return Program(instructions, builder.kernels, builder.values, builder.weights, program_inputs, program_outputs,
-                   unsupported, init_values, _used(builder), bf16_nodes=builder.bf16_nodes)
+                   unsupported, init_values, _used(builder), bf16_nodes=builder.bf16_nodes, at_load=builder.at_load)
 
 
 def renamed_program(program: Program, names: Mapping[str, str]) -> Program:
@@ -430,7 +438,7 @@ def renamed_program(program: Program, names: Mapping[str, str]) -> Program:
     return Program([i.renamed(names) for i in program.instructions], program.kernels,
                    {rename(n): spec for n, spec in program.values.items()}, program.weights,
                    [rename(n) for n in program.inputs], [rename(n) for n in program.outputs], program.unsupported,
-                   program.init_values, {rename(n): b for n, b in program.blocked.items()})
+                   program.init_values, {rename(n): b for n, b in program.blocked.items()}, at_load=program.at_load)
 
 
 def joined_programs(first: Program, second: Program, inputs: list[str], outputs: list[str]) -> Program:
@@ -442,7 +450,7 @@ def joined_programs(first: Program, second: Program, inputs: list[str], outputs:
     return Program(first.instructions + second.instructions, {**first.kernels, **second.kernels},
                    {**first.values, **second.values}, {**first.weights, **second.weights}, inputs, outputs,
                    first.unsupported + second.unsupported, first.init_values + second.init_values,
-                   {**first.blocked, **second.blocked})
+                   {**first.blocked, **second.blocked}, at_load={**first.at_load, **second.at_load})
 
 
 def _viewed_values(values: Sequence[Value]) -> set[str]:

@@ -189,7 +189,7 @@ def _replica_program(head: Program, tail: Program | None, graph: Graph, leaving:
     whole = {v.name: v.type.spec() for v in [*graph.inputs, *leaving]} if root else {}
     program = Program(scatters + body.instructions + gathers, body.kernels, {**body.values, **whole}, body.weights,
                       [v.name for v in graph.inputs] if root else [], [v.name for v in leaving] if root else [],
-                      body.unsupported, body.init_values, body.blocked)
+                      body.unsupported, body.init_values, body.blocked, at_load=body.at_load)
     if tail is None or not root:
         return program
     return joined_programs(program, tail, inputs=program.inputs, outputs=tail.outputs)

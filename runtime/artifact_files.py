@@ -194,12 +194,14 @@ def check_weights(path: Path, section: dict[str, Any]) -> None:
         raise ArtifactError(f"{path}: not a readable weights archive ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
                             "recompile the model") from None
     total = 0
+    at_load = section["weights"].get("at_load", {})
     for name in section["weights"]["names"]:
-        want = TensorType.parse(section["values"][name])
+        # A weight transformed at load is stored in its own form (runtime/load_transforms.py) and held transformed.
+        total += TensorType.parse(section["values"][name]).nbytes
+        want = TensorType.parse(at_load[name]["stored"] if name in at_load else section["values"][name])
         if headers.get(name) != (want.shape, numpy_dtype(want.dtype)):
             have = "no such array" if name not in headers else f"{headers[name][1]}{list(headers[name][0])}"
             raise ArtifactError(f"{path}: weight '{name}' is {have}, the plan declares {want.spec()}; recompile the model")
-        total += want.nbytes
     ram = physical_memory()
     if ram is not None and total > ram:
         raise ArtifactError(f"{path}: weights need {total} bytes but this machine has {ram} bytes of memory")

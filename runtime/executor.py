@@ -40,6 +40,7 @@ from .graph_names import member_name
 from .held_sends import HeldSends, held_send_names, wait_points
 from .instructions import (AllReduce, Assign, Fail, Gather, If, Instruction, KernelCall, Recv, Scatter, Send, View,
                            kernel_keys, program_from_json, reads_within, walk)
+from .load_transforms import transformed
 from .memory import HostMemory
 from .native_host import NOT_CONTIGUOUS, BoundInput, BoundOutput, NativeHost, native_able
 from .numpy_abi import layout_holds
@@ -171,8 +172,12 @@ class Executor:
         path = self.directory / self.plan["weights"]["file"]
         try:
             with np.load(path, allow_pickle=False) as weights:
+                at_load = self.plan["weights"].get("at_load", {})
                 for name in self.plan["weights"]["names"]:
-                    self._buffers[name] = self._memory.weight(weights[name])
+                    array = weights[name]
+                    if name in at_load:  # stored in its own form (runtime/load_transforms.py)
+                        array = transformed(at_load[name], array)
+                    self._buffers[name] = self._memory.weight(array)
         except (OSError, ValueError, KeyError) as exc:
             raise ArtifactError(f"{path}: cannot read weights ({exc})") from exc
 

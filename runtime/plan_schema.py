@@ -32,6 +32,7 @@ from .errors import ArtifactError
 from .instructions import (Assign, BufferUse, Fail, Gather, If, Instruction, KernelCall, ProgramFormatError, Recv,
                            Scatter, Send, View, buffer_uses, json_type_name, program_from_json, reads_within,
                            sent_values, walk)
+from .load_transforms import entry_problem
 
 # No tensor or arena of a real model comes near 256 TiB; anything larger is damage, not a plan.
 MAX_BYTES = 1 << 48
@@ -234,6 +235,8 @@ def _check_worker(section: dict, where: str, kernels: Mapping, rank: int, worker
     weights = _dict(_field(section, "weights", where), f"{where}.weights")
     plain_relative_path(_field(weights, "file", f"{where}.weights"), f"{where}.weights.file")
     weight_names = _names(_field(weights, "names", f"{where}.weights"), f"{where}.weights.names", types)
+    _check_at_load(_dict(weights.get("at_load", {}), f"{where}.weights.at_load"), f"{where}.weights.at_load",
+                   weight_names, types)
     instructions = parsed_instructions(section, where)
     _check_instructions(instructions, f"{where}.instructions", types, kernels, rank, workers)
     _check_assigns(instructions, f"{where}.instructions", types, state)
@@ -245,6 +248,17 @@ def _check_worker(section: dict, where: str, kernels: Mapping, rank: int, worker
         if shared:
             raise _Invalid(f"{where}.{place}", f"'{shared[0]}' is persistent state, which lives apart")
     _check_arena(memory, f"{where}.memory", instructions, inputs, outputs, types)
+
+
+def _check_at_load(at_load: Mapping[str, Any], where: str, weight_names: list[str],
+                   types: Mapping[str, TensorType]) -> None:
+    """Every weight transformed at load is a weight of the section, its transform one the loader knows."""
+    for name, entry in at_load.items():
+        if name not in weight_names:
+            raise _Invalid(f"{where}['{name}']", "not one of the section's weights")
+        problem = entry_problem(entry, types[name])
+        if problem is not None:
+            raise _Invalid(f"{where}['{name}']", problem)
 
 
 def _check_instructions(instructions: list[Instruction], where: str, types: Mapping[str, TensorType],

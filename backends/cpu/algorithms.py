@@ -28,6 +28,7 @@ from tessel.ir.types import TensorType
 from ..kernel import ALGORITHM
 from .packing import conv_blocks, conv_kind, default_conv_algorithm, f32_conv_blocks, plan_packing, tile_axis
 from .winograd import applies as winograd_applies
+from .winograd_blocks import by_default as winograd_by_default
 
 # float32 lanes of an AVX-512 vector: a conv of fewer output channels has scalar packed tiles.
 F32_LANES = 16
@@ -78,14 +79,23 @@ def backward_algorithms(op_type: str, attrs: Mapping[str, Any], input_types: Seq
     return ("tiled", "generic") if tiled else ("generic",)
 
 
+def _out_width(attrs: Mapping[str, Any], x: TensorType) -> int:
+    """The output row width of a 3×3 stride-1 conv of `x` (its pads, as the importer makes them explicit)."""
+    pads = list(attrs.get("pads") or [0, 0, 0, 0])
+    return int(x.shape[-1]) + pads[1] + pads[3] - 2
+
+
 def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[TensorType | None],
-                      constants: Sequence[np.ndarray | None], target_kind: str, reads_blocks: bool) -> str | None:
+                      constants: Sequence[np.ndarray | None], target_kind: str, reads_blocks: bool,
+                      input_blocked: bool = False) -> str | None:
     """The algorithm an op runs when no selection chose one, where it is not the first of `algorithms`; else None.
 
-    Winograd on blocked inputs (winograd_blocks.py) is not a default: its transformed weights are 4× a 3×3 conv's,
-    which would make ResNet-18's artifact 1.16× its ONNX file (the limit is 1.1×); algorithm selection may choose it.
+    A 3×3 stride-1 conv whose input is itself an NCHW[16]c argument of its kernel (`input_blocked`: not computed
+    in the kernel, as a fused Concat of blocked parts is, which the blocked Winograd kernel does not read) runs
+    "winograd" (winograd_blocks.py: F(4×4, 3×3) on the blocks) where `winograd_blocks.by_default` says it measured
+    faster: wide rows, whole register tiles, at most 128 × 128 channels.
 
-    A conv whose input arrives in NCHW[16]c (`reads_blocks`: every activation it is computed from is kept
+    Any other conv whose input arrives in NCHW[16]c (`reads_blocks`: every activation it is computed from is kept
     blocked) runs "direct" where a register tile of CONV_TILE_CHOICES divides its output rows (in more than one tile
     when the conv pads): packing that input copies it whole (only adding the padding), and reading it in place costs
     little once the kernel's loops are cut where the padding and a fused Concat's parts start (packed_kernels.py):
@@ -104,6 +114,9 @@ def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Seque
     if op_type != "Conv" or target_kind != "llvm":
         return None
     choices = algorithms(op_type, attrs, input_types, constants, target_kind)
+    if input_blocked and "winograd" in choices and winograd_by_default(constants[1].shape, _out_width(attrs,
+                                                                                                      input_types[0])):
+        return "winograd"
     if "direct" not in choices:
         return None
     pointwise = (tuple(constants[1].shape[2:]) == (1, 1) and tuple(attrs.get("strides") or (1, 1)) == (1, 1)

@@ -8,7 +8,7 @@ node's constant inputs once; the kernel then receives the packed array.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -49,6 +49,9 @@ class Packing:
 
     attrs: tuple[tuple[str, Any], ...]
     arrays: Mapping[int, np.ndarray]
+    # Packed arrays the artifact stores as the constant itself, transformed at load: the plan's entry
+    # (runtime/load_transforms.py), by position. Winograd's are 4× a 3×3 weight's bytes.
+    at_load: Mapping[int, dict] = field(default_factory=dict)
 
 
 def _block(size: int, preferred: int = 16) -> int:
@@ -260,9 +263,9 @@ def plan_packing(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[T
         return _plan_grouped_packing(attrs, attrs.get(ALGORITHM, default_conv_algorithm(kind)), input_types[0],
                                      constants[1])
     if algorithm == "winograd" and constants[1] is not None and constants[1].ndim == 4:
-        from .winograd import transform_weight
+        from .winograd import transform_weight, weight_at_load
 
-        return Packing((), {1: transform_weight(constants[1])})
+        return Packing((), {1: transform_weight(constants[1])}, {1: weight_at_load(constants[1])})
     if algorithm not in ("nchwc", "direct", "packed"):
         return None
     if not input_types or input_types[0] is None or input_types[0].dtype != "float32":

@@ -1,7 +1,8 @@
 """Winograd F(m×m, 3×3) convolution for 3×3, stride-1 convs: fewer multiplies, more workspace.
 
-Weights are transformed at compile time, U = G·g·Gᵀ as (α, α, C, K) with
-α = m + 2. Per run: input tiles are gathered and transformed (V = Bᵀ·d·B, two
+Weights are transformed to U = G·g·Gᵀ as (α, α, C, K) with α = m + 2, at load
+(runtime/load_transforms.py: the artifact stores the 3×3 weight, a quarter of the
+bytes). Per run: input tiles are gathered and transformed (V = Bᵀ·d·B, two
 passes with the constants folded into the code), a
 batched GEMM over the channels makes M = U·V for each of the α² points, and the
 inverse transform (Aᵀ·M·A, two passes) writes the output with its epilogue.
@@ -14,6 +15,8 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+
+from tessel.runtime.load_transforms import winograd_entry, winograd_weight
 
 from ..lowering.context import LowerContext, SelfScheduled
 from ..tvm_env import tvm
@@ -36,8 +39,12 @@ def transform_matrices(tile: int = TILE) -> tuple[np.ndarray, np.ndarray, np.nda
 
 def transform_weight(weight: np.ndarray, tile: int = TILE) -> np.ndarray:
     """(K, C, 3, 3) → U = G·g·Gᵀ laid out (α, α, C, K), float32."""
-    _, _, g = transform_matrices(tile)
-    return np.ascontiguousarray(np.einsum("ea,kcab,nb->enck", g, weight.astype(np.float64), g).astype(np.float32))
+    return winograd_weight(weight, transform_matrices(tile)[2])
+
+
+def weight_at_load(weight: np.ndarray, tile: int = TILE) -> dict:
+    """The plan's entry that makes `transform_weight(weight, tile)` at load from `weight` itself."""
+    return winograd_entry(weight, transform_matrices(tile)[2])
 
 
 def applies(kernel: tuple[int, int], strides, dilations) -> bool:

@@ -5,7 +5,7 @@ The kernel runs one row of output tiles (m output rows, the whole width) at a ti
   written (α, α, C/16, tiles, 16);
 - per point (e, ν) of the α × α transformed tile, the product M = V·U over the input channels as register tiles
   of up to 14 tiles × two 16-channel vectors (28 accumulators, as packing.f32_conv_blocks' direct tiles), U the
-  weights transformed at compile time (winograd.transform_weight's (α, α, C, K));
+  weights transformed at load (winograd.transform_weight's (α, α, C, K); the artifact stores the 3×3 weight);
 - the output transform Aᵀ·M·A, with the conv's epilogue (bias and whatever elementwise ops were fused after
   it: a residual add, a ReLU), written straight to the output (NCHW[16]c when the result is kept blocked).
 A row's V and M stay in L2 between the steps (at 56 × 56 × 64 channels with F(4×4): 129 KB each), where the
@@ -16,7 +16,7 @@ from __future__ import annotations
 from ..lowering.context import LowerContext, SelfScheduled
 from ..tvm_env import tvm
 from .schedule import MIN_PARALLEL_WORK, reads_blocks, try_step, writes_blocks
-from .winograd import combine, transform_matrices
+from .winograd import TILE, combine, transform_matrices
 
 _tvm = tvm()
 te, tir = _tvm.te, _tvm.tirx
@@ -25,6 +25,13 @@ LANES = 16
 # Accumulators of a product's register tile: 28 of the 32 zmm registers (the rest hold the weights), as
 # packed_kernels.TILE_ACCUMULATORS.
 TILE_ACCUMULATORS = 28
+# Where a blocked conv runs Winograd by default (`by_default`): rows of at least this many pixels (4 tiles of F(4×4)),
+MIN_DEFAULT_WIDTH = 16
+# register tiles of at least this many accumulators (a row of 19 tiles has no divisor but 1 and 19: tiles of one
+# tile, 2 accumulators; the measured ones have 10 to 28)...
+MIN_DEFAULT_ACCUMULATORS = 4
+# ...and at most this many input × output channels (transformed weights of 2.4 MB, read again for every tile row).
+MAX_DEFAULT_CHANNEL_PRODUCT = 128 * 128
 # Fewer tile rows than this, and an odd number, run as two halves of the output channels each.
 ODD_ROWS_SPLIT = 16
 
@@ -156,3 +163,25 @@ def _schedule_product(sch, gemm, alpha: int, kb: int, tiles_w: int, cb: int, pai
     sch.vectorize(loops["kl"])
     try_step(lambda: sch.vectorize(sch.get_loops(tile_out)[-1]))
     sch.decompose_reduction(gemm, loops["rc"] if loops["rc"] is not None else loops["rl"])
+
+
+def by_default(weight_shape, out_width: int) -> bool:
+    """Whether a 3×3 stride-1 conv whose input arrives blocked runs Winograd when no selection chose: whole
+    16-channel blocks in and out, output rows of at least MIN_DEFAULT_WIDTH pixels whose tiles make register tiles of
+    MIN_DEFAULT_ACCUMULATORS or more, at most MAX_DEFAULT_CHANNEL_PRODUCT input × output channels (measured: 128 ×
+    128 and fewer of each; a product within it of more of one, as 256 × 64, was not).
+
+    Measured per kernel inside the whole program (min of 300-450 runs, 2 cores): faster on every such conv of
+    ResNet-18 (56² × 64 channels: 0.455 → 0.18 ms; 28² × 128: 0.45 → 0.22, its 7 tile rows in halves) and
+    YOLOv8n-320 (80² × 16: 0.075 → 0.048; 40² × 32: 0.066 → 0.031; 40² × 64: 0.245 → 0.091; 20² × 64: 0.072 →
+    0.045-0.051); slower on the narrower ones: 14² × 256 (0.49 → 0.53: 9.4 MB of transformed weights read for each
+    of 4 tile rows), 7² × 512 (0.56 → 1.45), YOLOv8n's 10² × 128 (0.085 → 0.135: 3 tile rows, padded from 10 to 12
+    pixels).
+    """
+    out_channels, in_channels = weight_shape[:2]
+    if out_channels % LANES or in_channels % LANES or out_width < MIN_DEFAULT_WIDTH:
+        return False
+    vectors = 2 if (out_channels // LANES) % 2 == 0 else 1  # as conv_winograd_blocks' `pair`
+    tiles_w = -(-out_width // TILE)  # the output tile of winograd.transform_weight's default, as the packing makes
+    return (tile_pixels(tiles_w, vectors) * vectors >= MIN_DEFAULT_ACCUMULATORS
+            and in_channels * out_channels <= MAX_DEFAULT_CHANNEL_PRODUCT)
