@@ -243,7 +243,8 @@ def _model_gflop(model) -> float | None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("models", nargs="*", help="corpus model names (default: all non-negative, non-topology)")
+    parser.add_argument("models", nargs="*", help="corpus model names (default: every non-negative one, the "
+                                                   "model-zoo topologies included)")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--skip-tvm", action="store_true", help="do not measure TVM's own pipeline")
     parser.add_argument("--skip-unfused", action="store_true", help="do not measure Tessel without fusion")
@@ -264,7 +265,7 @@ def main(argv=None) -> int:
         kind, name = args.worker
         print(json.dumps(MEASURES[kind](corpus[name], args.runs)))
         return 0
-    names = args.models or [m.name for m in corpus.values() if not m.negative and not m.topology]
+    names = args.models or [m.name for m in corpus.values() if not m.negative]
     unknown = [name for name in names if name not in corpus]
     if unknown:
         print(f"latency.py: error: not in the corpus: {', '.join(unknown)}", file=sys.stderr)
