@@ -22,8 +22,12 @@ WINOGRAD = "winograd"
 
 def winograd_weight(weight: np.ndarray, matrix: np.ndarray) -> np.ndarray:
     """(K, C, 3, 3) → U = G·g·Gᵀ laid out (α, α, C, K), float32, computed in float64 (G is `matrix`, α × 3)."""
-    product = np.einsum("ea,kcab,nb->enck", matrix, weight.astype(np.float64), matrix)
-    return np.ascontiguousarray(product.astype(np.float32))
+    # One product: U[e, ν] = Σ_ab G[e, a]·G[ν, b]·g[a, b] is (G ⊗ G)·vec(g), row e·α + ν, column a·3 + b (a
+    # 3-operand einsum loops over every index at once: 60 ms for 128 × 128 channels, against under 1 ms).
+    k, c = weight.shape[:2]
+    alpha = matrix.shape[0]
+    points = np.kron(matrix, matrix) @ weight.astype(np.float64).reshape(k * c, 9).T  # (α², K·C)
+    return np.ascontiguousarray(points.reshape(alpha, alpha, k, c).transpose(0, 1, 3, 2).astype(np.float32))
 
 
 def winograd_entry(weight: np.ndarray, matrix: np.ndarray) -> dict[str, Any]:
