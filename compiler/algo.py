@@ -354,8 +354,8 @@ def weight_layouts(selection: Selection, default: Program, chosen: Program, buil
     (a layout made at load, as Winograd's, is stored smaller: runtime/load_transforms.py).
 
     An algorithm may pack a weight its own way (`<weight>::packed<shape>`); a layer whose pieces run different
-    algorithms stores one layout per algorithm. Per layer (node name → entry): each layout stored, the algorithms
-    reading it, its bytes and whether it is extra (the program without selection does not store it); the bytes
+    algorithms holds one layout per algorithm. Per layer (node name → entry): each layout held, the algorithms
+    reading it, its bytes and whether it is extra (the program without selection does not hold it); the bytes
     of the extra layouts and the layer's weight bytes with and without selection.
     """
     layouts = {}
@@ -366,11 +366,11 @@ def weight_layouts(selection: Selection, default: Program, chosen: Program, buil
             for name in builder.candidate(layer.node, algorithm, size)[1]:
                 readers.setdefault(name, set()).add(algorithm)
 
-        def stored(program: Program) -> dict[str, int]:
+        def held(program: Program) -> dict[str, int]:
             return {name: int(array.nbytes) for name, array in program.weights.items()
                     if name.split(PACKED_SUFFIX)[0] in bases}
 
-        mine, before = stored(chosen), stored(default)
+        mine, before = held(chosen), held(default)
         rows = [{"name": name, "algorithms": sorted(readers.get(name, ())), "bytes": size, "extra": name not in before}
                 for name, size in sorted(mine.items())]
         layouts[layer.node.name] = {"layouts": rows,
@@ -381,7 +381,7 @@ def weight_layouts(selection: Selection, default: Program, chosen: Program, buil
 
 def report(selection: Selection, timing: Timing, default: Program, chosen: Program, builder: ProgramBuilder) -> dict:
     """reports/algo.json: per layer the choice, its time and workspace, the baseline, where the numbers came from,
-    and the weight layouts it stores (`weight_layouts`); in total, the weight bytes with and without selection."""
+    and the weight layouts it holds (`weight_layouts`); in total, the weight bytes with and without selection."""
     weights = weight_layouts(selection, default, chosen, builder)
     rows = []
     for layer in selection.layers:
@@ -442,7 +442,8 @@ def markdown(doc: dict) -> str:
     lines.append(f"Layers total: {1e3 * doc['total_seconds']:.3f} ms chosen ({doc['total_source']})"
                  + (f" vs {1e3 * base:.3f} ms ({doc['best_single_source']}) with the best single algorithm per layer "
                     f"({base / doc['total_seconds']:.2f}x)." if base else "."))
-    lines.append(f"Held at run time: {weight_growth(doc['default_weight_bytes'], doc['weight_bytes'], doc['extra_layout_bytes'])}.")
+    growth = weight_growth(doc['default_weight_bytes'], doc['weight_bytes'], doc['extra_layout_bytes'])
+    lines.append(f"Held at run time: {growth}.")
     if "ilp" in doc:
         ilp = doc["ilp"]
         lines.append(f"ILP: objective {1e3 * ilp['objective_s']:.3f} ms, LP bound {1e3 * ilp['lp_bound_s']:.3f} ms, "
@@ -469,7 +470,7 @@ def _candidates_text(profiling: dict) -> str:
 
 def _extra_layouts(weights: dict) -> str:
     """A table cell: each extra layout's algorithms and bytes, and the layer's weight bytes without and with
-    selection (a layout the selection replaced is no longer stored); '-' for none."""
+    selection (a layout the selection replaced is no longer held); '-' for none."""
     extra = [f"{'+'.join(r['algorithms']) or '?'} {format_bytes(r['bytes'])}" for r in weights["layouts"] if r["extra"]]
     if not extra:
         return "-"

@@ -89,7 +89,8 @@ def write_artifact(root: Path, programs: Sequence[Program], memories: Sequence[A
     weight_files: dict[tuple, str] = {}
     for worker, (program, memory) in enumerate(zip(programs, memories)):
         # Replicas hold the very same arrays: one file serves them all.
-        held = tuple(sorted((name, id(array)) for name, array in program.weights.items()))
+        made_at_load = tuple(sorted(name for name in program.at_load if name in program.weights))
+        held = (tuple(sorted((name, id(array)) for name, array in program.weights.items())), made_at_load)
         if held not in weight_files:
             weight_files[held] = "weights.npz" if not weight_files else f"weights_{worker}.npz"
             np.savez(root / weight_files[held], **_stored_weights(program))

@@ -91,8 +91,8 @@ class ProgramBuilder:
         self.weights: dict[str, np.ndarray] = {}
         self.at_load: dict[str, tuple[dict, np.ndarray]] = {}
         self.unsupported: dict[str, str] = {}
-        # (node, algorithm) → its whole-batch spec: every micro-batch size resizes the same one (a Winograd weight
-        # transform takes a good part of a second).
+        # (node, algorithm) → its whole-batch spec: every micro-batch size resizes the same one (packing its
+        # weights once).
         self._candidates: dict[tuple[int, str], tuple[Node, tuple[KernelSpec, list[str]] | None]] = {}
         # The model inputs and the views of them, and the values the model outputs are (views of): the caller's
         # arrays and the run's fresh output arrays, which the runtime reads and writes in place when they are as

@@ -41,8 +41,8 @@ def link_text(link: Mapping[str, Any]) -> str:
 
 def weight_growth(before: int, after: int, extra: int) -> str:
     """'weights 44.6 MiB -> 150.9 MiB (+106.3 MiB; the chosen algorithms' own layouts take 110.0 MiB)': the weights
-    held at run time without and with algorithm selection, and the bytes of the layouts only the chosen algorithms read (some
-    replace a default layout, so the growth can be smaller)."""
+    held at run time without and with algorithm selection, and the bytes of the layouts only the chosen algorithms
+    read (some replace a default layout, so the growth can be smaller)."""
     if not extra and after == before:
         return f"weights {format_bytes(after)} (no extra layouts)"
     sign = "+" if after >= before else "-"

@@ -15,53 +15,57 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from tessel.backends.cpu.winograd_weights import WINOGRAD, winograd_weight
 from tessel.ir.types import TensorType
 
-WINOGRAD = "winograd"
+# The transformed tile's points per side: the kernels run F(4×4, 3×3) (backends/cpu/winograd.py TILE + 2). A plan's
+# matrix of any other size is refused: it also bounds what the loader computes.
+WINOGRAD_POINTS = 6
+# Integers a plan's matrix may hold exactly as float64 (a larger one is no Winograd coefficient).
+_EXACT_INTEGERS = 1 << 53
 
 
-def winograd_weight(weight: np.ndarray, matrix: np.ndarray) -> np.ndarray:
-    """(K, C, 3, 3) → U = G·g·Gᵀ laid out (α, α, C, K), float32, computed in float64 (G is `matrix`, α × 3)."""
-    # One product: U[e, ν] = Σ_ab G[e, a]·G[ν, b]·g[a, b] is (G ⊗ G)·vec(g), row e·α + ν, column a·3 + b (a
-    # 3-operand einsum loops over every index at once: 60 ms for 128 × 128 channels, against under 1 ms).
-    k, c = weight.shape[:2]
-    alpha = matrix.shape[0]
-    points = np.kron(matrix, matrix) @ weight.astype(np.float64).reshape(k * c, 9).T  # (α², K·C)
-    return np.ascontiguousarray(points.reshape(alpha, alpha, k, c).transpose(0, 1, 3, 2).astype(np.float32))
-
-
-def winograd_entry(weight: np.ndarray, matrix: np.ndarray) -> dict[str, Any]:
-    """The plan's at_load entry for the Winograd transform of `weight` by `matrix`."""
-    return {"transform": WINOGRAD, "stored": TensorType.of(weight).spec(),
-            "matrix": [[float(v) for v in row] for row in np.asarray(matrix, np.float64)]}
-
-
-def transformed(entry: Mapping[str, Any], stored: np.ndarray) -> np.ndarray:
-    """The weight the kernels read, made from the `stored` array as `entry` says (checked by `entry_problem`)."""
+def _winograd_from_entry(entry: Mapping[str, Any], stored: np.ndarray) -> np.ndarray:
     return winograd_weight(stored, np.asarray(entry["matrix"], np.float64))
 
 
-def entry_problem(entry: Any, transformed_type: TensorType) -> str | None:
-    """What is wrong with an at_load entry for a weight the kernels read as `transformed_type`, or None."""
-    if not isinstance(entry, dict) or entry.get("transform") != WINOGRAD:
-        return f"the only transform at load is '{WINOGRAD}'"
+def _winograd_problem(entry: Mapping[str, Any], transformed_type: TensorType) -> str | None:
     matrix = entry.get("matrix")
-    if (not isinstance(matrix, list) or not matrix
+    if (not isinstance(matrix, list) or len(matrix) != WINOGRAD_POINTS
             or not all(isinstance(row, list) and len(row) == 3 and all(_finite(v) for v in row) for row in matrix)):
-        return "its matrix must be rows of 3 finite numbers"
+        return f"its matrix must be {WINOGRAD_POINTS} rows of 3 finite numbers (F(4×4, 3×3))"
     try:
         stored = TensorType.parse(str(entry.get("stored")))
     except (ValueError, OverflowError):
         return f"its stored type '{entry.get('stored')}' is not a tensor type"
-    alpha = len(matrix)
     if stored.dtype != "float32" or len(stored.shape) != 4 or tuple(stored.shape[2:]) != (3, 3):
         return f"it stores {stored.spec()}, not a float32 3×3 conv weight"
     k, c = stored.shape[:2]
-    want = TensorType("float32", (alpha, alpha, c, k))
+    want = TensorType("float32", (WINOGRAD_POINTS, WINOGRAD_POINTS, c, k))
     if transformed_type != want:
         return f"{stored.spec()} transforms to {want.spec()}, the plan declares {transformed_type.spec()}"
     return None
 
 
+# Each transform the loader knows: (make the weight the kernels read from the stored one, what is wrong with an entry).
+TRANSFORMS = {WINOGRAD: (_winograd_from_entry, _winograd_problem)}
+
+
+def transformed(entry: Mapping[str, Any], stored: np.ndarray) -> np.ndarray:
+    """The weight the kernels read, made from the `stored` array as `entry` says (checked by `entry_problem`)."""
+    make, _ = TRANSFORMS[entry["transform"]]
+    return make(entry, stored)
+
+
+def entry_problem(entry: Any, transformed_type: TensorType) -> str | None:
+    """What is wrong with an at_load entry for a weight the kernels read as `transformed_type`, or None."""
+    if not isinstance(entry, dict) or entry.get("transform") not in TRANSFORMS:
+        return f"the transforms at load are {', '.join(repr(name) for name in TRANSFORMS)}"
+    _, problem = TRANSFORMS[entry["transform"]]
+    return problem(entry, transformed_type)
+
+
 def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(value) < _EXACT_INTEGERS if isinstance(value, int) else math.isfinite(value)

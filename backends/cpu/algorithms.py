@@ -80,8 +80,11 @@ def backward_algorithms(op_type: str, attrs: Mapping[str, Any], input_types: Seq
 
 
 def _out_width(attrs: Mapping[str, Any], x: TensorType) -> int:
-    """The output row width of a 3×3 stride-1 conv of `x` (its pads, as the importer makes them explicit)."""
-    pads = list(attrs.get("pads") or [0, 0, 0, 0])
+    """The output row width of a 3×3 stride-1 conv of `x`: its explicit pads, or its `auto_pad` (SAME keeps it)."""
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        return int(x.shape[-1])
+    pads = list(attrs.get("pads") or [0, 0, 0, 0]) if auto_pad == "NOTSET" else [0, 0, 0, 0]
     return int(x.shape[-1]) + pads[1] + pads[3] - 2
 
 

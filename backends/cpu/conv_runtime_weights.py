@@ -1,7 +1,7 @@
 """A dense 2-D Conv whose weights are known only at run time (a training step's parameters) on CPU.
 
-The packed algorithms (packed_kernels.py, im2col.py, winograd.py) prepare constant weights at compile time; a
-parameter changes every step. This kernel transposes the weights channels-last inside the kernel (small next
+The packed algorithms (packed_kernels.py, im2col.py, winograd.py) prepare constant weights at compile time (or at
+load); a parameter changes every step. This kernel transposes the weights channels-last inside the kernel (small next
 to the conv) and runs the conv as the register-tiled product of the backward convs (broadcast_tiles.py):
 
     G[p, o] = Σ_{c, r, s} x_padded[n, c, i·sh + r·dh, k·sw + s·dw] · Wt[c, r, s, o],  p = (n, i, k)

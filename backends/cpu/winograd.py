@@ -16,12 +16,11 @@ import functools
 
 import numpy as np
 
-from tessel.runtime.load_transforms import winograd_entry, winograd_weight
-
 from ..lowering.context import LowerContext, SelfScheduled
 from ..tvm_env import tvm
 from .gemm_tile import PIXELS, ROW_CHOICES, tiled_gemm
 from .schedule import MIN_PARALLEL_WORK, schedule_rows
+from .winograd_weights import winograd_entry, winograd_weight
 
 _tvm = tvm()
 te, tir = _tvm.te, _tvm.tirx

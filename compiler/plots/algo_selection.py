@@ -57,7 +57,7 @@ def _totals(ax, doc: Mapping[str, Any]) -> None:
     ax.invert_yaxis()
     ax.set_xlim(0, max(seconds for _, seconds, *_ in rows) * 1e3 * 1.4 or 1)
     ax.set_xlabel("sum over the layers (ms)")
-    ax.set_title(f"total; weights stored {format_bytes(doc['weight_bytes'])} "
+    ax.set_title(f"total; weights held {format_bytes(doc['weight_bytes'])} "
                  f"({format_bytes(doc['default_weight_bytes'])} without selection, extra layouts "
                  f"{format_bytes(doc['extra_layout_bytes'])})", loc="left")
 

@@ -75,6 +75,10 @@ def test_winograd_is_the_default_only_where_it_measured_faster():
     assert _choice(16, 32, 57, width=75) != "winograd" and _choice(16, 32, 57, width=80) == "winograd"
     x = TensorType("float32", (1, 64, 56, 56))
     assert default_algorithm("Conv", {}, [x], [None, np.ones((64, 64, 3, 3), np.float32)], "cuda", True) is None
+    # SAME padding keeps 16-pixel rows 16 pixels wide; VALID makes them 14: too narrow, one direct tile.
+    x16, weight = TensorType("float32", (1, 64, 16, 16)), np.ones((64, 64, 3, 3), np.float32)
+    assert [default_algorithm("Conv", {"auto_pad": pad}, [x16, None], [None, weight], "llvm", True, True)
+            for pad in ("SAME_UPPER", "VALID")] == ["winograd", "direct"]
     # In a program: b, c and d read blocked values and run Winograd; the values between them stay blocked.
     graph, _ = run_pipeline(ir.from_onnx(block_model(1, 16, 32, 32)), select_passes([]))
     program = build_program(graph, LLVM)

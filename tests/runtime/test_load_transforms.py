@@ -33,16 +33,27 @@ def test_the_loaders_transform_is_the_compilers_through_the_plans_json():
     assert np.array_equal(transformed(entry, WEIGHT), transform_weight(WEIGHT))
 
 
+def test_the_transform_is_g_times_each_kernel_times_g_transposed():
+    g = transform_matrices()[2]
+    u = transform_weight(WEIGHT)
+    for k, c in [(0, 0), (31, 15), (7, 9)]:
+        np.testing.assert_allclose(u[:, :, c, k], g @ WEIGHT[k, c].astype(np.float64) @ g.T, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("change, expected", [
-    (lambda e: e.update(transform="im2col"), "the only transform at load is 'winograd'"),
+    (lambda e: e.update(transform="im2col"), "the transforms at load are 'winograd'"),
     (lambda e: e["matrix"][0].__setitem__(1, float("nan")), "finite numbers"),
-    (lambda e: e["matrix"][0].pop(), "rows of 3"),
-    (lambda e: e.update(matrix=[]), "rows of 3"),
+    (lambda e: e["matrix"][0].__setitem__(1, 10 ** 400), "finite numbers"),
+    (lambda e: e["matrix"][0].__setitem__(1, True), "finite numbers"),
+    (lambda e: e["matrix"][0].pop(), "6 rows of 3"),
+    (lambda e: e.update(matrix=[]), "6 rows of 3"),
+    (lambda e: e.update(matrix=e["matrix"][:4]), "6 rows of 3"),
+    (lambda e: e.update(matrix=e["matrix"] * 3000), "6 rows of 3"),
     (lambda e: e.update(stored="float32[32,16,5,5]"), "not a float32 3×3 conv weight"),
     (lambda e: e.update(stored="float32[32,16"), "not a tensor type"),
     (lambda e: e.update(stored="float32[16,16,3,3]"), "the plan declares float32[6,6,16,32]"),
-    (lambda e: e.update(matrix=e["matrix"][:4]), "the plan declares float32[6,6,16,32]"),
-], ids=["transform", "nan", "short-row", "no-rows", "not-3x3", "bad-type", "other-channels", "other-points"])
+], ids=["transform", "nan", "huge-integer", "bool", "short-row", "no-rows", "4-points", "18000-points", "not-3x3",
+        "bad-type", "other-channels"])
 def test_a_damaged_entry_is_named(change, expected):
     entry = weight_at_load(WEIGHT)
     change(entry)
@@ -108,3 +119,27 @@ def test_a_damaged_transform_at_load_is_refused_with_one_line(compiled, tmp_path
 
 def test_the_matrix_is_winograd_f4x4s():
     assert np.array_equal(np.asarray(weight_at_load(WEIGHT)["matrix"]), transform_matrices()[2])
+
+
+@pytest.mark.parametrize("placement", ["pipeline", pytest.param("data", marks=pytest.mark.slow)])
+def test_each_worker_makes_its_own_winograd_weights_at_load(placement, tmp_path, kernel_cache):
+    # Three blocked Winograd convs after a 1 × 1 one, over two workers: each section lists the weights its own
+    # convs transform, its weights file holds them 3 × 3, and the workers' run equals onnxruntime's.
+    shapes = {"a": (32, 16, 1, 1), "b": (32, 32, 3, 3), "c": (32, 32, 3, 3), "d": (32, 32, 3, 3)}
+    weights = [(f"w{n}", (RNG.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32))
+               for n, s in shapes.items()]
+    names = list(shapes)
+    nodes = [helper.make_node("Conv", [source, f"w{n}"], [n], name=n, pads=[1, 1, 1, 1] if n != "a" else [0] * 4)
+             for source, n in zip(["x"] + names, names)]
+    onnx_model = model(nodes, [("x", F, [2, 16, 16, 16])], [("d", F, None)], weights)
+    directory = compile_model(onnx_model, devices=2, placement=placement, cache_dir=kernel_cache).save(tmp_path / "a")
+    plan = json.loads((directory / PLAN_FILE).read_text())
+    made = set()
+    for section in plan["workers"]:
+        at_load = section["weights"].get("at_load", {})
+        with np.load(directory / section["weights"]["file"], allow_pickle=False) as stored:
+            assert all(stored[name].shape == (32, 32, 3, 3) for name in at_load)
+        made |= {name.split(PACKED_SUFFIX)[0] for name in at_load}
+    assert made == {"wb", "wc", "wd"}
+    x = RNG.standard_normal((2, 16, 16, 16)).astype(np.float32)
+    assert_matches_onnxruntime(load(directory).run({"x": x}), run_onnxruntime(onnx_model, {"x": x}))
