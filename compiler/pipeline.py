@@ -16,6 +16,7 @@ from tessel.passes.cse import CSE
 from tessel.passes.dce import DCE
 from tessel.passes.fuse import FUSE, kernel_count
 from tessel.passes.one_hot_gather import ONE_HOT_GATHER
+from tessel.passes.pool_concat import POOL_CONCAT
 from tessel.passes.pool_taps import POOL_TAPS
 from tessel.passes.simplify import SIMPLIFY
 from tessel.passes.split_variadic import SPLIT_VARIADIC
@@ -23,9 +24,10 @@ from tessel.passes.split_variadic import SPLIT_VARIADIC
 # Variadic ops are split right after simplification, so no later pass or kernel sees thousands of inputs. A
 # training step's pools keep their taps before CSE and DCE, so recomputation (placed after them) plans the
 # step's real memory. Gemms stack after CSE, which makes one value of equal weights. One-hot products become gathers
-# once constant folding has made their class ranges constants.
-PIPELINE: tuple[Pass, ...] = (SIMPLIFY, SPLIT_VARIADIC, CONSTANT_FOLD, ONE_HOT_GATHER, POOL_TAPS, CSE, DCE, BATCH_GEMMS,
-                              FUSE)
+# once constant folding has made their class ranges constants. Pools move before a channel Concat after DCE (a
+# Concat something else reads stays whole) and before fusion, which would put the Concat inside the pool's kernel.
+PIPELINE: tuple[Pass, ...] = (SIMPLIFY, SPLIT_VARIADIC, CONSTANT_FOLD, ONE_HOT_GATHER, POOL_TAPS, CSE, DCE, POOL_CONCAT,
+                              BATCH_GEMMS, FUSE)
 PASS_NAMES = tuple(p.name for p in PIPELINE)
 
 

@@ -8,8 +8,8 @@ target-neutral rule (backends/lowering/) lowers it. Dense 2-D ConvTranspose and 
 convolutions) and a dense 2-D Conv left unpacked (its weights known only at run time: a training step's
 parameters) run as register-tiled products on CPU (conv_transpose.py, conv_grad_filter.py,
 conv_runtime_weights.py), and so does a Gemm with transA over tall operands (a weight gradient: tall_product.py).
-A 2-D float32 MaxPool runs separable on CPU (max_pool.py), and so does a training MaxPoolWithTaps, its taps found in
-the same pass (max_pool_taps.py). A float32 BatchStats reads x once (batch_stats.py).
+A 2-D float32 MaxPool runs separable on CPU (max_pool.py), and so do an AveragePool (average_pool.py) and a training
+MaxPoolWithTaps, its taps found in the same pass (max_pool_taps.py). A float32 BatchStats reads x once (batch_stats.py).
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from ..lowering.context import LowerContext
 from ..lowering.conv_transpose import conv_transpose
 from ..lowering.grad import RULES as GRAD_RULES, conv_grad_filter, window_of
 from ..lowering.nn import RULES as GENERIC_NN_RULES, conv_pads
+from .average_pool import applies as separable_average_pool_applies, average_pool_separable
 from .batch_stats import applies as one_read_stats_applies, batch_stats
 from .conv_grad_filter import applies as tiled_grad_filter_applies, conv_grad_filter_tiled
 from .conv_runtime_weights import applies as runtime_weights_applies, conv_runtime_weights
@@ -91,6 +92,12 @@ def _max_pool(ctx: LowerContext):
     return max_pool_separable(ctx)
 
 
+def _average_pool(ctx: LowerContext):
+    if not separable_average_pool_applies(ctx):
+        return GENERIC_NN_RULES["AveragePool"](ctx)
+    return average_pool_separable(ctx)
+
+
 def _max_pool_with_taps(ctx: LowerContext):
     if not one_pass_taps_applies(ctx):
         return GRAD_RULES["MaxPoolWithTaps"](ctx)
@@ -131,6 +138,8 @@ def variant_rule(op_type: str, attrs: Mapping[str, Any]) -> Callable | None:
         return _conv_transpose
     if op_type == "MaxPool":
         return _max_pool
+    if op_type == "AveragePool":
+        return _average_pool
     if op_type == "MaxPoolWithTaps":
         return _max_pool_with_taps
     if op_type == "BatchStats":

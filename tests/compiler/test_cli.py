@@ -122,7 +122,8 @@ def test_compile_then_run_with_check(tmp_path, tessel_cache, monkeypatch):
         onnx.checker.check_model(onnx.load(str(out / "reports" / f"after_{name}.onnx")), full_check=True)
     passes = json.loads((out / "reports" / "compile.json").read_text())["passes"]
     assert [p["name"] for p in passes] == ["simplify", "split_variadic", "constant_fold", "one_hot_gather",
-                                              "pool_taps", "cse", "dce", "batch_gemms", "fuse"]
+                                              "pool_taps", "cse", "dce", "pool_concat", "batch_gemms",
+                                              "fuse"]
     assert passes[-1]["kernels_after"] < passes[-1]["kernels_before"]
     inputs = tmp_path / "in.npz"
     import numpy as np

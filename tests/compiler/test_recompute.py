@@ -77,7 +77,7 @@ def test_pipeline_runs_recompute_after_cse_and_dce_and_before_fusion():
     budget = resident_bytes(step.graph, step.state) + int(0.9 * step.arena())
     passes = place_recompute(PIPELINE, recompute_pass(budget, persistent=step.state))
     assert [p.name for p in passes] == ["simplify", "split_variadic", "constant_fold", "one_hot_gather", "pool_taps",
-                                        "cse", "dce", "recompute", "batch_gemms", "fuse"]
+                                        "cse", "dce", "recompute", "pool_concat", "batch_gemms", "fuse"]
     graph, records = run_pipeline(step.graph, passes, verify=True)
     stats = records[passes.index(next(p for p in passes if p.name == "recompute"))].stats
     assert stats["nodes_copied"] > 0 and stats["peak_after_bytes"] < stats["peak_before_bytes"]
