@@ -10,6 +10,10 @@ The kernel runs one row of output tiles (m output rows, the whole width) at a ti
   it: a residual add, a ReLU), written straight to the output (NCHW[16]c when the result is kept blocked).
 A row's V and M stay in L2 between the steps (at 56 × 56 × 64 channels with F(4×4): 129 KB each), where the
 NCHW kernel (winograd.py) writes the whole V and M to memory and reads them back.
+Above 128 × 128 channels the transformed weights outgrow L2 (9.4 MB at 256 × 256), and reading them once per tile
+row cost more than the multiplies saved: those convs run their tile rows in groups (`row_groups`: each group's
+V and M up to 4 MB, in L3), every step of the kernel over a group's rows at once, so the weights are read once per
+group; their product tiles have 4 vectors where a row's tiles make too few accumulators (`product_vectors`).
 """
 from __future__ import annotations
 
@@ -30,10 +34,15 @@ MIN_DEFAULT_WIDTH = 16
 # register tiles of at least this many accumulators (a row of 19 tiles has no divisor but 1 and 19: tiles of one
 # tile, 2 accumulators; the measured ones have 10 to 28)...
 MIN_DEFAULT_ACCUMULATORS = 4
-# ...and at most this many input × output channels (transformed weights of 2.4 MB, read again for every tile row).
-MAX_DEFAULT_CHANNEL_PRODUCT = 128 * 128
-# Fewer tile rows than this, and an odd number, run as two halves of the output channels each.
+# ...and at most this many input × output channels (transformed weights of 37.7 MB, read once per group of tile rows).
+MAX_DEFAULT_CHANNEL_PRODUCT = 512 * 512
+# Fewer tasks than this (groups of tile rows, `row_groups`), and an odd number, run as two halves of the output channels each.
 ODD_ROWS_SPLIT = 16
+# More input × output channels than this, and the tile rows run in groups (`row_groups`): the transformed weights
+# (α² · C · K floats: 9.4 MB at 256 × 256) are read once per group instead of once per tile row...
+GROUPED_CHANNEL_PRODUCT = 128 * 128
+# ...of at most this many bytes of transformed input (or product) tiles: two cores' in the 32 MB L3 with room.
+GROUP_BYTES = 4 << 20
 
 
 def applies(x, weight_u) -> bool:
@@ -46,6 +55,32 @@ def tile_pixels(tiles_w: int, vectors: int) -> int:
     """Tiles per register tile: the largest divisor of the row's tile count that keeps `vectors` accumulators per
     tile within TILE_ACCUMULATORS (a divisor: the row's tiles are covered exactly, no padded tiles)."""
     return max(t for t in range(1, tiles_w + 1) if tiles_w % t == 0 and t * vectors <= TILE_ACCUMULATORS)
+
+
+def product_vectors(out_blocks: int, tiles_w: int, wide: bool) -> int:
+    """16-channel vectors per register tile of the product: two where the output blocks pair up; for a `wide`
+    conv (grouped rows), four where that makes more accumulators (rows of 7 tiles: 7 × 4, not 7 × 2), each
+    weight vector loaded then feeding more tiles."""
+    vectors = 2 if out_blocks % 2 == 0 else 1
+    if wide and out_blocks % 8 == 0 and tile_pixels(tiles_w, 4) * 4 > tile_pixels(tiles_w, 2) * 2:
+        return 4
+    return vectors
+
+
+def row_groups(batch: int, tiles_h: int, tiles_w: int, alpha: int, in_channels: int,
+               out_channels: int) -> tuple[int, int]:
+    """(tile rows per group, output-channel parts) of a conv: each part of each group is one parallel task.
+
+    Up to GROUPED_CHANNEL_PRODUCT input × output channels, one tile row a group. Above, the most rows of an image
+    (a divisor of its tile rows) whose transformed tiles fit GROUP_BYTES: each group reads the transformed weights
+    once. An odd number of tasks under ODD_ROWS_SPLIT runs as two halves of the output channels (else a core
+    would idle at the end; a single group, both)."""
+    group = 1
+    if in_channels * out_channels > GROUPED_CHANNEL_PRODUCT:
+        row_bytes = tiles_w * alpha ** 2 * max(in_channels, out_channels) * 4
+        group = max(d for d in range(1, tiles_h + 1) if tiles_h % d == 0 and (d == 1 or d * row_bytes <= GROUP_BYTES))
+    tasks = batch * tiles_h // group
+    return group, 2 if tasks % 2 and tasks < ODD_ROWS_SPLIT else 1
 
 
 def conv_winograd_blocks(ctx: LowerContext, before, after):
@@ -61,7 +96,7 @@ def conv_winograd_blocks(ctx: LowerContext, before, after):
     a_np, b_np, _ = transform_matrices(m)
     tiles_h, tiles_w = -(-oh // m), -(-ow // m)
     kb = k // LANES
-    pair = 2 if kb % 2 == 0 else 1  # 16-channel vectors per tile of the product
+    pair = product_vectors(kb, tiles_w, c * k > GROUPED_CHANNEL_PRODUCT)  # 16-channel vectors per product tile
     reg_n = tile_pixels(tiles_w, pair)
 
     def pixel(ni, ty, tx, r, s, ci, cl):
@@ -93,10 +128,10 @@ def conv_winograd_blocks(ctx: LowerContext, before, after):
     out = te.compute(ctx.out_shape(), output, name="winob_result")
     big = n * k * oh * ow * c * 9 >= MIN_PARALLEL_WORK * 16
 
-    rows_total = n * tiles_h
-    # An odd, small number of tile rows leaves a core idle at the end (ResNet-18's 28² layers: 7 rows, 4 + 3 on 2
-    # cores): each row then runs as two halves of the output channels, each transforming the row's input again.
-    halves = 2 if big and rows_total % 2 and rows_total < ODD_ROWS_SPLIT and kb % (2 * pair) == 0 else 1
+    group, halves = row_groups(n, tiles_h, tiles_w, alpha, c, k)
+    # An odd, small number of tasks leaves a core idle at the end (ResNet-18's 28² layers: 7 rows, 4 + 3 on 2
+    # cores): each then runs as two halves of the output channels, each transforming the group's input again.
+    halves = halves if big and kb % (2 * pair) == 0 else 1
 
     def schedule(sch) -> None:
         result = sch.get_sblock("winob_result")
@@ -105,6 +140,9 @@ def conv_winograd_blocks(ctx: LowerContext, before, after):
         ty, vh = sch.split(y, [None, m])
         tx, vw = sch.split(q, [None, m])
         inner = [tx, vh, vw]
+        if group > 1:  # the rows of a group: inside the parallel loop, with the group's transforms and products
+            ty, ty_in = sch.split(ty, [None, group])
+            inner.insert(0, ty_in)
         if blocked_out:  # NCHW[16]c: the 16 channels of a block are the vector
             ko, kl = sch.split(ko, [None, LANES])
             inner.append(kl)
@@ -122,8 +160,8 @@ def conv_winograd_blocks(ctx: LowerContext, before, after):
         rows = sch.fuse(*outer)
         if big:
             sch.parallel(rows)
-        _schedule_input(sch, alpha, cb, tiles_w)
-        _schedule_product(sch, gemm, alpha, kb // halves, tiles_w, cb, pair, reg_n)
+        _schedule_input(sch, group, alpha, cb, tiles_w)
+        _schedule_product(sch, gemm, group, alpha, kb // halves, tiles_w, cb, pair, reg_n)
 
     return SelfScheduled([out], schedule)
 
@@ -137,26 +175,28 @@ def _inner_loops(sch, block, extents: dict[str, int]) -> dict[str, object]:
     return {name: named.get(name) for name in extents}
 
 
-def _schedule_input(sch, alpha: int, cb: int, tiles_w: int) -> None:
+def _schedule_input(sch, group: int, alpha: int, cb: int, tiles_w: int) -> None:
     """Per (channel block, tile): the α × α transformed points unrolled, the 16 channels a vector."""
     block = sch.get_sblock("winob_in")
-    loops = _inner_loops(sch, block, {"e": alpha, "nu": alpha, "ci": cb, "tx": tiles_w, "cl": LANES})
-    sch.reorder(*[loops[n] for n in ("ci", "tx", "e", "nu", "cl") if loops[n] is not None])
+    loops = _inner_loops(sch, block, {"ty": group, "e": alpha, "nu": alpha, "ci": cb, "tx": tiles_w, "cl": LANES})
+    sch.reorder(*[loops[n] for n in ("ci", "ty", "tx", "e", "nu", "cl") if loops[n] is not None])
     sch.unroll(loops["e"])
     sch.unroll(loops["nu"])
     try_step(lambda: sch.vectorize(loops["cl"]))
 
 
-def _schedule_product(sch, gemm, alpha: int, kb: int, tiles_w: int, cb: int, pair: int, reg_n: int) -> None:
-    """Register tiles of reg_n tiles × `pair` 16-channel vectors, accumulated in registers and copied out."""
+def _schedule_product(sch, gemm, group: int, alpha: int, kb: int, tiles_w: int, cb: int, pair: int,
+                      reg_n: int) -> None:
+    """Register tiles of reg_n tiles × `pair` 16-channel vectors, accumulated in registers and copied out. Per point
+    and pair of output blocks, the weights' C × 2 vectors stay in L1 across the group's rows."""
     tile_out = sch.cache_write(gemm, 0, "global")
-    loops = _inner_loops(sch, gemm, {"e": alpha, "nu": alpha, "ko": kb, "tx": tiles_w, "kl": LANES, "rc": cb,
-                                     "rl": LANES})
+    loops = _inner_loops(sch, gemm, {"ty": group, "e": alpha, "nu": alpha, "ko": kb, "tx": tiles_w, "kl": LANES,
+                                     "rc": cb, "rl": LANES})
     koo, koi = sch.split(loops["ko"], [None, pair]) if pair > 1 else (loops["ko"], None)
     txo, txi = sch.split(loops["tx"], [None, reg_n]) if loops["tx"] is not None else (None, None)
-    order = [loops["e"], loops["nu"], koo, txo, loops["rc"], loops["rl"], txi, koi, loops["kl"]]
+    order = [loops["e"], loops["nu"], koo, loops["ty"], txo, loops["rc"], loops["rl"], txi, koi, loops["kl"]]
     sch.reorder(*[loop for loop in order if loop is not None])
-    sch.reverse_compute_at(tile_out, next(loop for loop in (txo, koo, loops["nu"]) if loop is not None))
+    sch.reverse_compute_at(tile_out, next(loop for loop in (txo, loops["ty"], koo, loops["nu"]) if loop is not None))
     for loop in (txi, koi):
         if loop is not None:
             sch.unroll(loop)
@@ -168,15 +208,17 @@ def _schedule_product(sch, gemm, alpha: int, kb: int, tiles_w: int, cb: int, pai
 def by_default(weight_shape, out_width: int) -> bool:
     """Whether a 3×3 stride-1 conv whose input arrives blocked runs Winograd when no selection chose: whole
     16-channel blocks in and out, output rows of at least MIN_DEFAULT_WIDTH pixels whose tiles make register tiles of
-    MIN_DEFAULT_ACCUMULATORS or more, at most MAX_DEFAULT_CHANNEL_PRODUCT input × output channels (measured: 128 ×
-    128 and fewer of each; a product within it of more of one, as 256 × 64, was not).
+    MIN_DEFAULT_ACCUMULATORS or more, at most MAX_DEFAULT_CHANNEL_PRODUCT input × output channels (measured: up to
+    512 × 512; above 128 × 128 the tile rows run in groups, `row_groups`).
 
     Measured per kernel inside the whole program (min of 300-450 runs, 2 cores): faster on every such conv of
     ResNet-18 (56² × 64 channels: 0.455 → 0.18 ms; 28² × 128: 0.45 → 0.22, its 7 tile rows in halves) and
     YOLOv8n-320 (80² × 16: 0.075 → 0.048; 40² × 32: 0.066 → 0.031; 40² × 64: 0.245 → 0.091; 20² × 64: 0.072 →
-    0.045-0.051); slower on the narrower ones: 14² × 256 (0.49 → 0.53: 9.4 MB of transformed weights read for each
-    of 4 tile rows), 7² × 512 (0.56 → 1.45), YOLOv8n's 10² × 128 (0.085 → 0.135: 3 tile rows, padded from 10 to 12
-    pixels).
+    0.045-0.051); on topology_vgg19 (min of 45 runs in the program, with the row groups): 56² × 128 → 256: 3.76 →
+    1.69, 56² × 256: 7.6-7.7 → 2.7-2.9, 28² × 256 → 512: 4.53 → 1.60, 28² × 512: 9.1-9.2 → 3.0. Slower on the
+    narrower ones: 14² × 256 (0.49 → 0.53: 9.4 MB of transformed weights read for each of 4 tile rows), 7² × 512
+    (0.56 → 1.45), YOLOv8n's 10² × 128 (0.085 → 0.135: 3 tile rows, padded from 10 to 12 pixels); 14² × 512 alone
+    (in two groups of 2 tile rows: 1.71 → 1.93, one run).
     """
     out_channels, in_channels = weight_shape[:2]
     if out_channels % LANES or in_channels % LANES or out_width < MIN_DEFAULT_WIDTH:

@@ -15,6 +15,7 @@ from onnx import helper
 
 from tessel import ir
 from tessel.backends.cpu.algorithms import default_algorithm
+from tessel.backends.cpu.winograd_blocks import product_vectors, row_groups
 from tessel.backends.kernel import ALGORITHM
 from tessel.backends.target import parse_target
 from tessel.compiler.api import compile
@@ -62,13 +63,17 @@ def _choice(in_channels: int, out_channels: int, size: int, blocks: bool = True,
 
 
 def test_winograd_is_the_default_only_where_it_measured_faster():
-    # ResNet-18's 56² and 28² layers and YOLOv8n's 80² to 20² ones; not its 14² and 7² layers, 10-pixel rows, an
-    # NCHW input, a strided conv, channels that do not fill blocks, or more than 128 × 128 channels.
+    # ResNet-18's 56² and 28² layers, YOLOv8n's 80² to 20² ones and VGG-19's 56² and 28² ones (up to 512 × 512
+    # channels, their rows in groups); not the 14² and 7² layers, 10-pixel rows, an NCHW input, a strided conv,
+    # channels that do not fill blocks, or more than 512 × 512 channels.
     assert _choice(64, 64, 56) == _choice(128, 128, 28) == _choice(16, 16, 80) == _choice(64, 64, 20) == "winograd"
+    assert _choice(128, 256, 56) == _choice(256, 256, 56) == _choice(256, 512, 28) == _choice(512, 512, 28)
+    assert _choice(512, 512, 28) == "winograd"
     assert _choice(256, 256, 14) is None and _choice(512, 512, 7) is None and _choice(128, 128, 10) is None
+    assert _choice(512, 512, 14) is None
     # (A strided one, and more channels on blocked rows of two tiles or more, run direct: algorithms.py.)
     assert _choice(64, 64, 56, blocks=False) is None and _choice(64, 64, 56, stride=2) == "direct"
-    assert _choice(64, 18, 56) is None and _choice(256, 128, 28) == "direct"
+    assert _choice(64, 18, 56) is None and _choice(1024, 512, 28) == "direct"
     # Not over a fused Concat of blocked parts (the blocked kernel reads one blocked argument), nor on rows whose
     # tile count has no divisor to make a register tile of 4 accumulators (mtcnn_pnet's 75-pixel rows: 19 tiles).
     assert _choice(64, 64, 20, argument=False) == "direct"
@@ -88,11 +93,28 @@ def test_winograd_is_the_default_only_where_it_measured_faster():
     assert set(program.blocked) == {"a", "b", "c"}
 
 
+def test_wide_convs_run_their_tile_rows_in_groups():
+    # Up to 128 × 128 channels, a row at a time; ResNet-18's 28² layers (7 rows) in halves of the output channels.
+    assert row_groups(1, 14, 14, 6, 64, 64) == (1, 1) and row_groups(1, 7, 7, 6, 128, 128) == (1, 2)
+    # VGG-19's 56² × 256: two groups of 7 rows (3.6 MB of transformed tiles each); its 28² × 512: one group of all 7
+    # rows, in halves (two images: one group each). Rows of 56 tiles at 256 channels (2 MB each): two a group; at 512
+    # (4 MB), one.
+    assert row_groups(1, 14, 14, 6, 256, 256) == (7, 1) and row_groups(1, 7, 7, 6, 512, 512) == (7, 2)
+    assert row_groups(2, 7, 7, 6, 512, 512) == (7, 1) and row_groups(1, 56, 56, 6, 256, 256) == (2, 1)
+    assert row_groups(1, 56, 56, 6, 512, 512) == (1, 1)
+    # Rows of 7 tiles: 7 × 4 accumulators where the conv is wide and has blocks for them, else 7 × 2.
+    assert product_vectors(32, 7, True) == 4 and product_vectors(32, 14, True) == 2
+    assert product_vectors(32, 7, False) == product_vectors(12, 7, True) == 2 and product_vectors(3, 7, True) == 1
+
+
 # (batch, size, channels, out_channels): rows a tile divides, two 16-channel vectors per product tile, an odd number
 # of tile rows (5: b runs each as two halves of its output channels); rows of 18 pixels (a partial last tile row and
 # column), one input block and three output blocks (one vector per tile), a batch of two.
+# 128 → 256 → 128 channels on 16² (groups of 2 tile rows, 4 vectors per product tile) and on 28² (one group of 7 rows
+# in halves of the output channels).
 # The first runs in the default suite: Winograd is ResNet-18's and YOLOv8n's default on blocks.
-CASES = [(1, 20, 32, 64), pytest.param(2, 18, 16, 48, marks=pytest.mark.slow)]
+CASES = [(1, 20, 32, 64), pytest.param(2, 18, 16, 48, marks=pytest.mark.slow),
+         pytest.param(1, 16, 128, 256, marks=pytest.mark.slow), pytest.param(1, 28, 128, 256, marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("batch,size,channels,out_channels", CASES)
