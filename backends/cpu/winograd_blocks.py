@@ -34,9 +34,11 @@ MIN_DEFAULT_WIDTH = 16
 # register tiles of at least this many accumulators (a row of 19 tiles has no divisor but 1 and 19: tiles of one
 # tile, 2 accumulators; the measured ones have 10 to 28)...
 MIN_DEFAULT_ACCUMULATORS = 4
-# ...and at most this many input × output channels (transformed weights of 37.7 MB, read once per group of tile rows).
-MAX_DEFAULT_CHANNEL_PRODUCT = 512 * 512
-# Fewer tasks than this (groups of tile rows, `row_groups`), and an odd number, run as two halves of the output channels each.
+# ...and at most this many input channels and output channels each (the largest measured: 512 × 512, transformed
+# weights of 37.7 MB, read once per group of tile rows).
+MAX_DEFAULT_CHANNELS = 512
+# Fewer tasks than this (groups of tile rows, `row_groups`), and an odd number, run as two halves of the output
+# channels each.
 ODD_ROWS_SPLIT = 16
 # More input × output channels than this, and the tile rows run in groups (`row_groups`): the transformed weights
 # (α² · C · K floats: 9.4 MB at 256 × 256) are read once per group instead of once per tile row...
@@ -208,7 +210,7 @@ def _schedule_product(sch, gemm, group: int, alpha: int, kb: int, tiles_w: int, 
 def by_default(weight_shape, out_width: int) -> bool:
     """Whether a 3×3 stride-1 conv whose input arrives blocked runs Winograd when no selection chose: whole
     16-channel blocks in and out, output rows of at least MIN_DEFAULT_WIDTH pixels whose tiles make register tiles of
-    MIN_DEFAULT_ACCUMULATORS or more, at most MAX_DEFAULT_CHANNEL_PRODUCT input × output channels (measured: up to
+    MIN_DEFAULT_ACCUMULATORS or more, at most MAX_DEFAULT_CHANNELS input and output channels (measured: up to
     512 × 512; above 128 × 128 the tile rows run in groups, `row_groups`).
 
     Measured per kernel inside the whole program (min of 300-450 runs, 2 cores): faster on every such conv of
@@ -226,4 +228,4 @@ def by_default(weight_shape, out_width: int) -> bool:
     vectors = 2 if (out_channels // LANES) % 2 == 0 else 1  # as conv_winograd_blocks' `pair`
     tiles_w = -(-out_width // TILE)  # the output tile of winograd.transform_weight's default, as the packing makes
     return (tile_pixels(tiles_w, vectors) * vectors >= MIN_DEFAULT_ACCUMULATORS
-            and in_channels * out_channels <= MAX_DEFAULT_CHANNEL_PRODUCT)
+            and max(in_channels, out_channels) <= MAX_DEFAULT_CHANNELS)

@@ -65,7 +65,7 @@ def _choice(in_channels: int, out_channels: int, size: int, blocks: bool = True,
 def test_winograd_is_the_default_only_where_it_measured_faster():
     # ResNet-18's 56² and 28² layers, YOLOv8n's 80² to 20² ones and VGG-19's 56² and 28² ones (up to 512 × 512
     # channels, their rows in groups); not the 14² and 7² layers, 10-pixel rows, an NCHW input, a strided conv,
-    # channels that do not fill blocks, or more than 512 × 512 channels.
+    # channels that do not fill blocks, or more than 512 channels in or out (unmeasured, even within 512 × 512).
     assert _choice(64, 64, 56) == _choice(128, 128, 28) == _choice(16, 16, 80) == _choice(64, 64, 20) == "winograd"
     assert _choice(128, 256, 56) == _choice(256, 256, 56) == _choice(256, 512, 28) == _choice(512, 512, 28)
     assert _choice(512, 512, 28) == "winograd"
@@ -73,7 +73,7 @@ def test_winograd_is_the_default_only_where_it_measured_faster():
     assert _choice(512, 512, 14) is None
     # (A strided one, and more channels on blocked rows of two tiles or more, run direct: algorithms.py.)
     assert _choice(64, 64, 56, blocks=False) is None and _choice(64, 64, 56, stride=2) == "direct"
-    assert _choice(64, 18, 56) is None and _choice(1024, 512, 28) == "direct"
+    assert _choice(64, 18, 56) is None and _choice(1024, 512, 28) == _choice(1024, 128, 28) == "direct"
     # Not over a fused Concat of blocked parts (the blocked kernel reads one blocked argument), nor on rows whose
     # tile count has no divisor to make a register tile of 4 accumulators (mtcnn_pnet's 75-pixel rows: 19 tiles).
     assert _choice(64, 64, 20, argument=False) == "direct"
