@@ -118,9 +118,9 @@ def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Seque
     default. A 1 × 1 stride-1 conv that reads an NCHW input as it is (`input_computed` False: a kernel argument, such
     as a Concat's result that several convs read) runs "direct" on rows of at least NARROW_ROW pixels: packing copies
     the whole input once per call, a cost shared by few output-channel blocks where the conv has few output channels.
-    Measured on topology_inception_v2 (min over 120 runs in the program, interleaved with "nchwc"): its 28² and 14²
-    ones (192-576 input channels) ran 3-35% faster, 2.305 → 2.014 ms for all of its NCHW-input 1 × 1 convs, but
-    1024 → 192-352 channels on 7² rows 2-8% slower (each 16-channel step reads 16 rows of 28 bytes).
+    Measured on topology_inception_v2 (each kernel's min over 120 runs in the program, interleaved with "nchwc", two
+    runs): its 26 such convs on 28² and 14² rows (192-576 input channels) took 1.605 instead of 1.940 ms (3-35% each
+    faster), but 1024 → 192-352 channels on 7² rows ran 2-8% slower (each 16-channel step reads 16 rows of 28 bytes).
     """
     if op_type != "Conv" or target_kind != "llvm":
         return None
