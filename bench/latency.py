@@ -257,7 +257,8 @@ def main(argv=None) -> int:
                         help="also time Tessel from this checkout, alternating with this one (before/after a change)")
     parser.add_argument("--repeats", type=int, default=3, help="with --baseline: alternations per model")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="rounds of onnxruntime, OpenVINO and Tessel in turn per model; each column its fastest median")
+                        help="rounds of onnxruntime, OpenVINO and Tessel in turn per model, each starting one engine "
+                             "later; each column its fastest median (3 rounds run each engine first, second and third)")
     parser.add_argument("--worker", nargs=2, metavar=("KIND", "MODEL"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     corpus = {m.name: m for m in load_corpus()}
@@ -372,15 +373,26 @@ def _bf16_table(names: list[str], corpus: dict, runs: int, rounds: int, openvino
 def _fastest_rounds(name: str, runs: int, rounds: int, openvino: bool) -> tuple:
     """onnxruntime's and OpenVINO's ms and Tessel's measurement, each the fastest median of `rounds` rounds that
     take the engines in turn (on a shared machine one engine's median can read several times its undisturbed
-    time; alternating rounds give each engine a chance at a quiet moment)."""
+    time; alternating rounds give each engine a chance at a quiet moment).
+
+    Each round starts one engine later than the one before, so over three rounds each engine runs first, second and
+    third once: the engine right after OpenVINO ran slower on this VM (topology_resnet50, Tessel: 21.9 ms right
+    after OpenVINO's process, 16.4 right after onnxruntime's, same build, load under 1; onnxruntime 20.2 right after
+    Tessel against 18.3), so a fixed order charged it to whichever engine followed OpenVINO."""
     ort, ov, tessel, why = [], [], None, ""
-    for _ in range(rounds):
-        ort.append(_ms(_isolated("onnxruntime", name, runs, 300)))
-        ov.append(_ms(_isolated("openvino", name, runs, 600)) if openvino else None)
-        measured, why_not = _isolated("tessel", name, runs, 1800)
-        if measured and (tessel is None or measured["ms"] < tessel["ms"]):
-            tessel = measured
-        why = "" if tessel else why_not
+    engines = ["onnxruntime", "openvino", "tessel"] if openvino else ["onnxruntime", "tessel"]
+    for round_index in range(rounds):
+        start = round_index % len(engines)
+        for engine in engines[start:] + engines[:start]:
+            if engine == "onnxruntime":
+                ort.append(_ms(_isolated("onnxruntime", name, runs, 300)))
+            elif engine == "openvino":
+                ov.append(_ms(_isolated("openvino", name, runs, 600)))
+            else:
+                measured, why_not = _isolated("tessel", name, runs, 1800)
+                if measured and (tessel is None or measured["ms"] < tessel["ms"]):
+                    tessel = measured
+                why = "" if tessel else why_not
     return min(filter(None, ort), default=None), min(filter(None, ov), default=None), (tessel, why)
 
 
