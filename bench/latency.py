@@ -34,8 +34,10 @@ run, as ResNet-18's and YOLOv8n's do by default.
 avx512_bf16) against Tessel compiled with `--precision bf16`, each in its own process, the same threads, in the
 same rounds; with Tessel bf16's GFLOP/s against the bf16 peak bench/peak.py measures in the same run.
 
-`--rounds N` measures onnxruntime, OpenVINO and Tessel N times in turn per model
-and keeps each one's fastest median (the machine is shared; the issue's method).
+`--rounds N` measures onnxruntime, Tessel and OpenVINO N times in turn per model
+(OpenVINO last: the engine right after it ran slower here; onnxruntime and Tessel
+take turns to run first) and keeps each one's fastest median (the machine is
+shared; the issue's method).
 
 `--baseline DIR` also times Tessel as another checkout DIR builds it (e.g. a
 git worktree of the commit before a change), alternating with this one
@@ -257,8 +259,8 @@ def main(argv=None) -> int:
                         help="also time Tessel from this checkout, alternating with this one (before/after a change)")
     parser.add_argument("--repeats", type=int, default=3, help="with --baseline: alternations per model")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="rounds of onnxruntime, OpenVINO and Tessel in turn per model, each starting one engine "
-                             "later; each column its fastest median (3 rounds run each engine first, second and third)")
+                        help="rounds of onnxruntime, Tessel and OpenVINO in turn per model (onnxruntime and Tessel "
+                             "take turns to run first); each column its fastest median")
     parser.add_argument("--worker", nargs=2, metavar=("KIND", "MODEL"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     corpus = {m.name: m for m in load_corpus()}
@@ -375,15 +377,14 @@ def _fastest_rounds(name: str, runs: int, rounds: int, openvino: bool) -> tuple:
     take the engines in turn (on a shared machine one engine's median can read several times its undisturbed
     time; alternating rounds give each engine a chance at a quiet moment).
 
-    Each round starts one engine later than the one before, so over three rounds each engine runs first, second and
-    third once: the engine right after OpenVINO ran slower on this VM (topology_resnet50, Tessel: 21.9 ms right
-    after OpenVINO's process, 16.4 right after onnxruntime's, same build, load under 1; onnxruntime 20.2 right after
-    Tessel against 18.3), so a fixed order charged it to whichever engine followed OpenVINO."""
+    The engine right after OpenVINO's process ran slower on this VM (topology_resnet50, Tessel: 21.9 ms right after
+    OpenVINO, 16.4 right after onnxruntime, same build, load under 1; onnxruntime 20.2 right after Tessel against
+    18.3), so OpenVINO runs last in each round and onnxruntime and Tessel take turns to run first (the first follows
+    the previous model's OpenVINO): over two rounds each runs once not right after OpenVINO."""
     ort, ov, tessel, why = [], [], None, ""
-    engines = ["onnxruntime", "openvino", "tessel"] if openvino else ["onnxruntime", "tessel"]
     for round_index in range(rounds):
-        start = round_index % len(engines)
-        for engine in engines[start:] + engines[:start]:
+        first_two = ["onnxruntime", "tessel"] if round_index % 2 == 0 else ["tessel", "onnxruntime"]
+        for engine in first_two + (["openvino"] if openvino else []):
             if engine == "onnxruntime":
                 ort.append(_ms(_isolated("onnxruntime", name, runs, 300)))
             elif engine == "openvino":

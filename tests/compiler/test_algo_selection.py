@@ -23,4 +23,4 @@ def test_chosen_against_best_single_per_layer_and_in_total(tmp_path):
                          "2 estimated", "conv_a (Conv, batch 4)", "conv_b (Conv, batch 4)", "winograd", "im2col",
                          "several algorithms", "best single algorithm", "estimated (else measured)",
                          "5.00 ms (1 of 2 estimated layers)", "6.00 ms (measured)", "time per layer (ms)",
-                         "weights stored 3.0 MiB"])
+                         "weights held 3.0 MiB"])
