@@ -4,8 +4,9 @@ A 2-D pool maps each channel on its own, so pooling the concatenation along the 
 of the pooled parts, value for value. Fused, the Concat sat inside the pool's kernel as a select per element
 between its inputs, which TVM's vectorizer does not hoist: SqueezeNet 1.1's two MaxPools over a fire module's
 Concat ran at 6 GFLOP/s (0.145 and 0.091 ms, OpenVINO 0.016 and 0.008). Split, each pool reads one conv's
-result, which passes/conv_layout.py then keeps in NCHW[16]c (the blocked pool kernel), and the Concat copies the
-pooled values: a quarter of the data.
+result, which passes/conv_layout.py then keeps in NCHW[16]c for a MaxPool (the blocked pool kernel), and the
+Concat copies the pooled values: a quarter of the data. The average and global pools are split alike (measured
+only where a MaxPool is).
 
 It fires for a MaxPool (its Indices output unread), AveragePool, GlobalAveragePool or GlobalMaxPool over a 4-D
 Concat along axis 1 that nothing else reads. Not for a Concat along another axis (the windows would cross its

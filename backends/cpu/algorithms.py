@@ -26,7 +26,8 @@ import numpy as np
 from tessel.ir.types import TensorType
 
 from ..kernel import ALGORITHM
-from .packing import NARROW_ROW, conv_blocks, conv_kind, default_conv_algorithm, f32_conv_blocks, plan_packing, tile_axis
+from .packing import (NARROW_ROW, conv_blocks, conv_kind, default_conv_algorithm, f32_conv_blocks, plan_packing,
+                      tile_axis)
 from .winograd import applies as winograd_applies
 from .winograd_blocks import by_default as winograd_by_default
 

@@ -2,7 +2,8 @@
 
 The generic rule (TOPI's pool2d, or lowering/pool.py's window sums) reduces each window on its own, scalar where
 the window reads padding: ShuffleNet's 3×3 stride-2 pools with pads of 1 took 0.048, 0.030 and 0.015 ms in the
-model, 0.025, 0.022 and 0.010 here (min of 3 runs' 100 calls; OpenVINO's nChw16c pools: 0.006, 0.003, 0.005). Here each output row is made as max_pool.py makes a MaxPool's:
+model, 0.025, 0.022 and 0.010 here (min of 3 runs' 100 calls; OpenVINO's nChw16c pools: 0.006, 0.003, 0.005).
+Here each output row is made as max_pool.py makes a MaxPool's:
 
 1. `avg_cols`: the sum of the kh input rows under the output row, element by element over the padded row's width
    (contiguous loads; a position in the padding reads 0 through a select, so no padded copy is made);

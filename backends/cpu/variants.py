@@ -8,7 +8,8 @@ target-neutral rule (backends/lowering/) lowers it. Dense 2-D ConvTranspose and 
 convolutions) and a dense 2-D Conv left unpacked (its weights known only at run time: a training step's
 parameters) run as register-tiled products on CPU (conv_transpose.py, conv_grad_filter.py,
 conv_runtime_weights.py), and so does a Gemm with transA over tall operands (a weight gradient: tall_product.py).
-A 2-D float32 MaxPool runs separable on CPU (max_pool.py), and so do an AveragePool (average_pool.py) and a training
+A 2-D float32 MaxPool runs separable on CPU (max_pool.py), and so do an AveragePool whose windows read padding
+(average_pool.py) and a training
 MaxPoolWithTaps, its taps found in the same pass (max_pool_taps.py). A float32 BatchStats reads x once (batch_stats.py).
 """
 from __future__ import annotations

@@ -190,7 +190,7 @@ def _schedule_input(sch, group: int, alpha: int, cb: int, tiles_w: int) -> None:
 def _schedule_product(sch, gemm, group: int, alpha: int, kb: int, tiles_w: int, cb: int, pair: int,
                       reg_n: int) -> None:
     """Register tiles of reg_n tiles × `pair` 16-channel vectors, accumulated in registers and copied out. Per point
-    and pair of output blocks, the weights' C × 2 vectors stay in L1 across the group's rows."""
+    and `pair` of output blocks, the weights' C × `pair` vectors stay in L1 or L2 across the group's rows."""
     tile_out = sch.cache_write(gemm, 0, "global")
     loops = _inner_loops(sch, gemm, {"ty": group, "e": alpha, "nu": alpha, "ko": kb, "tx": tiles_w, "kl": LANES,
                                      "rc": cb, "rl": LANES})
@@ -225,7 +225,8 @@ def by_default(weight_shape, out_width: int) -> bool:
     out_channels, in_channels = weight_shape[:2]
     if out_channels % LANES or in_channels % LANES or out_width < MIN_DEFAULT_WIDTH:
         return False
-    vectors = 2 if (out_channels // LANES) % 2 == 0 else 1  # as conv_winograd_blocks' `pair`
+    # conv_winograd_blocks' `pair` where it is not 4 (wide convs on 7-tile rows): the fewest accumulators it uses
+    vectors = 2 if (out_channels // LANES) % 2 == 0 else 1
     tiles_w = -(-out_width // TILE)  # the output tile of winograd.transform_weight's default, as the packing makes
     return (tile_pixels(tiles_w, vectors) * vectors >= MIN_DEFAULT_ACCUMULATORS
             and max(in_channels, out_channels) <= MAX_DEFAULT_CHANNELS)

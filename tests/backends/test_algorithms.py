@@ -178,7 +178,6 @@ def test_convs_on_blocks_run_direct_where_whole_tiles_cover_their_rows():
     assert sorted(chosen, key=str) == [None, "direct"]
 
 
-
 def _concat_read_by_pointwise_convs():
     """x → 3 × 3 conv → Relu, concatenated with x (NCHW: a model input) and read by two 1 × 1 convs as it is and by a
     third scaled (the Mul fused into its kernel)."""

@@ -111,11 +111,13 @@ def test_wide_convs_run_their_tile_rows_in_groups():
 # (batch, size, channels, out_channels): rows a tile divides, two 16-channel vectors per product tile, an odd number
 # of tile rows (5: b runs each as two halves of its output channels); rows of 18 pixels (a partial last tile row and
 # column), one input block and three output blocks (one vector per tile), a batch of two.
-# 128 → 256 → 128 channels on 16² (groups of 2 tile rows, 4 vectors per product tile) and on 28² (one group of 7 rows
-# in halves of the output channels).
+# 128 → 256 → 128 channels on 16² (one group of its 4 tile rows, 4 vectors per product tile) and on 28² (one group of
+# 7 rows in halves of the output channels); 256 channels on 46² rows, a batch of two (groups of 6 tile rows, two per
+# image, the last tile row partial).
 # The first runs in the default suite: Winograd is ResNet-18's and YOLOv8n's default on blocks.
 CASES = [(1, 20, 32, 64), pytest.param(2, 18, 16, 48, marks=pytest.mark.slow),
-         pytest.param(1, 16, 128, 256, marks=pytest.mark.slow), pytest.param(1, 28, 128, 256, marks=pytest.mark.slow)]
+         pytest.param(1, 16, 128, 256, marks=pytest.mark.slow), pytest.param(1, 28, 128, 256, marks=pytest.mark.slow),
+         pytest.param(2, 46, 256, 256, marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("batch,size,channels,out_channels", CASES)

@@ -80,7 +80,8 @@ def _fire_module():
 
     nodes = [helper.make_node("Conv", ["x", "ws"], ["s"]), helper.make_node("Relu", ["s"], ["sr"]),
              helper.make_node("Conv", ["sr", "w1"], ["e1"]), helper.make_node("Relu", ["e1"], ["e1r"]),
-             helper.make_node("Conv", ["sr", "w3"], ["e3"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["e3"], ["e3r"]),
+             helper.make_node("Conv", ["sr", "w3"], ["e3"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["e3"], ["e3r"]),
              helper.make_node("Concat", ["e1r", "e3r"], ["cat"], axis=1),
              helper.make_node("MaxPool", ["cat"], ["pooled"], kernel_shape=[3, 3], strides=[2, 2]),
              helper.make_node("Conv", ["pooled", "wn"], ["y"])]
