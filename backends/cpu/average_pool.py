@@ -18,7 +18,7 @@ from __future__ import annotations
 from ..lowering.context import LowerContext, SelfScheduled
 from ..lowering.pool import pool_window
 from ..tvm_env import tvm
-from .max_pool import MIN_PARALLEL_ROWS, vectorize_pool_row
+from .max_pool import MIN_PARALLEL_ROWS, schedule_pool_rows
 
 _tvm = tvm()
 te, tir = _tvm.te, _tvm.tirx
@@ -92,18 +92,9 @@ def average_pool_separable(ctx: LowerContext) -> SelfScheduled:
     parallel = n * c * oh >= MIN_PARALLEL_ROWS
 
     def schedule(sch) -> None:
-        block = sch.get_sblock("avg_rows")
-        batch, channel, row, column = sch.get_loops(block)
-        outer = sch.fuse(batch, channel, row)
-        if parallel:
-            sch.parallel(outer)
-        vectorize_pool_row(sch, column, ow)
-        scratch = sch.get_sblock("avg_cols")
-        sch.compute_at(scratch, outer)
-        # One row per thread, on its stack: a global scratch buffer would be shared by the parallel rows. Its loop is
-        # left to LLVM: TVM's simplifier drops the clamps of the reads under their Selects, and a loop TVM vectorized
-        # would then load the padding's positions outside x (a guard page faults); LLVM vectorizes the scalar loop
-        # with masked loads.
-        sch.set_scope(scratch, 0, "local")
+        # The column pass's loop is left to LLVM: TVM's simplifier drops the clamps of the reads under their Selects,
+        # and a loop TVM vectorized would then load the padding's positions outside x (a guard page faults); LLVM
+        # vectorizes the scalar loop with masked loads.
+        schedule_pool_rows(sch, "avg_rows", "avg_cols", ow, parallel)
 
     return SelfScheduled([rows], schedule)

@@ -128,16 +128,7 @@ def max_pool_separable(ctx: LowerContext) -> SelfScheduled:
     parallel = n * c * oh >= MIN_PARALLEL_ROWS
 
     def schedule(sch) -> None:
-        block = sch.get_sblock("pool_rows")
-        batch, channel, row, column = sch.get_loops(block)
-        outer = sch.fuse(batch, channel, row)
-        if parallel:
-            sch.parallel(outer)
-        vectorize_pool_row(sch, column, ow)
-        scratch = sch.get_sblock("pool_cols")
-        sch.compute_at(scratch, outer)
-        # One row per thread, on its stack: a global scratch buffer would be shared by the parallel rows.
-        sch.set_scope(scratch, 0, "local")
+        scratch = schedule_pool_rows(sch, "pool_rows", "pool_cols", ow, parallel)
         vectorize_pool_row(sch, sch.get_loops(scratch)[-1], width)
 
     return SelfScheduled([rows], schedule)
@@ -191,6 +182,21 @@ def max_pool_blocks(ctx: LowerContext) -> SelfScheduled:
         try_step(lambda: sch.vectorize(sch.get_loops(scratch)[-1]))
 
     return SelfScheduled([rows], schedule)
+
+
+def schedule_pool_rows(sch, rows: str, cols: str, out_width: int, parallel: bool):
+    """A separable pool's schedule: the output rows `rows` (in parallel when `parallel`), each vectorized, and the
+    column pass `cols` computed per row into a scratch row on the thread's stack; returns the `cols` block."""
+    batch, channel, row, column = sch.get_loops(sch.get_sblock(rows))
+    outer = sch.fuse(batch, channel, row)
+    if parallel:
+        sch.parallel(outer)
+    vectorize_pool_row(sch, column, out_width)
+    scratch = sch.get_sblock(cols)
+    sch.compute_at(scratch, outer)
+    # One row per thread, on its stack: a global scratch buffer would be shared by the parallel rows.
+    sch.set_scope(scratch, 0, "local")
+    return scratch
 
 
 def vectorize_pool_row(sch, loop, extent: int) -> None:
