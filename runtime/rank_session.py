@@ -119,6 +119,10 @@ class RankSession:
             except Exception:  # noqa: BLE001 - a follower is gone: torchrun ends the job
                 pass
 
+    def interrupt(self) -> None:
+        """What a stop signal's handler does: close the session (the followers are torchrun's to stop)."""
+        self.close()
+
     def _guard(self, call, *args):
         """`call(*args)`, its failure kept as the session's one line (every later request fails with it)."""
         if self._closed:

@@ -281,7 +281,7 @@ def _close_group(group) -> None:
 
 
 def close_all() -> None:
-    """Stop the workers of every open session (what interpreter exit and SIGTERM do)."""
+    """Stop the workers of every open session (what interpreter exit does)."""
     for group in list(_OPEN_GROUPS):
         _close_group(group)
 
@@ -316,5 +316,8 @@ def _stop_sessions(signum, frame) -> None:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return
-    close_all()
+    # Only kill here: the reaping and the pipes wait for `close()` (the with-block's exit, or atexit), since the
+    # code this handler interrupted may hold a lock that closing takes (WorkerGroup.interrupt says which).
+    for group in list(_OPEN_GROUPS):
+        group.interrupt()
     raise SessionInterrupted(signum)

@@ -109,9 +109,7 @@ class WorkerGroup:
         self.window = WINDOW_PER_WORKER * workers
         self._pending: deque[Request] = deque()
         self._sending = threading.Lock()  # one request written at a time, whole
-        # One thread reads answers at a time; reentrant, for a signal handler that closes the session while the
-        # main thread it interrupted reads.
-        self._reading = threading.RLock()
+        self._reading = threading.RLock()  # one thread reads answers at a time
         self._progress = time.monotonic()
         self._error: str | None = None
         self._closing = False
@@ -462,6 +460,22 @@ class WorkerGroup:
         for request in pending:
             if not request.done():
                 request.set_exception(ExecutionError("the session was closed before this request finished"))
+
+    def interrupt(self) -> None:
+        """What a stop signal's handler does: SIGKILL every worker's process group and fail the group, without
+        waiting for anything; `close()` reaps the workers and releases the pipes afterwards.
+
+        The handler runs between two bytecodes of the thread it interrupted, which may hold a lock that `close()`
+        takes: Popen's waitpid lock in the middle of a `poll()` (every request polls the workers) made `close()`'s
+        reaping wait for itself forever. So nothing here takes a lock or reaps."""
+        if self._error is None and not self._closing:
+            self._error = "the session was interrupted by a stop signal; open a new one"
+        for process in self.processes:
+            if process.returncode is None:  # not reaped yet, so its pid is still this worker's
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def _kill(self) -> None:
         """SIGKILL every worker's process group that still runs, and reap every worker."""

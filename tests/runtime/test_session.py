@@ -241,6 +241,39 @@ def test_no_worker_outlives_its_client(mlp):
             client.wait()
 
 
+SIGTERM_WHILE_POLLING = """
+import os, signal, sys
+import numpy as np
+from tessel.runtime.session import InferenceSession, SessionInterrupted
+session = InferenceSession(sys.argv[1])
+session.run({"x": np.zeros((16, 256), np.float32)})
+print(" ".join(map(str, session.worker_pids)), flush=True)
+# The lock CPython's Popen holds inside poll(), which every request calls: the signal comes in there.
+with session._group.processes[0]._waitpid_lock:
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.pause()
+    except SessionInterrupted as interrupted:
+        print(interrupted, flush=True)
+session.close()
+print("closed", flush=True)
+"""
+
+
+def test_sigterm_while_a_request_polls_the_workers_stops_them(mlp):
+    client = subprocess.Popen([sys.executable, "-c", SIGTERM_WHILE_POLLING, str(mlp[0])], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = client.communicate(timeout=STARTUP_S)
+    finally:
+        client.kill()
+        client.wait()
+    lines = out.splitlines()
+    assert client.returncode == 0 and lines[1:] == ["interrupted by SIGTERM: stopped the session's workers",
+                                                    "closed"], (out, err)
+    assert _wait_gone([int(pid) for pid in lines[0].split()])
+
+
 @pytest.fixture(scope="module")
 def one_worker(kernel_cache, tmp_path_factory):
     """The same model on one worker, in 2 micro-batches (the pipeline's kernels, from the cache)."""
