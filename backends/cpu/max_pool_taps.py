@@ -19,7 +19,7 @@ from ..lowering.context import LowerContext, SelfScheduled
 from ..lowering.pool import pool_window
 from ..lowering.reduce import lowest
 from ..tvm_env import tvm
-from .max_pool import LANES, MAX_WHOLE_ROW, MIN_PARALLEL_ROWS, fold_max, vectorize_pool_row
+from .max_pool import LANES, MAX_WHOLE_ROW, MIN_PARALLEL_ROWS, ROW_SCRATCH, fold_max, vectorize_pool_row
 
 _tvm = tvm()
 te, tir = _tvm.te, _tvm.tirx
@@ -125,8 +125,8 @@ def max_pool_with_taps(ctx: LowerContext) -> SelfScheduled:
             later = sch.get_sblock(name)
             sch.reverse_compute_at(later, outer)
             vectorize_pool_row(sch, sch.get_loops(later)[-1], extent)
-        # The column scratch: one row per thread, on its stack (global buffers would be shared by the parallel rows).
+        # The column scratch: one row per parallel row, on its thread's stack (max_pool.ROW_SCRATCH).
         for name in ("taps_col_max", "taps_col_row"):
-            sch.set_scope(sch.get_sblock(name), 0, "local")
+            sch.set_scope(sch.get_sblock(name), 0, ROW_SCRATCH)
 
     return SelfScheduled([pooled, taps], schedule)
