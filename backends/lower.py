@@ -102,8 +102,10 @@ def schedule_kernel(spec: KernelSpec, target: TargetSpec):
             else:
                 tensors.append(_constant_tensor(te, tir, item.data, t, f"const{m}_{index}"))
         out_types = [TensorType.parse(o) if o is not None else None for o in op.outputs]
+        whole = (len(members) == 1 and not any(layouts.get(ARG_BLOCKS) or ())
+                 and not any(layouts.get(RESULT_BLOCKS) or ()) and all(i is None or i.role == ARG for i in op.inputs))
         ctx = LowerContext(op.op_type, op_attrs(op), tensors, types, data, out_types, gpu=target.is_gpu,
-                           arch=target.arch, tf32=target.tf32)
+                           arch=target.arch, tf32=target.tf32, whole_kernel=whole)
         results = rule(widen_half_accumulation(ctx, tvm_mod.topi))
         if isinstance(results, SelfScheduled):
             known = [t for t in tensors if t is not None]

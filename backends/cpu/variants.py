@@ -21,7 +21,8 @@ from ..lowering.context import LowerContext
 from ..lowering.conv_transpose import conv_transpose
 from ..lowering.grad import RULES as GRAD_RULES, conv_grad_filter, window_of
 from ..lowering.nn import RULES as GENERIC_NN_RULES, conv_pads
-from .average_pool import applies as separable_average_pool_applies, average_pool_separable
+from .average_pool import (applies as separable_average_pool_applies, average_pool_by_rows,
+                           average_pool_separable, runs_by_rows)
 from .batch_stats import applies as one_read_stats_applies, batch_stats
 from .conv_grad_filter import applies as tiled_grad_filter_applies, conv_grad_filter_tiled
 from .conv_runtime_weights import applies as runtime_weights_applies, conv_runtime_weights
@@ -96,6 +97,8 @@ def _max_pool(ctx: LowerContext):
 def _average_pool(ctx: LowerContext):
     if not separable_average_pool_applies(ctx):
         return GENERIC_NN_RULES["AveragePool"](ctx)
+    if runs_by_rows(ctx):
+        return [average_pool_by_rows(ctx)]
     return average_pool_separable(ctx)
 
 

@@ -40,6 +40,9 @@ class LowerContext:
     gpu: bool = False
     arch: str | None = None  # the GPU's architecture (sm_90), None on a CPU
     tf32: bool = False  # convolutions may run on TF32 tensor cores (backends/target.py)
+    # The op is its kernel's only member and its inputs are the kernel's arguments as they are (no blocked view):
+    # a rule may then write the whole kernel itself (lowering/rnn.py's PrimFuncResult).
+    whole_kernel: bool = False
 
     def attr(self, name: str, default: Any = None) -> Any:
         """An attribute value, or `default` when it is absent."""
