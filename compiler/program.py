@@ -340,7 +340,15 @@ class ProgramBuilder:
         return default_algorithm(node.op_type, dict(attrs), [v.type if v is not None else None for v in inputs],
                                  [v.const if v is not None else None for v in inputs], self.target.kind,
                                  self._reads_blocks(node, inputs[0], outer),
-                                 outer.get(id(inputs[0]), inputs[0]).name in self.blocked)
+                                 outer.get(id(inputs[0]), inputs[0]).name in self.blocked,
+                                 self._computed_in_kernel(node, inputs[0], outer))
+
+    @staticmethod
+    def _computed_in_kernel(node: Node, value: Value, outer: Mapping[int, Value]) -> bool:
+        """Whether `value`, an input of `node`, is computed inside `node`'s kernel (by another member of its fused
+        group) rather than passed to it as an argument."""
+        value = outer.get(id(value), value)
+        return bool(outer) and value.producer is not None and value.producer.graph is node.graph
 
     def _reads_blocks(self, node: Node, value: Value, outer: Mapping[int, Value]) -> bool:
         """Whether every activation `value` is computed from inside `node`'s kernel (its fused group, when it is a

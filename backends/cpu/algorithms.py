@@ -26,7 +26,8 @@ import numpy as np
 from tessel.ir.types import TensorType
 
 from ..kernel import ALGORITHM
-from .packing import conv_blocks, conv_kind, default_conv_algorithm, f32_conv_blocks, plan_packing, tile_axis
+from .packing import (NARROW_ROW, conv_blocks, conv_kind, default_conv_algorithm, f32_conv_blocks, plan_packing,
+                      tile_axis)
 from .winograd import applies as winograd_applies
 from .winograd_blocks import by_default as winograd_by_default
 
@@ -79,6 +80,15 @@ def backward_algorithms(op_type: str, attrs: Mapping[str, Any], input_types: Seq
     return ("tiled", "generic") if tiled else ("generic",)
 
 
+# The widest output rows a 1 × 1 conv of an NCHW kernel argument runs direct on (`default_algorithm`).
+MAX_DIRECT_NCHW_ROW = 28
+
+
+def _out_rows(attrs: Mapping[str, Any], x: TensorType) -> int:
+    """The output row width of a 1 × 1 stride-1 conv of `x` along its register tiles' axis."""
+    return tile_axis(attrs, *x.shape[2:])[1]
+
+
 def _out_width(attrs: Mapping[str, Any], x: TensorType) -> int:
     """The output row width of a 3×3 stride-1 conv of `x`: its explicit pads, or its `auto_pad` (SAME keeps it)."""
     auto_pad = attrs.get("auto_pad", "NOTSET")
@@ -90,7 +100,7 @@ def _out_width(attrs: Mapping[str, Any], x: TensorType) -> int:
 
 def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[TensorType | None],
                       constants: Sequence[np.ndarray | None], target_kind: str, reads_blocks: bool,
-                      input_blocked: bool = False) -> str | None:
+                      input_blocked: bool = False, input_computed: bool = True) -> str | None:
     """The algorithm an op runs when no selection chose one, where it is not the first of `algorithms`; else None.
 
     A 3×3 stride-1 conv whose input is itself an NCHW[16]c argument of its kernel (`input_blocked`: not computed
@@ -112,7 +122,15 @@ def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Seque
     A 1 × 1 stride-1 conv of fewer output channels than a vector (YOLOv8n's DFL conv: one) runs direct whatever its
     input: its packed tiles are one channel wide, scalar (59 → 8 µs in the model); not a wider window (mtcnn_pnet's
     3 × 3 stem of 10 channels on its NCHW image: the model ran 2.7× slower). An NCHW input with an elementwise
-    prologue (ppocr_v4_rec's squeeze-excite scaling) ran 2× slower direct: NCHW inputs keep the default.
+    prologue (ppocr_v4_rec's squeeze-excite scaling) ran 2× slower direct: NCHW inputs computed in the kernel keep the
+    default. A 1 × 1 stride-1 conv that reads an NCHW input as it is (`input_computed` False: a kernel argument, such
+    as a Concat's result that several convs read) runs "direct" on rows of NARROW_ROW to MAX_DIRECT_NCHW_ROW pixels:
+    packing copies the whole input once per call, a cost shared by few output-channel blocks where the conv has few
+    output channels. Measured on topology_inception_v2 (each kernel's min over 120 runs in the program, interleaved
+    with "nchwc", two runs): its 26 such convs on 28² and 14² rows (192-576 input channels) took 1.605 instead of
+    1.940 ms (3-35% each faster), but 1024 → 192-352 channels on 7² rows ran 2-8% slower (each 16-channel step reads
+    16 rows of 28 bytes). Without the upper bound, ppocr_v4_det ran 1.33× slower: four of its convs changed, on rows of
+    160, 80, 40 and 20 pixels (12-42 input channels on the wide ones).
     """
     if op_type != "Conv" or target_kind != "llvm":
         return None
@@ -126,6 +144,9 @@ def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Seque
                  and not any(attrs.get("pads") or ()) and attrs.get("auto_pad", "NOTSET") in ("NOTSET", "VALID"))
     if pointwise and constants[1].shape[0] < F32_LANES:
         return "direct"
+    nchw_argument = pointwise and not reads_blocks and not input_computed
+    if nchw_argument and NARROW_ROW <= _out_rows(attrs, input_types[0]) <= MAX_DIRECT_NCHW_ROW:
+        return "direct" if _direct_tiles(attrs, input_types[0], constants[1]) else None
     return "direct" if reads_blocks and _direct_tiles(attrs, input_types[0], constants[1]) else None
 
 

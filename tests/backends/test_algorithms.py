@@ -165,14 +165,64 @@ def test_convs_on_blocks_run_direct_where_whole_tiles_cover_their_rows():
     assert choice("1x1", size=20, channels=(16, 1), blocks=False) == "direct"
     x = TensorType("float32", (1, 16, 20, 20))
     assert default_algorithm("Conv", {}, [x], [None, np.ones((32, 16, 1, 1), np.float32)], "cuda", True) is None
-    # In a program: a model input is NCHW (the default), a conv result kept blocked is read direct.
+    # In a program: a 3 × 3 conv of a model input (NCHW) keeps the default, a conv result kept blocked is read direct.
     rng = np.random.default_rng(5)
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]), helper.make_node("Relu", ["a"], ["r"]),
-             helper.make_node("Conv", ["r", "w2"], ["y"])]
-    weights = [(f"w{k}", rng.standard_normal((16, 16, 1, 1)).astype(np.float32)) for k in (1, 2)]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["r"]), helper.make_node("Conv", ["r", "w2"], ["y"])]
+    weights = [(f"w{n}", rng.standard_normal((16, 16, k, k)).astype(np.float32)) for n, k in ((1, 3), (2, 1))]
     graph, _ = run_pipeline(ir.from_onnx(model(nodes, [("x", F, [1, 16, 14, 14])], [("y", F, None)], weights)),
                             select_passes([]))
     program = build_program(graph, LLVM)
     chosen = [dict(m.spec.attrs).get(ALGORITHM) for spec in program.kernels.values() for m in spec.members()
               if m.spec.op_type == "Conv"]
     assert sorted(chosen, key=str) == [None, "direct"]
+
+
+def _concat_read_by_pointwise_convs():
+    """x → 3 × 3 conv → Relu, concatenated with x (NCHW: a model input) and read by two 1 × 1 convs as it is and by a
+    third scaled (the Mul fused into its kernel)."""
+    rng = np.random.default_rng(7)
+    shapes = {"a": (32, 16, 3, 3), "b": (32, 48, 1, 1), "c": (16, 48, 1, 1), "d": (32, 48, 1, 1)}
+    weights = [(f"w{n}", (rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32))
+               for n, s in shapes.items()] + [("two", np.array(2.0, np.float32))]
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["ar"]), helper.make_node("Concat", ["ar", "x"], ["cat"], axis=1),
+             helper.make_node("Conv", ["cat", "wb"], ["b"]), helper.make_node("Conv", ["cat", "wc"], ["c"]),
+             helper.make_node("Mul", ["cat", "two"], ["scaled"]), helper.make_node("Conv", ["scaled", "wd"], ["d"])]
+    return model(nodes, [("x", F, [1, 16, 14, 14])], [("b", F, None), ("c", F, None), ("d", F, None)], weights)
+
+
+def test_pointwise_convs_read_an_nchw_argument_direct():
+    from tessel.backends.cpu.algorithms import MAX_DIRECT_NCHW_ROW, default_algorithm
+    from tessel.backends.cpu.packing import NARROW_ROW
+    from tessel.backends.kernel import ALGORITHM
+    from tessel.ir.types import TensorType
+
+    def choice(size, kernel=1, computed=False, out_channels=32):
+        x = TensorType("float32", (1, 48, size, size))
+        weight = np.ones((out_channels, 48, kernel, kernel), np.float32)
+        return default_algorithm("Conv", {"pads": [kernel // 2] * 4, "group": 1}, [x, None], [None, weight], "llvm",
+                                 False, input_computed=computed)
+
+    # A 1 × 1 conv of an NCHW kernel argument: direct on rows of NARROW_ROW to MAX_DIRECT_NCHW_ROW pixels (a tile
+    # dividing them); not on 7-pixel rows or 40-pixel ones (measured slower), not where a prologue computes its input
+    # in the kernel, not a 3 × 3 conv, not 18 output channels (no whole blocks to write).
+    assert choice(14) == choice(MAX_DIRECT_NCHW_ROW) == choice(NARROW_ROW) == "direct"
+    assert choice(7) is None and choice(13) is None and choice(40) is None and choice(14, computed=True) is None
+    assert choice(14, kernel=3) is None and choice(14, out_channels=18) is None
+    graph, _ = run_pipeline(ir.from_onnx(_concat_read_by_pointwise_convs()), select_passes([]))
+    chosen = sorted((tuple(m.spec.op_type for m in spec.members()), str(dict(m.spec.attrs).get(ALGORITHM)))
+                    for spec in build_program(graph, LLVM).kernels.values() for m in spec.members()
+                    if m.spec.op_type == "Conv")
+    assert chosen == [(("Conv",), "direct"), (("Conv",), "direct"), (("Conv", "Relu"), "None"),
+                      (("Mul", "Conv"), "None")]
+
+
+@pytest.mark.slow
+def test_pointwise_convs_reading_an_nchw_argument_equal_onnxruntime(kernel_cache):
+    from tessel.compiler.api import compile
+    from tests.conftest import assert_matches_onnxruntime
+
+    convs = _concat_read_by_pointwise_convs()
+    x = np.random.default_rng(8).standard_normal((1, 16, 14, 14)).astype(np.float32)
+    assert_matches_onnxruntime(compile(convs, cache_dir=kernel_cache).run({"x": x}), run_onnxruntime(convs, {"x": x}))
