@@ -488,7 +488,9 @@ class _Importer:
             value = scope.get(vi.name)
             if value is None:
                 raise ModelImportError(f"graph '{graph.name}': output '{vi.name}' is not produced by any node, input or initializer")
-            if value.name != vi.name:
+            # A branch returning a value of the enclosing graph (which the ONNX checker rejects) returns an Identity
+            # of it: the outer value then has a use, and no pass removes its producer.
+            if value.name != vi.name or value.graph is not graph:
                 value = self._name_output(graph, value, vi.name, outputs)
             outputs.append(value)
         graph.outputs = outputs

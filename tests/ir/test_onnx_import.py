@@ -82,6 +82,25 @@ def test_if_with_runtime_condition_keeps_both_branches():
         np.testing.assert_array_equal(run_onnxruntime(ir.to_onnx(graph), feeds)[0], run_onnxruntime(original, feeds)[0])
 
 
+def test_a_branch_returning_an_outer_value_keeps_its_producer(kernel_cache):
+    # then returns r, made by the Relu outside (the ONNX checker and onnxruntime refuse this form): the branch gets
+    # an Identity of r, so r counts as used and no pass (dce, pool_concat) removes the Relu.
+    from tessel.compiler.api import compile
+
+    then_branch = helper.make_graph([], "then", [], [helper.make_tensor_value_info("r", F, None)])
+    else_branch = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [], [helper.make_tensor_value_info("e", F, None)])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("If", ["c"], ["y"], then_branch=then_branch,
+                                                                       else_branch=else_branch)]
+    branchy = model(nodes, [X, ("c", 9, [])], [("y", F, None)])
+    graph = ir.from_onnx(branchy)
+    relu = graph.nodes[0]
+    assert relu.op_type == "Relu" and [u.op_type for u, _ in relu.outputs[0].uses] == ["Identity"]
+    x = np.random.default_rng(2).standard_normal([2, 3, 4, 5]).astype(np.float32)
+    artifact = compile(branchy, cache_dir=kernel_cache)
+    np.testing.assert_array_equal(artifact.run({"x": x, "c": np.array(True)})["y"], np.maximum(x, 0))
+    np.testing.assert_array_equal(artifact.run({"x": x, "c": np.array(False)})["y"], -x)
+
+
 def test_symbolic_dimension_without_binding_names_input_and_axis():
     with pytest.raises(ir.ShapeBindingError, match=r"input 'x' axis 2 is symbolic \('h'\)"):
         ir.from_onnx(model([helper.make_node("Relu", ["x"], ["y"])], [("x", F, [1, 3, "h", 5])], [("y", F, None)]))
