@@ -31,12 +31,14 @@ te, tir = _tvm.te, _tvm.tirx
 # pixels or fewer).
 ROW_LANES = 16
 MAX_ROW_VECTORS = 2
+# Strides up to this run along rows on an NCHW input (a stride-2 row's two planes: one deinterleaving copy).
+MAX_ROW_STRIDE = 2
 
 
 def conv_depthwise(ctx: LowerContext, before, after):
     """Depthwise conv of x (N, C, H, W) with weights packed (C/cb, R, S, cb), plus the optional bias."""
     strides = tuple(ctx.attr("strides") or (1, 1))
-    if strides == (1, 1) and not reads_blocks(ctx.input(0)):
+    if max(strides) <= MAX_ROW_STRIDE and not reads_blocks(ctx.input(0)):
         return _along_rows(ctx, before, after)
     return _channel_blocked(ctx, before, after)
 
@@ -98,31 +100,36 @@ def _channel_blocked(ctx: LowerContext, before, after):
 
 
 def _along_rows(ctx: LowerContext, before, after):
-    """The NCHW kernel, vectorized along the output rows (see the module docstring); stride 1."""
+    """The NCHW kernel, vectorized along the output rows (see the module docstring)."""
     x, wp, bias = ctx.input(0), ctx.input(1), ctx.input(2)
     cb = ctx.attr(DEPTHWISE_BLOCK)
     n, c, h, w = (int(d) for d in x.shape)
     r, s = (int(d) for d in wp.shape[1:3])
     _, _, oh, ow = ctx.out_shape()
+    (sh, sw) = ctx.attr("strides") or (1, 1)
     (dh, dw) = ctx.attr("dilations") or (1, 1)
     (pt, pl), (pb, pr) = before, after
     lanes = ROW_LANES if ow > ROW_LANES // 2 else ROW_LANES // 2
     vectors = min(-(-ow // lanes), MAX_ROW_VECTORS)
     ow_padded = -(-ow // (vectors * lanes)) * vectors * lanes
-    hp = max(h + pt + pb, oh + (r - 1) * dh)
-    wpad = max(w + pl + pr, ow_padded + (s - 1) * dw)
+    hp = max(h + pt + pb, (oh - 1) * sh + (r - 1) * dh + 1)
+    # The padded rows are split into `sw` planes of every sw-th column (one plane at stride 1), so that each tap
+    # reads contiguous columns of one plane: padded column sw·q + t·dw is plane (t·dw) % sw, column q + (t·dw) // sw.
+    plane_width = max(-(-(w + pl + pr) // sw), ow_padded + (s - 1) * dw // sw)
 
-    def pad(ni, ci, y, q):
-        inside = tir.all(y >= pt, y < pt + h, q >= pl, q < pl + w)
-        return tir.if_then_else(inside, x[ni, ci, y - pt, q - pl], tir.const(0.0, x.dtype))
+    def pad(ni, ci, y, plane, q):
+        column = q * sw + plane
+        inside = tir.all(y >= pt, y < pt + h, column >= pl, column < pl + w)
+        return tir.if_then_else(inside, x[ni, ci, y - pt, column - pl], tir.const(0.0, x.dtype))
 
-    padded = te.compute((n, c, hp, wpad), pad, name="dw_pad")
+    padded = te.compute((n, c, hp, sw, plane_width), pad, name="dw_pad")
     kh = te.reduce_axis((0, r), "kh")
     kw = te.reduce_axis((0, s), "kw")
     conv = te.compute(
         (n, c, oh, ow_padded),
-        lambda ni, ci, y, q: te.sum(padded[ni, ci, y + kh * dh, q + kw * dw] * wp[ci // cb, kh, kw, ci % cb],
-                                    axis=[kh, kw]),
+        lambda ni, ci, y, q: te.sum(
+            padded[ni, ci, y * sh + kh * dh, kw * dw % sw, q + kw * dw // sw] * wp[ci // cb, kh, kw, ci % cb],
+            axis=[kh, kw]),
         name="dw_rows")
 
     def result(ni, k, y, q):
@@ -143,8 +150,27 @@ def _along_rows(ctx: LowerContext, before, after):
         sch.reorder(ni, ci, y, qo, rkh, rkw, qv, qi)
         sch.unroll(qv)
         sch.vectorize(qi)
-        _finish(sch, block, tile_out, (ni, ci, y), qo, (rkh, rkw), "dw_pad", None if tiles_to_output else "dw_rows_out",
-                big, ow)
+        if ow <= ROW_LANES // 2:
+            _finish(sch, block, tile_out, (ni, ci, y), qo, (rkh, rkw), "dw_pad",
+                    None if tiles_to_output else "dw_rows_out", big, ow)
+            return
+        # One channel per parallel step: its padded plane and its rows' results stay in L1, and the padding, the
+        # tiles and the copy out share one parallel loop.
+        channels = sch.fuse(ni, ci)
+        if big:
+            sch.parallel(channels)
+        sch.unroll(rkh)
+        sch.unroll(rkw)
+        sch.reverse_compute_at(tile_out, qo)
+        try_step(lambda: sch.vectorize(sch.get_loops(tile_out)[-1]))
+        sch.decompose_reduction(block, rkh)
+        pad = sch.get_sblock("dw_pad")
+        sch.compute_at(pad, channels)
+        try_step(lambda: sch.vectorize(sch.get_loops(pad)[-1]))
+        if not tiles_to_output:
+            output = sch.get_sblock("dw_rows_out")
+            sch.reverse_compute_at(output, channels)
+            try_step(lambda: sch.vectorize(sch.get_loops(output)[-1]))
 
     return SelfScheduled([out], schedule)
 
