@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from ..lowering.context import LowerContext, SelfScheduled
 from ..tvm_env import tvm
+from .grouped_tiles import flat_tile, pointwise_applies, row_tile
 from .packing import GROUPED_LAYOUT
 from .schedule import MIN_PARALLEL_WORK, schedule_rows, try_step
 
@@ -24,9 +25,6 @@ te, tir = _tvm.te, _tvm.tirx
 LANES = 16
 # Pixels per tile: two vectors once there are enough pixels to fill them, else one.
 TWO_VECTORS_FROM = 128
-# The pointwise kernel's register tile: at most this many accumulator registers (of 32) and vectors of pixels.
-TILE_REGISTERS = 24
-MAX_TILE_VECTORS = 4
 
 
 def conv_grouped(ctx: LowerContext, before, after):
@@ -39,10 +37,13 @@ def conv_grouped(ctx: LowerContext, before, after):
     _, tiles, depth, _ = (int(d) for d in wp.shape)
     (sh, sw) = ctx.attr("strides") or (1, 1)
     (dh, dw) = ctx.attr("dilations") or (1, 1)
-    if pointwise_applies(r, s, (sh, sw), before, after):
-        tile = pointwise_tile(k // groups, oh * ow)
-        if tile is not None:
-            return _pointwise(ctx, x, wp, bias, rows, groups, tile)
+    if pointwise_applies((r, s), (sh, sw), [*before, *after]):
+        # The packing chose its rows for the same tile (grouped_tiles.py); the general kernel runs where none fits.
+        flat, by_rows = flat_tile(k // groups, oh * ow), row_tile(k // groups, oh, ow)
+        if flat is not None and flat[0] == rows:
+            return _pointwise(ctx, x, wp, bias, groups, flat[1])
+        if flat is None and by_rows is not None and by_rows[0] == rows:
+            return _pointwise_rows(ctx, x, wp, bias, groups, by_rows[1])
     (pt, pl) = before
     in_per_group, out_per_group = c // groups, k // groups
     pixels = oh * ow
@@ -100,44 +101,16 @@ def conv_grouped(ctx: LowerContext, before, after):
     return SelfScheduled([out], schedule)
 
 
-def pointwise_applies(r: int, s: int, strides, before, after) -> bool:
-    """Whether the conv is 1×1, stride 1, unpadded: its groups' GEMMs can read the NCHW input itself."""
-    return (r, s) == (1, 1) and tuple(strides) == (1, 1) and not any(before) and not any(after)
-
-
-def pointwise_tile(out_per_group: int, pixels: int) -> tuple[int, int] | None:
-    """(rows, width) of the pointwise kernel's register tile, None when no tile fits: `rows` output channels dividing
-    the group's × `width` pixels, whole 16-lane vectors dividing the image's, so every tile is whole and writes the
-    output itself (LLVM spills vectors of other widths).
-
-    Estimated, not measured: a reduction step costs max(FMA issue slots, loads) (a 16-lane FMA takes two 256-bit
-    slots; the loads are the tile's vectors and one broadcast per row), and the tile with the most useful
-    multiply-adds per unit of that cost wins, more accumulators breaking ties, within TILE_REGISTERS accumulators."""
-    best = None
-    for rows in (d for d in range(1, out_per_group + 1) if out_per_group % d == 0):
-        for vectors in range(1, MAX_TILE_VECTORS + 1):
-            if pixels % (vectors * LANES) or rows * vectors > TILE_REGISTERS:
-                continue
-            cost = max(2 * rows * vectors, vectors + rows)
-            key = (rows * vectors / cost, rows * vectors)
-            if best is None or key > best[0]:
-                best = (key, (rows, vectors * LANES))
-    return None if best is None else best[1]
-
-
-def _pointwise(ctx: LowerContext, x, wp, bias, packed_rows: int, groups: int, tile: tuple[int, int]):
+def _pointwise(ctx: LowerContext, x, wp, bias, groups: int, width: int):
     """The 1×1 stride-1 grouped conv as one GEMM per group read straight from the NCHW input and written straight
     to the NCHW output (see the module docstring)."""
     n, c, h, wd = (int(d) for d in x.shape)
     _, k, oh, ow = ctx.out_shape()
     in_per_group, out_per_group = c // groups, k // groups
     pixels = oh * ow
-    rows, width = tile
+    rows = int(wp.shape[3])
+    weight = _weight(wp, out_per_group, rows)
     j = te.reduce_axis((0, in_per_group), "j")
-
-    def weight(ki, ji):
-        g, kk = ki // out_per_group, ki % out_per_group
-        return wp[g, kk // packed_rows, ji, kk % packed_rows]
 
     product = te.compute(
         (n, k, pixels),
@@ -174,3 +147,58 @@ def _pointwise(ctx: LowerContext, x, wp, bias, packed_rows: int, groups: int, ti
         sch.decompose_reduction(block, jj)
 
     return SelfScheduled([out], schedule)
+
+
+def _pointwise_rows(ctx: LowerContext, x, wp, bias, groups: int, image_rows: int):
+    """The 1×1 stride-1 grouped conv whose image does not split into whole vectors: tiles of image rows, each row
+    padded to whole vectors (the padding lanes read as zeros: masked loads), accumulated in registers and written
+    to the NCHW output row by row."""
+    n, c, h, wd = (int(d) for d in x.shape)
+    _, k, oh, ow = ctx.out_shape()
+    in_per_group, out_per_group = c // groups, k // groups
+    rows, lanes = int(wp.shape[3]), LANES
+    weight = _weight(wp, out_per_group, rows)
+    padded = -(-ow // lanes) * lanes
+    j = te.reduce_axis((0, in_per_group), "j")
+
+    def term(ni, ki, y, q):
+        value = tir.if_then_else(q < ow, x[ni, ki // out_per_group * in_per_group + j, y, q], tir.const(0.0, x.dtype))
+        return weight(ki, j) * value
+
+    product = te.compute((n, k, oh, padded), lambda ni, ki, y, q: te.sum(term(ni, ki, y, q), axis=j),
+                         name="pointwise_rows_gemm")
+
+    def result(ni, ki, y, q):
+        value = product[ni, ki, y, q]
+        return value + bias[ki] if bias is not None else value
+
+    out = te.compute(ctx.out_shape(), result, name="pointwise_rows_out")
+    big = n * k * oh * ow * in_per_group >= MIN_PARALLEL_WORK * 16
+
+    def schedule(sch) -> None:
+        block = sch.get_sblock("pointwise_rows_gemm")
+        ni, ki, y, q, jj = sch.get_loops(block)
+        gi, kg = sch.split(ki, [groups, out_per_group])
+        ko, ri = sch.split(kg, [None, rows])
+        yo, yi = sch.split(y, [None, image_rows])
+        qv, qi = sch.split(q, [None, lanes])
+        sch.reorder(ni, gi, yo, ko, jj, ri, yi, qv, qi)
+        outer = sch.fuse(ni, gi, yo, ko)
+        if big:
+            sch.parallel(outer)
+        sch.unroll(ri)
+        sch.unroll(yi)
+        sch.unroll(qv)
+        sch.vectorize(qi)
+        sch.decompose_reduction(block, jj)
+        # The tile's rows go out (with the bias and the fused epilogue) once its reduction is done.
+        output = sch.get_sblock("pointwise_rows_out")
+        sch.reverse_compute_at(output, outer)
+        try_step(lambda: sch.vectorize(sch.get_loops(output)[-1]))
+
+    return SelfScheduled([out], schedule)
+
+
+def _weight(wp, out_per_group: int, rows: int):
+    """The packed weight of output channel ki and reduction step j: (G, Kg/rows, Cg, rows), rows dividing Kg."""
+    return lambda ki, j: wp[ki // out_per_group, ki % out_per_group // rows, j, ki % rows]

@@ -7,7 +7,7 @@ import pytest
 from onnx import helper
 
 from tessel import ir
-from tessel.backends.cpu.grouped_conv import TILE_REGISTERS, pointwise_tile
+from tessel.backends.cpu.grouped_tiles import TILE_REGISTERS, flat_tile, pointwise_rows, row_tile
 from tessel.compiler.algo import find_layers
 from tessel.compiler.api import compile as compile_model
 from tessel.compiler.pipeline import run_pipeline, select_passes
@@ -31,6 +31,7 @@ CONVS = {
     "grouped3_3x3_s2": (9, 15, 3, 3, 9, (1, 0, 1, 1), (2, 2), (1, 1)),
     "grouped4_1x1_k34": (24, 136, 4, 1, 7, (0, 0, 0, 0), (1, 1), (1, 1)),
     "grouped4_1x1_k34_p64": (24, 136, 4, 1, 8, (0, 0, 0, 0), (1, 1), (1, 1)),
+    "grouped4_1x1_k34_w14": (24, 136, 4, 1, 14, (0, 0, 0, 0), (1, 1), (1, 1)),
     "multiplier2": (6, 12, 6, 3, 8, (1, 1, 1, 1), (1, 1), (1, 1)),
 }
 
@@ -96,14 +97,23 @@ def test_depthwise_conv_keeps_blocks_between_dense_convs(kernel_cache):
 
 
 @pytest.mark.parametrize("out_per_group,pixels", [(34, 784), (28, 3136), (68, 64), (7, 48), (1, 16)])
-def test_pointwise_tile_is_whole_and_fits_the_registers(out_per_group, pixels):
-    rows, width = pointwise_tile(out_per_group, pixels)
+def test_flat_tile_is_whole_and_fits_the_registers(out_per_group, pixels):
+    rows, width = flat_tile(out_per_group, pixels)
     assert out_per_group % rows == 0 and pixels % width == 0 and width % 16 == 0
     assert rows * width // 16 <= TILE_REGISTERS
 
 
-def test_pointwise_tile_needs_whole_vectors():
-    assert pointwise_tile(68, 196) is None and pointwise_tile(136, 49) is None
+@pytest.mark.parametrize("out_per_group,oh,ow", [(68, 14, 14), (34, 10, 12), (5, 9, 20), (1, 3, 9)])
+def test_row_tile_is_whole_and_fits_the_registers(out_per_group, oh, ow):
+    rows, image_rows = row_tile(out_per_group, oh, ow)
+    assert out_per_group % rows == 0 and oh % image_rows == 0
+    assert rows * image_rows * -(-ow // 16) <= TILE_REGISTERS
+
+
+def test_pointwise_tiles_need_whole_vectors_or_rows_over_8_pixels():
+    assert flat_tile(68, 196) is None and flat_tile(136, 49) is None
+    assert row_tile(136, 7, 7) is None and pointwise_rows(136, 7, 7) is None
+    assert pointwise_rows(68, 14, 14) == row_tile(68, 14, 14)[0]
 
 
 def test_grouped_pointwise_conv_with_a_residual_equals_onnxruntime():
