@@ -8,8 +8,16 @@ pixels, accumulated in registers over the group's reduction. Weights come
 packed at compile time as (G, Kg'/rows, Cg·R·S, rows), Kg' being Kg rounded up to
 whole row tiles with zero rows, so a tile's `rows` weights of one reduction step
 are adjacent. The input is unfolded into (N, G, Cg·R·S, P') columns (P' = P
-rounded up to whole tiles; for a 1×1 stride-1 conv a plain copy), and the
-bias/activation epilogue is applied as NCHW is written.
+rounded up to whole tiles), and the bias/activation epilogue is applied as NCHW is written.
+
+A 1×1, stride-1, unpadded grouped conv (ShuffleNet's) runs the pointwise kernel instead: no
+column copy and no output pass. Its GEMMs read the NCHW input directly and each register tile
+is written to the output (with the epilogue) as soon as its reduction is done: tiles of the
+flattened image where whole 16-lane vectors divide it (28×28), else tiles of image rows, each
+row padded to whole vectors whose padding lanes load as zeros (14×14). The tiles' rows divide
+the group's output channels and the weights are packed with as many rows per tile
+(grouped_tiles.py chooses for both). Images of rows of 8 pixels or fewer (7×7) keep the kernel
+above: LLVM turned their masked rows into shuffles (measured several times slower).
 """
 from __future__ import annotations
 
