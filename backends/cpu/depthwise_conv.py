@@ -16,7 +16,7 @@ channel-blocked. Each channel is one parallel step: its input is padded into a p
 in L1 (at stride 2 split into the even and the odd columns, so that each tap reads
 contiguous columns), its rows are computed and copied out with the epilogue, all in
 one parallel loop (measured on ShuffleNet's 272 channels of 14×14: 35 → 9 µs, and
-3 → 1 parallel loops; rows of 8 pixels or fewer keep the row-parallel schedule).
+3 → 1 parallel loops; 544 channels of 7×7: 20 → 12 µs).
 
 Weights come packed at compile time as (C/cb, R, S, cb) for both, and the
 bias/activation epilogue runs as the tiles are copied out.
@@ -36,6 +36,9 @@ te, tir = _tvm.te, _tvm.tirx
 # pixels or fewer).
 ROW_LANES = 16
 MAX_ROW_VECTORS = 2
+# Along rows, channels run in parallel from this many times MIN_PARALLEL_WORK multiply-adds (measured: ShuffleNet's
+# 544 channels of 7×7, 240k, 20 -> 12 µs on two threads; the channel-blocked kernel keeps 16).
+ROWS_PARALLEL_FROM = 8
 # Strides up to this run along rows on an NCHW input (a stride-2 row's two planes: one deinterleaving copy).
 MAX_ROW_STRIDE = 2
 
@@ -141,7 +144,7 @@ def _along_rows(ctx: LowerContext, before, after):
         return conv[ni, k, y, q] + bias[k] if bias is not None else conv[ni, k, y, q]
 
     out = te.compute(ctx.out_shape(), result, name="dw_rows_out")
-    big = n * c * oh * ow * r * s >= MIN_PARALLEL_WORK * 16
+    big = n * c * oh * ow * r * s >= MIN_PARALLEL_WORK * ROWS_PARALLEL_FROM
 
     def schedule(sch) -> None:
         block = sch.get_sblock("dw_rows")
@@ -155,10 +158,6 @@ def _along_rows(ctx: LowerContext, before, after):
         sch.reorder(ni, ci, y, qo, rkh, rkw, qv, qi)
         sch.unroll(qv)
         sch.vectorize(qi)
-        if ow <= ROW_LANES // 2:
-            _finish(sch, block, tile_out, (ni, ci, y), qo, (rkh, rkw), "dw_pad",
-                    None if tiles_to_output else "dw_rows_out", big, ow)
-            return
         # One channel per parallel step: its padded plane and its rows' results stay in L1, and the padding, the
         # tiles and the copy out share one parallel loop.
         channels = sch.fuse(ni, ci)
@@ -175,14 +174,16 @@ def _along_rows(ctx: LowerContext, before, after):
         if not tiles_to_output:
             output = sch.get_sblock("dw_rows_out")
             sch.reverse_compute_at(output, channels)
-            try_step(lambda: sch.vectorize(sch.get_loops(output)[-1]))
+            # Rows of 8 pixels or fewer stay scalar: LLVM's odd-width vectors cost more than they save.
+            if ow > ROW_LANES // 2:
+                try_step(lambda: sch.vectorize(sch.get_loops(output)[-1]))
 
     return SelfScheduled([out], schedule)
 
 
 def _finish(sch, block, tile_out, row_loops, tile_loop, window_loops, staging: str, output: str | None, big: bool,
             ow: int) -> None:
-    """What both layouts' schedules share once their tile loops are placed: rows across threads (when `big`),
+    """The channel-blocked schedule once its tile loops are placed: rows across threads (when `big`),
     the window unrolled, each register tile copied out after its loop, the staging copy (padding or packing)
     parallel and vectorized, and the `output` block (None where the tiles write it) scheduled by rows."""
     rows = sch.fuse(*row_loops)
