@@ -8,13 +8,22 @@ pixels, accumulated in registers over the group's reduction. Weights come
 packed at compile time as (G, Kg'/rows, Cg·R·S, rows), Kg' being Kg rounded up to
 whole row tiles with zero rows, so a tile's `rows` weights of one reduction step
 are adjacent. The input is unfolded into (N, G, Cg·R·S, P') columns (P' = P
-rounded up to whole tiles; for a 1×1 stride-1 conv a plain copy), and the
-bias/activation epilogue is applied as NCHW is written.
+rounded up to whole tiles), and the bias/activation epilogue is applied as NCHW is written.
+
+A 1×1, stride-1, unpadded grouped conv (ShuffleNet's) runs the pointwise kernel instead: no
+column copy and no output pass. Its GEMMs read the NCHW input directly and each register tile
+is written to the output (with the epilogue) as soon as its reduction is done: tiles of the
+flattened image where whole 16-lane vectors divide it (28×28), else tiles of image rows, each
+row padded to whole vectors whose padding lanes load as zeros (14×14). The tiles' rows divide
+the group's output channels and the weights are packed with as many rows per tile
+(grouped_tiles.py chooses for both). Images of rows of 8 pixels or fewer (7×7) keep the kernel
+above: LLVM turned their masked rows into shuffles (measured several times slower).
 """
 from __future__ import annotations
 
 from ..lowering.context import LowerContext, SelfScheduled
 from ..tvm_env import tvm
+from .grouped_tiles import flat_tile, pointwise_applies, row_tile
 from .packing import GROUPED_LAYOUT
 from .schedule import MIN_PARALLEL_WORK, schedule_rows, try_step
 
@@ -36,6 +45,13 @@ def conv_grouped(ctx: LowerContext, before, after):
     _, tiles, depth, _ = (int(d) for d in wp.shape)
     (sh, sw) = ctx.attr("strides") or (1, 1)
     (dh, dw) = ctx.attr("dilations") or (1, 1)
+    if pointwise_applies((r, s), (sh, sw), [*before, *after]):
+        # The packing chose its rows for the same tile (grouped_tiles.py); the general kernel runs where none fits.
+        flat, by_rows = flat_tile(k // groups, oh * ow), row_tile(k // groups, oh, ow)
+        if flat is not None and flat[0] == rows:
+            return _pointwise(ctx, x, wp, bias, groups, flat[1])
+        if flat is None and by_rows is not None and by_rows[0] == rows:
+            return _pointwise_rows(ctx, x, wp, bias, groups, by_rows[1])
     (pt, pl) = before
     in_per_group, out_per_group = c // groups, k // groups
     pixels = oh * ow
@@ -91,3 +107,106 @@ def conv_grouped(ctx: LowerContext, before, after):
         schedule_rows(sch, "grouped_out", big, ow % 4 == 0)
 
     return SelfScheduled([out], schedule)
+
+
+def _pointwise(ctx: LowerContext, x, wp, bias, groups: int, width: int):
+    """The 1×1 stride-1 grouped conv as one GEMM per group read straight from the NCHW input and written straight
+    to the NCHW output (see the module docstring)."""
+    n, c, h, wd = (int(d) for d in x.shape)
+    _, k, oh, ow = ctx.out_shape()
+    in_per_group, out_per_group = c // groups, k // groups
+    pixels = oh * ow
+    rows = int(wp.shape[3])
+    weight = _weight(wp, out_per_group, rows)
+    j = te.reduce_axis((0, in_per_group), "j")
+
+    product = te.compute(
+        (n, k, pixels),
+        lambda ni, ki, p: te.sum(weight(ki, j) * x[ni, ki // out_per_group * in_per_group + j, p // ow, p % ow],
+                                 axis=j),
+        name="pointwise_gemm")
+
+    def result(ni, ki, y, q):
+        value = product[ni, ki, y * ow + q]
+        return value + bias[ki] if bias is not None else value
+
+    out = te.compute(ctx.out_shape(), result, name="pointwise_out")
+    big = n * k * pixels * in_per_group >= MIN_PARALLEL_WORK * 16
+
+    def schedule(sch) -> None:
+        block = sch.get_sblock("pointwise_gemm")
+        tile = sch.cache_write(block, 0, "global")
+        # The bias and the fused epilogue run as each register tile is written to the output.
+        sch.reverse_compute_inline(sch.get_sblock("pointwise_out"))
+        ni, ki, p, jj = sch.get_loops(block)
+        gi, kg = sch.split(ki, [groups, out_per_group])
+        ko, ri = sch.split(kg, [None, rows])
+        po, pv, pi = sch.split(p, [None, width // LANES, LANES])
+        # The row tiles of one pixel tile run in turn on a thread: its input columns stay in L1.
+        sch.reorder(ni, gi, po, ko, jj, ri, pv, pi)
+        outer = sch.fuse(ni, gi, po, ko)
+        if big:
+            sch.parallel(outer)
+        sch.unroll(ri)
+        sch.unroll(pv)
+        sch.vectorize(pi)
+        sch.reverse_compute_at(tile, outer)
+        try_step(lambda: sch.vectorize(sch.get_loops(tile)[-1]))
+        sch.decompose_reduction(block, jj)
+
+    return SelfScheduled([out], schedule)
+
+
+def _pointwise_rows(ctx: LowerContext, x, wp, bias, groups: int, image_rows: int):
+    """The 1×1 stride-1 grouped conv whose image does not split into whole vectors: tiles of image rows, each row
+    padded to whole vectors (the padding lanes read as zeros: masked loads), accumulated in registers and written
+    to the NCHW output row by row."""
+    n, c, h, wd = (int(d) for d in x.shape)
+    _, k, oh, ow = ctx.out_shape()
+    in_per_group, out_per_group = c // groups, k // groups
+    rows, lanes = int(wp.shape[3]), LANES
+    weight = _weight(wp, out_per_group, rows)
+    padded = -(-ow // lanes) * lanes
+    j = te.reduce_axis((0, in_per_group), "j")
+
+    def term(ni, ki, y, q):
+        value = tir.if_then_else(q < ow, x[ni, ki // out_per_group * in_per_group + j, y, q], tir.const(0.0, x.dtype))
+        return weight(ki, j) * value
+
+    product = te.compute((n, k, oh, padded), lambda ni, ki, y, q: te.sum(term(ni, ki, y, q), axis=j),
+                         name="pointwise_rows_gemm")
+
+    def result(ni, ki, y, q):
+        value = product[ni, ki, y, q]
+        return value + bias[ki] if bias is not None else value
+
+    out = te.compute(ctx.out_shape(), result, name="pointwise_rows_out")
+    big = n * k * oh * ow * in_per_group >= MIN_PARALLEL_WORK * 16
+
+    def schedule(sch) -> None:
+        block = sch.get_sblock("pointwise_rows_gemm")
+        ni, ki, y, q, jj = sch.get_loops(block)
+        gi, kg = sch.split(ki, [groups, out_per_group])
+        ko, ri = sch.split(kg, [None, rows])
+        yo, yi = sch.split(y, [None, image_rows])
+        qv, qi = sch.split(q, [None, lanes])
+        sch.reorder(ni, gi, yo, ko, jj, ri, yi, qv, qi)
+        outer = sch.fuse(ni, gi, yo, ko)
+        if big:
+            sch.parallel(outer)
+        sch.unroll(ri)
+        sch.unroll(yi)
+        sch.unroll(qv)
+        sch.vectorize(qi)
+        sch.decompose_reduction(block, jj)
+        # The tile's rows go out (with the bias and the fused epilogue) once its reduction is done.
+        output = sch.get_sblock("pointwise_rows_out")
+        sch.reverse_compute_at(output, outer)
+        try_step(lambda: sch.vectorize(sch.get_loops(output)[-1]))
+
+    return SelfScheduled([out], schedule)
+
+
+def _weight(wp, out_per_group: int, rows: int):
+    """The packed weight of output channel ki and reduction step j: (G, Kg/rows, Cg, rows), rows dividing Kg."""
+    return lambda ki, j: wp[ki // out_per_group, ki % out_per_group // rows, j, ki % rows]

@@ -17,6 +17,7 @@ from tessel.ir.types import TensorType
 
 from ..kernel import ALGORITHM, BF16, PRECISION
 from .bf16 import LANES, PAIR, to_bf16_bits
+from .grouped_tiles import pointwise_applies, pointwise_rows
 
 # Attribute names the packed kernels read (they are not ONNX attributes).
 CONV_BLOCKS = "tessel_conv_blocks"
@@ -210,7 +211,9 @@ def _plan_grouped_packing(attrs: Mapping[str, Any], algorithm: str, input_type: 
         return Packing(((DEPTHWISE_BLOCK, block),), {1: pack_depthwise_weight(weight, block)})
     if kind == "grouped" and algorithm == "grouped_gemm":
         groups = attrs["group"]
-        rows = grouped_rows(weight.shape[0] // groups)
+        per_group = weight.shape[0] // groups
+        pointwise = pointwise_applies(weight.shape[2:], attrs.get("strides") or (1, 1), attrs.get("pads") or ())
+        rows = (pointwise and pointwise_rows(per_group, *input_type.shape[2:])) or grouped_rows(per_group)
         layout = (rows, *weight.shape[2:])
         return Packing(((GROUPED_LAYOUT, layout),), {1: pack_grouped_weight(weight, groups, rows)})
     return None
