@@ -52,6 +52,11 @@ def workspace_bytes(spec: KernelSpec, target: TargetSpec) -> int:
     which shrink to one tile when the kernel is lowered.
     """
     func, scheduled = schedule_kernel(spec, target)
+    if not hasattr(func.body, "block"):  # a kernel written by hand (lowering/rnn.py's PrimFuncResult): no sblocks
+        from .tvm_env import tvm
+
+        allocated = tvm().s_tir.analysis.calculate_allocated_bytes(func)
+        return sum(int(per_scope.get("global", 0)) for per_scope in allocated.values())
     if not scheduled and target.kind == "llvm":
         from .cpu import schedule as cpu_schedule
 

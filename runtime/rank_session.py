@@ -120,8 +120,11 @@ class RankSession:
                 pass
 
     def interrupt(self) -> None:
-        """What a stop signal's handler does: close the session (the followers are torchrun's to stop)."""
-        self.close()
+        """What a stop signal's handler does: fail the session and send the followers nothing (a collective begun
+        in the handler could wait on the one the signal interrupted); torchrun stops the other ranks."""
+        global _broken
+        _broken = True
+        self._error = self._error or "the session was interrupted by a stop signal; torchrun stops the other ranks"
 
     def _guard(self, call, *args):
         """`call(*args)`, its failure kept as the session's one line (every later request fails with it)."""

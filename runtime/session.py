@@ -270,6 +270,9 @@ def _info(name: str, t: TensorType) -> TensorInfo:
 
 # The worker groups of every open session, stopped at interpreter exit and on SIGTERM/SIGHUP.
 _OPEN_GROUPS: set = set()
+# Groups a stop signal killed, not yet closed (reaped, pipes released): closed by their session's close() or at exit.
+# Out of _OPEN_GROUPS, so that once a caller caught SessionInterrupted the next stop signal acts as by default.
+_INTERRUPTED_GROUPS: set = set()
 _SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 _signals_installed = False
 _starting = 0  # sessions whose workers are starting
@@ -277,12 +280,13 @@ _starting = 0  # sessions whose workers are starting
 
 def _close_group(group) -> None:
     _OPEN_GROUPS.discard(group)
+    _INTERRUPTED_GROUPS.discard(group)
     group.close()
 
 
 def close_all() -> None:
-    """Stop the workers of every open session (what interpreter exit does)."""
-    for group in list(_OPEN_GROUPS):
+    """Stop the workers of every open session, and close those a stop signal killed (what interpreter exit does)."""
+    for group in list(_OPEN_GROUPS | _INTERRUPTED_GROUPS):
         _close_group(group)
 
 
@@ -320,4 +324,6 @@ def _stop_sessions(signum, frame) -> None:
     # code this handler interrupted may hold a lock that closing takes (WorkerGroup.interrupt says which).
     for group in list(_OPEN_GROUPS):
         group.interrupt()
+        _OPEN_GROUPS.discard(group)
+        _INTERRUPTED_GROUPS.add(group)
     raise SessionInterrupted(signum)

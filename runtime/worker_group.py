@@ -471,7 +471,9 @@ class WorkerGroup:
         if self._error is None and not self._closing:
             self._error = "the session was interrupted by a stop signal; open a new one"
         for process in self.processes:
-            if process.returncode is None:  # not reaped yet, so its pid is still this worker's
+            # poll() only tries Popen's lock (None while the interrupted code holds it), so it cannot block here; a
+            # worker it finds reaped is skipped, its pid may already be another process's.
+            if process.returncode is None and process.poll() is None:
                 try:
                     os.killpg(process.pid, signal.SIGKILL)
                 except ProcessLookupError:

@@ -37,9 +37,10 @@ MIN_PARALLEL_ROWS = 1024
 # A row up to this many lanes is one vector (LLVM splits it in 16-lane pieces); a longer one is split in 16s.
 MAX_WHOLE_ROW = 64
 LANES = 16
-# The scope of a row's scratch, allocated inside the parallel row loop (so each row's on its thread's stack).
-# "global", not "local": TVM's LowerTVMBuiltin keeps only global-scope CPU allocations under 1 KiB on the stack and
-# turns every other one into a TVMBackendAllocWorkspace / FreeWorkspace pair, here one per row. inception_v2's
+# The scope of a row's scratch, allocated inside the parallel row loop: on the thread's stack when under 1 KiB
+# (padded rows up to 255 floats; a wider one costs a workspace call per row, as before). "global", not "local":
+# TVM's LowerTVMBuiltin keeps only global-scope CPU allocations under 1 KiB on the stack and turns every other one
+# into a TVMBackendAllocWorkspace / FreeWorkspace pair, here one per row. inception_v2's
 # AveragePool over 576 × 14² (8064 rows of 14 pixels) took 0.092 ms with "local" and 0.046 with "global"
 # (TVM's time_evaluator, 2 threads, quiet).
 ROW_SCRATCH = "global"

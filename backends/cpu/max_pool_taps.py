@@ -125,7 +125,7 @@ def max_pool_with_taps(ctx: LowerContext) -> SelfScheduled:
             later = sch.get_sblock(name)
             sch.reverse_compute_at(later, outer)
             vectorize_pool_row(sch, sch.get_loops(later)[-1], extent)
-        # The column scratch: one row per parallel row, on its thread's stack (max_pool.ROW_SCRATCH).
+        # The column scratch: one row per parallel row, on its thread's stack under 1 KiB (max_pool.ROW_SCRATCH).
         for name in ("taps_col_max", "taps_col_row"):
             sch.set_scope(sch.get_sblock(name), 0, ROW_SCRATCH)
 

@@ -218,7 +218,6 @@ def test_pointwise_convs_read_an_nchw_argument_direct():
                       (("Mul", "Conv"), "None")]
 
 
-@pytest.mark.slow
 def test_pointwise_convs_reading_an_nchw_argument_equal_onnxruntime(kernel_cache):
     from tessel.compiler.api import compile
     from tests.conftest import assert_matches_onnxruntime

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 
 from tessel import ir
 from tessel.backends.kernel import KernelSpec
-from tessel.backends.lower import build, schedule_kernel
+from tessel.backends.lower import build, schedule_kernel, workspace_bytes
 from tessel.backends.target import parse_target
 from tessel.backends.tvm_env import tvm
 from tessel.compiler.pipeline import run_pipeline, select_passes
@@ -79,6 +79,7 @@ def test_a_pool_alone_with_rows_of_one_vector_runs_by_rows_in_parallel_without_a
     assert scheduled and "avg_cols" not in script and "T.parallel" in script and "T.vectorized" in script
     assert "pad" not in script.replace("pads", "")
     assert not allocates_workspace(spec)  # each row's scratch is on its thread's stack
+    assert workspace_bytes(spec, LLVM) == 16 * 4  # that scratch: the padded row
     strided, _ = schedule_kernel(_spec((1, 136, 28, 28), CASES[0][1], (1, 136, 14, 14)), LLVM)
     assert 'T.sblock("avg_cols")' in strided.script()  # measured faster in TE
 

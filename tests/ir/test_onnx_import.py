@@ -88,7 +88,8 @@ def test_a_branch_returning_an_outer_value_keeps_its_producer(kernel_cache):
     from tessel.compiler.api import compile
 
     then_branch = helper.make_graph([], "then", [], [helper.make_tensor_value_info("r", F, None)])
-    else_branch = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [], [helper.make_tensor_value_info("e", F, None)])
+    else_branch = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
+                                    [helper.make_tensor_value_info("e", F, None)])
     nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("If", ["c"], ["y"], then_branch=then_branch,
                                                                        else_branch=else_branch)]
     branchy = model(nodes, [X, ("c", 9, [])], [("y", F, None)])
