@@ -9,14 +9,19 @@ from tessel.backends.kernel import KernelSpec
 from tessel.backends.lower import build, schedule_kernel
 from tessel.backends.target import parse_target
 from tessel.backends.tvm_env import tvm
-from tests.conftest import run_onnxruntime
-from tests.ir.helpers import model
+from tessel import ir
+from tessel.compiler.api import compile
+from tessel.compiler.pipeline import run_pipeline, select_passes
+from tessel.compiler.program import build_program
+from tests.conftest import assert_matches_onnxruntime, run_onnxruntime
+from tests.ir.helpers import F, model
 
 LLVM = parse_target("llvm")
 
 # SqueezeNet's classifier planes (13 × 13: ten vectors and 9 left over; large enough to run parallel), a batch of
-# two 7 × 7 planes (one left over), planes of whole vectors, and 3 × 3 planes, shorter than a vector (generic rule).
-CASES = [(1, 1000, 13, 13), (2, 24, 7, 7), (1, 8, 4, 8), (1, 5, 3, 3)]
+# two 7 × 7 planes (one left over), planes of whole vectors, 33 × 33 planes (four vector accumulators, one element
+# left over), and 3 × 3 planes, shorter than a vector (generic rule).
+CASES = [(1, 1000, 13, 13), (2, 24, 7, 7), (1, 8, 4, 8), (1, 8, 33, 33), (1, 5, 3, 3)]
 
 
 def _spec(shape) -> KernelSpec:
@@ -43,3 +48,19 @@ def test_global_average_pool_equals_onnxruntime(shape):
     got = mod.runtime.tensor(np.zeros(expected.shape, np.float32), mod.cpu())
     build(spec, LLVM).mod["main"](mod.runtime.tensor(x, mod.cpu()), got)
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_fused_global_average_pool_equals_onnxruntime(kernel_cache):
+    # DenseNet's last kernel holds the pool with its prologue (Concat, the folded BatchNorm, ReLU); here an Add and a
+    # ReLU before it and a Mul after it, all one kernel.
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("Add", ["x", "b"], ["s"]), helper.make_node("Relu", ["s"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"]), helper.make_node("Mul", ["p", "k"], ["y"])]
+    consts = [("b", rng.standard_normal((1, 40, 1, 1)).astype(np.float32)), ("k", np.full((1,), 2.0, np.float32))]
+    pooled = model(nodes, [("x", F, [1, 40, 9, 9])], [("y", F, None)], consts)
+    x = rng.standard_normal((1, 40, 9, 9)).astype(np.float32)
+    graph, _ = run_pipeline(ir.from_onnx(pooled), select_passes([]))
+    (spec,) = build_program(graph, LLVM).kernels.values()
+    assert [m.spec.op_type for m in spec.members()] == ["Add", "Relu", "GlobalAveragePool", "Mul"]
+    assert schedule_kernel(spec, LLVM)[1]
+    assert_matches_onnxruntime(compile(pooled, cache_dir=kernel_cache).run({"x": x}), run_onnxruntime(pooled, {"x": x}))
