@@ -152,14 +152,15 @@ def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Seque
         return "direct"
     nchw_argument = pointwise and not reads_blocks and not input_computed
     if nchw_argument and NARROW_ROW <= _out_rows(attrs, input_types[0]) <= MAX_DIRECT_NCHW_ROW:
-        return "direct" if _direct_tiles(attrs, input_types[0], constants[1]) else None
+        return "direct" if _direct_tiles(attrs, input_types[0], constants[1], widest=False) else None
     return "direct" if reads_blocks and _direct_tiles(attrs, input_types[0], constants[1]) else None
 
 
-def _direct_tiles(attrs: Mapping[str, Any], x: TensorType, weight: np.ndarray) -> bool:
-    """Whether a register tile of at least the smallest of CONV_TILE_CHOICES' pixels (fewer leave too few
-    accumulators) divides the conv's output rows (`direct` needs whole tiles: it writes them straight to the output),
-    in more than one tile where the conv pads its input."""
+def _direct_tiles(attrs: Mapping[str, Any], x: TensorType, weight: np.ndarray, widest: bool = True) -> bool:
+    """Whether a register tile divides the conv's output rows (`direct` needs whole tiles: it writes them straight
+    to the output), in more than one tile where the conv pads its input: one of CONV_TILE_CHOICES or, `widest`, any
+    of at least the smallest of them (fewer pixels leave too few accumulators). The NCHW-argument rule keeps
+    CONV_TILE_CHOICES: the widest tiles were measured on blocked inputs only."""
     from .packed_kernels import CONV_TILE_CHOICES, TILE_ACCUMULATORS
 
     swap, _ = tile_axis(attrs, *x.shape[2:])
@@ -174,6 +175,6 @@ def _direct_tiles(attrs: Mapping[str, Any], x: TensorType, weight: np.ndarray) -
             if out_width % t == 0 and t * vectors <= TILE_ACCUMULATORS]
     # The kernel's tile (packed_kernels.conv_packed): the first of CONV_TILE_CHOICES that divides the rows, else the
     # widest that does (SqueezeNet's rows of 55, 27 and 13 pixels: 11, 9 and 13).
-    tile = next((t for t in CONV_TILE_CHOICES if t in fits), None) or max(fits, default=None)
+    tile = next((t for t in CONV_TILE_CHOICES if t in fits), None) or (max(fits, default=None) if widest else None)
     # A padded row of one tile keeps the padding checks inside its tile (on its first and last pixels).
     return tile is not None and (out_width > tile or not any(pads))
