@@ -33,6 +33,8 @@ from .winograd_blocks import by_default as winograd_by_default
 
 # float32 lanes of an AVX-512 vector: a conv of fewer output channels has scalar packed tiles.
 F32_LANES = 16
+# The widest register tile `direct` runs (pixels; packed_kernels.conv_packed's choice).
+MAX_DIRECT_TILE = 16
 
 # The ops with several algorithms to choose from (where `algorithms` finds them applicable).
 ALGORITHM_OPS = ("Conv", "MatMul", "Gemm")
@@ -118,7 +120,11 @@ def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Seque
     main's 6.11 ms (with the Concat and 10-pixel tile changes; before Winograd's default). On ResNet-18 (min of 240
     runs in the program) its 3 × 3 convs on rows of 56 and 28 pixels ran the same or 2% faster, its 7-pixel rows
     (one padded tile) 20% slower: those keep "nchwc". (Before the loop cutting, direct ran only 1 × 1 stride-1 convs
-    on rows of at least 12 pixels: 1.5-3.3× faster there, 1.6× slower on 10-pixel rows.)
+    on rows of at least 12 pixels: 1.5-3.3× faster there, 1.6× slower on 10-pixel rows.) Rows that no tile of
+    CONV_TILE_CHOICES divides run the widest tile that does: topology_squeezenet's 1 × 1 convs on rows of 55, 27 and
+    13 pixels (tiles of 11, 9, 13; min of 450 runs in the program, interleaved with main) took 0.014-0.027 instead of
+    0.030-0.051 ms on 55², 0.015-0.025 instead of 0.032-0.037 on 27², 0.008-0.024 instead of 0.014-0.033 on 13²: its
+    kernels' sum 1.69 → 1.48 ms (nchwc packed them into 14-pixel tiles, copying each input whole).
     A 1 × 1 stride-1 conv of fewer output channels than a vector (YOLOv8n's DFL conv: one) runs direct whatever its
     input: its packed tiles are one channel wide, scalar (59 → 8 µs in the model); not a wider window (mtcnn_pnet's
     3 × 3 stem of 10 channels on its NCHW image: the model ran 2.7× slower). An NCHW input with an elementwise
@@ -146,13 +152,15 @@ def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Seque
         return "direct"
     nchw_argument = pointwise and not reads_blocks and not input_computed
     if nchw_argument and NARROW_ROW <= _out_rows(attrs, input_types[0]) <= MAX_DIRECT_NCHW_ROW:
-        return "direct" if _direct_tiles(attrs, input_types[0], constants[1]) else None
+        return "direct" if _direct_tiles(attrs, input_types[0], constants[1], widest=False) else None
     return "direct" if reads_blocks and _direct_tiles(attrs, input_types[0], constants[1]) else None
 
 
-def _direct_tiles(attrs: Mapping[str, Any], x: TensorType, weight: np.ndarray) -> bool:
-    """Whether one of the packed kernel's register tiles divides the conv's output rows (`direct` needs whole tiles:
-    it writes them straight to the output), in more than one tile where the conv pads its input."""
+def _direct_tiles(attrs: Mapping[str, Any], x: TensorType, weight: np.ndarray, widest: bool = True) -> bool:
+    """Whether a register tile divides the conv's output rows (`direct` needs whole tiles: it writes them straight
+    to the output), in more than one tile where the conv pads its input: one of CONV_TILE_CHOICES or, `widest`, any
+    of at least the smallest of them (fewer pixels leave too few accumulators). The NCHW-argument rule keeps
+    CONV_TILE_CHOICES: the widest tiles were measured on blocked inputs only."""
     from .packed_kernels import CONV_TILE_CHOICES, TILE_ACCUMULATORS
 
     swap, _ = tile_axis(attrs, *x.shape[2:])
@@ -163,6 +171,10 @@ def _direct_tiles(attrs: Mapping[str, Any], x: TensorType, weight: np.ndarray) -
     stride = (attrs.get("strides") or (1, 1))[-1]
     out_width = (x.shape[3] + pads[1] + pads[3] - dilation * (weight.shape[3] - 1) - 1) // stride + 1
     vectors = -(-f32_conv_blocks(*weight.shape[:2], out_width)[1] // F32_LANES)
-    tile = next((t for t in CONV_TILE_CHOICES if out_width % t == 0 and t * vectors <= TILE_ACCUMULATORS), None)
+    fits = [t for t in range(min(CONV_TILE_CHOICES), MAX_DIRECT_TILE + 1)
+            if out_width % t == 0 and t * vectors <= TILE_ACCUMULATORS]
+    # The kernel's tile (packed_kernels.conv_packed): the first of CONV_TILE_CHOICES that divides the rows, else the
+    # widest that does (SqueezeNet's rows of 55, 27 and 13 pixels: 11, 9 and 13).
+    tile = next((t for t in CONV_TILE_CHOICES if t in fits), None) or (max(fits, default=None) if widest else None)
     # A padded row of one tile keeps the padding checks inside its tile (on its first and last pixels).
     return tile is not None and (out_width > tile or not any(pads))

@@ -177,7 +177,8 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
         block = sch.get_sblock("conv_nchwc")
         # An NCHW[16]c result (kept blocked for the next conv) is the tiles' own layout: each tile
         # goes straight to it with its epilogue, as in `direct`, when the tiles cover the width exactly.
-        tiles_to_output = direct or (ow_padded == ow and writes_blocks(sch, "unpack"))
+        blocked_output = writes_blocks(sch, "unpack")
+        tiles_to_output = direct or (ow_padded == ow and blocked_output)
         # Accumulate each register tile in a small buffer LLVM keeps in registers, then copy it out.
         tile_out = sch.cache_write(block, 0, "global")
         if direct:
@@ -242,11 +243,28 @@ def conv_packed(ctx: LowerContext, before, after, direct: bool = False):
         else:
             try_step(lambda: sch.vectorize(loops[-1]) if icb in (4, 8, 16) else None)
         if row_unpack:
-            try_step(lambda: sch.vectorize(sch.get_loops(sch.get_sblock("unpack"))[-1]))
+            _vectorize_row_unpack(sch, blocked_output)
         elif not tiles_to_output:
             schedule_rows(sch, "unpack", big, ow % 4 == 0)
 
     return SelfScheduled([out], schedule)
+
+
+def _vectorize_row_unpack(sch, blocked_output: bool) -> None:
+    """Vectorize the unpacking of one output row (loops: channels, pixels). An NCHW row is contiguous along its
+    pixels; an NCHW[16]c row (kept blocked, the tiles not covering it exactly: 111- and 13-pixel rows in 14-pixel
+    tiles) is contiguous along each block's 16 channels, read and written as one vector per pixel. Vectorized along
+    the pixels it was a gather from the tile buffer and a scatter to the output: topology_squeezenet's stem (3 → 64
+    channels, 111-pixel rows; min of 450 runs in the program) took 0.226 ms that way, 0.130 this one."""
+    block = sch.get_sblock("unpack")
+    channels, pixels = sch.get_loops(block)[-2:]
+    if blocked_output:
+        lanes = int(sch.get(block).writes[0].source.shape[-1])
+        outer, lane = sch.split(channels, [None, lanes])
+        sch.reorder(outer, pixels, lane)
+        sch.vectorize(lane)
+    else:
+        sch.vectorize(pixels)
 
 
 def gemm_epilogue(value, i, j, alpha: float, beta: float, c, dtype: str):

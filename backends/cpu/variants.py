@@ -9,7 +9,7 @@ convolutions) and a dense 2-D Conv left unpacked (its weights known only at run 
 parameters) run as register-tiled products on CPU (conv_transpose.py, conv_grad_filter.py,
 conv_runtime_weights.py), and so does a Gemm with transA over tall operands (a weight gradient: tall_product.py).
 A 2-D float32 MaxPool runs separable on CPU (max_pool.py), and so do an AveragePool whose windows read padding
-(average_pool.py) and a training
+(average_pool.py), a GlobalAveragePool sums its planes in vector lanes (global_pool.py), and a training
 MaxPoolWithTaps, its taps found in the same pass (max_pool_taps.py). A float32 BatchStats reads x once (batch_stats.py).
 """
 from __future__ import annotations
@@ -28,6 +28,7 @@ from .conv_grad_filter import applies as tiled_grad_filter_applies, conv_grad_fi
 from .conv_runtime_weights import applies as runtime_weights_applies, conv_runtime_weights
 from .conv_transpose import applies as tiled_conv_transpose_applies, conv_transpose_tiled
 from .depthwise_conv import conv_depthwise
+from .global_pool import applies as lane_global_pool_applies, global_average_pool
 from .grouped_conv import conv_grouped
 from .im2col import conv_im2col
 from .max_pool import (applies as separable_max_pool_applies, max_pool_blocks, max_pool_separable,
@@ -102,6 +103,12 @@ def _average_pool(ctx: LowerContext):
     return average_pool_separable(ctx)
 
 
+def _global_average_pool(ctx: LowerContext):
+    if not lane_global_pool_applies(ctx):
+        return GENERIC_NN_RULES["GlobalAveragePool"](ctx)
+    return global_average_pool(ctx)
+
+
 def _max_pool_with_taps(ctx: LowerContext):
     if not one_pass_taps_applies(ctx):
         return GRAD_RULES["MaxPoolWithTaps"](ctx)
@@ -144,6 +151,8 @@ def variant_rule(op_type: str, attrs: Mapping[str, Any]) -> Callable | None:
         return _max_pool
     if op_type == "AveragePool":
         return _average_pool
+    if op_type == "GlobalAveragePool":
+        return _global_average_pool
     if op_type == "MaxPoolWithTaps":
         return _max_pool_with_taps
     if op_type == "BatchStats":

@@ -155,11 +155,14 @@ def test_convs_on_blocks_run_direct_where_whole_tiles_cover_their_rows():
     # of two tiles or more (20 pixels: two of 10; stride 2 from 40 to 20).
     assert [choice("1x1", size=size) for size in (20, 12, 10)] == ["direct"] * 3
     assert choice("3x3_pad1", size=20) == "direct" and choice("3x3_stride2", size=40) == "direct"
-    # Not: an NCHW input; 18 output channels (no whole blocks); a padded row of one tile (14 pixels; 7 × 7 stride 2
-    # from 20 to 10), whose edge checks stay in its tile; rows of 13 pixels, which no tile divides.
+    # Rows no tile of CONV_TILE_CHOICES divides: the widest tile that does (SqueezeNet's 55, 27 and 13 pixels: 11, 9,
+    # 13), of at least 7 pixels (not 5 or 17: tiles of 5 or 1).
+    assert [choice("1x1", size=size) for size in (55, 27, 13, 5, 17)] == ["direct"] * 3 + [None] * 2
+    # Not: an NCHW input; 18 output channels (no whole blocks); a padded row of one tile (14 pixels; 13 pixels; 7 × 7
+    # stride 2 from 20 to 10), whose edge checks stay in its tile.
     assert choice("1x1", size=20, blocks=False) is None and choice("1x1", size=20, channels=(16, 18)) is None
     assert choice("3x3_pad1", size=14) is None and choice("7x7_stride2", size=20) is None
-    assert choice("3x3_pad1", size=13) is None and choice("1x1", size=13) is None
+    assert choice("3x3_pad1", size=13) is None
     # Fewer output channels than a vector: a 1 × 1 conv runs direct, whatever the input; a 3 × 3 one on NCHW does not.
     assert choice("3x3_pad1", size=20, channels=(8, 10), blocks=False) is None
     assert choice("1x1", size=20, channels=(16, 1), blocks=False) == "direct"

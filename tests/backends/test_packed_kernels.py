@@ -5,6 +5,7 @@ import numpy as np
 from onnx import helper
 
 from tessel import ir
+from tessel.backends.cpu.packing import CONV_BLOCKS
 from tessel.backends.kernel import ALGORITHM
 from tessel.backends.lower import schedule_kernel
 from tessel.backends.target import parse_target
@@ -76,4 +77,31 @@ def test_padded_convs_on_blocks_read_them_in_place_equal_onnxruntime(kernel_cach
                     for m in spec.members() if m.spec.op_type == "Conv")
     assert chosen == ["None", "direct", "winograd"]
     x = rng.standard_normal((1, 16, 40, 40)).astype(np.float32)
+    assert_matches_onnxruntime(compile(convs, cache_dir=kernel_cache).run({"x": x}), run_onnxruntime(convs, {"x": x}))
+
+
+def test_odd_rows_unpack_blocks_by_vectors_run_direct_tiles_and_pad_channels_to_pairs_equal_onnxruntime(kernel_cache):
+    # a: 3 × 3 stride 2 on the NCHW image to rows of 13 pixels (one 14-pixel tile), kept blocked for b: each row
+    # unpacked from its tile buffer one 16-channel vector per pixel (along the pixels: a gather and a scatter).
+    # b: 1 × 1 on those blocks, direct in 13-pixel tiles (no tile of CONV_TILE_CHOICES divides 13). c: 63 output
+    # channels, padded to two 32-channel tiles (64) instead of four 16-channel ones.
+    rng = np.random.default_rng(7)
+    shapes = {"a": (32, 3, 3, 3), "b": (16, 32, 1, 1), "c": (63, 16, 1, 1)}
+    weights = [(f"w{n}", (rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32))
+               for n, s in shapes.items()]
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["a"], kernel_shape=[3, 3], strides=[2, 2]),
+             helper.make_node("Relu", ["a"], ["ar"]), helper.make_node("Conv", ["ar", "wb"], ["b"]),
+             helper.make_node("Conv", ["b", "wc"], ["c"])]
+    convs = model(nodes, [("x", F, [1, 3, 27, 27])], [("c", F, None)], weights)
+    graph, _ = run_pipeline(ir.from_onnx(convs), select_passes([]))
+    specs = {}
+    for spec in build_program(graph, LLVM).kernels.values():
+        conv = next(m.spec for m in spec.members() if m.spec.op_type == "Conv")
+        specs[int(conv.outputs[0].split(",")[1])] = (spec, dict(conv.attrs))  # by output channels
+    (a, _), (b, b_attrs), (_, c_attrs) = specs[32], specs[16], specs[63]
+    unpack = [line.strip() for line in _lowered(a).splitlines() if "T.vectorized" in line][-1]
+    assert unpack == "for ax0_1 in T.vectorized(16):"
+    assert b_attrs.get(ALGORITHM) == "direct" and "q_1 in T.unroll(13)" in schedule_kernel(b, LLVM)[0].script()
+    assert c_attrs[CONV_BLOCKS][1] == 32
+    x = rng.standard_normal((1, 3, 27, 27)).astype(np.float32)
     assert_matches_onnxruntime(compile(convs, cache_dir=kernel_cache).run({"x": x}), run_onnxruntime(convs, {"x": x}))
