@@ -5,8 +5,8 @@ scalar chain the generic schedule does not vectorize (its row reductions are alo
 is shorter than a vector). Here the plane (H·W contiguous floats) is read as one row: LANES partial sums, one
 per lane, take every LANES-th element of its whole vectors (a plane of ACCUMULATE_FROM elements or more: 4 × LANES
 in 4 vector accumulators, whose adds do not wait on each other), then the partials and the plane's last elements
-(fewer than the partials) are added up and divided by H·W, once per channel. Measured in topology_squeezenet (1000 × 13 × 13, min of 450
-runs in the program, interleaved): 0.026 ms with the generic rule, 0.004 ms here.
+(fewer than the partials) are added up and divided by H·W, once per channel. Measured in topology_squeezenet
+(1000 × 13 × 13, min of 450 runs in the program, interleaved): 0.026 ms with the generic rule, 0.004 ms here.
 """
 from __future__ import annotations
 
