@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from ..lowering.context import LowerContext, SelfScheduled
 from ..tvm_env import tvm
+from .gemm_tile import schedule_tiles
 from .packed_kernels import CONV_TILE_CHOICES
 from .packing import DEPTHWISE_BLOCK
 from .schedule import MIN_PARALLEL_WORK, reads_blocks, schedule_rows, try_step, writes_blocks
@@ -156,18 +157,10 @@ def _along_rows(ctx: LowerContext, before, after):
         ni, ci, y, q, rkh, rkw = sch.get_loops(block)
         qo, qv, qi = sch.split(q, [None, vectors, lanes])
         sch.reorder(ni, ci, y, qo, rkh, rkw, qv, qi)
-        sch.unroll(qv)
-        sch.vectorize(qi)
         # One channel per parallel step: its padded plane and its rows' results stay in L1, and the padding, the
         # tiles and the copy out share one parallel loop.
         channels = sch.fuse(ni, ci)
-        if big:
-            sch.parallel(channels)
-        sch.unroll(rkh)
-        sch.unroll(rkw)
-        sch.reverse_compute_at(tile_out, qo)
-        try_step(lambda: sch.vectorize(sch.get_loops(tile_out)[-1]))
-        sch.decompose_reduction(block, rkh)
+        schedule_tiles(sch, block, channels, big, (qv, rkh, rkw), qi, rkh, tile_out, at=qo)
         pad = sch.get_sblock("dw_pad")
         sch.compute_at(pad, channels)
         try_step(lambda: sch.vectorize(sch.get_loops(pad)[-1]))

@@ -17,10 +17,19 @@ def tiled_gemm(sch, name: str, rows: int, big: bool) -> None:
     pixel_outer, pixel_inner = sch.split(pixel, [None, PIXELS])
     sch.reorder(*batch, row_outer, pixel_outer, reduce, row_inner, pixel_inner)
     outer = sch.fuse(*batch, row_outer)
+    schedule_tiles(sch, block, outer, big, (row_inner,), pixel_inner, reduce, tile, at=pixel_outer)
+
+
+def schedule_tiles(sch, block, outer, big: bool, unrolled, lanes, reduction, written, at=None) -> None:
+    """The register tiles of a product `block` whose loops are placed: `outer` in parallel when `big`, the tile's
+    loops `unrolled`, `lanes` vectorized, `written` (the tile's write-back) done under `at` (default: `outer`) and
+    vectorized, and the reduction's init split off at `reduction`. The depthwise and grouped convs' tiles use it
+    too."""
     if big:
         sch.parallel(outer)
-    sch.unroll(row_inner)
-    sch.vectorize(pixel_inner)
-    sch.reverse_compute_at(tile, pixel_outer)
-    try_step(lambda: sch.vectorize(sch.get_loops(tile)[-1]))
-    sch.decompose_reduction(block, reduce)
+    for loop in unrolled:
+        sch.unroll(loop)
+    sch.vectorize(lanes)
+    sch.reverse_compute_at(written, outer if at is None else at)
+    try_step(lambda: sch.vectorize(sch.get_loops(written)[-1]))
+    sch.decompose_reduction(block, reduction)

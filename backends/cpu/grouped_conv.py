@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from ..lowering.context import LowerContext, SelfScheduled
 from ..tvm_env import tvm
+from .gemm_tile import schedule_tiles
 from .grouped_tiles import flat_tile, pointwise_applies, row_tile
 from .packing import GROUPED_LAYOUT
 from .schedule import MIN_PARALLEL_WORK, schedule_rows, try_step
@@ -89,7 +90,7 @@ def conv_grouped(ctx: LowerContext, before, after):
         sch.reorder(ni, gi, ko, po, jj, ri, pv, pi)
         # The tiles of one row block run in order on a thread: its weight panel stays in L1.
         outer = sch.fuse(ni, gi, ko, po)
-        _schedule_tiles(sch, block, outer, big, (ri, pv), pi, jj, tile)
+        schedule_tiles(sch, block, outer, big, (ri, pv), pi, jj, tile)
         unfold = sch.get_sblock("grouped_cols")
         loops = sch.get_loops(unfold)
         fused = sch.fuse(*loops[:3])
@@ -138,7 +139,7 @@ def _pointwise(ctx: LowerContext, x, wp, bias, groups: int, width: int):
         # The row tiles of one pixel tile run in turn on a thread: its input columns stay in L1.
         sch.reorder(ni, gi, po, ko, jj, ri, pv, pi)
         outer = sch.fuse(ni, gi, po, ko)
-        _schedule_tiles(sch, block, outer, big, (ri, pv), pi, jj, tile)
+        schedule_tiles(sch, block, outer, big, (ri, pv), pi, jj, tile)
 
     return SelfScheduled([out], schedule)
 
@@ -179,23 +180,9 @@ def _pointwise_rows(ctx: LowerContext, x, wp, bias, groups: int, image_rows: int
         sch.reorder(ni, gi, yo, ko, jj, ri, yi, qv, qi)
         outer = sch.fuse(ni, gi, yo, ko)
         # The tile's rows go out (with the bias and the fused epilogue) once its reduction is done.
-        _schedule_tiles(sch, block, outer, big, (ri, yi, qv), qi, jj, sch.get_sblock("pointwise_rows_out"))
+        schedule_tiles(sch, block, outer, big, (ri, yi, qv), qi, jj, sch.get_sblock("pointwise_rows_out"))
 
     return SelfScheduled([out], schedule)
-
-
-def _schedule_tiles(sch, block, outer, big: bool, unrolled, lanes, reduction, written) -> None:
-    """The register tiles of a grouped GEMM `block`: `outer` (the tiles) in parallel when `big`, the tile's loops
-    `unrolled`, `lanes` vectorized, the reduction's init split off at `reduction`, and `written` (the tile's
-    write-back) done under `outer`, vectorized."""
-    if big:
-        sch.parallel(outer)
-    for loop in unrolled:
-        sch.unroll(loop)
-    sch.vectorize(lanes)
-    sch.reverse_compute_at(written, outer)
-    try_step(lambda: sch.vectorize(sch.get_loops(written)[-1]))
-    sch.decompose_reduction(block, reduction)
 
 
 def _weight(wp, out_per_group: int, rows: int):
