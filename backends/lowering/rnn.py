@@ -11,9 +11,9 @@ multiply-adds vectorized along the gate rows; over a few steps that transpose co
 (silero_vad's one-step LSTM: 2 ms of its 2.06), so the products read the
 weights in their ONNX layout, as dot products vectorized along each row.
 The transposed form walks the gate rows in blocks of up to BLOCK lanes whose
-running sums stay in registers over the whole product; the input projection
-runs block by block over all steps (a GEMM whose weight block stays in L1),
-and the weights are transposed in tiles. Gate activations are
+running sums stay in registers over the whole product, back and forth from one
+step to the next; the input projection is a GEMM over all steps in register
+tiles of several rows, and the weights are transposed in tiles. Gate activations are
 rational approximations (`_fast_tanh`) so that they vectorize along the hidden
 units like the rest of the step.
 """
@@ -34,14 +34,17 @@ LANES = 16
 # Gate rows whose running sums one product keeps in registers (8 AVX2 or 4 AVX-512 registers). Measured on
 # gru_classifier's GRU (AVX-512): 32 rows 0.39 ms, 64 0.29, 128 0.29 (and 128 would spill on AVX2).
 BLOCK = 64
-# Columns of Wᵀ one pass of the input projection reads: a block of BLOCK gate rows of them is 32 KiB, in L1
-# (lstm_tagger's second layer has 512).
-PROJECTION_TILE_K = 128
+# The input projection is a GEMM (steps × batch rows of X times Wᵀ) in register tiles of PROJECTION_ROWS rows ×
+# PROJECTION_LANES gate rows: 16 AVX-512 vectors of running sums, each weight vector loaded once for four rows and
+# each input value broadcast once for four vectors. A tile of one row and 8 vectors (before) loaded a weight vector
+# per FMA: lstm_tagger's second layer (64 steps, 512 inputs, 1024 gate rows each way) spent 0.89 ms in it on an AMD
+# Zen 4, which loads one 64-byte vector per cycle, and 0.6 ms in these tiles (the layer alone: 1.53 → 1.31 ms).
+PROJECTION_ROWS = 4
+PROJECTION_LANES = 64
+# Columns of Wᵀ one pass of the projection reads: 16 KiB of its block, half of a 32 KiB L1 (AMD Zen 4's).
+PROJECTION_TILE_K = 64
 # Side of the square tiles in which the kernel transposes the weights.
 TRANSPOSE_TILE = 16
-# Gate rows the input projection sums at once: 8 AVX-512 vectors of running sums, enough in flight to hide the FMA
-# latency (4 wait on it); its column tile shrinks to keep the block's columns of Wᵀ at 32 KiB.
-PROJECTION_BLOCK = 128
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ class _Weights:
     transposed: object
     part: object  # [dirs, LANES] partial sums of the dot-product form
     block: object  # [BLOCK] running sums of the transposed form (None on GPUs)
-    projection: object = None  # [PROJECTION_BLOCK] running sums of the input projection (None on GPUs)
+    projection: tuple = ()  # PROJECTION_ROWS buffers [PROJECTION_LANES], the projection's running sums (CPU only)
 
 
 def _block_size(rows: int, vectorize: bool, most: int = BLOCK) -> int:
@@ -82,8 +85,10 @@ def _block_size(rows: int, vectorize: bool, most: int = BLOCK) -> int:
     return next((size for size in range(most, LANES - 1, -LANES) if rows % size == 0), 0)
 
 
-def _matvec(weights: _Weights, d, out, where, rows: int, n: int, x, base, vectorize: bool, offset: int = 0) -> None:
-    """out[where(j)] = base(j) + Σ_k<n x(k) · weights[d, offset + j, k] for each j < rows."""
+def _matvec(weights: _Weights, d, out, where, rows: int, n: int, x, base, vectorize: bool, offset: int = 0,
+            backwards=False) -> None:
+    """out[where(j)] = base(j) + Σ_k<n x(k) · weights[d, offset + j, k] for each j < rows. `backwards` (an
+    expression): walk the transposed weights' blocks last to first."""
     if weights.transposed is not None:
         wt = weights.transposed
         size = _block_size(rows, vectorize)
@@ -94,25 +99,26 @@ def _matvec(weights: _Weights, d, out, where, rows: int, n: int, x, base, vector
                 with T.serial(0, rows) as j:
                     T.buffer_store(out, out[tuple(where(j))] + x(k) * wt[d, k, offset + j], where(j))
             return
-        with T.serial(0, rows // size) as outer:
-            _block_product(weights, d, outer * size, size, n, x, base, out, where, offset)
+        blocks = rows // size
+        with T.serial(0, blocks) as outer:
+            block = T.Select(backwards, blocks - 1 - outer, outer) if backwards is not False else outer
+            _block_product(weights, d, block * size, size, n, x, base, out, where, offset)
         return
     with T.serial(0, rows) as j:
         total = _dot(weights.part, d, n, x, lambda k: weights.tensor[d, offset + j, k], vectorize)
         T.buffer_store(out, base(j) + total, where(j))
 
 
-def _block_product(weights: _Weights, d, first, size: int, n: int, x, base, out, where, offset: int = 0,
-                   first_k: int = 0, acc=None) -> None:
-    """out[where(j)] = base(j) + Σ_k<n x(k) · weights[d, offset + j, first_k + k] for the `size` rows j from
-    `first`, through the transposed weights. The block's sums live in a small stack buffer that LLVM keeps in
-    registers across the loop over k."""
-    acc, wt = weights.block if acc is None else acc, weights.transposed
+def _block_product(weights: _Weights, d, first, size: int, n: int, x, base, out, where, offset: int = 0) -> None:
+    """out[where(j)] = base(j) + Σ_k<n x(k) · weights[d, offset + j, k] for the `size` rows j from `first`, through
+    the transposed weights. The block's sums live in a small stack buffer that LLVM keeps in registers across the
+    loop over k."""
+    acc, wt = weights.block, weights.transposed
     with T.vectorized(0, size) as lane:
         T.buffer_store(acc, base(first + lane), [lane])
     with T.serial(0, n) as k:
         with T.vectorized(0, size) as lane:
-            T.buffer_store(acc, acc[lane] + x(k) * wt[d, first_k + k, offset + first + lane], [lane])
+            T.buffer_store(acc, acc[lane] + x(k) * wt[d, k, offset + first + lane], [lane])
     with T.vectorized(0, size) as lane:
         T.buffer_store(out, acc[lane], where(first + lane))
 
@@ -242,7 +248,10 @@ def _recurrent(ctx: LowerContext, gates: int):
                 d = device.enter_context(loop)
                 # Each direction's own block sums: declared inside its (parallel) loop, on the stack.
                 block = None if ctx.gpu else T.alloc_buffer((BLOCK,), "float32")
-                projection = None if ctx.gpu else T.alloc_buffer((PROJECTION_BLOCK,), "float32")
+                # One buffer per row of the tile: TVM keeps each under 1 KiB on the stack (a 4 × 64 one would be a
+                # heap workspace, whose sums LLVM stores after every multiply-add).
+                projection = () if ctx.gpu else tuple(T.alloc_buffer((PROJECTION_LANES,), "float32")
+                                                      for _ in range(PROJECTION_ROWS))
                 w_weights, r_weights = _Weights(W, wt, part, block, projection), _Weights(R, rt, part, block)
                 if transpose and not packed:
                     _transpose(W, wt, d, gh, width, not ctx.gpu)
@@ -284,26 +293,58 @@ def _recurrent(ctx: LowerContext, gates: int):
 def _project(weights: _Weights, d, X, gx, start, steps: int, batch: int, gh: int, width: int, layout: int,
              vectorize: bool) -> None:
     """gx[d, t, b, :] = start + X[t, b, :] · Wᵀ for every step and batch row. With transposed weights, block by
-    block of gate rows over all steps: a block's columns of Wᵀ stay in L1 while every step reads them."""
+    block of gate rows and tile by tile of Wᵀ's columns (in L1 while every row reads them), in register tiles of
+    PROJECTION_ROWS rows (`_tile_product`)."""
 
-    def x_at(t, b, k):
+    def x_at(row, k):
+        t, b = row // batch, row % batch
         return X[b, t, k] if layout else X[t, b, k]
 
-    size = _block_size(gh, vectorize, PROJECTION_BLOCK) if weights.transposed is not None else 0
+    def at(row, j):
+        return [d, row // batch, row % batch, j]
+
+    size = _block_size(gh, vectorize, PROJECTION_LANES) if weights.transposed is not None else 0
     if not size:
         with T.serial(0, steps) as t:
             with T.serial(0, batch) as b:
-                _matvec(weights, d, gx, lambda j: [d, t, b, j], gh, width, lambda k: x_at(t, b, k), start, vectorize)
+                _matvec(weights, d, gx, lambda j: [d, t, b, j], gh, width,
+                        lambda k: x_at(t * batch + b, k), start, vectorize)
         return
-    tile_k = PROJECTION_TILE_K * BLOCK // size  # the same 32 KiB of Wᵀ whatever the block
+    rows = steps * batch
+    tiled = rows - rows % PROJECTION_ROWS
     with T.serial(0, gh // size) as outer:
-        for first_k in range(0, width, tile_k):
-            with T.serial(0, steps) as t:
-                with T.serial(0, batch) as b:
-                    base = start if first_k == 0 else (lambda j: gx[d, t, b, j])
-                    _block_product(weights, d, outer * size, size, min(tile_k, width - first_k),
-                                   lambda k: x_at(t, b, first_k + k), base, gx, lambda j: [d, t, b, j],
-                                   first_k=first_k, acc=weights.projection)
+        first = outer * size
+        for first_k in range(0, width, PROJECTION_TILE_K):
+            count = min(PROJECTION_TILE_K, width - first_k)
+
+            def base(row, j):
+                return start(j) if first_k == 0 else gx[tuple(at(row, j))]
+
+            if tiled:
+                with T.serial(0, tiled // PROJECTION_ROWS) as tile:
+                    _tile_product(weights, d, first, size, first_k, count, tile * PROJECTION_ROWS, PROJECTION_ROWS,
+                                  x_at, base, gx, at)
+            for row in range(tiled, rows):
+                _tile_product(weights, d, first, size, first_k, count, row, 1, x_at, base, gx, at)
+
+
+def _tile_product(weights: _Weights, d, first, size: int, first_k: int, count: int, first_row, rows: int, x, base,
+                  out, at) -> None:
+    """out[at(r, j)] = base(r, j) + Σ_{first_k ≤ k < first_k + count} x(r, k) · weights[d, j, k] for the `rows` rows r
+    from `first_row` and the `size` gate rows j from `first`: a register tile (the stack buffers weights.projection,
+    which LLVM keeps in registers across the loop over k; its rows are unrolled, each weight vector loaded once)."""
+    sums, wt = weights.projection[:rows], weights.transposed
+    for r, acc in enumerate(sums):
+        with T.vectorized(0, size) as lane:
+            T.buffer_store(acc, base(first_row + r, first + lane), [lane])
+    with T.serial(0, count) as k:
+        for r, acc in enumerate(sums):
+            with T.vectorized(0, size) as lane:
+                product = x(first_row + r, first_k + k) * wt[d, first_k + k, first + lane]
+                T.buffer_store(acc, acc[lane] + product, [lane])
+    for r, acc in enumerate(sums):
+        with T.vectorized(0, size) as lane:
+            T.buffer_store(out, acc[lane], at(first_row + r, first + lane))
 
 
 def _clip(value, clip):
@@ -317,7 +358,13 @@ def _step(gates, d, t, b, gx, acc, R: _Weights, h, c, rh, bias, hidden, gh, clip
     """One time step for one batch row: recurrent product, gates, new state, output."""
     # For GRU without linear_before_reset, the candidate gate's product waits for r ⊙ h.
     product = gh if gates == 4 or lbr else 2 * hidden
-    _matvec(R, d, acc, lambda j: [d, b, j], product, hidden, lambda k: h[d, b, k], lambda j: gx[d, t, b, j], vectorize)
+    # Every step reads all of R; walked in the same order each step, R a little larger than a core's L2
+    # (lstm_tagger's 256 × 1024 floats: 1 MiB, the L2 of an AMD Zen 4 core) is evicted just before it is read again
+    # and every step reads it all from L3. Walked back and forth, each step starts on the blocks the last one read
+    # (lstm_tagger on a Zen 4, 4 alternating rounds: 2.51-2.59 → 2.46-2.54 ms).
+    backwards = T.floormod(t, 2) == 1
+    _matvec(R, d, acc, lambda j: [d, b, j], product, hidden, lambda k: h[d, b, k], lambda j: gx[d, t, b, j], vectorize,
+            backwards=backwards)
     if gates == 4:
         with _vector_loop(hidden, vectorize) as q:
             i = _sigmoid(_clip(acc[d, b, q], clip))
@@ -339,7 +386,7 @@ def _step(gates, d, t, b, gx, acc, R: _Weights, h, c, rh, bias, hidden, gh, clip
             T.buffer_store(rh, _sigmoid(_clip(acc[d, b, hidden + q], clip)) * h[d, b, q], [d, b, q])
         _matvec(R, d, acc, lambda q: [d, b, 2 * hidden + q], hidden, hidden, lambda k: rh[d, b, k],
                 lambda q: gx[d, t, b, 2 * hidden + q] + (bias[d, candidate_bias + q] if bias is not None else T.float32(0.0)),
-                vectorize, offset=2 * hidden)
+                vectorize, offset=2 * hidden, backwards=backwards)
     with _vector_loop(hidden, vectorize) as q:
         z = _sigmoid(_clip(acc[d, b, q], clip))
         if lbr:

@@ -52,15 +52,16 @@ def test_unblocked_rows_and_saturated_gates_equal_onnxruntime(op, attrs, kernel_
     assert_matches_onnxruntime(outputs, run_onnxruntime(original, feeds))
 
 
-@pytest.mark.parametrize("op,hidden,rows", [("GRU", HIDDEN, 3 * HIDDEN), ("LSTM", 32, 128)])
-def test_input_projection_in_column_tiles_equals_onnxruntime(op, hidden, rows, kernel_cache):
-    from tessel.backends.lowering.rnn import BLOCK, PROJECTION_BLOCK, PROJECTION_TILE_K
+@pytest.mark.parametrize("op,hidden", [("GRU", HIDDEN), ("LSTM", 32)])
+def test_input_projection_in_register_tiles_equals_onnxruntime(op, hidden, kernel_cache):
+    from tessel.backends.lowering.rnn import PROJECTION_LANES, PROJECTION_ROWS, PROJECTION_TILE_K
 
-    assert rows <= PROJECTION_BLOCK  # one block of gate rows: the LSTM's is the whole PROJECTION_BLOCK
-    # A full tile of Wᵀ columns (fewer, the wider the block), then a partial one adding into the first's sums.
-    width = PROJECTION_TILE_K * BLOCK // rows + 8
-    original = _recurrent_model(op, "forward", 6, hidden=hidden, width=width)
-    feeds = {"x": np.random.default_rng(3).standard_normal((6, BATCH, width)).astype(np.float32)}
+    # 7 steps × 2 batch rows: whole register tiles of rows, then 14 % PROJECTION_ROWS rows one by one; a full tile of
+    # Wᵀ columns, then a partial one adding into the first's sums; the LSTM's 128 gate rows in two blocks of lanes.
+    steps, width = 7, PROJECTION_TILE_K + 8
+    assert steps * BATCH % PROJECTION_ROWS and (4 * 32) // PROJECTION_LANES == 2
+    original = _recurrent_model(op, "forward", steps, hidden=hidden, width=width)
+    feeds = {"x": np.random.default_rng(3).standard_normal((steps, BATCH, width)).astype(np.float32)}
     outputs = compile(original, cache_dir=kernel_cache).run(feeds)
     assert_matches_onnxruntime(outputs, run_onnxruntime(original, feeds))
 
