@@ -316,7 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
                              choices=CompileOptions.CHOICES["precision"],
                              help="fp32 computes as the model is written; fp64 computes its float32 tensors in float64 "
                                   "(CPU targets; for checking against a float64 reference); bf16 runs the dense convs "
-                                  "with bf16 products and float32 sums (CPUs with avx512_bf16); auto: bf16 where the "
+                                  "with bf16 products and float32 sums (CPUs with avx512_bf16; convs that run "
+                                  "Winograd stay float32 Winograd, which is faster); auto: bf16 where the "
                                   "CPU has it and those convs hold most of the FLOPs, else fp32")
     compile_cmd.add_argument("--conv-layout", default=CompileOptions.default("conv_layout"),
                              choices=CompileOptions.CHOICES["conv_layout"],

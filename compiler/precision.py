@@ -1,7 +1,8 @@
 """The precision a compile runs its dot products in: float32 as written, or bf16 (`precision="bf16"` / `"auto"`).
 
 "bf16" runs every conv the bf16 kernels take (dense 2-D convs with constant weights and at least 16 output
-channels: backends/cpu/packing.py) with bf16 products and f32 accumulation; every other op, and every
+channels: backends/cpu/packing.py) with bf16 products and f32 accumulation, but those Winograd runs by default,
+which stay float32 Winograd (fewer multiply-adds beat bf16's rate: compiler/program.py); every other op, and every
 epilogue, stays float32. "auto" chooses bf16 where the target is this CPU, the CPU has avx512_bf16, and
 those convs hold at least BF16_MIN_FLOP_SHARE of the model's FLOPs (estimated, ir/costs.py); float32
 otherwise. The choice, its reason and the bf16 nodes go in reports/compile.json ("precision").
