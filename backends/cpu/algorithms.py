@@ -14,6 +14,8 @@ Matmul with constant weights on llvm: "packed" (the default) and "direct".
 The backward convolutions of a training step (ConvTranspose, the data gradient; ConvGradFilter, the filter
 gradient), whose weights are known only at run time, on llvm: "tiled" (register-tiled products, the default) and
 "generic" (the target-neutral rule under the generic schedule); elsewhere "generic" only.
+A ConvTranspose whose weights are constant (inference) and whose kernel equals its strides (no pads) runs
+"upsample" by default (conv_transpose_upsample.py); a training step's keeps "tiled".
 The chosen one is the ALGORITHM attribute of the op in its kernel spec (variants.py lowers it). Without
 algorithm selection a kernel runs the default, except where `default_algorithm` names another.
 """
@@ -26,6 +28,7 @@ import numpy as np
 from tessel.ir.types import TensorType
 
 from ..kernel import ALGORITHM
+from .conv_transpose_upsample import shape_applies as upsample_applies
 from .packing import (NARROW_ROW, conv_blocks, conv_kind, default_conv_algorithm, f32_conv_blocks, plan_packing,
                       tile_axis)
 from .winograd import applies as winograd_applies
@@ -138,6 +141,8 @@ def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Seque
     16 rows of 28 bytes). Without the upper bound, ppocr_v4_det ran 1.33× slower: four of its convs changed, on rows of
     160, 80, 40 and 20 pixels (12-42 input channels on the wide ones).
     """
+    if op_type == "ConvTranspose" and target_kind == "llvm":
+        return "upsample" if _upsamples(attrs, input_types, constants) else None
     if op_type != "Conv" or target_kind != "llvm":
         return None
     choices = algorithms(op_type, attrs, input_types, constants, target_kind)
@@ -154,6 +159,15 @@ def default_algorithm(op_type: str, attrs: Mapping[str, Any], input_types: Seque
     if nchw_argument and NARROW_ROW <= _out_rows(attrs, input_types[0]) <= MAX_DIRECT_NCHW_ROW:
         return "direct" if _direct_tiles(attrs, input_types[0], constants[1], widest=False) else None
     return "direct" if reads_blocks and _direct_tiles(attrs, input_types[0], constants[1]) else None
+
+
+def _upsamples(attrs: Mapping[str, Any], input_types: Sequence[TensorType | None],
+               constants: Sequence[np.ndarray | None]) -> bool:
+    """Whether a ConvTranspose runs "upsample": float32, constant weights, kernel == strides without pads."""
+    if len(input_types) < 2 or len(constants) < 2 or constants[1] is None or input_types[0] is None:
+        return False
+    x, w = input_types[0], input_types[1]
+    return x.dtype == w.dtype == "float32" and upsample_applies(attrs, x.shape, w.shape)
 
 
 def _direct_tiles(attrs: Mapping[str, Any], x: TensorType, weight: np.ndarray, widest: bool = True) -> bool:

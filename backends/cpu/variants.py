@@ -7,7 +7,9 @@ attribute (conv "im2col" and "winograd"). Without them the op's
 target-neutral rule (backends/lowering/) lowers it. Dense 2-D ConvTranspose and ConvGradFilter (the backward
 convolutions) and a dense 2-D Conv left unpacked (its weights known only at run time: a training step's
 parameters) run as register-tiled products on CPU (conv_transpose.py, conv_grad_filter.py,
-conv_runtime_weights.py), and so does a Gemm with transA over tall operands (a weight gradient: tall_product.py).
+conv_runtime_weights.py), and so does a Gemm with transA over tall operands (a weight gradient: tall_product.py);
+a ConvTranspose with constant weights whose kernel equals its strides runs as an upsampling instead
+(conv_transpose_upsample.py: ALGORITHM "upsample").
 A 2-D float32 MaxPool runs separable on CPU (max_pool.py), and so do an AveragePool whose windows read padding
 (average_pool.py), a GlobalAveragePool sums its planes in vector lanes (global_pool.py), and a training
 MaxPoolWithTaps, its taps found in the same pass (max_pool_taps.py). A float32 BatchStats reads x once (batch_stats.py).
@@ -27,6 +29,7 @@ from .batch_stats import applies as one_read_stats_applies, batch_stats
 from .conv_grad_filter import applies as tiled_grad_filter_applies, conv_grad_filter_tiled
 from .conv_runtime_weights import applies as runtime_weights_applies, conv_runtime_weights
 from .conv_transpose import applies as tiled_conv_transpose_applies, conv_transpose_tiled
+from .conv_transpose_upsample import applies as upsample_applies, conv_transpose_upsample
 from .depthwise_conv import conv_depthwise
 from .global_pool import applies as lane_global_pool_applies, global_average_pool
 from .grouped_conv import conv_grouped
@@ -122,6 +125,8 @@ def _batch_stats(ctx: LowerContext):
 
 
 def _conv_transpose(ctx: LowerContext):
+    if ctx.attr(ALGORITHM) == "upsample" and upsample_applies(ctx):
+        return conv_transpose_upsample(ctx)
     tiled = ctx.attr(ALGORITHM) != "generic" and tiled_conv_transpose_applies(ctx)
     return conv_transpose_tiled(ctx) if tiled else conv_transpose(ctx)
 
