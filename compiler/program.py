@@ -336,10 +336,10 @@ class ProgramBuilder:
                            outer: Mapping[int, Value]) -> str | None:
         """The algorithm an op runs without selection where it is not the default (backends/cpu/algorithms.py).
 
-        In bf16 only Winograd's default holds: its float32 products do a quarter of a direct conv's multiply-adds,
-        more than bf16's doubled rate makes up. Measured in ResNet-18 on an AMD Zen 4 (per kernel in the program,
-        `bench/layer_compare.py`): its 56² × 64 convs 0.35 ms in Winograd against 0.53-0.54 in bf16, its 28² × 128
-        ones 0.38 against 0.52. Every other conv the bf16 kernels take runs them."""
+        In bf16 a conv keeps only Winograd's default: its float32 products do a quarter of a direct conv's
+        multiply-adds, more than bf16's doubled rate makes up. Measured in ResNet-18 on an AMD Zen 4 (per kernel in
+        the program, `bench/layer_compare.py`): its 56² × 64 convs 0.35 ms in Winograd against 0.53-0.54 in bf16, its
+        28² × 128 ones 0.38 against 0.52. Every other conv the bf16 kernels take runs them."""
         if self.target.kind != "llvm" or not inputs or inputs[0] is None:
             return None
         algorithm = default_algorithm(node.op_type, dict(attrs), [v.type if v is not None else None for v in inputs],
@@ -347,7 +347,7 @@ class ProgramBuilder:
                                       self._reads_blocks(node, inputs[0], outer),
                                       outer.get(id(inputs[0]), inputs[0]).name in self.blocked,
                                       self._computed_in_kernel(node, inputs[0], outer))
-        return algorithm if self.precision != BF16 or algorithm == "winograd" else None
+        return None if self.precision == BF16 and node.op_type == "Conv" and algorithm != "winograd" else algorithm
 
     @staticmethod
     def _computed_in_kernel(node: Node, value: Value, outer: Mapping[int, Value]) -> bool:

@@ -75,3 +75,12 @@ def test_other_conv_transposes_keep_the_tiled_kernel(attrs):
     for spec in build_program(graph, LLVM).kernels.values():
         for member in spec.members():
             assert dict(member.spec.attrs).get(ALGORITHM) != "upsample"
+
+
+def test_bf16_compiles_keep_the_upsampling():
+    # bf16 drops the conv defaults that compete with its kernels (compiler/program.py), not this one: the bf16
+    # kernels take no ConvTranspose.
+    graph, _ = run_pipeline(ir.from_onnx(_model(*CASES[0])), select_passes([]))
+    algorithms = [dict(member.spec.attrs).get(ALGORITHM) for spec in build_program(graph, LLVM, precision="bf16")
+                  .kernels.values() for member in spec.members() if member.spec.op_type == "ConvTranspose"]
+    assert algorithms == ["upsample"]
