@@ -31,6 +31,9 @@ LANES = 16
 TILE_ACCUMULATORS = 28
 # Where a blocked conv runs Winograd by default (`by_default`): rows of at least this many pixels (4 tiles of F(4×4)),
 MIN_DEFAULT_WIDTH = 16
+# or, where the tile rows run one a task (at most GROUPED_CHANNEL_PRODUCT channels: the transformed weights are read
+# once per tile row), rows of this many: 4 tiles with the last one padded.
+MIN_NARROW_WIDTH = 13
 # register tiles of at least this many accumulators (a row of 19 tiles has no divisor but 1 and 19: tiles of one
 # tile, 2 accumulators; the measured ones have 10 to 28)...
 MIN_DEFAULT_ACCUMULATORS = 4
@@ -209,9 +212,10 @@ def _schedule_product(sch, gemm, group: int, alpha: int, kb: int, tiles_w: int, 
 
 def by_default(weight_shape, out_width: int) -> bool:
     """Whether a 3×3 stride-1 conv whose input arrives blocked runs Winograd when no selection chose: whole
-    16-channel blocks in and out, output rows of at least MIN_DEFAULT_WIDTH pixels whose tiles make register tiles of
-    MIN_DEFAULT_ACCUMULATORS or more, at most MAX_DEFAULT_CHANNELS input and output channels (measured: up to
-    512 × 512; above 128 × 128 the tile rows run in groups, `row_groups`).
+    16-channel blocks in and out, output rows of at least MIN_DEFAULT_WIDTH pixels (MIN_NARROW_WIDTH up to
+    GROUPED_CHANNEL_PRODUCT channels) whose tiles make register tiles of MIN_DEFAULT_ACCUMULATORS or more, at most
+    MAX_DEFAULT_CHANNELS input and output channels (measured: up to 512 × 512; above 128 × 128 the tile rows run in
+    groups, `row_groups`).
 
     Measured per kernel inside the whole program (min of 300-450 runs, 2 cores): faster on every such conv of
     ResNet-18 (56² × 64 channels: 0.455 → 0.18 ms; 28² × 128: 0.45 → 0.22, its 7 tile rows in halves) and
@@ -220,10 +224,15 @@ def by_default(weight_shape, out_width: int) -> bool:
     1.69, 56² × 256: 7.6-7.7 → 2.7-2.9, 28² × 256 → 512: 4.53 → 1.60, 28² × 512: 9.1-9.2 → 3.0. Slower on the
     narrower ones: 14² × 256 (0.49 → 0.53: 9.4 MB of transformed weights read for each of 4 tile rows), 7² × 512
     (0.56 → 1.45), YOLOv8n's 10² × 128 (0.085 → 0.135: 3 tile rows, padded from 10 to 12 pixels); 14² × 512 alone
-    (in two groups of 2 tile rows: 1.71 → 1.93, one run).
+    (in two groups of 2 tile rows: 1.71 → 1.93, one run). Rows of 13 pixels (4 tiles, the last one padded: 1.5×
+    the products of whole tiles) at up to 128 × 128 channels, on AMD Zen 4 (min of 4 profiled runs of 200, 2 cores):
+    topology_squeezenet's 13² × 64 → 256 0.240-0.248 → 0.105-0.130 ms, 13² × 48 → 192 0.138-0.144 → 0.061-0.072;
+    the model 3.14-3.26 → 2.82-2.87 ms (medians of 300 runs, interleaved). Grouping their 4 tile rows into one task
+    in halves of the output channels (each core reading half the transformed weights once) ran slower: 0.15-0.18.
     """
     out_channels, in_channels = weight_shape[:2]
-    if out_channels % LANES or in_channels % LANES or out_width < MIN_DEFAULT_WIDTH:
+    narrow = out_channels * in_channels <= GROUPED_CHANNEL_PRODUCT and out_width >= MIN_NARROW_WIDTH
+    if out_channels % LANES or in_channels % LANES or (out_width < MIN_DEFAULT_WIDTH and not narrow):
         return False
     # conv_winograd_blocks' `pair` where it is not 4 (wide convs on 7-tile rows): the fewest accumulators it uses
     vectors = 2 if (out_channels // LANES) % 2 == 0 else 1

@@ -80,11 +80,9 @@ def test_padded_convs_on_blocks_read_them_in_place_equal_onnxruntime(kernel_cach
     assert_matches_onnxruntime(compile(convs, cache_dir=kernel_cache).run({"x": x}), run_onnxruntime(convs, {"x": x}))
 
 
-def test_odd_rows_unpack_blocks_by_vectors_run_direct_tiles_and_pad_channels_to_pairs_equal_onnxruntime(kernel_cache):
-    # a: 3 × 3 stride 2 on the NCHW image to rows of 13 pixels (one 14-pixel tile), kept blocked for b: each row
-    # unpacked from its tile buffer one 16-channel vector per pixel (along the pixels: a gather and a scatter).
-    # b: 1 × 1 on those blocks, direct in 13-pixel tiles (no tile of CONV_TILE_CHOICES divides 13). c: 63 output
-    # channels, padded to two 32-channel tiles (64) instead of four 16-channel ones.
+def _odd_rows_model(size: int):
+    """x (3 channels, size²) → a: 3 × 3 stride 2 + ReLU, kept blocked → b: 1 × 1 to 16 channels → c: 1 × 1 to 63
+    channels, the output; with the kernels by their output channels (spec, conv attributes)."""
     rng = np.random.default_rng(7)
     shapes = {"a": (32, 3, 3, 3), "b": (16, 32, 1, 1), "c": (63, 16, 1, 1)}
     weights = [(f"w{n}", (rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32))
@@ -92,16 +90,32 @@ def test_odd_rows_unpack_blocks_by_vectors_run_direct_tiles_and_pad_channels_to_
     nodes = [helper.make_node("Conv", ["x", "wa"], ["a"], kernel_shape=[3, 3], strides=[2, 2]),
              helper.make_node("Relu", ["a"], ["ar"]), helper.make_node("Conv", ["ar", "wb"], ["b"]),
              helper.make_node("Conv", ["b", "wc"], ["c"])]
-    convs = model(nodes, [("x", F, [1, 3, 27, 27])], [("c", F, None)], weights)
+    convs = model(nodes, [("x", F, [1, 3, size, size])], [("c", F, None)], weights)
     graph, _ = run_pipeline(ir.from_onnx(convs), select_passes([]))
     specs = {}
     for spec in build_program(graph, LLVM).kernels.values():
         conv = next(m.spec for m in spec.members() if m.spec.op_type == "Conv")
-        specs[int(conv.outputs[0].split(",")[1])] = (spec, dict(conv.attrs))  # by output channels
-    (a, _), (b, b_attrs), (_, c_attrs) = specs[32], specs[16], specs[63]
-    unpack = [line.strip() for line in _lowered(a).splitlines() if "T.vectorized" in line][-1]
-    assert unpack == "for ax0_1 in T.vectorized(16):"
-    assert b_attrs.get(ALGORITHM) == "direct" and "q_1 in T.unroll(13)" in schedule_kernel(b, LLVM)[0].script()
-    assert c_attrs[CONV_BLOCKS][1] == 32
-    x = rng.standard_normal((1, 3, 27, 27)).astype(np.float32)
-    assert_matches_onnxruntime(compile(convs, cache_dir=kernel_cache).run({"x": x}), run_onnxruntime(convs, {"x": x}))
+        specs[int(conv.outputs[0].split(",")[1])] = (spec, dict(conv.attrs))
+    return convs, specs
+
+
+def test_odd_rows_unpack_blocks_by_vectors_run_direct_tiles_and_pad_channels_to_pairs_equal_onnxruntime(kernel_cache):
+    # Rows of 13 pixels: a (packed, on the NCHW image) runs 13-pixel tiles, not 14 padding them, and writes them
+    # straight to its blocks; b (1 × 1 on those blocks) runs direct in 13-pixel tiles (no tile of CONV_TILE_CHOICES
+    # divides 13); c: 63 output channels, padded to two 32-channel tiles (64) instead of four 16-channel ones, in
+    # 13-pixel tiles too.
+    # Rows of 25 pixels (two 14-pixel tiles, 13 does not divide them): a unpacks each row from its tile buffer one
+    # 16-channel vector per pixel (along the pixels: a gather and a scatter).
+    rng = np.random.default_rng(8)
+    for size in (27, 51):
+        convs, specs = _odd_rows_model(size)
+        (a, _), (b, b_attrs), (c, c_attrs) = specs[32], specs[16], specs[63]
+        if size == 27:
+            assert all("q_1 in T.unroll(13)" in schedule_kernel(k, LLVM)[0].script() for k in (a, b, c))
+            assert b_attrs.get(ALGORITHM) == "direct" and c_attrs[CONV_BLOCKS][1] == 32
+        else:
+            unpack = [line.strip() for line in _lowered(a).splitlines() if "T.vectorized" in line][-1]
+            assert unpack == "for ax0_1 in T.vectorized(16):"
+        x = rng.standard_normal((1, 3, size, size)).astype(np.float32)
+        assert_matches_onnxruntime(compile(convs, cache_dir=kernel_cache).run({"x": x}),
+                                   run_onnxruntime(convs, {"x": x}))

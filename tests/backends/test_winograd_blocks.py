@@ -71,6 +71,10 @@ def test_winograd_is_the_default_only_where_it_measured_faster():
     assert _choice(512, 512, 28) == "winograd"
     assert _choice(256, 256, 14) is None and _choice(512, 512, 7) is None and _choice(128, 128, 10) is None
     assert _choice(512, 512, 14) is None
+    # Narrower rows of 4 tiles (13-15 pixels) where the tile rows run one a task (up to 128 × 128 channels):
+    # SqueezeNet's 13² expand convs; 12-pixel rows (3 tiles) stay direct.
+    assert _choice(64, 256, 13) == _choice(48, 192, 13) == "winograd"
+    assert _choice(64, 64, 12) is None and _choice(128, 256, 13) is None
     # (A strided one, and more channels on blocked rows of two tiles or more, run direct: algorithms.py.)
     assert _choice(64, 64, 56, blocks=False) is None and _choice(64, 64, 56, stride=2) == "direct"
     assert _choice(64, 18, 56) is None and _choice(1024, 512, 28) == _choice(1024, 128, 28) == "direct"
@@ -80,8 +84,9 @@ def test_winograd_is_the_default_only_where_it_measured_faster():
     assert _choice(16, 32, 57, width=75) != "winograd" and _choice(16, 32, 57, width=80) == "winograd"
     x = TensorType("float32", (1, 64, 56, 56))
     assert default_algorithm("Conv", {}, [x], [None, np.ones((64, 64, 3, 3), np.float32)], "cuda", True) is None
-    # SAME padding keeps 16-pixel rows 16 pixels wide; VALID makes them 14: too narrow, one direct tile.
-    x16, weight = TensorType("float32", (1, 64, 16, 16)), np.ones((64, 64, 3, 3), np.float32)
+    # SAME padding keeps 16-pixel rows 16 pixels wide; VALID makes them 14: too narrow at 256 × 256 channels, one
+    # direct tile.
+    x16, weight = TensorType("float32", (1, 256, 16, 16)), np.ones((256, 256, 3, 3), np.float32)
     assert [default_algorithm("Conv", {"auto_pad": pad}, [x16, None], [None, weight], "llvm", True, True)
             for pad in ("SAME_UPPER", "VALID")] == ["winograd", "direct"]
     # In a program: b, c and d read blocked values and run Winograd; the values between them stay blocked (a, a 1 × 1
@@ -114,8 +119,9 @@ def test_wide_convs_run_their_tile_rows_in_groups():
 # 128 → 256 → 128 channels on 16² (one group of its 4 tile rows, 4 vectors per product tile) and on 28² (one group of
 # 7 rows in halves of the output channels); 256 channels on 46² rows, a batch of two (groups of 6 tile rows, two per
 # image, the last tile row partial).
-# The first runs in the default suite: Winograd is ResNet-18's and YOLOv8n's default on blocks.
-CASES = [(1, 20, 32, 64), pytest.param(2, 18, 16, 48, marks=pytest.mark.slow),
+# 13² rows (4 tile rows and columns, the last of each a single pixel; SqueezeNet's 13² expand convs).
+# The first two run in the default suite: Winograd is ResNet-18's and YOLOv8n's default on blocks.
+CASES = [(1, 20, 32, 64), (1, 13, 64, 128), pytest.param(2, 18, 16, 48, marks=pytest.mark.slow),
          pytest.param(1, 16, 128, 256, marks=pytest.mark.slow), pytest.param(1, 28, 128, 256, marks=pytest.mark.slow),
          pytest.param(2, 46, 256, 256, marks=pytest.mark.slow)]
 
